@@ -68,9 +68,9 @@ func TestParsePartialKeepsDefaults(t *testing.T) {
 
 func TestUnknownKeysNamedByPath(t *testing.T) {
 	cases := map[string]string{
-		"vm:\n  cpu: 4\n":                                       "vm.cpu: unknown key (line 2)",
-		"nework: {}\n":                                           "nework: unknown key (line 1)",
-		"registries:\n  mirrors:\n  - name: a\n    prot: 1\n":   "registries.mirrors[0].prot: unknown key (line 4)",
+		"vm:\n  cpu: 4\n": "vm.cpu: unknown key (line 2)",
+		"nework: {}\n":    "nework: unknown key (line 1)",
+		"registries:\n  mirrors:\n  - name: a\n    prot: 1\n":     "registries.mirrors[0].prot: unknown key (line 4)",
 		"kind:\n  customDnsResolvers:\n  - domain: a\n    x: 1\n": "kind.customDnsResolvers[0].x",
 	}
 	for doc, want := range cases {
