@@ -1,0 +1,355 @@
+// Package shim is the resident per-container shim (cmd/k3sm-shim): the
+// parent of one container's process, holding its stdout/stderr (written to
+// disk in the CRI log format) and its exit status (written to a file, so the
+// daemon learns it even if the daemon was dead when the process exited). It
+// serves a tiny JSON-lines control protocol on its own unix socket.
+//
+// The shim runs detached from the daemon (own session), so it survives the
+// daemon and the server being killed. It links only the standard library and
+// this repository's stdlib-only packages: one shim runs per container, so its
+// start-up cost and memory are paid per container.
+package shim
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/runtime/criolog"
+)
+
+// Files in a shim's state directory.
+const (
+	ConfigFile = "config.json" // Config, written by the daemon
+	ExitFile   = "exit.json"   // ExitStatus, written durably by the shim
+	PidFile    = "shim.json"   // State at start (pids), written by the shim
+	LogFile    = "shim.log"    // the shim's own stderr
+)
+
+// ReadyFD is the descriptor on which the shim reports start-up: one JSON
+// Ready document, then EOF.
+const ReadyFD = 3
+
+// Config tells the shim what to run. Paths are absolute.
+type Config struct {
+	Argv    []string `json:"argv"`
+	Env     []string `json:"env"`
+	Dir     string   `json:"dir"`
+	LogPath string   `json:"logPath"`
+	Socket  string   `json:"socket"`
+}
+
+// Ready is the start-up report on ReadyFD.
+type Ready struct {
+	ShimPid   int       `json:"shimPid"`
+	Pid       int       `json:"pid"`
+	StartedAt time.Time `json:"startedAt"`
+	Error     string    `json:"error,omitempty"`
+}
+
+// ExitStatus is how the container's main process ended.
+type ExitStatus struct {
+	ExitCode   int       `json:"exitCode"`
+	Signal     int       `json:"signal,omitempty"`
+	StartedAt  time.Time `json:"startedAt"`
+	FinishedAt time.Time `json:"finishedAt"`
+	// Error is set when the process could not be started (exit code 128).
+	Error string `json:"error,omitempty"`
+}
+
+// Request is one line of the control protocol.
+type Request struct {
+	Op     string `json:"op"` // status | signal | wait | reopen
+	Signal int    `json:"signal,omitempty"`
+}
+
+// Response answers a Request.
+type Response struct {
+	ShimPid   int         `json:"shimPid"`
+	Pid       int         `json:"pid"`
+	StartedAt time.Time   `json:"startedAt"`
+	Running   bool        `json:"running"`
+	Exit      *ExitStatus `json:"exit,omitempty"`
+	Error     string      `json:"error,omitempty"`
+}
+
+// Main runs the shim for the state directory given as the only argument and
+// returns the process exit code.
+func Main(args []string) int {
+	if len(args) != 2 {
+		fmt.Fprintln(os.Stderr, "usage: k3sm-shim <state-dir>")
+		return 2
+	}
+	ready := os.NewFile(ReadyFD, "ready")
+	s, err := start(args[1])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "k3sm-shim:", err)
+		if ready != nil {
+			json.NewEncoder(ready).Encode(Ready{ShimPid: os.Getpid(), Error: err.Error()})
+			ready.Close()
+		}
+		return 1
+	}
+	if ready != nil {
+		json.NewEncoder(ready).Encode(Ready{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt})
+		ready.Close()
+	}
+	s.run()
+	return 0
+}
+
+type server struct {
+	dir       string
+	cfg       Config
+	cmd       *exec.Cmd
+	pid       int
+	startedAt time.Time
+	log       *criolog.Writer
+	ln        *net.UnixListener
+	copiers   sync.WaitGroup
+	conns     sync.WaitGroup
+
+	mu     sync.Mutex
+	exit   *ExitStatus
+	exited chan struct{}
+}
+
+func start(dir string) (*server, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, ConfigFile))
+	if err != nil {
+		return nil, err
+	}
+	s := &server{dir: dir, exited: make(chan struct{})}
+	if err := json.Unmarshal(raw, &s.cfg); err != nil {
+		return nil, fmt.Errorf("%s: %w", ConfigFile, err)
+	}
+	if len(s.cfg.Argv) == 0 {
+		return nil, errors.New("config: argv is empty")
+	}
+	if err := os.MkdirAll(filepath.Dir(s.cfg.LogPath), 0o750); err != nil {
+		return nil, err
+	}
+	if s.log, err = criolog.Create(s.cfg.LogPath); err != nil {
+		return nil, err
+	}
+	os.Remove(s.cfg.Socket)
+	s.ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: s.cfg.Socket, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	s.ln.SetUnlinkOnClose(true)
+	if err := os.Chmod(s.cfg.Socket, 0o600); err != nil {
+		return nil, err
+	}
+
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil, err
+	}
+	s.cmd = &exec.Cmd{
+		Path:   s.cfg.Argv[0],
+		Args:   s.cfg.Argv,
+		Env:    s.cfg.Env,
+		Dir:    s.cfg.Dir,
+		Stdin:  devnull,
+		Stdout: outW,
+		Stderr: errW,
+		// Its own process group, so the daemon can signal the container
+		// (and everything it forked) as one.
+		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+	}
+	s.startedAt = time.Now()
+	startErr := s.cmd.Start()
+	outW.Close()
+	errW.Close()
+	devnull.Close()
+	if startErr != nil {
+		outR.Close()
+		errR.Close()
+		// Record the failure durably too: the daemon may not be listening.
+		msg := startErr.Error()
+		s.log.WriteRecord(criolog.Stderr, false, []byte("k3sm-shim: "+msg))
+		writeExit(dir, &ExitStatus{ExitCode: 128, StartedAt: s.startedAt, FinishedAt: time.Now(), Error: msg})
+		s.ln.Close()
+		return nil, startErr
+	}
+	s.pid = s.cmd.Process.Pid
+	st, _ := json.Marshal(Response{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt, Running: true})
+	os.WriteFile(filepath.Join(dir, PidFile), st, 0o600)
+
+	s.copiers.Add(2)
+	go s.copy(criolog.Stdout, outR)
+	go s.copy(criolog.Stderr, errR)
+	return s, nil
+}
+
+func (s *server) copy(stream string, r *os.File) {
+	defer s.copiers.Done()
+	defer r.Close()
+	if err := s.log.Copy(stream, r); err != nil {
+		fmt.Fprintf(os.Stderr, "k3sm-shim: copy %s: %v\n", stream, err)
+	}
+}
+
+// run serves the socket until the process has exited and every waiter has
+// its answer.
+func (s *server) run() {
+	go s.accept()
+	werr := s.cmd.Wait()
+	finished := time.Now()
+	es := &ExitStatus{StartedAt: s.startedAt, FinishedAt: finished}
+	if ws, ok := s.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		es.Signal = int(ws.Signal())
+		es.ExitCode = 128 + es.Signal
+	} else if s.cmd.ProcessState != nil {
+		es.ExitCode = s.cmd.ProcessState.ExitCode()
+	} else if werr != nil {
+		es.ExitCode, es.Error = 255, werr.Error()
+	}
+	// The container ends with its main process, as with a pid namespace:
+	// whatever it left behind in its group goes too.
+	syscall.Kill(-s.pid, syscall.SIGKILL)
+	done := make(chan struct{})
+	go func() { s.copiers.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second):
+		// A descendant that left the group still holds the pipe.
+	}
+	s.log.Close()
+	if err := writeExit(s.dir, es); err != nil {
+		fmt.Fprintln(os.Stderr, "k3sm-shim: write exit status:", err)
+	}
+	s.mu.Lock()
+	s.exit = es
+	close(s.exited)
+	s.mu.Unlock()
+	// Give connected waiters their answer, then go away; a daemon that
+	// connects later reads the exit file.
+	waited := make(chan struct{})
+	go func() { s.conns.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-time.After(2 * time.Second):
+	}
+	s.ln.Close()
+}
+
+func (s *server) accept() {
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			return
+		}
+		s.conns.Add(1)
+		go s.serve(c)
+	}
+}
+
+func (s *server) state() Response {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Response{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt, Running: s.exit == nil, Exit: s.exit}
+}
+
+func (s *server) serve(c *net.UnixConn) {
+	defer s.conns.Done()
+	defer c.Close()
+	sc := bufio.NewScanner(c)
+	enc := json.NewEncoder(c)
+	for sc.Scan() {
+		var req Request
+		if err := json.Unmarshal(sc.Bytes(), &req); err != nil {
+			enc.Encode(Response{Error: "bad request: " + err.Error()})
+			return
+		}
+		var resp Response
+		switch req.Op {
+		case "status":
+			resp = s.state()
+		case "signal":
+			resp = s.state()
+			if resp.Running {
+				if err := syscall.Kill(-s.pid, syscall.Signal(req.Signal)); err != nil && !errors.Is(err, syscall.ESRCH) {
+					resp.Error = err.Error()
+				}
+			}
+		case "wait":
+			<-s.exited
+			resp = s.state()
+		case "reopen":
+			resp = s.state()
+			if err := s.log.Reopen(); err != nil {
+				resp.Error = err.Error()
+			}
+		default:
+			resp = Response{Error: fmt.Sprintf("unknown op %q", req.Op)}
+		}
+		if err := enc.Encode(resp); err != nil {
+			return
+		}
+	}
+}
+
+// writeExit stores the exit status durably: temp file, fsync, rename, fsync
+// of the directory.
+func writeExit(dir string, es *ExitStatus) error {
+	b, err := json.Marshal(es)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, ExitFile+".tmp")
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, ExitFile)); err != nil {
+		return err
+	}
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+// ReadExit returns the exit status recorded in dir, or an error wrapping
+// os.ErrNotExist when the shim has recorded none.
+func ReadExit(dir string) (*ExitStatus, error) {
+	b, err := os.ReadFile(filepath.Join(dir, ExitFile))
+	if err != nil {
+		return nil, err
+	}
+	var es ExitStatus
+	if err := json.Unmarshal(b, &es); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, ExitFile), err)
+	}
+	return &es, nil
+}

@@ -1,0 +1,238 @@
+// Package shimclient is the daemon's side of the resident shims: it starts
+// k3sm-shim detached from the daemon (its own session, so it survives the
+// daemon) and talks to it over the shim's JSON-lines unix socket. It
+// implements pod.Starter.
+package shimclient
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/runtime/pod"
+	"github.com/k3sm-dev/k3sm/internal/runtime/shim"
+)
+
+// Starter launches one k3sm-shim per container attempt.
+type Starter struct {
+	// ShimPath is the k3sm-shim binary.
+	ShimPath string
+	// SocketDir holds the shims' sockets (kept short: unix socket paths are
+	// limited to ~104 bytes). It should be a 0700 directory.
+	SocketDir string
+	// StartTimeout bounds how long a shim may take to report start-up.
+	StartTimeout time.Duration
+}
+
+var _ pod.Starter = (*Starter)(nil)
+
+// socketPath derives a short, stable socket name from the attempt id.
+func (s *Starter) socketPath(id string) string {
+	h := sha256.Sum256([]byte(id))
+	return filepath.Join(s.SocketDir, hex.EncodeToString(h[:8])+".sock")
+}
+
+// Start writes the shim config into spec.StateDir and starts the shim.
+func (s *Starter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process, error) {
+	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
+		return nil, err
+	}
+	cfg := shim.Config{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, LogPath: spec.LogPath, Socket: s.socketPath(spec.ID)}
+	if len(cfg.Socket) > 100 {
+		return nil, fmt.Errorf("shim socket path %s is %d bytes, over the unix socket limit: use a shorter data dir", cfg.Socket, len(cfg.Socket))
+	}
+	b, _ := json.Marshal(cfg)
+	if err := os.WriteFile(filepath.Join(spec.StateDir, shim.ConfigFile), b, 0o600); err != nil {
+		return nil, err
+	}
+	os.Remove(filepath.Join(spec.StateDir, shim.ExitFile))
+	logf, err := os.OpenFile(filepath.Join(spec.StateDir, shim.LogFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	rr, rw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	defer rr.Close()
+	cmd := exec.Command(s.ShimPath, spec.StateDir)
+	cmd.Dir = "/"
+	// A shim is small: one P and an eager GC keep its heap tiny.
+	cmd.Env = []string{"GOMAXPROCS=1", "GOGC=25"}
+	cmd.Stdout = logf
+	cmd.Stderr = logf
+	cmd.ExtraFiles = []*os.File{rw} // fd 3 = shim.ReadyFD
+	// Own session: no signal aimed at the daemon's group or terminal reaches
+	// the shim, and it outlives the daemon.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		rw.Close()
+		return nil, fmt.Errorf("start shim %s: %w", s.ShimPath, err)
+	}
+	rw.Close()
+	// Reap the shim while this daemon lives; after a daemon restart the
+	// shim is no longer our child and init reaps it.
+	go cmd.Wait()
+
+	timeout := s.StartTimeout
+	if timeout == 0 {
+		timeout = 10 * time.Second
+	}
+	type result struct {
+		r   shim.Ready
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		var r shim.Ready
+		err := json.NewDecoder(rr).Decode(&r)
+		ch <- result{r, err}
+	}()
+	var res result
+	select {
+	case res = <-ch:
+	case <-time.After(timeout):
+		cmd.Process.Kill()
+		return nil, fmt.Errorf("shim for %s did not report start-up within %s", spec.ID, timeout)
+	}
+	if res.err != nil {
+		return nil, fmt.Errorf("shim for %s exited during start-up (see %s): %w", spec.ID, filepath.Join(spec.StateDir, shim.LogFile), res.err)
+	}
+	if res.r.Error != "" {
+		return nil, &pod.StartError{Msg: res.r.Error}
+	}
+	return &process{dir: spec.StateDir, socket: cfg.Socket, pid: res.r.Pid, startedAt: res.r.StartedAt}, nil
+}
+
+// Attach reconnects to the shim of the attempt in stateDir.
+func (s *Starter) Attach(stateDir string) (pod.Process, error) {
+	b, err := os.ReadFile(filepath.Join(stateDir, shim.ConfigFile))
+	if err != nil {
+		return nil, err
+	}
+	var cfg shim.Config
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return nil, err
+	}
+	p := &process{dir: stateDir, socket: cfg.Socket}
+	if r, err := p.call(context.Background(), shim.Request{Op: "status"}); err == nil {
+		p.pid, p.startedAt = r.Pid, r.StartedAt
+		return p, nil
+	}
+	// No live shim: the attempt ended (or the shim died).
+	if st, err := os.ReadFile(filepath.Join(stateDir, shim.PidFile)); err == nil {
+		var r shim.Response
+		if json.Unmarshal(st, &r) == nil {
+			p.pid, p.startedAt = r.Pid, r.StartedAt
+		}
+	}
+	p.dead = true
+	return p, nil
+}
+
+type process struct {
+	dir       string
+	socket    string
+	pid       int
+	startedAt time.Time
+	dead      bool // no shim answered at attach
+}
+
+func (p *process) Pid() int             { return p.pid }
+func (p *process) StartedAt() time.Time { return p.startedAt }
+
+// call sends one request on a new connection and reads the answer.
+func (p *process) call(ctx context.Context, req shim.Request) (shim.Response, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", p.socket)
+	if err != nil {
+		return shim.Response{}, err
+	}
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	if err := json.NewEncoder(c).Encode(req); err != nil {
+		return shim.Response{}, err
+	}
+	line, err := bufio.NewReader(c).ReadBytes('\n')
+	if err != nil {
+		if ctx.Err() != nil {
+			return shim.Response{}, ctx.Err()
+		}
+		return shim.Response{}, err
+	}
+	var r shim.Response
+	if err := json.Unmarshal(line, &r); err != nil {
+		return shim.Response{}, err
+	}
+	if r.Error != "" {
+		return r, errors.New(r.Error)
+	}
+	return r, nil
+}
+
+func (p *process) Signal(sig syscall.Signal) error {
+	if p.dead {
+		return nil
+	}
+	_, err := p.call(context.Background(), shim.Request{Op: "signal", Signal: int(sig)})
+	if err != nil && isGone(err) {
+		return nil // already exited
+	}
+	return err
+}
+
+// Wait asks the shim to answer when the process ends; if the shim is gone,
+// the recorded exit file answers.
+func (p *process) Wait(ctx context.Context) (pod.ExitStatus, error) {
+	if !p.dead {
+		r, err := p.call(ctx, shim.Request{Op: "wait"})
+		if err == nil && r.Exit != nil {
+			return convert(r.Exit), nil
+		}
+		if ctx.Err() != nil {
+			return pod.ExitStatus{}, ctx.Err()
+		}
+	}
+	// The shim may be writing the file right now: give it a moment.
+	for i := 0; i < 20; i++ {
+		es, err := shim.ReadExit(p.dir)
+		if err == nil {
+			return convert(es), nil
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return pod.ExitStatus{}, err
+		}
+		if p.dead || i == 19 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return pod.ExitStatus{}, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return pod.ExitStatus{ExitCode: 255, StartedAt: p.startedAt, FinishedAt: time.Now(), Unknown: true,
+		Message: "the container's shim exited without recording an exit status"}, nil
+}
+
+func convert(es *shim.ExitStatus) pod.ExitStatus {
+	return pod.ExitStatus{ExitCode: es.ExitCode, Signal: es.Signal, StartedAt: es.StartedAt, FinishedAt: es.FinishedAt, Message: es.Error}
+}
+
+func isGone(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, os.ErrNotExist) ||
+		errors.Is(err, syscall.ENOENT) || errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)
+}

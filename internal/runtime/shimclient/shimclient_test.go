@@ -1,0 +1,175 @@
+package shimclient
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/runtime/pod"
+	"github.com/k3sm-dev/k3sm/internal/runtime/shim"
+)
+
+var shimBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "k3sm-shimbin")
+	if err != nil {
+		panic(err)
+	}
+	shimBin = filepath.Join(dir, "k3sm-shim")
+	out, err := exec.Command("go", "build", "-o", shimBin, "github.com/k3sm-dev/k3sm/cmd/k3sm-shim").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build shim: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func newStarter(t *testing.T) (*Starter, string) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "k3sm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "s")
+	os.Mkdir(sock, 0o700)
+	return &Starter{ShimPath: shimBin, SocketDir: sock}, dir
+}
+
+func spec(dir, id string, argv ...string) pod.ProcessSpec {
+	return pod.ProcessSpec{ID: id, Argv: argv, Env: []string{"PATH=/usr/bin:/bin"}, Dir: dir,
+		LogPath: filepath.Join(dir, "logs", id, "0.log"), StateDir: filepath.Join(dir, "state", id)}
+}
+
+func TestShimRunsProcessAndRecordsExit(t *testing.T) {
+	s, dir := newStarter(t)
+	ctx := context.Background()
+	p, err := s.Start(ctx, spec(dir, "a", "/bin/sh", "-c", "echo hello; echo oops >&2; printf partial; exit 3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	es, err := p.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if es.ExitCode != 3 || es.Unknown || es.FinishedAt.Before(es.StartedAt) {
+		t.Fatalf("exit status %+v", es)
+	}
+	log, _ := os.ReadFile(filepath.Join(dir, "logs", "a", "0.log"))
+	for _, want := range []string{" stdout F hello\n", " stderr F oops\n", " stdout F partial\n"} {
+		if !strings.Contains(string(log), want) {
+			t.Errorf("log lacks %q:\n%s", want, log)
+		}
+	}
+	// The exit status is on disk for a daemon that was not there.
+	rec, err := shim.ReadExit(filepath.Join(dir, "state", "a"))
+	if err != nil || rec.ExitCode != 3 {
+		t.Fatalf("exit file: %+v %v", rec, err)
+	}
+	// Attaching after the shim left answers from the file.
+	time.Sleep(100 * time.Millisecond)
+	p2, err := s.Attach(filepath.Join(dir, "state", "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	es2, err := p2.Wait(ctx)
+	if err != nil || es2.ExitCode != 3 {
+		t.Fatalf("attach after exit: %+v %v", es2, err)
+	}
+}
+
+func TestShimSignalsProcessGroupAndIsDetached(t *testing.T) {
+	s, dir := newStarter(t)
+	ctx := context.Background()
+	// The child sleep is in the same group; TERM reaches the shell, which
+	// exits 7 from its trap.
+	p, err := s.Start(ctx, spec(dir, "b", "/bin/sh", "-c", `trap 'echo got TERM; exit 7' TERM; echo ready; while :; do sleep 0.05; done`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgid, _ := syscall.Getpgid(p.Pid())
+	if pgid != p.Pid() {
+		t.Errorf("workload pgid %d, want its own group %d", pgid, p.Pid())
+	}
+	var st shim.Response
+	b, _ := os.ReadFile(filepath.Join(dir, "state", "b", shim.PidFile))
+	json.Unmarshal(b, &st)
+	shimSid, _ := getsid(st.ShimPid)
+	mySid, _ := getsid(os.Getpid())
+	if shimSid == mySid || shimSid != st.ShimPid {
+		t.Errorf("shim session %d (pid %d), daemon session %d: shim must lead its own session", shimSid, st.ShimPid, mySid)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := p.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	es, err := p.Wait(ctx)
+	if err != nil || es.ExitCode != 7 {
+		t.Fatalf("exit %+v %v", es, err)
+	}
+	// Nothing of the group is left.
+	if err := syscall.Kill(-p.Pid(), 0); !errors.Is(err, syscall.ESRCH) {
+		t.Errorf("process group %d still exists: %v", p.Pid(), err)
+	}
+	log, _ := os.ReadFile(filepath.Join(dir, "logs", "b", "0.log"))
+	if !strings.Contains(string(log), "got TERM") {
+		t.Errorf("log: %s", log)
+	}
+}
+
+func TestShimKilledBySignalReports128PlusN(t *testing.T) {
+	s, dir := newStarter(t)
+	ctx := context.Background()
+	p, err := s.Start(ctx, spec(dir, "c", "/bin/sleep", "100"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Attach a second client while it runs: a restarted daemon does this.
+	p2, err := s.Attach(filepath.Join(dir, "state", "c"))
+	if err != nil || p2.Pid() != p.Pid() {
+		t.Fatalf("attach: pid %d vs %d, %v", p2.Pid(), p.Pid(), err)
+	}
+	p2.Signal(syscall.SIGKILL)
+	es, err := p.Wait(ctx)
+	if err != nil || es.Signal != int(syscall.SIGKILL) || es.ExitCode != 137 {
+		t.Fatalf("exit %+v %v", es, err)
+	}
+}
+
+func TestShimStartError(t *testing.T) {
+	s, dir := newStarter(t)
+	_, err := s.Start(context.Background(), spec(dir, "d", "/nonexistent/prog"))
+	var se *pod.StartError
+	if !errors.As(err, &se) || !strings.Contains(se.Msg, "no such file") {
+		t.Fatalf("want StartError, got %v", err)
+	}
+	rec, err := shim.ReadExit(filepath.Join(dir, "state", "d"))
+	if err != nil || rec.ExitCode != 128 || rec.Error == "" {
+		t.Fatalf("exit file %+v %v", rec, err)
+	}
+}
+
+func TestWaitCancel(t *testing.T) {
+	s, dir := newStarter(t)
+	p, err := s.Start(context.Background(), spec(dir, "e", "/bin/sleep", "100"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Signal(syscall.SIGKILL)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := p.Wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("want deadline, got %v", err)
+	}
+}
