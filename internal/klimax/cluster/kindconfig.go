@@ -1,0 +1,142 @@
+package cluster
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/k3sm-dev/k3sm/internal/klimax/slot"
+)
+
+// KindCluster is the subset of kind's v1alpha4 Cluster config klimax writes.
+// It is our own type (kind's Go module is not a dependency); field names and
+// shapes follow kind.x-k8s.io/v1alpha4.
+type KindCluster struct {
+	Kind                    string      `yaml:"kind"`
+	APIVersion              string      `yaml:"apiVersion"`
+	Name                    string      `yaml:"name"`
+	Networking              KindNetwork `yaml:"networking"`
+	ContainerdConfigPatches []string    `yaml:"containerdConfigPatches,omitempty"`
+	Nodes                   []KindNode  `yaml:"nodes"`
+}
+
+// KindNetwork is kind's networking section.
+type KindNetwork struct {
+	APIServerAddress string `yaml:"apiServerAddress"`
+	APIServerPort    int    `yaml:"apiServerPort"`
+	PodSubnet        string `yaml:"podSubnet"`
+	ServiceSubnet    string `yaml:"serviceSubnet"`
+}
+
+// KindNode is one kind node.
+type KindNode struct {
+	Role                 string            `yaml:"role"`
+	Image                string            `yaml:"image"`
+	Labels               map[string]string `yaml:"labels,omitempty"`
+	KubeadmConfigPatches []string          `yaml:"kubeadmConfigPatches,omitempty"`
+}
+
+// Spec is everything that determines one cluster's generated artifacts.
+type Spec struct {
+	Name        string
+	Slot        slot.Slot
+	NodeVersion string // kindest/node tag, e.g. v1.35.0
+	Region      string
+	Zone        string
+	Fleet       string
+	Labels      map[string]string
+	// ListenAddress is where the API server port is published in the guest
+	// (0.0.0.0 in a VM so the host reaches it, 127.0.0.1 on a Linux host).
+	ListenAddress string
+	// APIHost is the address the kubeconfig uses; it goes into the cert SANs.
+	APIHost string
+}
+
+// NodeLabels are the Kubernetes labels of the control-plane node.
+func (s Spec) NodeLabels() map[string]string {
+	l := map[string]string{}
+	for k, v := range s.Labels {
+		l[k] = v
+	}
+	l[LabelIngress] = "true"
+	l[LabelManagedBy] = ManagedByValue
+	l[LabelSlot] = fmt.Sprint(int(s.Slot))
+	if s.Region != "" {
+		l[LabelRegion] = s.Region
+	}
+	if s.Zone != "" {
+		l[LabelZone] = s.Zone
+	}
+	if s.Fleet != "" {
+		l[LabelFleet] = s.Fleet
+	}
+	return l
+}
+
+// containerdCertsPatch points containerd's CRI registry config at certs.d,
+// where klimax writes one hosts.toml per mirror.
+const containerdCertsPatch = `[plugins."io.containerd.grpc.v1.cri".registry]
+  config_path = "/etc/containerd/certs.d"`
+
+// KindConfig builds the kind cluster config for s.
+func KindConfig(s Spec) (*KindCluster, error) {
+	if err := ValidateName(s.Name); err != nil {
+		return nil, err
+	}
+	if !s.Slot.Valid() {
+		return nil, fmt.Errorf("slot %d out of range 1-99", s.Slot)
+	}
+	sans := []string{"127.0.0.1"}
+	if s.APIHost != "" {
+		if _, err := netip.ParseAddr(s.APIHost); err != nil {
+			return nil, fmt.Errorf("API host %q is not an IP address", s.APIHost)
+		}
+		if s.APIHost != "127.0.0.1" {
+			sans = []string{s.APIHost, "127.0.0.1"}
+		}
+	}
+	listen := s.ListenAddress
+	if listen == "" {
+		listen = "127.0.0.1"
+	}
+	var san bytes.Buffer
+	san.WriteString("kind: ClusterConfiguration\napiServer:\n  certSANs:\n")
+	for _, a := range sans {
+		fmt.Fprintf(&san, "  - %q\n", a)
+	}
+	return &KindCluster{
+		Kind:       "Cluster",
+		APIVersion: "kind.x-k8s.io/v1alpha4",
+		Name:       s.Name,
+		Networking: KindNetwork{
+			APIServerAddress: listen,
+			APIServerPort:    s.Slot.APIPort(),
+			PodSubnet:        s.Slot.PodSubnet().String(),
+			ServiceSubnet:    s.Slot.ServiceSubnet().String(),
+		},
+		ContainerdConfigPatches: []string{containerdCertsPatch},
+		Nodes: []KindNode{{
+			Role:                 "control-plane",
+			Image:                "kindest/node:" + s.NodeVersion,
+			Labels:               s.NodeLabels(),
+			KubeadmConfigPatches: []string{san.String()},
+		}},
+	}, nil
+}
+
+// Render encodes a kind config as YAML (fed to `kind create cluster --config -`).
+func (k *KindCluster) Render() ([]byte, error) {
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	enc.CompactSeqIndent()
+	if err := enc.Encode(k); err != nil {
+		return nil, err
+	}
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
