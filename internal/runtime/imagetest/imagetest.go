@@ -1,0 +1,256 @@
+// Package imagetest is test support for the runtime: it builds small static
+// Go programs, packs them as OCI images and serves them from a real registry
+// on 127.0.0.1 (go-containerregistry's pkg/registry). Nothing is pulled from
+// the internet.
+package imagetest
+
+import (
+	"archive/tar"
+	"bytes"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// ProgSource is the test workload: it runs its arguments as a tiny script.
+//
+//	echo:TEXT   print TEXT on stdout        err:TEXT   print TEXT on stderr
+//	sleep:DUR   sleep (Go duration)         exit:N     exit with code N
+//	trap:N      on SIGTERM print "got SIGTERM" and exit N
+//	trapslow:D  on SIGTERM print "got SIGTERM", keep running D, exit 0
+//	ignore      ignore SIGTERM              forever    sleep forever
+//	env:NAME    print NAME=value            pwd        print the working dir
+//	append:PATH:TEXT  append TEXT and a newline to PATH (host path)
+//	spin:DUR    burn CPU for DUR            cat        copy stdin to stdout
+//	pid:PATH    write the pid to PATH
+//
+// With no arguments it prints "hello from k3sm" and sleeps forever.
+const ProgSource = `package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	args := os.Args[1:]
+	if len(args) == 0 {
+		args = []string{"echo:hello from k3sm", "forever"}
+	}
+	for _, a := range args {
+		op, arg, _ := strings.Cut(a, ":")
+		switch op {
+		case "echo":
+			fmt.Println(arg)
+		case "err":
+			fmt.Fprintln(os.Stderr, arg)
+		case "sleep":
+			d, _ := time.ParseDuration(arg)
+			time.Sleep(d)
+		case "exit":
+			n, _ := strconv.Atoi(arg)
+			os.Exit(n)
+		case "trap":
+			n, _ := strconv.Atoi(arg)
+			c := make(chan os.Signal, 1)
+			signal.Notify(c, syscall.SIGTERM)
+			go func() { <-c; fmt.Println("got SIGTERM"); os.Exit(n) }()
+		case "trapslow":
+			d, _ := time.ParseDuration(arg)
+			c := make(chan os.Signal, 1)
+			signal.Notify(c, syscall.SIGTERM)
+			go func() { <-c; fmt.Println("got SIGTERM"); time.Sleep(d); os.Exit(0) }()
+		case "ignore":
+			signal.Ignore(syscall.SIGTERM)
+		case "forever":
+			select {}
+		case "env":
+			fmt.Printf("%s=%s\n", arg, os.Getenv(arg))
+		case "pwd":
+			wd, _ := os.Getwd()
+			fmt.Println("pwd=" + wd)
+		case "append":
+			p, text, _ := strings.Cut(arg, ":")
+			f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(2)
+			}
+			fmt.Fprintln(f, text)
+			f.Close()
+		case "spin":
+			d, _ := time.ParseDuration(arg)
+			end := time.Now().Add(d)
+			for time.Now().Before(end) {
+			}
+		case "cat":
+			io.Copy(os.Stdout, os.Stdin)
+		case "pid":
+			os.WriteFile(arg, []byte(strconv.Itoa(os.Getpid())), 0o644)
+		default:
+			fmt.Fprintln(os.Stderr, "unknown op", a)
+			os.Exit(2)
+		}
+	}
+}
+`
+
+// BuildProg compiles ProgSource statically for the host platform into dir.
+func BuildProg(dir string) (string, error) {
+	src := filepath.Join(dir, "progsrc")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		return "", err
+	}
+	os.WriteFile(filepath.Join(src, "go.mod"), []byte("module k3smtestprog\n\ngo 1.22\n"), 0o644)
+	os.WriteFile(filepath.Join(src, "main.go"), []byte(ProgSource), 0o644)
+	out := filepath.Join(dir, "prog")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, ".")
+	cmd.Dir = src
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off", "GOFLAGS=")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build test program: %v\n%s", err, b)
+	}
+	return out, nil
+}
+
+// Image packs the binary at bin as /app/prog with Entrypoint ["/app/prog"],
+// for the given platform (empty: the host's).
+func Image(bin string, platform v1.Platform) (v1.Image, error) {
+	data, err := os.ReadFile(bin)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	now := time.Unix(1700000000, 0)
+	tw.WriteHeader(&tar.Header{Name: "app/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: now})
+	tw.WriteHeader(&tar.Header{Name: "app/prog", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(data)), ModTime: now})
+	tw.Write(data)
+	tw.WriteHeader(&tar.Header{Name: "app/data/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: now})
+	msg := []byte("data shipped in the image\n")
+	tw.WriteHeader(&tar.Header{Name: "app/data/msg.txt", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(msg)), ModTime: now})
+	tw.Write(msg)
+	tw.Close()
+	layerBytes := buf.Bytes()
+	layer, err := tarball.LayerFromOpener(func() (ioReadCloser, error) { return nopCloser{bytes.NewReader(layerBytes)}, nil },
+		tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		return nil, err
+	}
+	img, err := mutate.AppendLayers(mutate.MediaType(empty.Image, types.OCIManifestSchema1), layer)
+	if err != nil {
+		return nil, err
+	}
+	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
+	if platform.OS == "" {
+		platform = v1.Platform{OS: runtime.GOOS, Architecture: runtime.GOARCH}
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = platform.OS, platform.Architecture
+	cf.Config.Entrypoint = []string{"/app/prog"}
+	cf.Config.Env = []string{"PATH=/app:/usr/local/bin:/usr/bin:/bin", "FROM_IMAGE=yes"}
+	cf.Config.WorkingDir = "/app"
+	return mutate.ConfigFile(img, cf)
+}
+
+// ForeignPlatform returns a platform that is not the host's.
+func ForeignPlatform() v1.Platform {
+	if runtime.GOARCH == "arm64" {
+		return v1.Platform{OS: "linux", Architecture: "amd64"}
+	}
+	return v1.Platform{OS: "linux", Architecture: "arm64"}
+}
+
+// Registry is a real OCI registry on 127.0.0.1.
+type Registry struct {
+	Host   string // 127.0.0.1:port
+	server *httptest.Server
+}
+
+// StartRegistry serves a registry on 127.0.0.1; with user set, every request
+// must carry those basic-auth credentials.
+func StartRegistry(t testing.TB, user, pass string) *Registry {
+	h := registry.New(registry.Logger(nopLogger()))
+	if user != "" {
+		inner := h
+		h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			u, p, ok := r.BasicAuth()
+			if !ok || u != user || p != pass {
+				w.Header().Set("WWW-Authenticate", `Basic realm="k3sm-test"`)
+				http.Error(w, "unauthorized", http.StatusUnauthorized)
+				return
+			}
+			inner.ServeHTTP(w, r)
+		})
+	}
+	s := httptest.NewServer(h) // listens on 127.0.0.1
+	t.Cleanup(s.Close)
+	return &Registry{Host: strings.TrimPrefix(s.URL, "http://"), server: s}
+}
+
+// Push pushes img as ref (relative to the registry, e.g. "prog:v1") and
+// returns the full reference.
+func (r *Registry) Push(t testing.TB, ref string, img v1.Image, opts ...remote.Option) string {
+	t.Helper()
+	full := r.Host + "/" + ref
+	tag, err := name.ParseReference(full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(tag, img, opts...); err != nil {
+		t.Fatalf("push %s: %v", full, err)
+	}
+	return full
+}
+
+// PlatformImage is one entry of an index.
+type PlatformImage struct {
+	Platform v1.Platform
+	Image    v1.Image
+}
+
+// PushIndex pushes an index holding imgs (each with its platform).
+func (r *Registry) PushIndex(t testing.TB, ref string, imgs ...PlatformImage) string {
+	t.Helper()
+	var adds []mutate.IndexAddendum
+	for _, pi := range imgs {
+		p := pi.Platform
+		adds = append(adds, mutate.IndexAddendum{Add: pi.Image, Descriptor: v1.Descriptor{Platform: &p}})
+	}
+	idx := mutate.AppendManifests(mutate.IndexMediaType(empty.Index, types.OCIImageIndex), adds...)
+	full := r.Host + "/" + ref
+	tag, err := name.ParseReference(full)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.WriteIndex(tag, idx); err != nil {
+		t.Fatalf("push index %s: %v", full, err)
+	}
+	return full
+}
