@@ -237,3 +237,33 @@ func ParseIPRouteJSON(out []byte, cidr netip.Prefix) (RouteStatus, error) {
 }
 
 func notRoot() bool { return os.Geteuid() != 0 }
+
+// RouteClash looks through `ip -j -4 route show` output for a route that
+// overlaps cidr and does not belong to a Docker bridge (br-*, docker0);
+// it returns that route ("" when none). The default route never clashes.
+func RouteClash(out []byte, cidr netip.Prefix) (string, error) {
+	var routes []struct {
+		Dst string `json:"dst"`
+		Dev string `json:"dev"`
+	}
+	if err := json.Unmarshal(bytes.TrimSpace(out), &routes); err != nil {
+		return "", fmt.Errorf("parse ip route output: %w", err)
+	}
+	for _, rt := range routes {
+		if rt.Dst == "default" || strings.HasPrefix(rt.Dev, "br-") || rt.Dev == "docker0" {
+			continue
+		}
+		p, err := netip.ParsePrefix(rt.Dst)
+		if err != nil {
+			a, aerr := netip.ParseAddr(rt.Dst)
+			if aerr != nil {
+				continue
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		if p.Bits() > 0 && p.Overlaps(cidr) {
+			return fmt.Sprintf("%s dev %s", rt.Dst, rt.Dev), nil
+		}
+	}
+	return "", nil
+}
