@@ -1,0 +1,202 @@
+// Package dockertest holds helpers for klimax's Docker integration tests:
+// skipping without an engine, building the test registry image from
+// ../testregistry (no image can be pulled here), free loopback ports and a
+// bridge CIDR that clashes with nothing on this machine.
+package dockertest
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/moby/moby/client"
+
+	"github.com/k3sm-dev/k3sm/internal/klimax/docker"
+)
+
+// Engine returns a client for the default engine, or skips the test with
+// the reason when none answers (run hack/start-docker.sh as root).
+func Engine(t testing.TB) *docker.Client {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test skipped under -short")
+	}
+	c, err := docker.New("")
+	if err != nil {
+		t.Skipf("no Docker client: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := c.Ping(ctx); err != nil {
+		c.Close()
+		t.Skipf("no Docker engine answers (start one with hack/start-docker.sh): %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+var (
+	buildOnce sync.Once
+	buildBin  string
+	buildErr  error
+)
+
+// registryBinary compiles ../testregistry statically, once per test binary.
+func registryBinary() (string, error) {
+	buildOnce.Do(func() {
+		_, self, _, _ := runtime.Caller(0)
+		src := filepath.Join(filepath.Dir(self), "..", "testregistry")
+		dir, err := os.MkdirTemp("", "klimax-testregistry-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		buildBin = filepath.Join(dir, "registry")
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", buildBin, ".")
+		cmd.Dir = src
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("build test registry: %v\n%s", err, out)
+		}
+	})
+	return buildBin, buildErr
+}
+
+// RegistryImage builds the test registry image, loads it into the engine
+// with ImageLoad under ref, and removes it when the test ends.
+func RegistryImage(t testing.TB, c *docker.Client, ref string) {
+	t.Helper()
+	bin, err := registryBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var layerTar bytes.Buffer
+	tw := tar.NewWriter(&layerTar)
+	for _, d := range []string{"var/", "var/lib/", "var/lib/registry/", "tmp/"} {
+		tw.WriteHeader(&tar.Header{Name: d, Typeflag: tar.TypeDir, Mode: 0o755})
+	}
+	tw.WriteHeader(&tar.Header{Name: "registry", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(data))})
+	tw.Write(data)
+	tw.Close()
+	layer, err := tarball.LayerFromReader(bytes.NewReader(layerTar.Bytes()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err = mutate.Config(img, v1.Config{Entrypoint: []string{"/registry"}, ExposedPorts: map[string]struct{}{"5000/tcp": {}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err = mutate.ConfigFile(img, mustConfigFile(t, img))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag, err := name.NewTag(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := tarball.Write(tag, img, &buf); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := c.LoadImage(ctx, &buf); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.API().ImageRemove(context.Background(), ref, client.ImageRemoveOptions{Force: true, PruneChildren: true})
+	})
+}
+
+func mustConfigFile(t testing.TB, img v1.Image) *v1.ConfigFile {
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", runtime.GOARCH
+	return cf
+}
+
+// FreePort returns a TCP port that is free on 127.0.0.1 right now.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// FreeBridgeCIDR returns a /16 in 172.16.0.0/12 that overlaps no Docker
+// network and no route of this machine (only addresses are compared; no
+// traffic is sent anywhere).
+func FreeBridgeCIDR(t testing.TB, c *docker.Client) netip.Prefix {
+	t.Helper()
+	var used []netip.Prefix
+	res, err := c.API().NetworkList(context.Background(), client.NetworkListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range res.Items {
+		for _, cfg := range n.IPAM.Config {
+			if cfg.Subnet.IsValid() {
+				used = append(used, cfg.Subnet)
+			}
+		}
+	}
+	if out, err := exec.Command("ip", "-j", "-4", "route", "show").Output(); err == nil {
+		var routes []struct{ Dst string }
+		json.Unmarshal(out, &routes)
+		for _, r := range routes {
+			if p, err := netip.ParsePrefix(r.Dst); err == nil && p.Bits() > 0 {
+				used = append(used, p)
+			}
+		}
+	}
+	for b := 31; b >= 18; b-- { // high end first: Docker allocates from the low end
+		p := netip.MustParsePrefix(fmt.Sprintf("172.%d.0.0/16", b))
+		free := true
+		for _, u := range used {
+			if u.Overlaps(p) {
+				free = false
+				break
+			}
+		}
+		if free {
+			return p
+		}
+	}
+	t.Skip("no free 172.x.0.0/16 for a test bridge")
+	return netip.Prefix{}
+}
+
+// UniqueName returns a name for test objects: prefix plus time and pid.
+func UniqueName(prefix string) string {
+	return strings.ToLower(fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), time.Now().UnixNano()%1e6))
+}
