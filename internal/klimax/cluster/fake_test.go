@@ -262,4 +262,3 @@ func manifestServer() (*httptest.Server, *int) {
 	}))
 	return srv, n
 }
-
