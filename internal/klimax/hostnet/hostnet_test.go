@@ -80,10 +80,10 @@ func TestCheckChain(t *testing.T) {
 	masq := "-A POSTROUTING -s 172.30.0.0/16 ! -o br-0123456789ab -j MASQUERADE"
 	head := "-P POSTROUTING ACCEPT\n"
 	cases := map[string]string{
-		head + rule.String() + "\n" + masq + "\n":                      "",
-		head + masq + "\n" + rule.String() + "\n":                      "not first",
-		head + masq + "\n":                                             "lacks rule",
-		head + rule.String() + "\n" + rule.String() + "\n":             "2 times",
+		head + rule.String() + "\n" + masq + "\n":          "",
+		head + masq + "\n" + rule.String() + "\n":          "not first",
+		head + masq + "\n":                                 "lacks rule",
+		head + rule.String() + "\n" + rule.String() + "\n": "2 times",
 		head + rule.String() + "\n" + strings.Replace(rule.String(), "192.168.105.0/24", "192.168.64.0/24", 1): "stale",
 	}
 	for out, want := range cases {

