@@ -46,6 +46,7 @@ type Spec struct {
 	Region      string
 	Zone        string
 	Fleet       string
+	DependsOn   []string
 	Labels      map[string]string
 	// ListenAddress is where the API server port is published in the guest
 	// (0.0.0.0 in a VM so the host reaches it, 127.0.0.1 on a Linux host).
@@ -71,6 +72,9 @@ func (s Spec) NodeLabels() map[string]string {
 	}
 	if s.Fleet != "" {
 		l[LabelFleet] = s.Fleet
+	}
+	for _, d := range s.DependsOn {
+		l[DepLabelPrefix+d] = "true"
 	}
 	return l
 }

@@ -127,6 +127,7 @@ type CreateOptions struct {
 	Region      string
 	Zone        string
 	Fleet       string
+	DependsOn   []string // fleet dependencies, recorded as node labels
 	Labels      map[string]string
 	// Mirrors selects registry mirrors by name; nil means all configured.
 	Mirrors       []string
@@ -198,7 +199,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 		nodeVersion = m.Config.Kind.NodeVersion
 	}
 	spec := Spec{Name: o.Name, Slot: s, NodeVersion: nodeVersion, Region: o.Region, Zone: o.Zone,
-		Fleet: o.Fleet, Labels: o.Labels, ListenAddress: m.ListenAddress, APIHost: apiHost}
+		Fleet: o.Fleet, DependsOn: o.DependsOn, Labels: o.Labels, ListenAddress: m.ListenAddress, APIHost: apiHost}
 	kc, err := KindConfig(spec)
 	if err != nil {
 		return nil, err
@@ -277,7 +278,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 	}
 	return &Info{Name: o.Name, Slot: int(s), APIPort: s.APIPort(), State: "running", Reachable: true,
 		Server: fmt.Sprintf("https://%s:%d", apiHost, s.APIPort()), Labels: spec.NodeLabels(),
-		Fleet: o.Fleet, Region: o.Region, Zone: o.Zone, Kubeconfig: m.KubeconfigPath(o.Name)}, nil
+		Fleet: o.Fleet, DependsOn: o.DependsOn, Region: o.Region, Zone: o.Zone, Kubeconfig: m.KubeconfigPath(o.Name)}, nil
 }
 
 func (m *Manager) selectMirrors(names []string) ([]config.Mirror, error) {
@@ -452,6 +453,7 @@ type Info struct {
 	Fleet      string            `json:"fleet,omitempty" yaml:"fleet,omitempty"`
 	Region     string            `json:"region,omitempty" yaml:"region,omitempty"`
 	Zone       string            `json:"zone,omitempty" yaml:"zone,omitempty"`
+	DependsOn  []string          `json:"dependsOn,omitempty" yaml:"dependsOn,omitempty"`
 	Labels     map[string]string `json:"labels,omitempty" yaml:"labels,omitempty"`
 	Kubeconfig string            `json:"kubeconfig,omitempty" yaml:"kubeconfig,omitempty"`
 	Error      string            `json:"error,omitempty" yaml:"error,omitempty"`
@@ -523,6 +525,7 @@ func (m *Manager) describe(ctx context.Context, n NodeContainer) Info {
 	in.Reachable = true
 	in.Labels = l
 	in.Fleet, in.Region, in.Zone = l[LabelFleet], l[LabelRegion], l[LabelZone]
+	in.DependsOn = DepsFromLabels(l)
 	if v, err := strconv.Atoi(l[LabelSlot]); err == nil && in.Slot == 0 {
 		in.Slot = v
 	}

@@ -18,7 +18,23 @@ const (
 	LabelRegion    = "topology.kubernetes.io/region"
 	LabelZone      = "topology.kubernetes.io/zone"
 	LabelIngress   = "ingress-ready"
+	// DepLabelPrefix + <cluster> = "true" records a fleet dependsOn edge on
+	// the dependent's node, so `fleet delete <name>` can order deletes
+	// without the manifest.
+	DepLabelPrefix = "deps.klimax.dev/"
 )
+
+// DepsFromLabels returns the dependencies recorded in node labels.
+func DepsFromLabels(l map[string]string) []string {
+	var out []string
+	for k := range l {
+		if d, ok := strings.CutPrefix(k, DepLabelPrefix); ok {
+			out = append(out, d)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
 
 // MaxNameLen keeps "<name>-control-plane" and "kind-<name>" well inside the
 // 63-character DNS label and container name limits.
@@ -86,5 +102,5 @@ func Reserved(key string) bool {
 	case LabelManagedBy, LabelSlot, LabelFleet:
 		return true
 	}
-	return false
+	return strings.HasPrefix(key, DepLabelPrefix)
 }

@@ -371,3 +371,12 @@ func (c *Config) DockerSocketPath() string {
 	home, _ := os.UserHomeDir()
 	return filepath.Join(home, "."+c.VM.Name+".docker.sock")
 }
+
+// MirrorNames lists the configured mirror names.
+func (c *Config) MirrorNames() []string {
+	out := make([]string, 0, len(c.Registries.Mirrors))
+	for _, m := range c.Registries.Mirrors {
+		out = append(out, m.Name)
+	}
+	return out
+}

@@ -47,6 +47,13 @@ func StrictUnmarshal(data []byte, out any) error {
 	return nil
 }
 
+// SchemaProvider is implemented by types with a custom UnmarshalYAML whose
+// mapping form should still be checked for unknown keys: YAMLSchema returns a
+// value of the plain struct type describing that form.
+type SchemaProvider interface{ YAMLSchema() any }
+
+var schemaProviderType = reflect.TypeOf((*SchemaProvider)(nil)).Elem()
+
 // CheckKnownKeys walks n against type t and returns the first unknown key.
 func CheckKnownKeys(n *yaml.Node, t reflect.Type) error {
 	return checkNode(n, t, "")
@@ -67,7 +74,15 @@ func checkNode(n *yaml.Node, t reflect.Type, path string) error {
 	case yaml.AliasNode:
 		return checkNode(n.Alias, t, path)
 	}
-	// Types with custom YAML decoding validate themselves.
+	// A type with custom decoding can name a plain struct to check keys against.
+	if reflect.PointerTo(t).Implements(schemaProviderType) {
+		schema := reflect.New(t).Interface().(SchemaProvider).YAMLSchema()
+		if n.Kind != yaml.MappingNode {
+			return nil
+		}
+		return checkNode(n, reflect.TypeOf(schema), path)
+	}
+	// Other types with custom YAML decoding validate themselves.
 	if reflect.PointerTo(t).Implements(reflect.TypeOf((*yaml.Unmarshaler)(nil)).Elem()) {
 		return nil
 	}
