@@ -70,6 +70,10 @@ func (s ContextStore) Set(name, dockerHost, description string) error {
 	if name == "" || name == "default" || strings.ContainsAny(name, "/\\ ") {
 		return fmt.Errorf("docker context name %q is not usable", name)
 	}
+	// Refuse before writing anything when config.json is unusable.
+	if _, err := s.readConfig(); err != nil {
+		return err
+	}
 	data, err := json.Marshal(contextMeta{
 		Name:      name,
 		Metadata:  contextMetadata{Description: description},

@@ -85,6 +85,9 @@ func TestContextStoreRefusesBrokenConfig(t *testing.T) {
 	if data, _ := os.ReadFile(filepath.Join(dir, "config.json")); string(data) != "{not json" {
 		t.Fatal("broken config.json was changed")
 	}
+	if _, err := os.Stat(filepath.Join(dir, "contexts")); !os.IsNotExist(err) {
+		t.Fatal("context written although config.json is broken")
+	}
 }
 
 func filterEnv(env []string, drop ...string) []string {
