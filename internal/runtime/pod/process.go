@@ -30,9 +30,10 @@ type Starter interface {
 	// error) is a *StartError.
 	Start(ctx context.Context, spec ProcessSpec) (Process, error)
 	// Attach reconnects to the attempt recorded in stateDir after a daemon
-	// restart. It always returns a Process: for an attempt that already
-	// ended, Wait returns its recorded status at once.
-	Attach(stateDir string) (Process, error)
+	// restart. It always returns a Process (running reports whether its
+	// shim answered): for an attempt that already ended, Wait returns its
+	// recorded status at once.
+	Attach(stateDir string) (proc Process, running bool, err error)
 }
 
 // Process is a started container attempt.

@@ -117,19 +117,19 @@ func (s *Starter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process,
 }
 
 // Attach reconnects to the shim of the attempt in stateDir.
-func (s *Starter) Attach(stateDir string) (pod.Process, error) {
+func (s *Starter) Attach(stateDir string) (pod.Process, bool, error) {
 	b, err := os.ReadFile(filepath.Join(stateDir, shim.ConfigFile))
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	var cfg shim.Config
 	if err := json.Unmarshal(b, &cfg); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	p := &process{dir: stateDir, socket: cfg.Socket}
 	if r, err := p.call(context.Background(), shim.Request{Op: "status"}); err == nil {
 		p.pid, p.startedAt = r.Pid, r.StartedAt
-		return p, nil
+		return p, r.Running, nil
 	}
 	// No live shim: the attempt ended (or the shim died).
 	if st, err := os.ReadFile(filepath.Join(stateDir, shim.PidFile)); err == nil {
@@ -139,7 +139,7 @@ func (s *Starter) Attach(stateDir string) (pod.Process, error) {
 		}
 	}
 	p.dead = true
-	return p, nil
+	return p, false, nil
 }
 
 type process struct {

@@ -79,7 +79,10 @@ func TestShimRunsProcessAndRecordsExit(t *testing.T) {
 	}
 	// Attaching after the shim left answers from the file.
 	time.Sleep(100 * time.Millisecond)
-	p2, err := s.Attach(filepath.Join(dir, "state", "a"))
+	p2, alive, err := s.Attach(filepath.Join(dir, "state", "a"))
+	if alive {
+		t.Error("attach after exit says running")
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,8 +139,8 @@ func TestShimKilledBySignalReports128PlusN(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Attach a second client while it runs: a restarted daemon does this.
-	p2, err := s.Attach(filepath.Join(dir, "state", "c"))
-	if err != nil || p2.Pid() != p.Pid() {
+	p2, alive, err := s.Attach(filepath.Join(dir, "state", "c"))
+	if err != nil || !alive || p2.Pid() != p.Pid() {
 		t.Fatalf("attach: pid %d vs %d, %v", p2.Pid(), p.Pid(), err)
 	}
 	p2.Signal(syscall.SIGKILL)

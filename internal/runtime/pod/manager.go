@@ -1,0 +1,771 @@
+// Package pod owns the pod lifecycle as the kubelet runs it, on native
+// processes: init containers one at a time, then the containers; restart
+// policies with CrashLoopBackOff; image pull policies with ImagePullBackOff;
+// graceful termination; phases and container states; events; and the
+// on-disk state under <data>/pods/<uid>/ that lets a restarted daemon
+// re-attach to the shims of running containers instead of recreating them.
+package pod
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/runtime/image"
+)
+
+// Images is what the lifecycle needs from the image store.
+type Images interface {
+	Lookup(ref string) (*image.Image, bool)
+	Get(id string) (*image.Image, bool)
+	Pull(ctx context.Context, ref string, secrets [][]byte) (*image.Image, error)
+}
+
+// Config configures a Manager. Zero durations take the kubelet's values.
+type Config struct {
+	// DataDir holds pods/<uid>/ and logs/pods/.
+	DataDir string
+	Images  Images
+	Starter Starter
+	// CrashLoopBackOff: first restart at once, then Base doubling to Max;
+	// reset when a container ran for BackOffResetAfter.
+	CrashLoopBackOffBase time.Duration // 10 s
+	CrashLoopBackOffMax  time.Duration // 300 s
+	BackOffResetAfter    time.Duration // 10 min
+	// ImagePullBackOff: Base doubling to Max.
+	ImagePullBackOffBase time.Duration // 10 s
+	ImagePullBackOffMax  time.Duration // 300 s
+	Logger               *slog.Logger
+}
+
+// ErrNotFound is returned for an unknown pod or container.
+var ErrNotFound = errors.New("not found")
+
+// InvalidSpecError is a pod spec the daemon refuses.
+type InvalidSpecError struct{ Msg string }
+
+func (e *InvalidSpecError) Error() string { return e.Msg }
+
+// Manager runs every pod of the node.
+type Manager struct {
+	cfg    Config
+	log    *slog.Logger
+	hub    *hub
+	bootID string
+
+	mu   sync.Mutex
+	ctx  context.Context
+	pods map[string]*podRT
+	wg   sync.WaitGroup
+}
+
+// NewManager checks cfg and prepares the directories.
+func NewManager(cfg Config) (*Manager, error) {
+	if cfg.DataDir == "" {
+		return nil, errors.New("pod manager: DataDir is required")
+	}
+	if cfg.Images == nil || cfg.Starter == nil {
+		return nil, errors.New("pod manager: Images and Starter are required")
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&cfg.CrashLoopBackOffBase, 10*time.Second)
+	def(&cfg.CrashLoopBackOffMax, 300*time.Second)
+	def(&cfg.BackOffResetAfter, 10*time.Minute)
+	def(&cfg.ImagePullBackOffBase, 10*time.Second)
+	def(&cfg.ImagePullBackOffMax, 300*time.Second)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	for _, d := range []string{filepath.Join(cfg.DataDir, "pods"), filepath.Join(cfg.DataDir, "logs", "pods")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	b := make([]byte, 8)
+	rand.Read(b)
+	return &Manager{cfg: cfg, log: cfg.Logger, hub: newHub(), bootID: hex.EncodeToString(b), pods: map[string]*podRT{}}, nil
+}
+
+// BootID changes with every daemon start; event sequence numbers are only
+// meaningful within one boot.
+func (m *Manager) BootID() string { return m.bootID }
+
+func (m *Manager) podDir(uid string) string { return filepath.Join(m.cfg.DataDir, "pods", uid) }
+
+func (m *Manager) logDir(spec *runtimev1.PodSpec) string {
+	return filepath.Join(m.cfg.DataDir, "logs", "pods", spec.GetNamespace()+"_"+spec.GetName()+"_"+spec.GetUid())
+}
+
+// Start re-attaches to the pods recorded on disk and starts their workers.
+// ctx is the daemon's lifetime: when it ends, workers detach from their
+// containers and leave them running.
+func (m *Manager) Start(ctx context.Context) error {
+	m.mu.Lock()
+	m.ctx = ctx
+	m.mu.Unlock()
+	entries, err := os.ReadDir(filepath.Join(m.cfg.DataDir, "pods"))
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		p, running, err := m.load(e.Name())
+		if err != nil {
+			m.log.Error("cannot recover pod; its directory is left untouched", "dir", m.podDir(e.Name()), "err", err)
+			continue
+		}
+		m.mu.Lock()
+		m.pods[p.uid] = p
+		m.mu.Unlock()
+		m.log.Info("re-attached pod", "pod", p.key(), "running", running)
+		p.event(runtimev1.EventType_EVENT_TYPE_NORMAL, "PodReattached", "",
+			fmt.Sprintf("Runtime daemon restarted: re-attached to %d running container(s) without restarting them", running))
+		m.startWorker(p)
+		if p.terminating {
+			go m.finishDelete(p)
+		}
+	}
+	return nil
+}
+
+// Wait blocks until every worker detached (after the Start context ended).
+func (m *Manager) Wait() { m.wg.Wait() }
+
+func (m *Manager) startWorker(p *podRT) {
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		p.run(m.ctx)
+	}()
+}
+
+// validate refuses specs the lifecycle cannot run.
+func validate(spec *runtimev1.PodSpec) error {
+	if spec == nil {
+		return &InvalidSpecError{"pod: spec is required"}
+	}
+	if spec.GetUid() == "" || filepath.Base(spec.GetUid()) != spec.GetUid() || spec.GetUid() == "." || spec.GetUid() == ".." {
+		return &InvalidSpecError{fmt.Sprintf("pod.uid %q: must be a non-empty uid without slashes", spec.GetUid())}
+	}
+	if spec.GetName() == "" || spec.GetNamespace() == "" {
+		return &InvalidSpecError{"pod.name and pod.namespace are required"}
+	}
+	if len(spec.GetContainers()) == 0 {
+		return &InvalidSpecError{"pod.containers: at least one container is required"}
+	}
+	seen := map[string]bool{}
+	for _, c := range append(append([]*runtimev1.ContainerSpec{}, spec.GetInitContainers()...), spec.GetContainers()...) {
+		if c.GetName() == "" || filepath.Base(c.GetName()) != c.GetName() || c.GetName() == "." || c.GetName() == ".." {
+			return &InvalidSpecError{fmt.Sprintf("container name %q: must be a DNS label", c.GetName())}
+		}
+		if seen[c.GetName()] {
+			return &InvalidSpecError{fmt.Sprintf("container name %q is used twice", c.GetName())}
+		}
+		seen[c.GetName()] = true
+		if c.GetImage() == "" {
+			return &InvalidSpecError{fmt.Sprintf("container %q: image is required (an OCI reference, or %q with an absolute command)", c.GetName(), NativeImage)}
+		}
+	}
+	return nil
+}
+
+// Create admits a pod and starts its worker. An existing uid is returned as
+// is.
+func (m *Manager) Create(spec *runtimev1.PodSpec) (*runtimev1.PodStatus, error) {
+	if err := validate(spec); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	if p, ok := m.pods[spec.GetUid()]; ok {
+		m.mu.Unlock()
+		return p.status(), nil
+	}
+	if m.ctx == nil {
+		m.mu.Unlock()
+		return nil, errors.New("pod manager not started")
+	}
+	p := m.newPod(proto.Clone(spec).(*runtimev1.PodSpec))
+	p.startTime = time.Now()
+	if err := os.MkdirAll(p.dir, 0o700); err != nil {
+		m.mu.Unlock()
+		return nil, err
+	}
+	m.pods[p.uid] = p
+	m.mu.Unlock()
+	p.mu.Lock()
+	err := p.saveLocked()
+	p.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	m.hub.changed(p.uid)
+	m.startWorker(p)
+	return p.status(), nil
+}
+
+func (m *Manager) newPod(spec *runtimev1.PodSpec) *podRT {
+	p := &podRT{m: m, uid: spec.GetUid(), dir: m.podDir(spec.GetUid()), spec: spec,
+		deleteCh: make(chan struct{}), done: make(chan struct{}), removed: make(chan struct{})}
+	for _, c := range spec.GetInitContainers() {
+		p.init = append(p.init, newCtr(c, true))
+	}
+	for _, c := range spec.GetContainers() {
+		p.main = append(p.main, newCtr(c, false))
+	}
+	return p
+}
+
+func newCtr(c *runtimev1.ContainerSpec, init bool) *ctr {
+	return &ctr{spec: c, init: init, wake: make(chan struct{}, 1),
+		state: cstate{Waiting: &waiting{Reason: "ContainerCreating"}}}
+}
+
+// Update replaces the pod's spec; changed containers restart.
+func (m *Manager) Update(spec *runtimev1.PodSpec) (*runtimev1.PodStatus, error) {
+	if err := validate(spec); err != nil {
+		return nil, err
+	}
+	p := m.get(spec.GetUid())
+	if p == nil {
+		return nil, fmt.Errorf("pod %s: %w", spec.GetUid(), ErrNotFound)
+	}
+	spec = proto.Clone(spec).(*runtimev1.PodSpec)
+	p.mu.Lock()
+	p.spec = spec
+	byName := map[string]*runtimev1.ContainerSpec{}
+	for _, c := range append(append([]*runtimev1.ContainerSpec{}, spec.GetInitContainers()...), spec.GetContainers()...) {
+		byName[c.GetName()] = c
+	}
+	for _, c := range p.all() {
+		nc, ok := byName[c.spec.GetName()]
+		if !ok {
+			continue
+		}
+		changed := definitionChanged(c.spec, nc)
+		c.spec = nc
+		if changed && !(c.init && c.succeeded()) {
+			c.changed = true
+			select {
+			case c.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+	p.saveLocked()
+	p.mu.Unlock()
+	p.changedNotify()
+	return p.status(), nil
+}
+
+// definitionChanged compares what the kubelet hashes into a container: a
+// change means stop and start again.
+func definitionChanged(a, b *runtimev1.ContainerSpec) bool {
+	strip := func(c *runtimev1.ContainerSpec) *runtimev1.ContainerSpec {
+		return &runtimev1.ContainerSpec{Name: c.GetName(), Image: c.GetImage(), ImagePullPolicy: c.GetImagePullPolicy(),
+			Command: c.GetCommand(), Args: c.GetArgs(), Env: c.GetEnv(), WorkingDir: c.GetWorkingDir()}
+	}
+	return !proto.Equal(strip(a), strip(b))
+}
+
+// Delete stops the pod's containers (SIGTERM, grace, SIGKILL) and removes
+// its files. grace overrides the pod's terminationGracePeriodSeconds.
+func (m *Manager) Delete(ctx context.Context, uid string, grace *int64, wait bool) error {
+	p := m.get(uid)
+	if p == nil {
+		return fmt.Errorf("pod %s: %w", uid, ErrNotFound)
+	}
+	p.mu.Lock()
+	first := !p.terminating
+	if first {
+		p.terminating = true
+		g := int64(30)
+		if p.spec.TerminationGracePeriodSeconds != nil {
+			g = p.spec.GetTerminationGracePeriodSeconds()
+		}
+		if grace != nil {
+			g = *grace
+		}
+		if g < 0 {
+			g = 0
+		}
+		p.grace = time.Duration(g) * time.Second
+		close(p.deleteCh)
+		p.saveLocked()
+	}
+	p.mu.Unlock()
+	if first {
+		p.changedNotify()
+		go m.finishDelete(p)
+	}
+	if !wait {
+		return nil
+	}
+	select {
+	case <-p.removed:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// finishDelete waits for the worker to stop every container, then removes
+// the pod's directories.
+func (m *Manager) finishDelete(p *podRT) {
+	select {
+	case <-p.done:
+	case <-m.ctx.Done():
+		return // daemon stopping: the next daemon finishes the delete
+	}
+	last := p.status()
+	if err := os.RemoveAll(p.dir); err != nil {
+		m.log.Error("remove pod directory", "dir", p.dir, "err", err)
+	}
+	if err := os.RemoveAll(m.logDir(p.spec)); err != nil {
+		m.log.Error("remove pod logs", "pod", p.key(), "err", err)
+	}
+	m.mu.Lock()
+	delete(m.pods, p.uid)
+	m.mu.Unlock()
+	m.hub.removed(last)
+	close(p.removed)
+	m.log.Info("pod removed", "pod", p.key())
+}
+
+func (m *Manager) get(uid string) *podRT {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.pods[uid]
+}
+
+// Status returns a pod's status.
+func (m *Manager) Status(uid string) (*runtimev1.PodStatus, error) {
+	p := m.get(uid)
+	if p == nil {
+		return nil, fmt.Errorf("pod %s: %w", uid, ErrNotFound)
+	}
+	return p.status(), nil
+}
+
+// List returns every pod's status and spec, ordered by namespace/name.
+func (m *Manager) List() ([]*runtimev1.PodStatus, []*runtimev1.PodSpec) {
+	m.mu.Lock()
+	ps := make([]*podRT, 0, len(m.pods))
+	for _, p := range m.pods {
+		ps = append(ps, p)
+	}
+	m.mu.Unlock()
+	sort.Slice(ps, func(i, j int) bool { return ps[i].key() < ps[j].key() })
+	var sts []*runtimev1.PodStatus
+	var specs []*runtimev1.PodSpec
+	for _, p := range ps {
+		sts = append(sts, p.status())
+		p.mu.Lock()
+		specs = append(specs, proto.Clone(p.spec).(*runtimev1.PodSpec))
+		p.mu.Unlock()
+	}
+	return sts, specs
+}
+
+// Subscribe starts a watch. Events of this boot after afterSeq are replayed
+// (all buffered events when bootID is another boot's).
+func (m *Manager) Subscribe(bootID string, afterSeq uint64) *Subscription {
+	if bootID != m.bootID {
+		afterSeq = 0
+	}
+	return m.hub.subscribe(afterSeq)
+}
+
+// ContainerInfo describes one container for logs, exec and stats.
+type ContainerInfo struct {
+	Pod          *runtimev1.PodSpec
+	Spec         *runtimev1.ContainerSpec
+	RestartCount int32
+	// LogDir holds <restartCount>.log files.
+	LogDir string
+	// Running attempt's process group, 0 when not running.
+	Pid  int
+	Root string
+	// Image the container runs (nil for native or before the first pull).
+	Image *image.Image
+}
+
+// Container looks a container up; name may be empty for a pod with one
+// container.
+func (m *Manager) Container(uid, name string) (ContainerInfo, error) {
+	p := m.get(uid)
+	if p == nil {
+		return ContainerInfo{}, fmt.Errorf("pod %s: %w", uid, ErrNotFound)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var c *ctr
+	if name == "" {
+		if len(p.main) != 1 {
+			var names []string
+			for _, x := range p.main {
+				names = append(names, x.spec.GetName())
+			}
+			return ContainerInfo{}, &InvalidSpecError{fmt.Sprintf("pod %s has %d containers %v: name one", p.key(), len(p.main), names)}
+		}
+		c = p.main[0]
+	} else {
+		for _, x := range p.all() {
+			if x.spec.GetName() == name {
+				c = x
+			}
+		}
+	}
+	if c == nil {
+		return ContainerInfo{}, fmt.Errorf("container %q in pod %s: %w", name, p.key(), ErrNotFound)
+	}
+	info := ContainerInfo{Pod: p.spec, Spec: c.spec, RestartCount: c.restartCount,
+		LogDir: filepath.Join(m.logDir(p.spec), c.spec.GetName()), Root: p.rootDir(c)}
+	if c.proc != nil && c.state.Running != nil {
+		info.Pid = c.proc.Pid()
+	}
+	if c.imageID != "" {
+		info.Image, _ = m.cfg.Images.Get(c.imageID)
+	}
+	return info, nil
+}
+
+// AttemptRunning reports whether attempt restart of the container runs.
+func (m *Manager) AttemptRunning(uid, name string, restart int32) bool {
+	p := m.get(uid)
+	if p == nil {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.all() {
+		if c.spec.GetName() == name {
+			return c.restartCount == restart && c.state.Running != nil
+		}
+	}
+	return false
+}
+
+// ResolveExec resolves a command as the container would run it.
+func (m *Manager) ResolveExec(info ContainerInfo, command []string) (argv, env []string, dir string, err error) {
+	cs := proto.Clone(info.Spec).(*runtimev1.ContainerSpec)
+	cs.Command, cs.Args = command, nil
+	if cs.GetImage() != NativeImage && info.Image == nil {
+		return nil, nil, "", errors.New("container has not started yet")
+	}
+	r, err := resolveProcess(info.Pod, cs, info.Image, info.Root)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	return r.Argv, r.Env, r.Dir, nil
+}
+
+// ---------------------------------------------------------------- state
+
+type waiting struct {
+	Reason  string `json:"reason"`
+	Message string `json:"message,omitempty"`
+}
+
+type running struct {
+	StartedAt time.Time `json:"startedAt"`
+}
+
+type terminated struct {
+	ExitCode    int       `json:"exitCode"`
+	Signal      int       `json:"signal,omitempty"`
+	Reason      string    `json:"reason"`
+	Message     string    `json:"message,omitempty"`
+	StartedAt   time.Time `json:"startedAt"`
+	FinishedAt  time.Time `json:"finishedAt"`
+	ContainerID string    `json:"containerID,omitempty"`
+}
+
+type cstate struct {
+	Waiting    *waiting    `json:"waiting,omitempty"`
+	Running    *running    `json:"running,omitempty"`
+	Terminated *terminated `json:"terminated,omitempty"`
+}
+
+// ctr is one container's lifecycle state. Guarded by its pod's mu, except
+// the fields only the container's own goroutine touches (noted).
+type ctr struct {
+	spec *runtimev1.ContainerSpec
+	init bool
+
+	restartCount int32
+	hasRun       bool
+	stateDir     string
+	containerID  string
+	state        cstate
+	last         *terminated
+	imageID      string
+	imageDigest  string
+	rootImage    string
+	changed      bool // spec changed: restart without back-off
+
+	proc Process
+	wake chan struct{}
+	// back-off, touched only by the container's goroutine
+	crashDelay time.Duration
+	pullDelay  time.Duration
+}
+
+func (c *ctr) succeeded() bool {
+	return c.state.Terminated != nil && c.state.Terminated.ExitCode == 0
+}
+
+type persistedCtr struct {
+	Name         string      `json:"name"`
+	RestartCount int32       `json:"restartCount"`
+	HasRun       bool        `json:"hasRun,omitempty"`
+	StateDir     string      `json:"stateDir,omitempty"`
+	ContainerID  string      `json:"containerID,omitempty"`
+	State        cstate      `json:"state"`
+	Last         *terminated `json:"last,omitempty"`
+	ImageID      string      `json:"imageID,omitempty"`
+	ImageDigest  string      `json:"imageDigest,omitempty"`
+	RootImage    string      `json:"rootImage,omitempty"`
+}
+
+type persistedPod struct {
+	Spec         json.RawMessage `json:"spec"`
+	StartTime    time.Time       `json:"startTime"`
+	Terminating  bool            `json:"terminating,omitempty"`
+	GraceSeconds int64           `json:"graceSeconds,omitempty"`
+	Containers   []persistedCtr  `json:"containers"`
+}
+
+const stateFile = "pod.json"
+
+// podRT is one pod at run time.
+type podRT struct {
+	m   *Manager
+	uid string
+	dir string
+
+	mu          sync.Mutex
+	spec        *runtimev1.PodSpec
+	init, main  []*ctr
+	startTime   time.Time
+	terminating bool
+	grace       time.Duration
+	revision    uint64
+
+	deleteCh chan struct{} // closed when deletion starts
+	done     chan struct{} // closed when the worker returned
+	removed  chan struct{} // closed when the pod is gone
+}
+
+func (p *podRT) key() string { return p.spec.GetNamespace() + "/" + p.spec.GetName() }
+
+func (p *podRT) all() []*ctr { return append(append([]*ctr{}, p.init...), p.main...) }
+
+func (p *podRT) rootDir(c *ctr) string { return filepath.Join(p.dir, "roots", c.spec.GetName()) }
+
+// saveLocked writes pod.json atomically. Caller holds p.mu.
+func (p *podRT) saveLocked() error {
+	spec, err := protojson.Marshal(p.spec)
+	if err != nil {
+		return err
+	}
+	pp := persistedPod{Spec: spec, StartTime: p.startTime, Terminating: p.terminating, GraceSeconds: int64(p.grace / time.Second)}
+	for _, c := range p.all() {
+		pp.Containers = append(pp.Containers, persistedCtr{Name: c.spec.GetName(), RestartCount: c.restartCount, HasRun: c.hasRun,
+			StateDir: c.stateDir, ContainerID: c.containerID, State: c.state, Last: c.last, ImageID: c.imageID,
+			ImageDigest: c.imageDigest, RootImage: c.rootImage})
+	}
+	b, err := json.MarshalIndent(pp, "", " ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(p.dir, stateFile+".tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(p.dir, stateFile))
+}
+
+// load rebuilds a pod from pod.json and re-attaches to its shims. It
+// returns how many containers are still running.
+func (m *Manager) load(uid string) (*podRT, int, error) {
+	b, err := os.ReadFile(filepath.Join(m.podDir(uid), stateFile))
+	if err != nil {
+		return nil, 0, err
+	}
+	var pp persistedPod
+	if err := json.Unmarshal(b, &pp); err != nil {
+		return nil, 0, fmt.Errorf("%s: %w", stateFile, err)
+	}
+	spec := &runtimev1.PodSpec{}
+	if err := protojson.Unmarshal(pp.Spec, spec); err != nil {
+		return nil, 0, fmt.Errorf("%s spec: %w", stateFile, err)
+	}
+	if spec.GetUid() != uid {
+		return nil, 0, fmt.Errorf("%s names uid %q, not its directory's", stateFile, spec.GetUid())
+	}
+	p := m.newPod(spec)
+	p.startTime = pp.StartTime
+	p.terminating = pp.Terminating
+	p.grace = time.Duration(pp.GraceSeconds) * time.Second
+	if p.terminating {
+		close(p.deleteCh)
+	}
+	byName := map[string]persistedCtr{}
+	for _, pc := range pp.Containers {
+		byName[pc.Name] = pc
+	}
+	nRunning := 0
+	for _, c := range p.all() {
+		pc, ok := byName[c.spec.GetName()]
+		if !ok {
+			continue
+		}
+		c.restartCount, c.hasRun, c.stateDir, c.containerID = pc.RestartCount, pc.HasRun, pc.StateDir, pc.ContainerID
+		c.state, c.last, c.imageID, c.imageDigest, c.rootImage = pc.State, pc.Last, pc.ImageID, pc.ImageDigest, pc.RootImage
+		if c.stateDir == "" || (c.state.Running == nil && c.state.Waiting == nil) {
+			continue
+		}
+		if c.state.Waiting != nil && !c.hasRun {
+			continue
+		}
+		proc, alive, err := m.cfg.Starter.Attach(c.stateDir)
+		if err != nil {
+			if c.state.Running != nil {
+				m.log.Warn("attach to shim failed", "pod", p.key(), "container", c.spec.GetName(), "err", err)
+				now := time.Now()
+				c.state = cstate{Terminated: &terminated{ExitCode: 255, Reason: "ExitStatusUnknown", Message: "shim state lost: " + err.Error(),
+					StartedAt: c.state.Running.StartedAt, FinishedAt: now, ContainerID: c.containerID}}
+			}
+			continue
+		}
+		// A waiting container only had a live attempt if the daemon died
+		// between starting it and recording that; a running one is adopted
+		// either way (a dead shim's Wait answers with the recorded exit).
+		if c.state.Waiting != nil && !alive {
+			continue
+		}
+		c.proc = proc
+		if c.state.Running == nil {
+			c.state = cstate{Running: &running{StartedAt: proc.StartedAt()}}
+		}
+		if alive {
+			nRunning++
+		}
+	}
+	return p, nRunning, nil
+}
+
+// status builds the API status.
+func (p *podRT) status() *runtimev1.PodStatus {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.statusLocked()
+}
+
+func (p *podRT) statusLocked() *runtimev1.PodStatus {
+	st := &runtimev1.PodStatus{Uid: p.uid, Namespace: p.spec.GetNamespace(), Name: p.spec.GetName(),
+		Terminating: p.terminating, Revision: p.revision}
+	if !p.startTime.IsZero() {
+		st.StartTime = timestamppb.New(p.startTime)
+	}
+	for _, c := range p.init {
+		st.InitContainerStatuses = append(st.InitContainerStatuses, c.apiStatus())
+	}
+	st.Initialized = true
+	for _, c := range p.init {
+		if !c.succeeded() {
+			st.Initialized = false
+		}
+	}
+	st.ContainersReady = true
+	for _, c := range p.main {
+		cs := c.apiStatus()
+		if !st.Initialized {
+			cs.Ready = false
+		}
+		st.ContainerStatuses = append(st.ContainerStatuses, cs)
+		if !cs.Ready {
+			st.ContainersReady = false
+		}
+	}
+	st.Phase = computePhase(p.spec.GetRestartPolicy(), st.InitContainerStatuses, st.ContainerStatuses)
+	return st
+}
+
+func termProto(t *terminated) *runtimev1.ContainerState {
+	return &runtimev1.ContainerState{State: &runtimev1.ContainerState_Terminated{Terminated: &runtimev1.ContainerStateTerminated{
+		ExitCode: int32(t.ExitCode), Signal: int32(t.Signal), Reason: t.Reason, Message: t.Message,
+		StartedAt: timestamppb.New(t.StartedAt), FinishedAt: timestamppb.New(t.FinishedAt), ContainerId: t.ContainerID}}}
+}
+
+func (c *ctr) apiStatus() *runtimev1.ContainerStatus {
+	cs := &runtimev1.ContainerStatus{Name: c.spec.GetName(), RestartCount: c.restartCount, Image: c.spec.GetImage(),
+		ImageId: c.imageID, ImageDigest: c.imageDigest, ContainerId: c.containerID}
+	if c.imageDigest == "" && c.spec.GetImage() == NativeImage {
+		cs.ImageId = NativeImage
+	}
+	switch {
+	case c.state.Running != nil:
+		cs.State = &runtimev1.ContainerState{State: &runtimev1.ContainerState_Running{Running: &runtimev1.ContainerStateRunning{
+			StartedAt: timestamppb.New(c.state.Running.StartedAt)}}}
+		cs.Started = true
+		// No readiness probes yet (issue 4): a running container is ready.
+		cs.Ready = !c.init
+	case c.state.Terminated != nil:
+		cs.State = termProto(c.state.Terminated)
+	default:
+		w := c.state.Waiting
+		if w == nil {
+			w = &waiting{Reason: "ContainerCreating"}
+		}
+		cs.State = &runtimev1.ContainerState{State: &runtimev1.ContainerState_Waiting{Waiting: &runtimev1.ContainerStateWaiting{Reason: w.Reason, Message: w.Message}}}
+	}
+	if c.last != nil {
+		cs.LastTerminationState = termProto(c.last)
+	}
+	return cs
+}
+
+// changedNotify persists and publishes a change.
+func (p *podRT) changedNotify() {
+	p.mu.Lock()
+	p.revision++
+	if err := p.saveLocked(); err != nil && !os.IsNotExist(err) {
+		p.m.log.Error("persist pod state", "pod", p.key(), "err", err)
+	}
+	p.mu.Unlock()
+	p.m.hub.changed(p.uid)
+}
+
+// update applies f to the container under the pod lock, then publishes.
+func (p *podRT) update(f func()) {
+	p.mu.Lock()
+	f()
+	p.mu.Unlock()
+	p.changedNotify()
+}
+
+func (p *podRT) event(t runtimev1.EventType, reason, container, msg string) {
+	p.m.hub.emit(&runtimev1.PodEvent{PodUid: p.uid, Namespace: p.spec.GetNamespace(), Name: p.spec.GetName(),
+		Type: t, Reason: reason, Message: msg, Container: container})
+}

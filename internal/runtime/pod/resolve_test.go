@@ -1,0 +1,93 @@
+package pod
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/runtime/image"
+)
+
+func TestExpand(t *testing.T) {
+	vars := map[string]string{"A": "1", "B": "two"}
+	for in, want := range map[string]string{
+		"x$(A)y": "x1y", "$(B)$(A)": "two1", "$$(A)": "$(A)", "$(C)": "$(C)", "a$": "a$", "$(A": "$(A", "$x": "$x",
+	} {
+		if got := expand(in, vars); got != want {
+			t.Errorf("expand(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestResolveProcess(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "app"), 0o755)
+	os.WriteFile(filepath.Join(root, "app", "server"), []byte("#!/bin/sh\n"), 0o755)
+	img := &image.Image{Config: v1.Config{Entrypoint: []string{"/app/server"}, Cmd: []string{"--default"},
+		Env: []string{"PATH=/app:/usr/bin:/bin", "FOO=img"}, WorkingDir: "/app"}}
+	pod := &runtimev1.PodSpec{Name: "web", Namespace: "ns"}
+
+	// Image entrypoint + cmd, root mapping, env order and expansion.
+	c := &runtimev1.ContainerSpec{Name: "c", Env: []*runtimev1.EnvVar{{Name: "FOO", Value: "ctr"}, {Name: "BAR", Value: "$(FOO)-x"}}}
+	r, err := resolveProcess(pod, c, img, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Argv[0] != filepath.Join(root, "app/server") || r.Argv[1] != "--default" || r.Dir != filepath.Join(root, "app") {
+		t.Errorf("resolved %+v", r)
+	}
+	env := strings.Join(r.Env, "\n")
+	for _, want := range []string{"FOO=ctr", "BAR=ctr-x", "HOSTNAME=web", "K3SM_ROOT=" + root,
+		"PATH=" + filepath.Join(root, "app") + ":/app:/usr/bin:/bin:/usr/local/sbin"} {
+		if !strings.Contains(env, want) {
+			t.Errorf("env lacks %q:\n%s", want, env)
+		}
+	}
+
+	// args only: entrypoint + args. A bare name found in the root's PATH.
+	c = &runtimev1.ContainerSpec{Args: []string{"a"}}
+	r, _ = resolveProcess(pod, c, img, root)
+	if strings.Join(r.Argv[1:], " ") != "a" {
+		t.Errorf("args-only argv %v", r.Argv)
+	}
+	c = &runtimev1.ContainerSpec{Command: []string{"server"}, WorkingDir: "/data/work"}
+	r, err = resolveProcess(pod, c, img, root)
+	if err != nil || r.Argv[0] != filepath.Join(root, "app/server") || len(r.Argv) != 1 {
+		t.Errorf("bare command: %v %v", r.Argv, err)
+	}
+	if fi, err := os.Stat(filepath.Join(root, "data/work")); err != nil || !fi.IsDir() || r.Dir != filepath.Join(root, "data/work") {
+		t.Errorf("workingDir not created in the root: %v", err)
+	}
+	// An absolute command absent from the root runs from the host.
+	c = &runtimev1.ContainerSpec{Command: []string{"/bin/sh", "-c", "true"}}
+	if r, err = resolveProcess(pod, c, img, root); err != nil || r.Argv[0] != "/bin/sh" {
+		t.Errorf("host command: %v %v", r.Argv, err)
+	}
+	// Host tools found through the host part of PATH.
+	c = &runtimev1.ContainerSpec{Command: []string{"sh"}}
+	if r, err = resolveProcess(pod, c, img, root); err != nil || !strings.HasSuffix(r.Argv[0], "/sh") {
+		t.Errorf("sh via PATH: %v %v", r.Argv, err)
+	}
+	c = &runtimev1.ContainerSpec{Command: []string{"/no/such"}}
+	if _, err = resolveProcess(pod, c, img, root); err == nil || !strings.Contains(err.Error(), "executable file not found") {
+		t.Errorf("missing command: %v", err)
+	}
+
+	// native
+	c = &runtimev1.ContainerSpec{Image: "native", Command: []string{"/bin/echo", "hi"}}
+	if r, err = resolveProcess(pod, c, nil, root); err != nil || r.Argv[0] != "/bin/echo" || r.Dir != root {
+		t.Errorf("native: %+v %v", r, err)
+	}
+	c = &runtimev1.ContainerSpec{Image: "native"}
+	if _, err = resolveProcess(pod, c, nil, root); err == nil || !strings.Contains(err.Error(), "needs a command") {
+		t.Errorf("native without command: %v", err)
+	}
+	c = &runtimev1.ContainerSpec{Image: "native", Command: []string{"/bin/true"}, WorkingDir: "/no/such/dir"}
+	if _, err = resolveProcess(pod, c, nil, root); err == nil || !strings.Contains(err.Error(), "workingDir") {
+		t.Errorf("native missing workingDir: %v", err)
+	}
+}

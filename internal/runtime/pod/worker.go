@@ -1,0 +1,474 @@
+package pod
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/runtime/clone"
+	"github.com/k3sm-dev/k3sm/internal/runtime/image"
+)
+
+type outcome int
+
+const (
+	outExited   outcome = iota // the attempt ended; the caller applies the restart policy
+	outRestart                 // the definition changed: start again without back-off
+	outStopped                 // the pod is being deleted
+	outDetached                // the daemon is stopping; containers keep running
+)
+
+const (
+	normal  = runtimev1.EventType_EVENT_TYPE_NORMAL
+	warning = runtimev1.EventType_EVENT_TYPE_WARNING
+)
+
+// run is the pod's worker: init containers in order, then every container
+// in parallel, each under the restart policy.
+func (p *podRT) run(ctx context.Context) {
+	defer close(p.done)
+	policy := p.spec.GetRestartPolicy()
+	for _, c := range p.init {
+		if c.succeeded() {
+			continue
+		}
+		for {
+			out := p.runOnce(ctx, c)
+			if out == outStopped || out == outDetached {
+				return
+			}
+			if out == outRestart {
+				continue
+			}
+			p.mu.Lock()
+			ok := c.succeeded()
+			p.mu.Unlock()
+			if ok {
+				break
+			}
+			if policy == runtimev1.RestartPolicy_RESTART_POLICY_NEVER {
+				return // the pod failed
+			}
+			if !p.backoff(ctx, c) {
+				return
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	for _, c := range p.main {
+		wg.Add(1)
+		go func(c *ctr) {
+			defer wg.Done()
+			for {
+				out := p.runOnce(ctx, c)
+				if out == outStopped || out == outDetached {
+					return
+				}
+				if out == outRestart {
+					continue
+				}
+				p.mu.Lock()
+				code := c.state.Terminated.ExitCode
+				p.mu.Unlock()
+				if !shouldRestart(policy, code) {
+					return
+				}
+				if !p.backoff(ctx, c) {
+					return
+				}
+			}
+		}(c)
+	}
+	wg.Wait()
+}
+
+// sleep waits d; it returns the reason it was cut short, if it was.
+func (p *podRT) sleep(ctx context.Context, c *ctr, d time.Duration) (outcome, bool) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return 0, true
+	case <-p.deleteCh:
+		return outStopped, false
+	case <-ctx.Done():
+		return outDetached, false
+	case <-c.wake:
+		return outRestart, false
+	}
+}
+
+// backoff applies CrashLoopBackOff before a restart: the first restart is
+// immediate, later ones wait base, 2*base ... up to max after the previous
+// attempt finished; a container that ran for BackOffResetAfter starts over.
+func (p *podRT) backoff(ctx context.Context, c *ctr) bool {
+	cfg := p.m.cfg
+	p.mu.Lock()
+	t := c.state.Terminated
+	if t.FinishedAt.Sub(t.StartedAt) >= cfg.BackOffResetAfter {
+		c.crashDelay = 0
+	}
+	var d time.Duration
+	if c.crashDelay == 0 {
+		c.crashDelay = cfg.CrashLoopBackOffBase
+	} else {
+		d = c.crashDelay
+		c.crashDelay = min(2*c.crashDelay, cfg.CrashLoopBackOffMax)
+	}
+	wait := d - time.Since(t.FinishedAt)
+	c.last = t
+	msg := fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)", d, c.spec.GetName(), p.spec.GetName(), p.spec.GetNamespace(), p.uid)
+	if wait > 0 {
+		c.state = cstate{Waiting: &waiting{Reason: "CrashLoopBackOff", Message: msg}}
+	} else {
+		c.state = cstate{Waiting: &waiting{Reason: "ContainerCreating"}}
+	}
+	p.mu.Unlock()
+	p.changedNotify()
+	if wait <= 0 {
+		return true
+	}
+	p.event(warning, "BackOff", c.spec.GetName(), fmt.Sprintf("Back-off restarting failed container %s in pod %s_%s(%s)", c.spec.GetName(), p.spec.GetName(), p.spec.GetNamespace(), p.uid))
+	out, ok := p.sleep(ctx, c, wait)
+	return ok || out == outRestart
+}
+
+// runOnce runs one attempt of c: waits for an attached process, reports a
+// recorded termination, or pulls, prepares and starts a new attempt.
+func (p *podRT) runOnce(ctx context.Context, c *ctr) outcome {
+	p.mu.Lock()
+	if c.proc != nil {
+		p.mu.Unlock()
+		return p.waitProc(ctx, c)
+	}
+	if c.state.Terminated != nil && !c.changed {
+		p.mu.Unlock()
+		return outExited
+	}
+	if p.terminating {
+		p.mu.Unlock()
+		return outStopped
+	}
+	c.changed = false
+	p.mu.Unlock()
+	if ctx.Err() != nil {
+		return outDetached
+	}
+
+	img, out, ok := p.ensureImage(ctx, c)
+	if !ok {
+		return out
+	}
+
+	p.mu.Lock()
+	if c.hasRun {
+		c.restartCount++
+	}
+	c.hasRun = true
+	n := c.restartCount
+	name := c.spec.GetName()
+	attempt := fmt.Sprintf("%s/%s/%d", p.uid, name, n)
+	sum := sha256.Sum256([]byte(attempt))
+	c.containerID = "k3sm://" + hex.EncodeToString(sum[:])
+	c.stateDir = filepath.Join(p.dir, "attempts", name, strconv.Itoa(int(n)))
+	c.state = cstate{Waiting: &waiting{Reason: "ContainerCreating"}}
+	if img != nil {
+		c.imageID, c.imageDigest = repoDigestFor(img, c.spec.GetImage()), img.ID
+	}
+	spec := p.spec
+	cspec := c.spec
+	root := p.rootDir(c)
+	rootImage := c.rootImage
+	p.mu.Unlock()
+	p.changedNotify()
+
+	// Older attempts than the previous one are not needed (kubelet keeps
+	// the previous log for --previous).
+	if n >= 2 {
+		os.RemoveAll(filepath.Join(p.dir, "attempts", name, strconv.Itoa(int(n-2))))
+		os.Remove(filepath.Join(p.m.logDir(spec), name, strconv.Itoa(int(n-2))+".log"))
+	}
+
+	fail := func(msg string) outcome {
+		now := time.Now()
+		p.update(func() {
+			c.state = cstate{Terminated: &terminated{ExitCode: 128, Reason: "StartError", Message: msg, StartedAt: now, FinishedAt: now, ContainerID: c.containerID}}
+		})
+		p.event(warning, "Failed", name, "Error: "+msg)
+		return outExited
+	}
+
+	// The container's root: a copy-on-write clone of the image, kept across
+	// restarts of the same image.
+	if img == nil {
+		if err := os.MkdirAll(root, 0o755); err != nil {
+			return fail(err.Error())
+		}
+	} else if rootImage != img.ID {
+		os.RemoveAll(root)
+		os.MkdirAll(filepath.Dir(root), 0o700)
+		if _, err := clone.Tree(img.RootFS, root); err != nil {
+			return fail("materialize pod root: " + err.Error())
+		}
+		p.update(func() { c.rootImage = img.ID })
+	}
+
+	res, err := resolveProcess(spec, cspec, img, root)
+	if err != nil {
+		return fail(err.Error())
+	}
+	proc, err := p.m.cfg.Starter.Start(ctx, ProcessSpec{ID: attempt, Argv: res.Argv, Env: res.Env, Dir: res.Dir,
+		LogPath: filepath.Join(p.m.logDir(spec), name, strconv.Itoa(int(n))+".log"), StateDir: c.stateDir})
+	if err != nil {
+		return fail(err.Error())
+	}
+	p.update(func() {
+		c.proc = proc
+		c.state = cstate{Running: &running{StartedAt: proc.StartedAt()}}
+	})
+	p.event(normal, "Created", name, "Created container "+name)
+	p.event(normal, "Started", name, "Started container "+name)
+	return p.waitProc(ctx, c)
+}
+
+// repoDigestFor picks the image's repo digest for the reference the pod
+// used (kubelet's imageID), falling back to the image id.
+func repoDigestFor(img *image.Image, ref string) string {
+	if r, err := image.ParseRef(ref); err == nil {
+		repo := r.Context().Name()
+		for _, d := range img.RepoDigests {
+			if len(d) > len(repo) && d[:len(repo)] == repo && d[len(repo)] == '@' {
+				return d
+			}
+		}
+	}
+	if len(img.RepoDigests) > 0 {
+		return img.RepoDigests[0]
+	}
+	return img.ID
+}
+
+type waitResult struct {
+	es  ExitStatus
+	err error
+}
+
+// waitProc waits for the running attempt to end, stopping it on delete or
+// definition change, or detaching when the daemon stops.
+func (p *podRT) waitProc(ctx context.Context, c *ctr) outcome {
+	p.mu.Lock()
+	proc := c.proc
+	p.mu.Unlock()
+	wctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch := make(chan waitResult, 1)
+	go func() {
+		es, err := proc.Wait(wctx)
+		ch <- waitResult{es, err}
+	}()
+	select {
+	case r := <-ch:
+		p.recordExit(c, r)
+		return outExited
+	case <-p.deleteCh:
+		p.stop(c, proc, ch, "Stopping container "+c.spec.GetName())
+		return outStopped
+	case <-c.wake:
+		p.stop(c, proc, ch, fmt.Sprintf("Container %s definition changed, will be restarted", c.spec.GetName()))
+		p.update(func() {
+			c.last = c.state.Terminated
+			c.state = cstate{Waiting: &waiting{Reason: "ContainerCreating"}}
+			c.changed = true
+		})
+		return outRestart
+	case <-ctx.Done():
+		cancel()
+		<-ch
+		return outDetached
+	}
+}
+
+// stop ends a running attempt: SIGTERM to its process group, the grace
+// period, then SIGKILL to the group.
+func (p *podRT) stop(c *ctr, proc Process, ch chan waitResult, msg string) {
+	p.mu.Lock()
+	grace := p.grace
+	if !p.terminating {
+		grace = 30 * time.Second
+		if p.spec.TerminationGracePeriodSeconds != nil {
+			grace = time.Duration(p.spec.GetTerminationGracePeriodSeconds()) * time.Second
+		}
+	}
+	p.mu.Unlock()
+	p.event(normal, "Killing", c.spec.GetName(), msg)
+	sig := syscall.SIGTERM
+	if grace <= 0 {
+		sig = syscall.SIGKILL
+	}
+	if err := proc.Signal(sig); err != nil {
+		p.m.log.Warn("signal container", "pod", p.key(), "container", c.spec.GetName(), "err", err)
+	}
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		p.recordExit(c, r)
+		return
+	case <-t.C:
+	}
+	proc.Signal(syscall.SIGKILL)
+	select {
+	case r := <-ch:
+		p.recordExit(c, r)
+	case <-time.After(30 * time.Second):
+		p.recordExit(c, waitResult{err: errors.New("the container did not exit after SIGKILL")})
+	}
+}
+
+func (p *podRT) recordExit(c *ctr, r waitResult) {
+	p.update(func() {
+		es := r.es
+		t := &terminated{ExitCode: es.ExitCode, Signal: es.Signal, StartedAt: es.StartedAt, FinishedAt: es.FinishedAt, ContainerID: c.containerID, Message: es.Message}
+		switch {
+		case r.err != nil:
+			t.ExitCode, t.Reason, t.Message, t.FinishedAt = 255, "ExitStatusUnknown", r.err.Error(), time.Now()
+		case es.Unknown:
+			t.Reason = "ExitStatusUnknown"
+		case es.ExitCode == 0:
+			t.Reason = "Completed"
+		default:
+			t.Reason = "Error"
+		}
+		if t.StartedAt.IsZero() && c.state.Running != nil {
+			t.StartedAt = c.state.Running.StartedAt
+		}
+		c.state = cstate{Terminated: t}
+		c.proc = nil
+	})
+}
+
+// ensureImage applies the pull policy, retrying failed pulls with
+// ImagePullBackOff. It returns nil for image "native".
+func (p *podRT) ensureImage(ctx context.Context, c *ctr) (*image.Image, outcome, bool) {
+	p.mu.Lock()
+	ref := c.spec.GetImage()
+	policy := c.spec.GetImagePullPolicy()
+	secrets := p.spec.GetPullSecrets()
+	name := c.spec.GetName()
+	p.mu.Unlock()
+	if ref == NativeImage {
+		return nil, 0, true
+	}
+	setWaiting := func(reason, msg string) {
+		p.update(func() { c.state = cstate{Waiting: &waiting{Reason: reason, Message: msg}} })
+	}
+	if _, err := image.ParseRef(ref); err != nil {
+		msg := fmt.Sprintf("Failed to apply default image tag %q: couldn't parse image name %q: %v", ref, ref, err)
+		setWaiting("InvalidImageName", msg)
+		p.event(warning, "InspectFailed", name, msg)
+		p.event(warning, "Failed", name, "Error: InvalidImageName")
+		for {
+			out, _ := p.sleep(ctx, c, time.Hour)
+			if out != 0 {
+				return nil, out, false
+			}
+		}
+	}
+	if policy == runtimev1.PullPolicy_PULL_POLICY_UNSPECIFIED {
+		policy = runtimev1.PullPolicy_PULL_POLICY_IF_NOT_PRESENT
+		if image.DefaultPullAlways(ref) {
+			policy = runtimev1.PullPolicy_PULL_POLICY_ALWAYS
+		}
+	}
+	for {
+		img, present := p.m.cfg.Images.Lookup(ref)
+		var reason, msg string
+		switch {
+		case policy == runtimev1.PullPolicy_PULL_POLICY_NEVER && !present:
+			reason = "ErrImageNeverPull"
+			msg = fmt.Sprintf("Container image %q is not present with pull policy of Never", ref)
+			p.event(warning, "ErrImageNeverPull", name, msg)
+		case present && policy != runtimev1.PullPolicy_PULL_POLICY_ALWAYS:
+			p.event(normal, "Pulled", name, fmt.Sprintf("Container image %q already present on machine", ref))
+			c.pullDelay = 0
+			return img, 0, true
+		default:
+			p.event(normal, "Pulling", name, fmt.Sprintf("Pulling image %q", ref))
+			pctx, cancel := context.WithCancel(ctx)
+			stop := context.AfterFunc(ctx, cancel)
+			go func() {
+				select {
+				case <-p.deleteCh:
+					cancel()
+				case <-pctx.Done():
+				}
+			}()
+			t0 := time.Now()
+			pulled, err := p.m.cfg.Images.Pull(pctx, ref, secrets)
+			stop()
+			cancel()
+			if err == nil {
+				p.event(normal, "Pulled", name, fmt.Sprintf("Successfully pulled image %q in %s. Image size: %d bytes.", ref, time.Since(t0).Round(time.Millisecond), pulled.Size))
+				c.pullDelay = 0
+				return pulled, 0, true
+			}
+			select {
+			case <-p.deleteCh:
+				return nil, outStopped, false
+			default:
+			}
+			if ctx.Err() != nil {
+				return nil, outDetached, false
+			}
+			reason, msg = "ErrImagePull", err.Error()
+			p.event(warning, "Failed", name, fmt.Sprintf("Failed to pull image %q: %s", ref, msg))
+			p.event(warning, "Failed", name, "Error: ErrImagePull")
+		}
+		setWaiting(reason, msg)
+		cfg := p.m.cfg
+		if c.pullDelay == 0 {
+			c.pullDelay = cfg.ImagePullBackOffBase
+		} else {
+			c.pullDelay = min(2*c.pullDelay, cfg.ImagePullBackOffMax)
+		}
+		d := c.pullDelay
+		if reason == "ErrImagePull" {
+			// The kubelet reports ErrImagePull until its next sync, then
+			// ImagePullBackOff while the back-off runs.
+			first := min(d/2, time.Second)
+			if out, ok := p.sleep(ctx, c, first); !ok {
+				if out == outRestart {
+					continue
+				}
+				return nil, out, false
+			}
+			d -= first
+			bmsg := fmt.Sprintf("Back-off pulling image %q: ErrImagePull: %s", ref, msg)
+			setWaiting("ImagePullBackOff", bmsg)
+			p.event(normal, "BackOff", name, fmt.Sprintf("Back-off pulling image %q", ref))
+			p.event(warning, "Failed", name, "Error: ImagePullBackOff")
+		}
+		if out, ok := p.sleep(ctx, c, d); !ok && out != outRestart {
+			return nil, out, false
+		}
+		p.mu.Lock()
+		ref, policy = c.spec.GetImage(), c.spec.GetImagePullPolicy()
+		c.changed = false
+		p.mu.Unlock()
+		if policy == runtimev1.PullPolicy_PULL_POLICY_UNSPECIFIED {
+			policy = runtimev1.PullPolicy_PULL_POLICY_IF_NOT_PRESENT
+			if image.DefaultPullAlways(ref) {
+				policy = runtimev1.PullPolicy_PULL_POLICY_ALWAYS
+			}
+		}
+	}
+}
