@@ -1,0 +1,232 @@
+// Package daemon is the k3sm runtime daemon, the containerd analog: it
+// serves the api/runtime/v1 contract (Runtime and Images services) on a 0600
+// unix socket inside a 0700 directory and runs pods through the lifecycle in
+// package pod, one resident k3sm-shim per container.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+
+	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/runtime/clone"
+	"github.com/k3sm-dev/k3sm/internal/runtime/image"
+	"github.com/k3sm-dev/k3sm/internal/runtime/pod"
+	"github.com/k3sm-dev/k3sm/internal/runtime/shimclient"
+)
+
+// Config configures the daemon. Only DataDir is required.
+type Config struct {
+	// DataDir holds pods/<uid>/ (pod roots and state), images/ (the image
+	// store), logs/pods/ (CRI logs) and run/ (lock, shim sockets).
+	DataDir string
+	// Socket is the gRPC socket; default <DataDir>/run/runtime.sock. Its
+	// directory is created 0700, or must already be private (no group or
+	// other access). Keep it short: unix socket paths are limited to ~104
+	// bytes.
+	Socket string
+	// ShimPath is the k3sm-shim binary; default: k3sm-shim next to the
+	// running executable, else on $PATH.
+	ShimPath string
+	// RegistriesFile is a k3s-style registries.yaml (mirrors, plain-HTTP
+	// endpoints, auth, TLS); read once at start. Missing file = no config.
+	RegistriesFile string
+	// MaxPods is reported as the pod capacity; default 110.
+	MaxPods int64
+	// Back-off tuning; zero takes the kubelet's values (10 s doubling to
+	// 300 s, reset after 10 min running). Tests shorten them.
+	CrashLoopBackOffBase time.Duration
+	CrashLoopBackOffMax  time.Duration
+	BackOffResetAfter    time.Duration
+	ImagePullBackOffBase time.Duration
+	ImagePullBackOffMax  time.Duration
+	// Version is reported by GetRuntimeInfo.
+	Version string
+	Logger  *slog.Logger
+	// OnReady, if set, is called once the socket accepts calls.
+	OnReady func()
+}
+
+// DefaultSocket is the socket path for a data dir.
+func DefaultSocket(dataDir string) string { return filepath.Join(dataDir, "run", "runtime.sock") }
+
+// Run serves until ctx ends. Stopping the daemon never stops pods: their
+// shims keep running and the next daemon on the same DataDir re-attaches.
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.DataDir == "" {
+		return errors.New("runtime daemon: Config.DataDir is required (e.g. /var/lib/k3sm/runtime)")
+	}
+	dataDir, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	cfg.DataDir = dataDir
+	if cfg.Socket == "" {
+		cfg.Socket = DefaultSocket(dataDir)
+	}
+	if cfg.Socket, err = filepath.Abs(cfg.Socket); err != nil {
+		return err
+	}
+	if len(cfg.Socket) > 100 {
+		return fmt.Errorf("runtime daemon: Config.Socket %s is %d bytes; unix socket paths must stay under ~104: choose a shorter path", cfg.Socket, len(cfg.Socket))
+	}
+	if cfg.MaxPods <= 0 {
+		cfg.MaxPods = 110
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	log := cfg.Logger
+	if cfg.ShimPath, err = findShim(cfg.ShimPath); err != nil {
+		return err
+	}
+
+	runDir := filepath.Join(dataDir, "run")
+	shimDir := filepath.Join(runDir, "shims")
+	for _, d := range []string{dataDir, runDir, shimDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return fmt.Errorf("runtime daemon: Config.DataDir: %w", err)
+		}
+	}
+	// One daemon per data dir: a second one would fight over the pods.
+	lock, err := os.OpenFile(filepath.Join(runDir, "runtimed.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		b, _ := os.ReadFile(lock.Name())
+		return fmt.Errorf("runtime daemon: another daemon (pid %s) already serves data dir %s", string(b), dataDir)
+	}
+	lock.Truncate(0)
+	lock.WriteAt([]byte(strconv.Itoa(os.Getpid())), 0)
+
+	ln, err := listen(cfg.Socket)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(cfg.Socket)
+
+	regs, err := image.LoadRegistries(cfg.RegistriesFile)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	store, err := image.NewStore(filepath.Join(dataDir, "images"), regs)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	starter := &shimclient.Starter{ShimPath: cfg.ShimPath, SocketDir: shimDir}
+	mgr, err := pod.NewManager(pod.Config{DataDir: dataDir, Images: store, Starter: starter,
+		CrashLoopBackOffBase: cfg.CrashLoopBackOffBase, CrashLoopBackOffMax: cfg.CrashLoopBackOffMax,
+		BackOffResetAfter: cfg.BackOffResetAfter, ImagePullBackOffBase: cfg.ImagePullBackOffBase,
+		ImagePullBackOffMax: cfg.ImagePullBackOffMax, Logger: log})
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	mctx, stopPods := context.WithCancel(context.Background())
+	defer stopPods()
+	if err := mgr.Start(mctx); err != nil {
+		ln.Close()
+		return err
+	}
+	srv := &server{cfg: cfg, mgr: mgr, store: store, log: log, cloneMethod: string(clone.Probe(filepath.Join(dataDir, "pods")))}
+	g := grpc.NewServer()
+	runtimev1.RegisterRuntimeServer(g, srv)
+	runtimev1.RegisterImagesServer(g, &imagesServer{store: store})
+	errc := make(chan error, 1)
+	go func() { errc <- g.Serve(ln) }()
+	log.Info("runtime daemon serving", "socket", cfg.Socket, "dataDir", dataDir, "shim", cfg.ShimPath, "clone", srv.cloneMethod)
+	if cfg.OnReady != nil {
+		cfg.OnReady()
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		stopPods()
+		mgr.Wait()
+		return fmt.Errorf("runtime daemon: serve: %w", err)
+	}
+	// Streams (watch, follow) never end by themselves: give unary calls a
+	// moment, then cut.
+	done := make(chan struct{})
+	go func() { g.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second):
+		g.Stop()
+	}
+	stopPods()
+	mgr.Wait()
+	log.Info("runtime daemon stopped; pods keep running")
+	return nil
+}
+
+// listen creates the socket 0600 in a 0700 directory.
+func listen(socket string) (net.Listener, error) {
+	dir := filepath.Dir(socket)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("runtime daemon: Config.Socket directory: %w", err)
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return nil, err
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("runtime daemon: Config.Socket directory %s has mode %04o: it must be private (0700) so only its owner reaches the runtime; chmod 0700 it or choose another directory", dir, fi.Mode().Perm())
+	}
+	if fi, err := os.Lstat(socket); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("runtime daemon: Config.Socket %s exists and is not a socket; refusing to replace it", socket)
+		}
+		os.Remove(socket) // stale, from a daemon that died (we hold the lock)
+	}
+	ln, err := net.Listen("unix", socket)
+	if err != nil {
+		return nil, fmt.Errorf("runtime daemon: listen on %s: %w", socket, err)
+	}
+	if err := os.Chmod(socket, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// findShim resolves the shim binary.
+func findShim(path string) (string, error) {
+	if path == "" {
+		if exe, err := os.Executable(); err == nil {
+			cand := filepath.Join(filepath.Dir(exe), "k3sm-shim")
+			if fi, err := os.Stat(cand); err == nil && fi.Mode().IsRegular() {
+				return cand, nil
+			}
+		}
+		p, err := exec.LookPath("k3sm-shim")
+		if err != nil {
+			return "", errors.New("runtime daemon: Config.ShimPath is empty and no k3sm-shim was found next to the executable or on $PATH: build it with `go build ./cmd/k3sm-shim`")
+		}
+		path = p
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	fi, err := os.Stat(abs)
+	if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		return "", fmt.Errorf("runtime daemon: Config.ShimPath %s is not an executable file", path)
+	}
+	return abs, nil
+}

@@ -1,0 +1,572 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/runtime/criolog"
+	"github.com/k3sm-dev/k3sm/internal/runtime/image"
+	"github.com/k3sm-dev/k3sm/internal/runtime/pod"
+	"github.com/k3sm-dev/k3sm/internal/runtime/stats"
+)
+
+// APIVersion is the contract version served.
+const APIVersion = "v1"
+
+type server struct {
+	runtimev1.UnimplementedRuntimeServer
+	cfg         Config
+	mgr         *pod.Manager
+	store       *image.Store
+	log         *slog.Logger
+	cloneMethod string
+}
+
+// grpcErr maps lifecycle errors onto gRPC codes.
+func grpcErr(err error) error {
+	var ise *pod.InvalidSpecError
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, pod.ErrNotFound):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.As(err, &ise):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+func (s *server) GetRuntimeInfo(ctx context.Context, _ *runtimev1.GetRuntimeInfoRequest) (*runtimev1.GetRuntimeInfoResponse, error) {
+	var uts unix.Utsname
+	kernel := ""
+	if unix.Uname(&uts) == nil {
+		kernel = unix.ByteSliceToString(uts.Release[:])
+	}
+	v := s.cfg.Version
+	if v == "" {
+		v = "dev"
+	}
+	return &runtimev1.GetRuntimeInfoResponse{RuntimeName: "k3sm-runtimed", RuntimeVersion: v, ApiVersion: APIVersion,
+		Os: runtime.GOOS, Arch: runtime.GOARCH, KernelVersion: kernel, CpuCores: int64(runtime.NumCPU()),
+		MemoryBytes: int64(memTotal()), MaxPods: s.cfg.MaxPods, BootId: s.mgr.BootID(), CloneMethod: s.cloneMethod}, nil
+}
+
+func (s *server) CreatePod(ctx context.Context, req *runtimev1.CreatePodRequest) (*runtimev1.CreatePodResponse, error) {
+	if req.GetPod() != nil {
+		if sts, _ := s.mgr.List(); int64(len(sts)) >= s.cfg.MaxPods {
+			if _, err := s.mgr.Status(req.GetPod().GetUid()); err != nil {
+				return nil, status.Errorf(codes.ResourceExhausted, "node runs %d pods, its capacity (MaxPods)", len(sts))
+			}
+		}
+	}
+	st, err := s.mgr.Create(req.GetPod())
+	if err != nil {
+		return nil, grpcErr(err)
+	}
+	return &runtimev1.CreatePodResponse{Status: st}, nil
+}
+
+func (s *server) UpdatePod(ctx context.Context, req *runtimev1.UpdatePodRequest) (*runtimev1.UpdatePodResponse, error) {
+	st, err := s.mgr.Update(req.GetPod())
+	if err != nil {
+		return nil, grpcErr(err)
+	}
+	return &runtimev1.UpdatePodResponse{Status: st}, nil
+}
+
+func (s *server) DeletePod(ctx context.Context, req *runtimev1.DeletePodRequest) (*runtimev1.DeletePodResponse, error) {
+	var grace *int64
+	if req.GracePeriodSeconds != nil {
+		g := req.GetGracePeriodSeconds()
+		grace = &g
+	}
+	if err := s.mgr.Delete(ctx, req.GetUid(), grace, req.GetWait()); err != nil {
+		return nil, grpcErr(err)
+	}
+	return &runtimev1.DeletePodResponse{}, nil
+}
+
+func (s *server) GetPodStatus(ctx context.Context, req *runtimev1.GetPodStatusRequest) (*runtimev1.GetPodStatusResponse, error) {
+	st, err := s.mgr.Status(req.GetUid())
+	if err != nil {
+		return nil, grpcErr(err)
+	}
+	return &runtimev1.GetPodStatusResponse{Status: st}, nil
+}
+
+func (s *server) ListPods(ctx context.Context, _ *runtimev1.ListPodsRequest) (*runtimev1.ListPodsResponse, error) {
+	sts, specs := s.mgr.List()
+	return &runtimev1.ListPodsResponse{Pods: sts, Specs: specs}, nil
+}
+
+func (s *server) WatchPodStatus(req *runtimev1.WatchPodStatusRequest, stream runtimev1.Runtime_WatchPodStatusServer) error {
+	boot := s.mgr.BootID()
+	sub := s.mgr.Subscribe(req.GetEventsBootId(), req.GetEventsAfterSeq())
+	defer sub.Close()
+	send := func(kind runtimev1.WatchPodStatusResponse_Kind, st *runtimev1.PodStatus, ev *runtimev1.PodEvent) error {
+		return stream.Send(&runtimev1.WatchPodStatusResponse{Kind: kind, Status: st, Event: ev, BootId: boot})
+	}
+	sts, _ := s.mgr.List()
+	for _, st := range sts {
+		if err := send(runtimev1.WatchPodStatusResponse_KIND_INITIAL, st, nil); err != nil {
+			return err
+		}
+	}
+	if err := send(runtimev1.WatchPodStatusResponse_KIND_SYNCED, nil, nil); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case <-sub.C():
+		}
+		changed, deleted, events := sub.Take()
+		for _, ev := range events {
+			if err := send(runtimev1.WatchPodStatusResponse_KIND_EVENT, nil, ev); err != nil {
+				return err
+			}
+		}
+		for _, uid := range changed {
+			st, err := s.mgr.Status(uid)
+			if err != nil {
+				continue // deleted meanwhile; reported below or next round
+			}
+			if err := send(runtimev1.WatchPodStatusResponse_KIND_UPDATED, st, nil); err != nil {
+				return err
+			}
+		}
+		for _, st := range deleted {
+			if err := send(runtimev1.WatchPodStatusResponse_KIND_DELETED, st, nil); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (s *server) ListPodStats(ctx context.Context, req *runtimev1.ListPodStatsRequest) (*runtimev1.ListPodStatsResponse, error) {
+	_, specs := s.mgr.List()
+	type ref struct {
+		pod  int
+		name string
+		pid  int
+	}
+	var refs []ref
+	var pgids []int
+	resp := &runtimev1.ListPodStatsResponse{}
+	for _, sp := range specs {
+		if req.GetPodUid() != "" && sp.GetUid() != req.GetPodUid() {
+			continue
+		}
+		resp.Pods = append(resp.Pods, &runtimev1.PodStats{Uid: sp.GetUid(), Namespace: sp.GetNamespace(), Name: sp.GetName()})
+		for _, c := range append(append([]*runtimev1.ContainerSpec{}, sp.GetInitContainers()...), sp.GetContainers()...) {
+			info, err := s.mgr.Container(sp.GetUid(), c.GetName())
+			if err != nil || info.Pid == 0 {
+				continue
+			}
+			refs = append(refs, ref{len(resp.Pods) - 1, c.GetName(), info.Pid})
+			pgids = append(pgids, info.Pid)
+		}
+	}
+	if req.GetPodUid() != "" && len(resp.Pods) == 0 {
+		return nil, status.Errorf(codes.NotFound, "pod %s not found", req.GetPodUid())
+	}
+	samples, err := stats.ProcessGroups(pgids)
+	if err != nil {
+		return nil, status.Error(codes.Unimplemented, err.Error())
+	}
+	now := timestamppb.Now()
+	for _, r := range refs {
+		sm := samples[r.pid]
+		resp.Pods[r.pod].Containers = append(resp.Pods[r.pod].Containers, &runtimev1.ContainerStats{Name: r.name, Timestamp: now,
+			CpuUsageCoreNanoseconds: sm.CPUNanos, MemoryWorkingSetBytes: sm.RSSBytes, MemoryRssBytes: sm.RSSBytes, ProcessCount: sm.Processes})
+	}
+	return resp, nil
+}
+
+// ------------------------------------------------------------------ logs
+
+func (s *server) GetLogs(req *runtimev1.GetLogsRequest, stream runtimev1.Runtime_GetLogsServer) error {
+	info, err := s.mgr.Container(req.GetPodUid(), req.GetContainer())
+	if err != nil {
+		return grpcErr(err)
+	}
+	name := info.Spec.GetName()
+	n := info.RestartCount
+	if req.GetPrevious() {
+		n--
+		if n < 0 {
+			return status.Errorf(codes.FailedPrecondition, "previous terminated container %q in pod %q not found", name, info.Pod.GetName())
+		}
+	}
+	path := filepath.Join(info.LogDir, strconv.Itoa(int(n))+".log")
+	f, err := os.Open(path)
+	if os.IsNotExist(err) {
+		st, _ := s.mgr.Status(req.GetPodUid())
+		reason := "ContainerCreating"
+		for _, cs := range append(st.GetInitContainerStatuses(), st.GetContainerStatuses()...) {
+			if cs.GetName() == name && cs.GetState().GetWaiting() != nil {
+				reason = cs.GetState().GetWaiting().GetReason()
+			}
+		}
+		return status.Errorf(codes.FailedPrecondition, "container %q in pod %q is waiting to start: %s", name, info.Pod.GetName(), reason)
+	}
+	if err != nil {
+		return status.Error(codes.Internal, err.Error())
+	}
+	defer f.Close()
+	w := &logWriter{stream: stream, limit: -1, timestamps: req.GetTimestamps()}
+	if req.LimitBytes != nil {
+		w.limit = req.GetLimitBytes()
+	}
+	var since time.Time
+	if req.GetSinceTime() != nil {
+		since = req.GetSinceTime().AsTime()
+	}
+	r := criolog.NewReader(f)
+	// Everything present now, then the tail of it.
+	var recs []criolog.Record
+	tail := int64(-1)
+	if req.TailLines != nil {
+		tail = req.GetTailLines()
+	}
+	for {
+		rec, err := r.Next()
+		if err != nil {
+			break
+		}
+		if rec.Time.Before(since) {
+			continue
+		}
+		recs = append(recs, rec)
+		if tail >= 0 && int64(len(recs)) > tail {
+			recs = recs[1:]
+		}
+	}
+	for _, rec := range recs {
+		if done, err := w.write(rec); done || err != nil {
+			return w.flush(err)
+		}
+	}
+	if err := w.flush(nil); err != nil || !req.GetFollow() || req.GetPrevious() {
+		return err
+	}
+	for {
+		rec, err := r.Next()
+		if err == nil {
+			if !rec.Time.Before(since) {
+				if done, err := w.write(rec); done || err != nil {
+					return w.flush(err)
+				}
+			}
+			continue
+		}
+		if err := w.flush(nil); err != nil {
+			return err
+		}
+		if !s.mgr.AttemptRunning(req.GetPodUid(), name, n) {
+			// One last read: the shim may have written before exiting.
+			for {
+				rec, err := r.Next()
+				if err != nil {
+					return w.flush(nil)
+				}
+				if done, err := w.write(rec); done || err != nil {
+					return w.flush(err)
+				}
+			}
+		}
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+type logWriter struct {
+	stream     runtimev1.Runtime_GetLogsServer
+	buf        []byte
+	limit      int64
+	sent       int64
+	timestamps bool
+}
+
+// write formats one record as kubectl logs shows it; done means the byte
+// limit was reached.
+func (w *logWriter) write(rec criolog.Record) (bool, error) {
+	start := len(w.buf)
+	if w.timestamps {
+		w.buf = rec.Time.UTC().AppendFormat(w.buf, time.RFC3339Nano)
+		w.buf = append(w.buf, ' ')
+	}
+	w.buf = append(w.buf, rec.Content...)
+	w.buf = append(w.buf, '\n')
+	if w.limit >= 0 && w.sent+int64(len(w.buf)) >= w.limit {
+		w.buf = w.buf[:max(start, int(w.limit-w.sent))]
+		return true, nil
+	}
+	if len(w.buf) >= 32*1024 {
+		return false, w.flush(nil)
+	}
+	return false, nil
+}
+
+func (w *logWriter) flush(err error) error {
+	if err != nil {
+		return err
+	}
+	if len(w.buf) == 0 {
+		return nil
+	}
+	w.sent += int64(len(w.buf))
+	err = w.stream.Send(&runtimev1.GetLogsResponse{Data: w.buf})
+	w.buf = nil
+	return err
+}
+
+// ------------------------------------------------------------------ exec
+
+func (s *server) Exec(stream runtimev1.Runtime_ExecServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	start := first.GetStart()
+	if start == nil {
+		return status.Error(codes.InvalidArgument, "exec: the first message must carry ExecStart")
+	}
+	if start.GetTty() {
+		return status.Error(codes.Unimplemented, "exec with a TTY (-t) is not implemented yet (issue 4: a real PTY with resize); run without -t")
+	}
+	if len(start.GetCommand()) == 0 {
+		return status.Error(codes.InvalidArgument, "exec: command is empty")
+	}
+	info, err := s.mgr.Container(start.GetPodUid(), start.GetContainer())
+	if err != nil {
+		return grpcErr(err)
+	}
+	if info.Pid == 0 {
+		return status.Errorf(codes.FailedPrecondition, "container %q is not running", info.Spec.GetName())
+	}
+	var mu sync.Mutex
+	send := func(r *runtimev1.ExecResponse) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return stream.Send(r)
+	}
+	argv, env, dir, err := s.mgr.ResolveExec(info, start.GetCommand())
+	if err != nil {
+		return send(&runtimev1.ExecResponse{Msg: &runtimev1.ExecResponse_Exit{Exit: &runtimev1.ExitStatus{ExitCode: 127, Error: err.Error()}}})
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env, cmd.Dir = env, dir
+	// Its own group, so the whole command tree ends with the stream.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return status.Error(codes.Internal, err.Error())
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return status.Error(codes.Internal, err.Error())
+	}
+	var stdin io.WriteCloser
+	if start.GetStdin() {
+		if stdin, err = cmd.StdinPipe(); err != nil {
+			return status.Error(codes.Internal, err.Error())
+		}
+	}
+	if err := cmd.Start(); err != nil {
+		return send(&runtimev1.ExecResponse{Msg: &runtimev1.ExecResponse_Exit{Exit: &runtimev1.ExitStatus{ExitCode: 126, Error: err.Error()}}})
+	}
+	pgid := cmd.Process.Pid
+	stop := context.AfterFunc(stream.Context(), func() { syscall.Kill(-pgid, syscall.SIGKILL) })
+	defer stop()
+	go func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				if stdin != nil {
+					stdin.Close()
+				}
+				return
+			}
+			switch {
+			case m.GetCloseStdin():
+				if stdin != nil {
+					stdin.Close()
+				}
+			case m.GetStdin() != nil && stdin != nil:
+				stdin.Write(m.GetStdin())
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	pump := func(r io.Reader, mk func([]byte) *runtimev1.ExecResponse) {
+		defer wg.Done()
+		buf := make([]byte, 32*1024)
+		for {
+			n, err := r.Read(buf)
+			if n > 0 {
+				if send(mk(append([]byte(nil), buf[:n]...))) != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+	wg.Add(2)
+	go pump(stdout, func(b []byte) *runtimev1.ExecResponse {
+		return &runtimev1.ExecResponse{Msg: &runtimev1.ExecResponse_Stdout{Stdout: b}}
+	})
+	go pump(stderr, func(b []byte) *runtimev1.ExecResponse {
+		return &runtimev1.ExecResponse{Msg: &runtimev1.ExecResponse_Stderr{Stderr: b}}
+	})
+	wg.Wait()
+	werr := cmd.Wait()
+	es := &runtimev1.ExitStatus{}
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		es.Signal = int32(ws.Signal())
+		es.ExitCode = 128 + es.Signal
+	} else if cmd.ProcessState != nil {
+		es.ExitCode = int32(cmd.ProcessState.ExitCode())
+	} else if werr != nil {
+		es.ExitCode, es.Error = 255, werr.Error()
+	}
+	return send(&runtimev1.ExecResponse{Msg: &runtimev1.ExecResponse_Exit{Exit: es}})
+}
+
+func (s *server) Attach(stream runtimev1.Runtime_AttachServer) error {
+	return status.Error(codes.Unimplemented, "attach is not implemented yet (issue 4); use GetLogs with follow for the container's output")
+}
+
+// PortForward: pods share the node's network until per-pod network
+// namespaces land, so the pod's port is the port on 127.0.0.1.
+func (s *server) PortForward(stream runtimev1.Runtime_PortForwardServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	start := first.GetStart()
+	if start == nil {
+		return status.Error(codes.InvalidArgument, "port-forward: the first message must carry PortForwardStart")
+	}
+	if start.GetPort() <= 0 || start.GetPort() > 65535 {
+		return status.Errorf(codes.InvalidArgument, "port-forward: port %d is out of range", start.GetPort())
+	}
+	if _, err := s.mgr.Status(start.GetPodUid()); err != nil {
+		return grpcErr(err)
+	}
+	conn, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(start.GetPort()))), 5*time.Second)
+	if err != nil {
+		return stream.Send(&runtimev1.PortForwardResponse{Msg: &runtimev1.PortForwardResponse_Error{
+			Error: fmt.Sprintf("pod %s: connect to port %d: %v", start.GetPodUid(), start.GetPort(), err)}})
+	}
+	defer conn.Close()
+	tcp := conn.(*net.TCPConn)
+	go func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				tcp.CloseWrite()
+				return
+			}
+			if m.GetCloseWrite() {
+				tcp.CloseWrite()
+				continue
+			}
+			if _, err := tcp.Write(m.GetData()); err != nil {
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 32*1024)
+	for {
+		n, err := tcp.Read(buf)
+		if n > 0 {
+			if serr := stream.Send(&runtimev1.PortForwardResponse{Msg: &runtimev1.PortForwardResponse_Data{Data: append([]byte(nil), buf[:n]...)}}); serr != nil {
+				return serr
+			}
+		}
+		if err != nil {
+			return nil
+		}
+	}
+}
+
+// ---------------------------------------------------------------- images
+
+type imagesServer struct {
+	runtimev1.UnimplementedImagesServer
+	store *image.Store
+}
+
+func imageProto(img *image.Image) *runtimev1.Image {
+	return &runtimev1.Image{Id: img.ID, RepoTags: img.RepoTags, RepoDigests: img.RepoDigests, SizeBytes: img.Size, Os: img.OS, Arch: img.Arch}
+}
+
+func (s *imagesServer) ListImages(ctx context.Context, _ *runtimev1.ListImagesRequest) (*runtimev1.ListImagesResponse, error) {
+	resp := &runtimev1.ListImagesResponse{}
+	for _, img := range s.store.List() {
+		resp.Images = append(resp.Images, imageProto(img))
+	}
+	return resp, nil
+}
+
+func (s *imagesServer) PullImage(ctx context.Context, req *runtimev1.PullImageRequest) (*runtimev1.PullImageResponse, error) {
+	img, err := s.store.Pull(ctx, req.GetImage(), req.GetPullSecrets())
+	if err != nil {
+		var ie *image.InvalidNameError
+		var pe *image.PlatformError
+		switch {
+		case errors.As(err, &ie):
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		case errors.As(err, &pe):
+			return nil, status.Error(codes.FailedPrecondition, err.Error())
+		}
+		return nil, status.Error(codes.Unknown, err.Error())
+	}
+	return &runtimev1.PullImageResponse{Image: imageProto(img)}, nil
+}
+
+func (s *imagesServer) RemoveImage(ctx context.Context, req *runtimev1.RemoveImageRequest) (*runtimev1.RemoveImageResponse, error) {
+	if err := s.store.Remove(req.GetImage()); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, status.Error(codes.NotFound, err.Error())
+		}
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	return &runtimev1.RemoveImageResponse{}, nil
+}
+
+func (s *imagesServer) ImageFsInfo(ctx context.Context, _ *runtimev1.ImageFsInfoRequest) (*runtimev1.ImageFsInfoResponse, error) {
+	fi, err := s.store.FsInfo()
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	return &runtimev1.ImageFsInfoResponse{Mountpoint: fi.Mountpoint, UsedBytes: fi.UsedBytes, InodesUsed: fi.InodesUsed,
+		CapacityBytes: fi.Capacity, AvailableBytes: fi.Available}, nil
+}
