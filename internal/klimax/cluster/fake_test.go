@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
@@ -156,6 +157,7 @@ type fakeKube struct {
 	log      []string
 	corefile string
 	labels   map[string]string
+	lbIP     string
 }
 
 type fakeKubes struct {
@@ -239,7 +241,10 @@ func (k *fakeKube) LabelNode(ctx context.Context, set map[string]string, remove 
 	return nil
 }
 func (k *fakeKube) LoadBalancerIP(ctx context.Context, ns, name string) (string, error) {
-	return "", fmt.Errorf("no LB in fake")
+	if k.lbIP == "" {
+		return "", fmt.Errorf("no LB in fake")
+	}
+	return k.lbIP, nil
 }
 
 // manifestServer serves small stand-ins for the MetalLB and metrics-server
@@ -261,4 +266,29 @@ func manifestServer() (*httptest.Server, *int) {
 		}
 	}))
 	return srv, n
+}
+
+func TestE2ENginxFlow(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	info, err := e.m.Create(ctx, CreateOptions{Name: "dev", Mirrors: []string{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := e.kubes.byURL[info.Server]
+	k.lbIP = "172.30.1.16"
+	var got []string
+	ip, err := e.m.E2ENginx(ctx, "dev", true, func(ctx context.Context, url string) (int, string, error) {
+		got = append(got, url)
+		return 200, "<title>Welcome to nginx!</title>", nil
+	})
+	if err != nil || ip != "172.30.1.16" || len(got) != 1 || got[0] != "http://172.30.1.16/" {
+		t.Fatalf("ip %q err %v gets %v", ip, err, got)
+	}
+	tail := k.log[len(k.log)-7:]
+	want := []string{"apply Namespace /klimax-e2e", "apply Deployment klimax-e2e/nginx", "apply Service klimax-e2e/nginx",
+		"wait klimax-e2e/nginx", "delete Service nginx", "delete Deployment nginx", "delete Namespace klimax-e2e"}
+	if strings.Join(tail, "|") != strings.Join(want, "|") {
+		t.Errorf("api calls %q", tail)
+	}
 }

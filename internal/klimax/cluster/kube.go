@@ -26,7 +26,7 @@ type Kube interface {
 	// Apply server-side-applies objects in order, retrying while CRDs or
 	// webhooks they need are not ready yet, until ctx ends.
 	Apply(ctx context.Context, objs []*unstructured.Unstructured) error
-	// Delete removes objects (missing ones are fine).
+	// Delete removes objects in the given order (missing ones are fine).
 	Delete(ctx context.Context, objs []*unstructured.Unstructured) error
 	// WaitDeployment waits until a Deployment has all replicas available.
 	WaitDeployment(ctx context.Context, namespace, name string) error
@@ -124,8 +124,7 @@ func (k *ClientKube) Apply(ctx context.Context, objs []*unstructured.Unstructure
 }
 
 func (k *ClientKube) Delete(ctx context.Context, objs []*unstructured.Unstructured) error {
-	for i := len(objs) - 1; i >= 0; i-- {
-		obj := objs[i]
+	for _, obj := range objs {
 		ri, err := k.resource(obj)
 		if err != nil {
 			return err
