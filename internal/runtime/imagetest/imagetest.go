@@ -39,6 +39,8 @@ import (
 //	append:PATH:TEXT  append TEXT and a newline to PATH (host path)
 //	spin:DUR    burn CPU for DUR            cat        copy stdin to stdout
 //	pid:PATH    write the pid to PATH
+//	failonce:PATH  exit 1 if PATH does not exist (creating it), else go on
+//	trapfile:PATH:D  on SIGTERM append "got SIGTERM" to PATH, wait D, exit 0
 //
 // With no arguments it prints "hello from k3sm" and sleeps forever.
 const ProgSource = `package main
@@ -85,7 +87,9 @@ func main() {
 		case "ignore":
 			signal.Ignore(syscall.SIGTERM)
 		case "forever":
-			select {}
+			for {
+				time.Sleep(time.Hour)
+			}
 		case "env":
 			fmt.Printf("%s=%s\n", arg, os.Getenv(arg))
 		case "pwd":
@@ -109,6 +113,25 @@ func main() {
 			io.Copy(os.Stdout, os.Stdin)
 		case "pid":
 			os.WriteFile(arg, []byte(strconv.Itoa(os.Getpid())), 0o644)
+		case "failonce":
+			if _, err := os.Stat(arg); err != nil {
+				os.WriteFile(arg, []byte("x"), 0o644)
+				fmt.Println("failing once")
+				os.Exit(1)
+			}
+		case "trapfile":
+			p, ds, _ := strings.Cut(arg, ":")
+			d, _ := time.ParseDuration(ds)
+			c := make(chan os.Signal, 1)
+			signal.Notify(c, syscall.SIGTERM)
+			go func() {
+				<-c
+				f, _ := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+				fmt.Fprintln(f, "got SIGTERM")
+				f.Close()
+				time.Sleep(d)
+				os.Exit(0)
+			}()
 		default:
 			fmt.Fprintln(os.Stderr, "unknown op", a)
 			os.Exit(2)

@@ -443,8 +443,8 @@ func (m *Manager) Container(uid, name string) (ContainerInfo, error) {
 	if c.proc != nil && c.state.Running != nil {
 		info.Pid = c.proc.Pid()
 	}
-	if c.imageID != "" {
-		info.Image, _ = m.cfg.Images.Get(c.imageID)
+	if c.imageDigest != "" {
+		info.Image, _ = m.cfg.Images.Get(c.imageDigest)
 	}
 	return info, nil
 }

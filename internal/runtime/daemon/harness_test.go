@@ -1,0 +1,310 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"google.golang.org/protobuf/encoding/prototext"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/runtime/client"
+	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
+)
+
+// Built once per test binary.
+var (
+	shimBin string
+	progBin string
+)
+
+const subprocessEnv = "K3SM_RUNTIME_TEST_DAEMON_DIR"
+
+func TestMain(m *testing.M) {
+	// Re-exec mode: this test binary acts as a standalone daemon, so a test
+	// can kill -9 it.
+	if dir := os.Getenv(subprocessEnv); dir != "" {
+		os.Exit(subprocessDaemon(dir))
+	}
+	dir, err := os.MkdirTemp("", "k3sm-bin")
+	if err != nil {
+		panic(err)
+	}
+	shimBin = filepath.Join(dir, "k3sm-shim")
+	if out, err := exec.Command("go", "build", "-o", shimBin, "github.com/k3sm-dev/k3sm/cmd/k3sm-shim").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build shim: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	if progBin, err = imagetest.BuildProg(dir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func testConfig(dir string) Config {
+	return Config{DataDir: dir, ShimPath: os.Getenv("K3SM_TEST_SHIM"),
+		CrashLoopBackOffBase: 200 * time.Millisecond, CrashLoopBackOffMax: 800 * time.Millisecond,
+		ImagePullBackOffBase: 200 * time.Millisecond, ImagePullBackOffMax: 800 * time.Millisecond}
+}
+
+func subprocessDaemon(dir string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	cfg := testConfig(dir)
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err := Run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "daemon:", err)
+		return 1
+	}
+	return 0
+}
+
+// env is one test's daemon, registry and image.
+type env struct {
+	t     *testing.T
+	dir   string
+	c     *client.Client
+	reg   *imagetest.Registry
+	image string // the test program, host platform
+	stop  func()
+}
+
+func integration(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test")
+	}
+	if runtime.GOOS != "linux" {
+		t.Skip("integration tests run on Linux")
+	}
+}
+
+// newEnv starts a daemon in process on a fresh data dir (short: socket
+// paths are limited) and pushes the test image to a local registry.
+func newEnv(t *testing.T) *env {
+	integration(t)
+	dir, err := os.MkdirTemp("", "k3sm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, dir: dir}
+	e.reg = imagetest.StartRegistry(t, "", "")
+	img, err := imagetest.Image(progBin, v1.Platform{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.image = e.reg.Push(t, "prog:v1", img)
+	e.startInProcess()
+	t.Cleanup(func() {
+		e.deleteAll()
+		e.stop()
+		os.RemoveAll(dir)
+	})
+	return e
+}
+
+func (e *env) startInProcess() {
+	ctx, cancel := context.WithCancel(context.Background())
+	cfg := testConfig(e.dir)
+	cfg.ShimPath = shimBin
+	if testing.Verbose() {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	ready := make(chan struct{})
+	cfg.OnReady = func() { close(ready) }
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, cfg) }()
+	select {
+	case <-ready:
+	case err := <-done:
+		e.t.Fatalf("daemon: %v", err)
+	case <-time.After(30 * time.Second):
+		e.t.Fatal("daemon did not become ready")
+	}
+	e.dial()
+	e.stop = func() {
+		e.c.Close()
+		cancel()
+		if err := <-done; err != nil {
+			e.t.Errorf("daemon: %v", err)
+		}
+	}
+}
+
+func (e *env) dial() {
+	c, err := client.Dial(DefaultSocket(e.dir))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.WaitReady(ctx); err != nil {
+		e.t.Fatalf("daemon not answering: %v", err)
+	}
+	e.c = c
+}
+
+// startSubprocess runs the daemon as a child process (this test binary).
+func (e *env) startSubprocess() *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), subprocessEnv+"="+e.dir, "K3SM_TEST_SHIM="+shimBin)
+	cmd.Stderr = io.Discard
+	if testing.Verbose() {
+		cmd.Stderr = os.Stderr
+	}
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	go cmd.Wait()
+	e.dial()
+	return cmd
+}
+
+func (e *env) deleteAll() {
+	if e.c == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := e.c.Runtime.ListPods(ctx, &runtimev1.ListPodsRequest{})
+	if err != nil {
+		return
+	}
+	zero := int64(0)
+	for _, p := range resp.GetPods() {
+		e.c.Runtime.DeletePod(ctx, &runtimev1.DeletePodRequest{Uid: p.GetUid(), GracePeriodSeconds: &zero, Wait: true})
+	}
+}
+
+var podSeq int
+
+// podSpec is a one-container pod running the test program with args.
+func (e *env) podSpec(name string, args ...string) *runtimev1.PodSpec {
+	podSeq++
+	return &runtimev1.PodSpec{
+		Uid: fmt.Sprintf("%08d-0000-4000-8000-%012d", podSeq, time.Now().UnixNano()%1e12), Namespace: "default", Name: name,
+		Containers: []*runtimev1.ContainerSpec{{Name: "main", Image: e.image, Args: args}},
+	}
+}
+
+func (e *env) create(spec *runtimev1.PodSpec) {
+	e.t.Helper()
+	if _, err := e.c.Runtime.CreatePod(context.Background(), &runtimev1.CreatePodRequest{Pod: spec}); err != nil {
+		e.t.Fatalf("create %s: %v", spec.GetName(), err)
+	}
+}
+
+func (e *env) status(uid string) *runtimev1.PodStatus {
+	e.t.Helper()
+	r, err := e.c.Runtime.GetPodStatus(context.Background(), &runtimev1.GetPodStatusRequest{Uid: uid})
+	if err != nil {
+		e.t.Fatalf("status %s: %v", uid, err)
+	}
+	return r.GetStatus()
+}
+
+// waitFor polls the pod's status until cond holds.
+func (e *env) waitFor(uid string, what string, timeout time.Duration, cond func(*runtimev1.PodStatus) bool) *runtimev1.PodStatus {
+	e.t.Helper()
+	deadline := time.Now().Add(timeout)
+	var st *runtimev1.PodStatus
+	for time.Now().Before(deadline) {
+		st = e.status(uid)
+		if cond(st) {
+			return st
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.t.Fatalf("pod %s: timed out after %s waiting for %s; last status:\n%s", uid, timeout, what, prettyStatus(st))
+	return nil
+}
+
+func prettyStatus(st *runtimev1.PodStatus) string {
+	if st == nil {
+		return "<nil>"
+	}
+	return prototext.Format(st)
+}
+
+func running(st *runtimev1.PodStatus) bool {
+	return st.GetPhase() == runtimev1.PodPhase_POD_PHASE_RUNNING && len(st.GetContainerStatuses()) > 0 &&
+		st.GetContainerStatuses()[0].GetState().GetRunning() != nil
+}
+
+func (e *env) logs(req *runtimev1.GetLogsRequest) (string, error) {
+	stream, err := e.c.Runtime.GetLogs(context.Background(), req)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for {
+		m, err := stream.Recv()
+		if err == io.EOF {
+			return b.String(), nil
+		}
+		if err != nil {
+			return b.String(), err
+		}
+		b.Write(m.GetData())
+	}
+}
+
+// waitLog polls GetLogs until it contains want.
+func (e *env) waitLog(uid, want string) string {
+	e.t.Helper()
+	var got string
+	for i := 0; i < 250; i++ {
+		got, _ = e.logs(&runtimev1.GetLogsRequest{PodUid: uid})
+		if strings.Contains(got, want) {
+			return got
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.t.Fatalf("log of %s never contained %q; got:\n%s", uid, want, got)
+	return ""
+}
+
+func processAlive(pid int) bool {
+	if err := syscall.Kill(pid, 0); err != nil {
+		return false
+	}
+	// A zombie is not alive.
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return i < 0 || !strings.HasPrefix(string(b[i+1:]), " Z")
+}
+
+func readPid(t *testing.T, path string) int {
+	t.Helper()
+	for i := 0; i < 250; i++ {
+		b, err := os.ReadFile(path)
+		if err == nil && len(b) > 0 {
+			var pid int
+			fmt.Sscan(string(b), &pid)
+			return pid
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("no pid in %s", path)
+	return 0
+}
+
+func tsp(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }
