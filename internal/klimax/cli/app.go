@@ -164,9 +164,13 @@ func (a *App) Clusters() (*cluster.Manager, error) {
 		a.clusters, err = a.NewClusters(cfg, p)
 		return a.clusters, err
 	}
+	runner := p.Guest()
+	if a.Debug {
+		runner = &debugRunner{Runner: runner, w: a.Err}
+	}
 	m := &cluster.Manager{
 		Config:    cfg,
-		Runner:    p.Guest(),
+		Runner:    runner,
 		Inventory: cluster.DockerInventory{Host: p.DockerHost()},
 		APIHost:   p.APIHost,
 		NewKube: func(kc []byte) (cluster.Kube, error) {

@@ -1,4 +1,4 @@
-package cluster
+package cluster_test
 
 import (
 	"bytes"
@@ -10,47 +10,24 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/k3sm-dev/k3sm/internal/klimax/cluster"
+	"github.com/k3sm-dev/k3sm/internal/klimax/cluster/clustertest"
 	"github.com/k3sm-dev/k3sm/internal/klimax/config"
 	"github.com/k3sm-dev/k3sm/internal/kubeconfig"
 )
 
-type env struct {
-	m     *Manager
-	kind  *fakeKind
-	kubes *fakeKubes
-	home  string
-	dl    *int
-}
-
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T) *clustertest.Env {
 	t.Helper()
-	home := t.TempDir()
 	cfg := config.Default()
 	cfg.Kind.CustomDNSResolvers = []config.DNSResolver{{Domain: "runlocal.dev", Resolvers: []string{"8.8.8.8", "8.8.4.4"}}}
-	srv, dl := manifestServer()
-	t.Cleanup(srv.Close)
-	fk := newFakeKind()
-	kubes := &fakeKubes{byURL: map[string]*fakeKube{}}
-	m := &Manager{
-		Config:        cfg,
-		Runner:        fk,
-		Inventory:     fk,
-		APIHost:       func(context.Context) (string, error) { return "192.168.64.3", nil },
-		ListenAddress: "0.0.0.0",
-		NewKube:       kubes.New,
-		Manifests: &Manifests{Dir: filepath.Join(home, "cache"),
-			MetalLBURL: srv.URL + "/metallb/%s/metallb-native.yaml", MetricsServerURL: srv.URL + "/metrics-server/%s/components.yaml"},
-		KubeDir:    filepath.Join(home, ".kube", "klimax"),
-		KubeConfig: filepath.Join(home, ".kube", "config"),
-	}
-	return &env{m: m, kind: fk, kubes: kubes, home: home, dl: dl}
+	return clustertest.NewEnv(t, cfg)
 }
 
 func TestCreateExactCommandSequence(t *testing.T) {
 	e := newEnv(t)
-	os.MkdirAll(filepath.Dir(e.m.KubeConfig), 0o700)
-	os.WriteFile(e.m.KubeConfig, []byte("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\ncurrent-context: \"\"\nmine: keep\n"), 0o600)
-	info, err := e.m.Create(context.Background(), CreateOptions{Name: "dev", Region: "eu", Zone: "eu-1", Labels: map[string]string{"team": "a"},
+	os.MkdirAll(filepath.Dir(e.M.KubeConfig), 0o700)
+	os.WriteFile(e.M.KubeConfig, []byte("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\ncurrent-context: \"\"\nmine: keep\n"), 0o600)
+	info, err := e.M.Create(context.Background(), cluster.CreateOptions{Name: "dev", Region: "eu", Zone: "eu-1", Labels: map[string]string{"team": "a"},
 		Mirrors: []string{"registry-dockerio", "registry-quayio"}})
 	if err != nil {
 		t.Fatal(err)
@@ -63,21 +40,21 @@ func TestCreateExactCommandSequence(t *testing.T) {
 		"docker exec -i dev-control-plane cp /dev/stdin /etc/containerd/certs.d/quay.io/hosts.toml",
 		"kind get kubeconfig --name dev",
 	}
-	if got := e.kind.Calls(); !reflect.DeepEqual(got, want) {
+	if got := e.Kind.Calls(); !reflect.DeepEqual(got, want) {
 		t.Errorf("guest commands:\n got %q\nwant %q", got, want)
 	}
 	// kind got exactly the golden-tested config for this spec.
-	kc, _ := KindConfig(Spec{Name: "dev", Slot: 1, NodeVersion: "v1.35.0", Region: "eu", Zone: "eu-1", Labels: map[string]string{"team": "a"}, ListenAddress: "0.0.0.0", APIHost: "192.168.64.3"})
+	kc, _ := cluster.KindConfig(cluster.Spec{Name: "dev", Slot: 1, NodeVersion: "v1.35.0", Region: "eu", Zone: "eu-1", Labels: map[string]string{"team": "a"}, ListenAddress: "0.0.0.0", APIHost: "192.168.64.3"})
 	wantCfg, _ := kc.Render()
-	if got := e.kind.stdin["kind create cluster --name dev --config -"]; got != string(wantCfg) {
+	if got := e.Kind.Stdin["kind create cluster --name dev --config -"]; got != string(wantCfg) {
 		t.Errorf("kind config on stdin:\n%s", got)
 	}
-	if got := e.kind.files["dev-control-plane:/etc/containerd/certs.d/docker.io/hosts.toml"]; got != string(HostsTOML(config.DefaultMirrors()[0]).Content) {
+	if got := e.Kind.Files["dev-control-plane:/etc/containerd/certs.d/docker.io/hosts.toml"]; got != string(cluster.HostsTOML(config.DefaultMirrors()[0]).Content) {
 		t.Errorf("hosts.toml written: %q", got)
 	}
-	kube := e.kubes.byURL["https://192.168.64.3:7001"]
+	kube := e.Kubes.ByURL["https://192.168.64.3:7001"]
 	if kube == nil {
-		t.Fatalf("no client for the rewritten server; have %v", e.kubes.byURL)
+		t.Fatalf("no client for the rewritten server; have %v", e.Kubes.ByURL)
 	}
 	wantKube := []string{
 		"apply Namespace /metallb-system", "apply Deployment metallb-system/controller",
@@ -86,26 +63,26 @@ func TestCreateExactCommandSequence(t *testing.T) {
 		"apply L2Advertisement metallb-system/klimax",
 		"set corefile",
 	}
-	if !reflect.DeepEqual(kube.log, wantKube) {
-		t.Errorf("API calls:\n got %q\nwant %q", kube.log, wantKube)
+	if !reflect.DeepEqual(kube.Log, wantKube) {
+		t.Errorf("API calls:\n got %q\nwant %q", kube.Log, wantKube)
 	}
-	if !strings.Contains(kube.corefile, "runlocal.dev:53 {") || !strings.Contains(kube.corefile, "forward . /etc/resolv.conf") {
-		t.Errorf("corefile:\n%s", kube.corefile)
+	if !strings.Contains(kube.CorefileText(), "runlocal.dev:53 {") || !strings.Contains(kube.CorefileText(), "forward . /etc/resolv.conf") {
+		t.Errorf("corefile:\n%s", kube.CorefileText())
 	}
 	// Per-cluster kubeconfig: 0600, server rewritten; merged with the user's keys kept.
-	st, err := os.Stat(e.m.KubeconfigPath("dev"))
+	st, err := os.Stat(e.M.KubeconfigPath("dev"))
 	if err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("kubeconfig file: %v %v", err, st)
 	}
-	data, _ := os.ReadFile(e.m.KubeconfigPath("dev"))
+	data, _ := os.ReadFile(e.M.KubeconfigPath("dev"))
 	if s, _ := kubeconfig.Server(data, ""); s != "https://192.168.64.3:7001" {
 		t.Errorf("server %q", s)
 	}
-	merged, _ := os.ReadFile(e.m.KubeConfig)
+	merged, _ := os.ReadFile(e.M.KubeConfig)
 	if !bytes.Contains(merged, []byte("name: kind-dev")) || !bytes.Contains(merged, []byte("mine: keep")) {
 		t.Errorf("merged kubeconfig:\n%s", merged)
 	}
-	if info.Slot != 1 || info.APIPort != 7001 || info.Labels[LabelRegion] != "eu" {
+	if info.Slot != 1 || info.APIPort != 7001 || info.Labels[cluster.LabelRegion] != "eu" {
 		t.Errorf("info %+v", info)
 	}
 }
@@ -114,59 +91,59 @@ func TestCreateSlotsAndDuplicates(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	for _, n := range []string{"a", "b", "c"} {
-		if _, err := e.m.Create(ctx, CreateOptions{Name: n}); err != nil {
+		if _, err := e.M.Create(ctx, cluster.CreateOptions{Name: n}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if *e.dl != 1 {
-		t.Errorf("MetalLB manifest downloaded %d times, want once (cached)", *e.dl)
+	if *e.Downloads != 1 {
+		t.Errorf("MetalLB manifest downloaded %d times, want once (cached)", *e.Downloads)
 	}
-	if err := e.m.Delete(ctx, "b"); err != nil {
+	if err := e.M.Delete(ctx, "b"); err != nil {
 		t.Fatal(err)
 	}
-	info, err := e.m.Create(ctx, CreateOptions{Name: "d"})
+	info, err := e.M.Create(ctx, cluster.CreateOptions{Name: "d"})
 	if err != nil || info.Slot != 2 {
 		t.Errorf("d got slot %v (%v), want lowest free 2", info, err)
 	}
-	if _, err := e.m.Create(ctx, CreateOptions{Name: "e", Slot: 3}); err == nil || !strings.Contains(err.Error(), "slot 3 is already in use") {
+	if _, err := e.M.Create(ctx, cluster.CreateOptions{Name: "e", Slot: 3}); err == nil || !strings.Contains(err.Error(), "slot 3 is already in use") {
 		t.Errorf("pinned used slot: %v", err)
 	}
-	info, err = e.m.Create(ctx, CreateOptions{Name: "f", Slot: 42})
+	info, err = e.M.Create(ctx, cluster.CreateOptions{Name: "f", Slot: 42})
 	if err != nil || info.APIPort != 7042 {
 		t.Errorf("pinned 42: %+v %v", info, err)
 	}
-	if _, err := e.m.Create(ctx, CreateOptions{Name: "a"}); err == nil || !strings.Contains(err.Error(), "already exists") {
+	if _, err := e.M.Create(ctx, cluster.CreateOptions{Name: "a"}); err == nil || !strings.Contains(err.Error(), "already exists") {
 		t.Errorf("duplicate: %v", err)
 	}
-	calls := len(e.kind.Calls())
+	calls := len(e.Kind.Calls())
 	for _, bad := range []string{"Bad", "a;reboot", "$(id)", ""} {
-		if _, err := e.m.Create(ctx, CreateOptions{Name: bad}); err == nil {
+		if _, err := e.M.Create(ctx, cluster.CreateOptions{Name: bad}); err == nil {
 			t.Errorf("name %q accepted", bad)
 		}
 	}
-	if _, err := e.m.Create(ctx, CreateOptions{Name: "g", Labels: map[string]string{LabelFleet: "x"}}); err == nil {
+	if _, err := e.M.Create(ctx, cluster.CreateOptions{Name: "g", Labels: map[string]string{cluster.LabelFleet: "x"}}); err == nil {
 		t.Error("reserved label accepted")
 	}
-	if _, err := e.m.Create(ctx, CreateOptions{Name: "g", Mirrors: []string{"nope"}}); err == nil {
+	if _, err := e.M.Create(ctx, cluster.CreateOptions{Name: "g", Mirrors: []string{"nope"}}); err == nil {
 		t.Error("unknown mirror accepted")
 	}
-	if len(e.kind.Calls()) != calls {
-		t.Errorf("invalid requests reached the guest: %q", e.kind.Calls()[calls:])
+	if len(e.Kind.Calls()) != calls {
+		t.Errorf("invalid requests reached the guest: %q", e.Kind.Calls()[calls:])
 	}
 }
 
 func TestCreateFailureLeavesClearError(t *testing.T) {
 	e := newEnv(t)
-	e.kind.failOn = "kind create cluster"
-	_, err := e.m.Create(context.Background(), CreateOptions{Name: "dev"})
+	e.Kind.FailOn = "kind create cluster"
+	_, err := e.M.Create(context.Background(), cluster.CreateOptions{Name: "dev"})
 	if err == nil || !strings.Contains(err.Error(), "injected failure") {
 		t.Fatalf("err = %v", err)
 	}
-	if _, err := os.Stat(e.m.KubeconfigPath("dev")); !os.IsNotExist(err) {
+	if _, err := os.Stat(e.M.KubeconfigPath("dev")); !os.IsNotExist(err) {
 		t.Error("kubeconfig written after failed create")
 	}
-	e.kind.failOn = "docker exec"
-	_, err = e.m.Create(context.Background(), CreateOptions{Name: "dev"})
+	e.Kind.FailOn = "docker exec"
+	_, err = e.M.Create(context.Background(), cluster.CreateOptions{Name: "dev"})
 	if err == nil || !strings.Contains(err.Error(), "klimax cluster delete dev --yes") {
 		t.Errorf("partial failure should say how to clean up: %v", err)
 	}
@@ -175,38 +152,38 @@ func TestCreateFailureLeavesClearError(t *testing.T) {
 func TestDeleteExactSequenceAndCleanup(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	os.MkdirAll(filepath.Dir(e.m.KubeConfig), 0o700)
-	os.WriteFile(e.m.KubeConfig, []byte("apiVersion: v1\nkind: Config\nclusters:\n- name: other\n  cluster: {server: 'https://x'}\nusers:\n- name: other\n  user: {token: t}\ncontexts:\n- name: other\n  context: {cluster: other, user: other}\ncurrent-context: other\n"), 0o600)
-	if _, err := e.m.Create(ctx, CreateOptions{Name: "dev"}); err != nil {
+	os.MkdirAll(filepath.Dir(e.M.KubeConfig), 0o700)
+	os.WriteFile(e.M.KubeConfig, []byte("apiVersion: v1\nkind: Config\nclusters:\n- name: other\n  cluster: {server: 'https://x'}\nusers:\n- name: other\n  user: {token: t}\ncontexts:\n- name: other\n  context: {cluster: other, user: other}\ncurrent-context: other\n"), 0o600)
+	if _, err := e.M.Create(ctx, cluster.CreateOptions{Name: "dev"}); err != nil {
 		t.Fatal(err)
 	}
-	before := len(e.kind.Calls())
-	if err := e.m.Delete(ctx, "dev"); err != nil {
+	before := len(e.Kind.Calls())
+	if err := e.M.Delete(ctx, "dev"); err != nil {
 		t.Fatal(err)
 	}
-	if got := e.kind.Calls()[before:]; !reflect.DeepEqual(got, []string{"kind delete cluster --name dev"}) {
+	if got := e.Kind.Calls()[before:]; !reflect.DeepEqual(got, []string{"kind delete cluster --name dev"}) {
 		t.Errorf("delete commands %q", got)
 	}
-	if _, err := os.Stat(e.m.KubeconfigPath("dev")); !os.IsNotExist(err) {
+	if _, err := os.Stat(e.M.KubeconfigPath("dev")); !os.IsNotExist(err) {
 		t.Error("kubeconfig file left behind")
 	}
-	merged, _ := os.ReadFile(e.m.KubeConfig)
+	merged, _ := os.ReadFile(e.M.KubeConfig)
 	if bytes.Contains(merged, []byte("kind-dev")) || !bytes.Contains(merged, []byte("name: other")) {
 		t.Errorf("merged kubeconfig after delete:\n%s", merged)
 	}
-	if err := e.m.Delete(ctx, "dev"); !errors.Is(err, ErrNotFound) {
+	if err := e.M.Delete(ctx, "dev"); !errors.Is(err, cluster.ErrNotFound) {
 		t.Errorf("second delete: %v", err)
 	}
 }
 
 func TestKindKubeconfigFlagKeepsKindAwayFromUserConfig(t *testing.T) {
 	e := newEnv(t)
-	e.m.KindKubeconfig = "/home/u/.klimax/kind.kubeconfig"
+	e.M.KindKubeconfig = "/home/u/.klimax/kind.kubeconfig"
 	ctx := context.Background()
-	if _, err := e.m.Create(ctx, CreateOptions{Name: "dev", Mirrors: []string{}}); err != nil {
+	if _, err := e.M.Create(ctx, cluster.CreateOptions{Name: "dev", Mirrors: []string{}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.m.Delete(ctx, "dev"); err != nil {
+	if err := e.M.Delete(ctx, "dev"); err != nil {
 		t.Fatal(err)
 	}
 	want := []string{
@@ -214,7 +191,7 @@ func TestKindKubeconfigFlagKeepsKindAwayFromUserConfig(t *testing.T) {
 		"kind get kubeconfig --name dev",
 		"kind delete cluster --name dev --kubeconfig /home/u/.klimax/kind.kubeconfig",
 	}
-	if got := e.kind.Calls(); !reflect.DeepEqual(got, want) {
+	if got := e.Kind.Calls(); !reflect.DeepEqual(got, want) {
 		t.Errorf("got %q", got)
 	}
 }
@@ -222,48 +199,73 @@ func TestKindKubeconfigFlagKeepsKindAwayFromUserConfig(t *testing.T) {
 func TestListAndLabel(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	for _, o := range []CreateOptions{{Name: "a", Region: "eu"}, {Name: "b", Region: "us", Fleet: "f1"}} {
-		info, err := e.m.Create(ctx, o)
+	for _, o := range []cluster.CreateOptions{{Name: "a", Region: "eu"}, {Name: "b", Region: "us", Fleet: "f1"}} {
+		info, err := e.M.Create(ctx, o)
 		if err != nil {
 			t.Fatal(err)
 		}
 		// kind applies node labels from the config; the fake API mirrors that.
-		k, _ := e.kubes.New([]byte("server: " + info.Server))
+		k, _ := e.Kubes.New([]byte("server: " + info.Server))
 		k.LabelNode(ctx, info.Labels, nil)
 	}
-	all, err := e.m.List(ctx, "")
+	all, err := e.M.List(ctx, "")
 	if err != nil || len(all) != 2 || all[0].Name != "a" || all[1].Fleet != "f1" || all[1].Slot != 2 || !all[0].Reachable {
 		t.Fatalf("list %+v %v", all, err)
 	}
-	eu, _ := e.m.List(ctx, LabelRegion+"=eu")
+	eu, _ := e.M.List(ctx, cluster.LabelRegion+"=eu")
 	if len(eu) != 1 || eu[0].Name != "a" {
 		t.Errorf("selector: %+v", eu)
 	}
-	if _, err := e.m.List(ctx, "=bad=="); err == nil {
+	if _, err := e.M.List(ctx, "=bad=="); err == nil {
 		t.Error("bad selector accepted")
 	}
-	if err := e.m.Label(ctx, "a", map[string]string{"tier": "gold"}, nil, false); err != nil {
+	if err := e.M.Label(ctx, "a", map[string]string{"tier": "gold"}, nil, false); err != nil {
 		t.Fatal(err)
 	}
-	gold, _ := e.m.List(ctx, "tier=gold")
+	gold, _ := e.M.List(ctx, "tier=gold")
 	if len(gold) != 1 || gold[0].Name != "a" {
 		t.Errorf("after label: %+v", gold)
 	}
-	if err := e.m.Label(ctx, "a", nil, []string{"tier"}, false); err != nil {
+	if err := e.M.Label(ctx, "a", nil, []string{"tier"}, false); err != nil {
 		t.Fatal(err)
 	}
-	if gold, _ := e.m.List(ctx, "tier=gold"); len(gold) != 0 {
+	if gold, _ := e.M.List(ctx, "tier=gold"); len(gold) != 0 {
 		t.Errorf("label not removed: %+v", gold)
 	}
-	if err := e.m.Label(ctx, "a", map[string]string{LabelFleet: "x"}, nil, false); err == nil {
+	if err := e.M.Label(ctx, "a", map[string]string{cluster.LabelFleet: "x"}, nil, false); err == nil {
 		t.Error("reserved label set")
 	}
 	// A missing per-cluster kubeconfig is re-fetched from kind.
-	os.Remove(e.m.KubeconfigPath("a"))
-	if l, _ := e.m.List(ctx, ""); !l[0].Reachable {
+	os.Remove(e.M.KubeconfigPath("a"))
+	if l, _ := e.M.List(ctx, ""); !l[0].Reachable {
 		t.Errorf("not re-fetched: %+v", l[0])
 	}
-	if err := e.m.Label(ctx, "zzz", map[string]string{"a": "b"}, nil, false); err == nil {
+	if err := e.M.Label(ctx, "zzz", map[string]string{"a": "b"}, nil, false); err == nil {
 		t.Error("label on missing cluster")
+	}
+}
+
+func TestE2ENginxFlow(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	info, err := e.M.Create(ctx, cluster.CreateOptions{Name: "dev", Mirrors: []string{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := e.Kubes.ByURL[info.Server]
+	k.LBIP = "172.30.1.16"
+	var got []string
+	ip, err := e.M.E2ENginx(ctx, "dev", true, func(ctx context.Context, url string) (int, string, error) {
+		got = append(got, url)
+		return 200, "<title>Welcome to nginx!</title>", nil
+	})
+	if err != nil || ip != "172.30.1.16" || len(got) != 1 || got[0] != "http://172.30.1.16/" {
+		t.Fatalf("ip %q err %v gets %v", ip, err, got)
+	}
+	tail := k.Log[len(k.Log)-7:]
+	want := []string{"apply Namespace /klimax-e2e", "apply Deployment klimax-e2e/nginx", "apply Service klimax-e2e/nginx",
+		"wait klimax-e2e/nginx", "delete Service nginx", "delete Deployment nginx", "delete Namespace klimax-e2e"}
+	if strings.Join(tail, "|") != strings.Join(want, "|") {
+		t.Errorf("api calls %q", tail)
 	}
 }

@@ -1,4 +1,9 @@
-package cluster
+// Package clustertest provides honest fakes of what klimax's cluster manager
+// drives but cannot run here: a recording fake of kind and docker exec in the
+// guest (which also serves as the Docker inventory of the clusters it
+// "created"), a recording fake Kubernetes API per cluster, and a local server
+// for the pinned upstream manifests. Shared by the cluster and cli tests.
+package clustertest
 
 import (
 	"context"
@@ -6,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -13,27 +19,30 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/k3sm-dev/k3sm/internal/klimax/cluster"
+	"github.com/k3sm-dev/k3sm/internal/klimax/config"
+
 	"github.com/k3sm-dev/k3sm/internal/klimax/vm"
 )
 
-// fakeKind is a recording fake of the guest runner that behaves like kind
+// Kind is a recording fake of the guest runner that behaves like kind
 // and docker exec for the commands klimax issues, plus the Docker inventory
 // view of the clusters it "created". It rejects any command it does not know,
 // so an unexpected command fails the test.
-type fakeKind struct {
+type Kind struct {
 	mu       sync.Mutex
 	calls    []string          // argv joined by spaces
-	stdin    map[string]string // argv -> stdin
-	clusters map[string]NodeContainer
-	files    map[string]string // node:path -> content
-	failOn   string            // argv prefix that fails
+	Stdin    map[string]string // argv -> stdin
+	Clusters map[string]cluster.NodeContainer
+	Files    map[string]string // node:path -> content
+	FailOn   string            // argv prefix that fails
 }
 
-func newFakeKind() *fakeKind {
-	return &fakeKind{stdin: map[string]string{}, clusters: map[string]NodeContainer{}, files: map[string]string{}}
+func NewKind() *Kind {
+	return &Kind{Stdin: map[string]string{}, Clusters: map[string]cluster.NodeContainer{}, Files: map[string]string{}}
 }
 
-func (f *fakeKind) Run(ctx context.Context, argv []string, opts vm.RunOptions) (vm.Result, error) {
+func (f *Kind) Run(ctx context.Context, argv []string, opts vm.RunOptions) (vm.Result, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	line := strings.Join(argv, " ")
@@ -42,18 +51,18 @@ func (f *fakeKind) Run(ctx context.Context, argv []string, opts vm.RunOptions) (
 	if opts.Stdin != nil {
 		b, _ := io.ReadAll(opts.Stdin)
 		in = string(b)
-		f.stdin[line] = in
+		f.Stdin[line] = in
 	}
 	if opts.Timeout <= 0 {
 		return vm.Result{}, fmt.Errorf("command without a timeout: %s", line)
 	}
-	if f.failOn != "" && strings.HasPrefix(line, f.failOn) {
+	if f.FailOn != "" && strings.HasPrefix(line, f.FailOn) {
 		return vm.Result{ExitCode: 1}, &vm.ExitError{Argv: argv, ExitCode: 1, Stderr: "injected failure"}
 	}
 	name := flagValue(argv, "--name")
 	switch {
 	case strings.HasPrefix(line, "kind create cluster"):
-		if _, ok := f.clusters[name]; ok {
+		if _, ok := f.Clusters[name]; ok {
 			return vm.Result{}, fmt.Errorf("node(s) already exist for a cluster with the name %q", name)
 		}
 		port := 0
@@ -62,20 +71,20 @@ func (f *fakeKind) Run(ctx context.Context, argv []string, opts vm.RunOptions) (
 				fmt.Sscan(v, &port)
 			}
 		}
-		for _, c := range f.clusters {
+		for _, c := range f.Clusters {
 			if c.APIPort == port {
 				return vm.Result{}, fmt.Errorf("port %d is already allocated", port)
 			}
 		}
-		f.clusters[name] = NodeContainer{Cluster: name, Container: NodeName(name), State: "running", APIPort: port}
+		f.Clusters[name] = cluster.NodeContainer{Cluster: name, Container: cluster.NodeName(name), State: "running", APIPort: port}
 	case strings.HasPrefix(line, "kind delete cluster"):
-		delete(f.clusters, name)
+		delete(f.Clusters, name)
 	case strings.HasPrefix(line, "kind get kubeconfig"):
-		c, ok := f.clusters[name]
+		c, ok := f.Clusters[name]
 		if !ok {
 			return vm.Result{}, fmt.Errorf("could not locate any control plane nodes for cluster named %q", name)
 		}
-		return vm.Result{Stdout: []byte(fakeKubeconfig(name, c.APIPort))}, nil
+		return vm.Result{Stdout: []byte(Kubeconfig(name, c.APIPort))}, nil
 	case len(argv) > 3 && argv[0] == "docker" && argv[1] == "exec":
 		node := argv[2]
 		if node == "-i" {
@@ -85,7 +94,7 @@ func (f *fakeKind) Run(ctx context.Context, argv []string, opts vm.RunOptions) (
 			return vm.Result{}, fmt.Errorf("No such container: %s", node)
 		}
 		if argv[len(argv)-2] == "/dev/stdin" {
-			f.files[node+":"+argv[len(argv)-1]] = in
+			f.Files[node+":"+argv[len(argv)-1]] = in
 		}
 	default:
 		return vm.Result{}, fmt.Errorf("fake kind: unexpected command %q", line)
@@ -93,8 +102,8 @@ func (f *fakeKind) Run(ctx context.Context, argv []string, opts vm.RunOptions) (
 	return vm.Result{}, nil
 }
 
-func (f *fakeKind) nodeExists(node string) bool {
-	for _, c := range f.clusters {
+func (f *Kind) nodeExists(node string) bool {
+	for _, c := range f.Clusters {
 		if c.Container == node {
 			return true
 		}
@@ -102,18 +111,18 @@ func (f *fakeKind) nodeExists(node string) bool {
 	return false
 }
 
-func (f *fakeKind) ControlPlanes(ctx context.Context) ([]NodeContainer, error) {
+func (f *Kind) ControlPlanes(ctx context.Context) ([]cluster.NodeContainer, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []NodeContainer
-	for _, c := range f.clusters {
+	var out []cluster.NodeContainer
+	for _, c := range f.Clusters {
 		out = append(out, c)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Cluster < out[j].Cluster })
 	return out, nil
 }
 
-func (f *fakeKind) Calls() []string {
+func (f *Kind) Calls() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]string(nil), f.calls...)
@@ -128,7 +137,7 @@ func flagValue(argv []string, flag string) string {
 	return ""
 }
 
-func fakeKubeconfig(name string, port int) string {
+func Kubeconfig(name string, port int) string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
@@ -150,22 +159,25 @@ current-context: kind-%[1]s
 `, name, port)
 }
 
-// fakeKube records what klimax does to a cluster's API.
-type fakeKube struct {
+// API records what klimax does to a cluster's API.
+type API struct {
 	mu       sync.Mutex
-	server   string
-	log      []string
+	Server   string
+	Log      []string
 	corefile string
-	labels   map[string]string
-	lbIP     string
+	Labels   map[string]string
+	LBIP     string
 }
 
-type fakeKubes struct {
+type Kubes struct {
 	mu    sync.Mutex
-	byURL map[string]*fakeKube
+	ByURL map[string]*API
 }
 
-func (fk *fakeKubes) New(kc []byte) (Kube, error) {
+// NewKubes returns an empty set of fake clusters' APIs.
+func NewKubes() *Kubes { return &Kubes{ByURL: map[string]*API{}} }
+
+func (fk *Kubes) New(kc []byte) (cluster.Kube, error) {
 	fk.mu.Lock()
 	defer fk.mu.Unlock()
 	var server string
@@ -174,21 +186,21 @@ func (fk *fakeKubes) New(kc []byte) (Kube, error) {
 			server = v
 		}
 	}
-	if k, ok := fk.byURL[server]; ok {
+	if k, ok := fk.ByURL[server]; ok {
 		return k, nil
 	}
-	k := &fakeKube{server: server, corefile: ".:53 {\n    forward . /etc/resolv.conf\n}\n", labels: map[string]string{}}
-	fk.byURL[server] = k
+	k := &API{Server: server, corefile: ".:53 {\n    forward . /etc/resolv.conf\n}\n", Labels: map[string]string{}}
+	fk.ByURL[server] = k
 	return k, nil
 }
 
-func (k *fakeKube) record(s string) {
+func (k *API) record(s string) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	k.log = append(k.log, s)
+	k.Log = append(k.Log, s)
 }
 
-func (k *fakeKube) Apply(ctx context.Context, objs []*unstructured.Unstructured) error {
+func (k *API) Apply(ctx context.Context, objs []*unstructured.Unstructured) error {
 	for _, o := range objs {
 		k.record("apply " + o.GetKind() + " " + o.GetNamespace() + "/" + o.GetName())
 		if o.GetKind() == "IPAddressPool" {
@@ -198,58 +210,58 @@ func (k *fakeKube) Apply(ctx context.Context, objs []*unstructured.Unstructured)
 	}
 	return nil
 }
-func (k *fakeKube) Delete(ctx context.Context, objs []*unstructured.Unstructured) error {
+func (k *API) Delete(ctx context.Context, objs []*unstructured.Unstructured) error {
 	for _, o := range objs {
 		k.record("delete " + o.GetKind() + " " + o.GetName())
 	}
 	return nil
 }
-func (k *fakeKube) WaitDeployment(ctx context.Context, ns, name string) error {
+func (k *API) WaitDeployment(ctx context.Context, ns, name string) error {
 	k.record("wait " + ns + "/" + name)
 	return nil
 }
-func (k *fakeKube) Corefile(ctx context.Context) (string, error) {
+func (k *API) Corefile(ctx context.Context) (string, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.corefile, nil
 }
-func (k *fakeKube) SetCorefile(ctx context.Context, cf string) error {
+func (k *API) SetCorefile(ctx context.Context, cf string) error {
 	k.record("set corefile")
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.corefile = cf
 	return nil
 }
-func (k *fakeKube) NodeLabels(ctx context.Context) (map[string]string, error) {
+func (k *API) NodeLabels(ctx context.Context) (map[string]string, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	out := map[string]string{}
-	for a, b := range k.labels {
+	for a, b := range k.Labels {
 		out[a] = b
 	}
 	return out, nil
 }
-func (k *fakeKube) LabelNode(ctx context.Context, set map[string]string, remove []string) error {
+func (k *API) LabelNode(ctx context.Context, set map[string]string, remove []string) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for a, b := range set {
-		k.labels[a] = b
+		k.Labels[a] = b
 	}
 	for _, a := range remove {
-		delete(k.labels, a)
+		delete(k.Labels, a)
 	}
 	return nil
 }
-func (k *fakeKube) LoadBalancerIP(ctx context.Context, ns, name string) (string, error) {
-	if k.lbIP == "" {
+func (k *API) LoadBalancerIP(ctx context.Context, ns, name string) (string, error) {
+	if k.LBIP == "" {
 		return "", fmt.Errorf("no LB in fake")
 	}
-	return k.lbIP, nil
+	return k.LBIP, nil
 }
 
-// manifestServer serves small stand-ins for the MetalLB and metrics-server
+// ManifestServer serves small stand-ins for the MetalLB and metrics-server
 // manifests on 127.0.0.1 and counts downloads.
-func manifestServer() (*httptest.Server, *int) {
+func ManifestServer() (*httptest.Server, *int) {
 	n := new(int)
 	var mu sync.Mutex
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -268,27 +280,42 @@ func manifestServer() (*httptest.Server, *int) {
 	return srv, n
 }
 
-func TestE2ENginxFlow(t *testing.T) {
-	e := newEnv(t)
-	ctx := context.Background()
-	info, err := e.m.Create(ctx, CreateOptions{Name: "dev", Mirrors: []string{}})
-	if err != nil {
-		t.Fatal(err)
+// CorefileText returns the fake cluster's current Corefile.
+func (k *API) CorefileText() string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.corefile
+}
+
+// Env is a cluster.Manager wired to the fakes, with all files under a temp home.
+type Env struct {
+	M     *cluster.Manager
+	Kind  *Kind
+	Kubes *Kubes
+	Home  string
+	// Downloads counts manifest downloads from the local manifest server.
+	Downloads *int
+}
+
+// NewEnv builds an Env; the manifest server is closed when the test ends.
+func NewEnv(t testing.TB, cfg *config.Config) *Env {
+	t.Helper()
+	home := t.TempDir()
+	srv, dl := ManifestServer()
+	t.Cleanup(srv.Close)
+	fk := NewKind()
+	kubes := NewKubes()
+	m := &cluster.Manager{
+		Config:        cfg,
+		Runner:        fk,
+		Inventory:     fk,
+		APIHost:       func(context.Context) (string, error) { return "192.168.64.3", nil },
+		ListenAddress: "0.0.0.0",
+		NewKube:       kubes.New,
+		Manifests: &cluster.Manifests{Dir: filepath.Join(home, "cache"),
+			MetalLBURL: srv.URL + "/metallb/%s/metallb-native.yaml", MetricsServerURL: srv.URL + "/metrics-server/%s/components.yaml"},
+		KubeDir:    filepath.Join(home, ".kube", "klimax"),
+		KubeConfig: filepath.Join(home, ".kube", "config"),
 	}
-	k := e.kubes.byURL[info.Server]
-	k.lbIP = "172.30.1.16"
-	var got []string
-	ip, err := e.m.E2ENginx(ctx, "dev", true, func(ctx context.Context, url string) (int, string, error) {
-		got = append(got, url)
-		return 200, "<title>Welcome to nginx!</title>", nil
-	})
-	if err != nil || ip != "172.30.1.16" || len(got) != 1 || got[0] != "http://172.30.1.16/" {
-		t.Fatalf("ip %q err %v gets %v", ip, err, got)
-	}
-	tail := k.log[len(k.log)-7:]
-	want := []string{"apply Namespace /klimax-e2e", "apply Deployment klimax-e2e/nginx", "apply Service klimax-e2e/nginx",
-		"wait klimax-e2e/nginx", "delete Service nginx", "delete Deployment nginx", "delete Namespace klimax-e2e"}
-	if strings.Join(tail, "|") != strings.Join(want, "|") {
-		t.Errorf("api calls %q", tail)
-	}
+	return &Env{M: m, Kind: fk, Kubes: kubes, Home: home, Downloads: dl}
 }
