@@ -1,12 +1,18 @@
+// Command k3sm is a whole Kubernetes distribution in one binary.
 package main
 
 import (
-	_ "github.com/k3s-io/kine/pkg/endpoint"
-	_ "github.com/virtual-kubelet/virtual-kubelet/node"
-	_ "k8s.io/kubectl/pkg/cmd"
-	_ "k8s.io/kubernetes/cmd/kube-apiserver/app"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	"os"
+
+	"github.com/k3sm-dev/k3sm/internal/k3smcmd"
+	"github.com/k3sm-dev/k3sm/internal/roles"
 )
 
-func main() {}
+func main() {
+	if len(os.Args) > 1 {
+		if run, ok := roles.Lookup(os.Args[1]); ok {
+			os.Exit(run(os.Args[2:]))
+		}
+	}
+	os.Exit(k3smcmd.Execute(roles.Kubectl, nil))
+}

@@ -1,0 +1,250 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/pki"
+	"github.com/k3sm-dev/k3sm/internal/supervisor"
+)
+
+// Hidden roles of the k3sm binary that run the upstream components.
+const (
+	RoleKine              = "kine"
+	RoleAPIServer         = "kube-apiserver"
+	RoleScheduler         = "kube-scheduler"
+	RoleControllerManager = "kube-controller-manager"
+)
+
+// DisabledControllers are switched off because they assume a Linux kubelet
+// with attachable volumes underneath; see docs/k3sm.md for the full reasoning.
+var DisabledControllers = []string{"persistentvolume-attach-detach-controller"}
+
+// EnabledExtraControllers are off upstream by default but needed for node join.
+var EnabledExtraControllers = []string{"bootstrap-signer-controller", "token-cleaner-controller"}
+
+// KineSQLiteParams are the SQLite settings kine opens the datastore with: WAL
+// so readers never block the writer, NORMAL sync (durable across process
+// crashes, which is what kill -9 recovery needs), a long busy timeout.
+const KineSQLiteParams = "_journal_mode=WAL&_busy_timeout=30000&_synchronous=NORMAL&_txlock=immediate&_stmt_cache_size=20"
+
+// Plane holds the resolved inputs every component is built from.
+type Plane struct {
+	Cfg    *Config
+	Layout Layout
+	Certs  *Certs
+	// Serving certs of the scheduler and controller-manager health endpoints.
+	SchedulerServing, ControllerManagerServing pki.Leaf
+}
+
+// NewPlane prepares PKI and the serving certs of the loopback health endpoints.
+func NewPlane(cfg *Config) (*Plane, error) {
+	certs, err := EnsurePKI(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("PKI: %w", err)
+	}
+	p := &Plane{Cfg: cfg, Layout: Layout{cfg.DataDir}, Certs: certs}
+	local := pki.LeafSpec{DNSNames: []string{"localhost"}, IPs: []net.IP{net.ParseIP("127.0.0.1")}, Server: true}
+	local.CommonName = "kube-scheduler"
+	if p.SchedulerServing, err = certs.ServerCA.Ensure(p.Layout.TLSDir(), "serving-kube-scheduler", local); err != nil {
+		return nil, err
+	}
+	local.CommonName = "kube-controller-manager"
+	if p.ControllerManagerServing, err = certs.ServerCA.Ensure(p.Layout.TLSDir(), "serving-kube-controller-manager", local); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Components returns kine, apiserver, scheduler and controller-manager in start order.
+func (p *Plane) Kine() supervisor.Component      { return kine{p} }
+func (p *Plane) APIServer() supervisor.Component { return apiserver{p} }
+func (p *Plane) Scheduler() supervisor.Component { return scheduler{p} }
+func (p *Plane) ControllerManager() supervisor.Component {
+	return controllerManager{p}
+}
+
+type kine struct{ p *Plane }
+
+func (k kine) Name() string { return RoleKine }
+func (k kine) Command() supervisor.Command {
+	l := k.p.Layout
+	return supervisor.Command{
+		Path: k.p.Cfg.Executable,
+		Args: []string{RoleKine, "--listen-address=unix://" + l.KineSocketName(),
+			"--endpoint=sqlite://" + l.DBFile() + "?" + KineSQLiteParams},
+		Dir: l.ServerDir(),
+	}
+}
+func (k kine) Ready(ctx context.Context) error {
+	c, err := (&net.Dialer{}).DialContext(ctx, "unix", k.p.Layout.KineSocket())
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
+type apiserver struct{ p *Plane }
+
+func (a apiserver) Name() string { return RoleAPIServer }
+
+// Args is the kube-apiserver command line.
+func (a apiserver) Args() []string {
+	cfg, c := a.p.Cfg, a.p.Certs
+	issuer := "https://kubernetes.default.svc." + cfg.ClusterDomain
+	args := []string{
+		"--advertise-address=" + cfg.AdvertiseAddress,
+		"--bind-address=" + cfg.BindAddress,
+		fmt.Sprintf("--secure-port=%d", cfg.HTTPSPort),
+		"--etcd-servers=unix://" + a.p.Layout.KineSocketName(),
+		"--storage-backend=etcd3",
+		"--allow-privileged=true",
+		"--authorization-mode=Node,RBAC",
+		"--enable-admission-plugins=NodeRestriction",
+		"--enable-bootstrap-token-auth=true",
+		"--anonymous-auth=false",
+		"--profiling=false",
+		"--client-ca-file=" + c.ClientCA.CertPath,
+		"--tls-cert-file=" + c.Serving.CertPath,
+		"--tls-private-key-file=" + c.Serving.KeyPath,
+		"--kubelet-certificate-authority=" + c.ServerCA.CertPath,
+		"--kubelet-client-certificate=" + c.KubeletClient.CertPath,
+		"--kubelet-client-key=" + c.KubeletClient.KeyPath,
+		"--kubelet-preferred-address-types=InternalIP,Hostname,ExternalIP",
+		"--requestheader-client-ca-file=" + c.RequestHeaderCA.CertPath,
+		"--requestheader-allowed-names=" + AuthProxyUser,
+		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
+		"--requestheader-group-headers=X-Remote-Group",
+		"--requestheader-username-headers=X-Remote-User",
+		"--proxy-client-cert-file=" + c.AuthProxy.CertPath,
+		"--proxy-client-key-file=" + c.AuthProxy.KeyPath,
+		"--service-account-issuer=" + issuer,
+		"--api-audiences=" + issuer,
+		"--service-account-key-file=" + c.ServiceAccountKey,
+		"--service-account-signing-key-file=" + c.ServiceAccountKey,
+		"--service-cluster-ip-range=" + cfg.ServiceCIDR,
+	}
+	// The default endpoint reconciler refuses a loopback advertise address;
+	// on a single loopback-only machine nothing else needs to reach it.
+	if ip, err := netip.ParseAddr(cfg.AdvertiseAddress); err == nil && ip.IsLoopback() {
+		args = append(args, "--endpoint-reconciler-type=none")
+	}
+	return args
+}
+
+func (a apiserver) Command() supervisor.Command {
+	return supervisor.Command{Path: a.p.Cfg.Executable, Args: append([]string{RoleAPIServer}, a.Args()...), Dir: a.p.Layout.ServerDir()}
+}
+
+func (a apiserver) Ready(ctx context.Context) error {
+	return a.p.probe(ctx, a.p.Cfg.LocalAPIURL()+"/readyz", true)
+}
+
+type scheduler struct{ p *Plane }
+
+func (s scheduler) Name() string { return RoleScheduler }
+func (s scheduler) Command() supervisor.Command {
+	kc := s.p.Layout.Cred("scheduler")
+	return supervisor.Command{Path: s.p.Cfg.Executable, Dir: s.p.Layout.ServerDir(), Args: []string{
+		RoleScheduler,
+		"--kubeconfig=" + kc,
+		"--authentication-kubeconfig=" + kc,
+		"--authorization-kubeconfig=" + kc,
+		"--bind-address=127.0.0.1",
+		fmt.Sprintf("--secure-port=%d", s.p.Cfg.SchedulerPort),
+		"--tls-cert-file=" + s.p.SchedulerServing.CertPath,
+		"--tls-private-key-file=" + s.p.SchedulerServing.KeyPath,
+		"--leader-elect=false",
+		"--profiling=false",
+	}}
+}
+func (s scheduler) Ready(ctx context.Context) error {
+	return s.p.probe(ctx, fmt.Sprintf("https://127.0.0.1:%d/healthz", s.p.Cfg.SchedulerPort), false)
+}
+
+type controllerManager struct{ p *Plane }
+
+func (c controllerManager) Name() string { return RoleControllerManager }
+
+// Args is the kube-controller-manager command line.
+func (c controllerManager) Args() []string {
+	cfg, certs, l := c.p.Cfg, c.p.Certs, c.p.Layout
+	kc := l.Cred("controller-manager")
+	controllers := []string{"*"}
+	controllers = append(controllers, EnabledExtraControllers...)
+	for _, d := range DisabledControllers {
+		controllers = append(controllers, "-"+d)
+	}
+	return []string{
+		"--kubeconfig=" + kc,
+		"--authentication-kubeconfig=" + kc,
+		"--authorization-kubeconfig=" + kc,
+		"--bind-address=127.0.0.1",
+		fmt.Sprintf("--secure-port=%d", cfg.ControllerManagerPort),
+		"--tls-cert-file=" + c.p.ControllerManagerServing.CertPath,
+		"--tls-private-key-file=" + c.p.ControllerManagerServing.KeyPath,
+		"--leader-elect=false",
+		"--profiling=false",
+		"--controllers=" + strings.Join(controllers, ","),
+		"--use-service-account-credentials=true",
+		"--service-account-private-key-file=" + certs.ServiceAccountKey,
+		"--root-ca-file=" + certs.ServerCA.CertPath,
+		"--cluster-signing-kube-apiserver-client-cert-file=" + certs.ClientCA.CertPath,
+		"--cluster-signing-kube-apiserver-client-key-file=" + certs.ClientCA.KeyPath,
+		"--cluster-signing-kubelet-client-cert-file=" + certs.ClientCA.CertPath,
+		"--cluster-signing-kubelet-client-key-file=" + certs.ClientCA.KeyPath,
+		"--cluster-signing-kubelet-serving-cert-file=" + certs.ServerCA.CertPath,
+		"--cluster-signing-kubelet-serving-key-file=" + certs.ServerCA.KeyPath,
+		"--cluster-signing-legacy-unknown-cert-file=" + certs.ServerCA.CertPath,
+		"--cluster-signing-legacy-unknown-key-file=" + certs.ServerCA.KeyPath,
+		"--allocate-node-cidrs=true",
+		"--cluster-cidr=" + cfg.ClusterCIDR,
+		"--node-cidr-mask-size-ipv4=24",
+		"--service-cluster-ip-range=" + cfg.ServiceCIDR,
+		"--flex-volume-plugin-dir=" + l.FlexVolumeDir(),
+	}
+}
+
+func (c controllerManager) Command() supervisor.Command {
+	return supervisor.Command{Path: c.p.Cfg.Executable, Args: append([]string{RoleControllerManager}, c.Args()...), Dir: c.p.Layout.ServerDir()}
+}
+func (c controllerManager) Ready(ctx context.Context) error {
+	return c.p.probe(ctx, fmt.Sprintf("https://127.0.0.1:%d/healthz", c.p.Cfg.ControllerManagerPort), false)
+}
+
+// probe GETs url over TLS verified against the server CA, optionally as admin.
+func (p *Plane) probe(ctx context.Context, url string, asAdmin bool) error {
+	pool := x509.NewCertPool()
+	pool.AddCert(p.Certs.ServerCA.Cert)
+	tc := &tls.Config{RootCAs: pool}
+	if asAdmin {
+		pair, err := tls.LoadX509KeyPair(p.Certs.Admin.CertPath, p.Certs.Admin.KeyPath)
+		if err != nil {
+			return err
+		}
+		tc.Certificates = []tls.Certificate{pair}
+	}
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: tc, DisableKeepAlives: true}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
+	}
+	return nil
+}

@@ -1,0 +1,198 @@
+// Package controlplane owns the k3sm server's control plane: its
+// configuration and validation, the PKI and kubeconfig layout under the data
+// directory, one supervisor Component per upstream process (kine,
+// kube-apiserver, kube-scheduler, kube-controller-manager), and the
+// fail-closed bootstrap that verifies authorization before anything else runs.
+package controlplane
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Config is what `k3sm server` is asked to run.
+type Config struct {
+	DataDir          string
+	HTTPSPort        int
+	BindAddress      string
+	AdvertiseAddress string
+	ServiceCIDR      string
+	ClusterCIDR      string
+	ClusterDNS       string
+	ClusterDomain    string
+	TLSSANs          []string
+	NodeName         string
+
+	// Ports of the scheduler's and controller-manager's health endpoints (loopback only).
+	SchedulerPort         int
+	ControllerManagerPort int
+
+	// Executable is the binary that serves the hidden component roles (normally os.Executable()).
+	Executable string
+}
+
+// DefaultDataDir is /var/lib/k3sm for root and ~/.local/share/k3sm otherwise.
+func DefaultDataDir() string {
+	if d := os.Getenv("K3SM_DATA_DIR"); d != "" {
+		return d
+	}
+	if os.Geteuid() == 0 {
+		return "/var/lib/k3sm"
+	}
+	if x := os.Getenv("XDG_DATA_HOME"); x != "" {
+		return filepath.Join(x, "k3sm")
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "k3sm-data"
+	}
+	return filepath.Join(home, ".local", "share", "k3sm")
+}
+
+// Defaults returns the configuration an unconfigured server runs with.
+func Defaults() Config {
+	host, _ := os.Hostname()
+	return Config{
+		DataDir:               DefaultDataDir(),
+		HTTPSPort:             6443,
+		BindAddress:           "0.0.0.0",
+		ServiceCIDR:           "10.43.0.0/16",
+		ClusterCIDR:           "100.64.0.0/10",
+		ClusterDNS:            "10.43.0.10",
+		ClusterDomain:         "cluster.local",
+		NodeName:              strings.ToLower(host),
+		SchedulerPort:         10259,
+		ControllerManagerPort: 10257,
+	}
+}
+
+// FieldError names the flag at fault and what to do about it.
+type FieldError struct {
+	Flag, Value, Problem, Fix string
+}
+
+func (e *FieldError) Error() string {
+	msg := fmt.Sprintf("--%s %q: %s", e.Flag, e.Value, e.Problem)
+	if e.Fix != "" {
+		msg += "; " + e.Fix
+	}
+	return msg
+}
+
+// Validate checks everything that can be checked without side effects and
+// fills derived fields (the advertise address when unset).
+func (c *Config) Validate() error {
+	var errs []error
+	add := func(flag, value, problem, fix string) {
+		errs = append(errs, &FieldError{Flag: flag, Value: value, Problem: problem, Fix: fix})
+	}
+	if c.DataDir == "" {
+		add("data-dir", "", "must not be empty", "pass a directory k3sm may own")
+	} else if abs, err := filepath.Abs(c.DataDir); err == nil {
+		c.DataDir = abs
+	}
+	for _, p := range []struct {
+		flag string
+		v    int
+	}{{"https-listen-port", c.HTTPSPort}, {"scheduler-port", c.SchedulerPort}, {"controller-manager-port", c.ControllerManagerPort}} {
+		if p.v < 1 || p.v > 65535 {
+			add(p.flag, fmt.Sprint(p.v), "not a TCP port", "use a number from 1 to 65535")
+		}
+	}
+	bind, err := netip.ParseAddr(c.BindAddress)
+	if err != nil {
+		add("bind-address", c.BindAddress, "not an IP address", "use e.g. 0.0.0.0 or 127.0.0.1")
+	}
+	if c.AdvertiseAddress == "" {
+		c.AdvertiseAddress = defaultAdvertise(bind)
+	} else if _, err := netip.ParseAddr(c.AdvertiseAddress); err != nil {
+		add("advertise-address", c.AdvertiseAddress, "not an IP address", "use the address other machines reach this server on")
+	}
+	svc, svcErr := netip.ParsePrefix(c.ServiceCIDR)
+	if svcErr != nil {
+		add("service-cidr", c.ServiceCIDR, "not a CIDR", "use e.g. 10.43.0.0/16")
+	} else if svc.Masked() != svc {
+		add("service-cidr", c.ServiceCIDR, "has host bits set", "use "+svc.Masked().String())
+	} else if svc.Addr().Is4() && svc.Bits() < 12 {
+		add("service-cidr", c.ServiceCIDR, "is larger than the apiserver allows (/12)", "use a /12 or smaller range")
+	}
+	pods, podErr := netip.ParsePrefix(c.ClusterCIDR)
+	if podErr != nil {
+		add("cluster-cidr", c.ClusterCIDR, "not a CIDR", "use e.g. 100.64.0.0/10")
+	} else if pods.Masked() != pods {
+		add("cluster-cidr", c.ClusterCIDR, "has host bits set", "use "+pods.Masked().String())
+	} else if pods.Addr().Is4() && pods.Bits() > 24 {
+		add("cluster-cidr", c.ClusterCIDR, "is smaller than one node's /24", "use a /24 or larger range")
+	}
+	if svcErr == nil && podErr == nil && svc.Overlaps(pods) {
+		add("service-cidr", c.ServiceCIDR, "overlaps --cluster-cidr "+c.ClusterCIDR, "choose ranges that do not overlap")
+	}
+	if dns, err := netip.ParseAddr(c.ClusterDNS); err != nil {
+		add("cluster-dns", c.ClusterDNS, "not an IP address", "use an address inside --service-cidr, e.g. 10.43.0.10")
+	} else if svcErr == nil {
+		if !svc.Contains(dns) {
+			add("cluster-dns", c.ClusterDNS, "is outside --service-cidr "+c.ServiceCIDR, "use an address inside it")
+		} else if api, _ := APIServiceIP(c.ServiceCIDR); dns == api {
+			add("cluster-dns", c.ClusterDNS, "is the kubernetes API Service address", "use another address in --service-cidr")
+		}
+	}
+	for _, san := range c.TLSSANs {
+		if san == "" || strings.ContainsAny(san, " /,") {
+			add("tls-san", san, "not a host name or IP address", "pass one name or address per --tls-san")
+		}
+	}
+	if c.NodeName == "" || len(c.NodeName) > 253 || strings.Trim(strings.ToLower(c.NodeName), "abcdefghijklmnopqrstuvwxyz0123456789.-") != "" {
+		add("node-name", c.NodeName, "not a valid Kubernetes node name", "use lower-case letters, digits, '-' and '.'")
+	}
+	return errors.Join(errs...)
+}
+
+// defaultAdvertise picks the address the apiserver advertises: the bind
+// address when it is specific, else the host's first non-loopback IPv4, else
+// loopback (single-machine use).
+func defaultAdvertise(bind netip.Addr) string {
+	if bind.IsValid() && !bind.IsUnspecified() {
+		return bind.String()
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err == nil {
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok {
+				if ip, ok := netip.AddrFromSlice(ipn.IP); ok {
+					ip = ip.Unmap()
+					if ip.Is4() && !ip.IsLoopback() && !ip.IsLinkLocalUnicast() {
+						return ip.String()
+					}
+				}
+			}
+		}
+	}
+	return "127.0.0.1"
+}
+
+// APIServiceIP is the first address of the service range: the `kubernetes` Service.
+func APIServiceIP(serviceCIDR string) (netip.Addr, error) {
+	p, err := netip.ParsePrefix(serviceCIDR)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	return p.Masked().Addr().Next(), nil
+}
+
+// LocalAPIHost is the address local clients (kubeconfigs, health checks) use.
+func (c *Config) LocalAPIHost() string {
+	if a, err := netip.ParseAddr(c.BindAddress); err == nil && !a.IsUnspecified() {
+		return a.String()
+	}
+	return "127.0.0.1"
+}
+
+// LocalAPIURL is the apiserver URL for clients on this machine.
+func (c *Config) LocalAPIURL() string {
+	return "https://" + net.JoinHostPort(c.LocalAPIHost(), fmt.Sprint(c.HTTPSPort))
+}

@@ -1,0 +1,80 @@
+package controlplane
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+)
+
+// Preflight checks what needs the system (directories, ports, the data-dir
+// lock) and returns a release function for the lock. Errors name the flag.
+func Preflight(cfg *Config) (release func(), err error) {
+	if err := ensureWritableDir(cfg.DataDir); err != nil {
+		return nil, &FieldError{Flag: "data-dir", Value: cfg.DataDir, Problem: "not writable: " + err.Error(),
+			Fix: "run as root for /var/lib/k3sm or pass --data-dir under your home"}
+	}
+	l := Layout{cfg.DataDir}
+	release, err = lockDataDir(l.LockFile())
+	if err != nil {
+		return nil, &FieldError{Flag: "data-dir", Value: cfg.DataDir, Problem: err.Error(),
+			Fix: "stop that server first, or pass another --data-dir"}
+	}
+	for _, d := range []string{l.ServerDir(), l.DBDir(), l.TLSDir(), l.CredDir(), l.LogDir(), l.RunDir(), l.FlexVolumeDir()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			release()
+			return nil, err
+		}
+		// MkdirAll keeps the mode of directories that exist; tighten them.
+		if err := os.Chmod(d, 0o700); err != nil {
+			release()
+			return nil, err
+		}
+	}
+	if sock := l.KineSocket(); len(sock) > 100 {
+		release()
+		return nil, &FieldError{Flag: "data-dir", Value: cfg.DataDir, Problem: "too long for unix socket paths (" + strconv.Itoa(len(sock)) + " bytes)", Fix: "use a shorter path"}
+	}
+	ports := []struct {
+		flag string
+		host string
+		port int
+	}{
+		{"https-listen-port", cfg.BindAddress, cfg.HTTPSPort},
+		{"scheduler-port", "127.0.0.1", cfg.SchedulerPort},
+		{"controller-manager-port", "127.0.0.1", cfg.ControllerManagerPort},
+	}
+	for _, p := range ports {
+		addr := net.JoinHostPort(p.host, strconv.Itoa(p.port))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			release()
+			return nil, &FieldError{Flag: p.flag, Value: strconv.Itoa(p.port), Problem: fmt.Sprintf("cannot listen on %s: %v", addr, unwrapOpError(err)),
+				Fix: "stop what uses it or choose another port with --" + p.flag}
+		}
+		ln.Close()
+	}
+	return release, nil
+}
+
+func ensureWritableDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return unwrapOpError(err)
+	}
+	f, err := os.CreateTemp(dir, ".write-test-*")
+	if err != nil {
+		return unwrapOpError(err)
+	}
+	f.Close()
+	return os.Remove(f.Name())
+}
+
+func unwrapOpError(err error) error {
+	switch e := err.(type) {
+	case *net.OpError:
+		return e.Err
+	case *os.PathError:
+		return e.Err
+	}
+	return err
+}

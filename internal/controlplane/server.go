@@ -1,0 +1,115 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/supervisor"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// Timeouts of the bring-up phases.
+const (
+	apiserverReadyTimeout = 3 * time.Minute
+	bootstrapTimeout      = time.Minute
+	componentReadyTimeout = 2 * time.Minute
+)
+
+// Addon is started after the control plane is verified, under the same
+// supervisor (the node, the runtime daemon, later netd).
+type Addon func(ctx context.Context, p *Plane, s *supervisor.Supervisor) error
+
+// Server is a running control plane.
+type Server struct {
+	Plane      *Plane
+	Supervisor *supervisor.Supervisor
+	Started    time.Time
+}
+
+// Run brings up kine, the apiserver (waiting for /readyz), verifies
+// authorization fail-closed, then starts scheduler and controller-manager and
+// any addons. It blocks until ctx ends, then stops every child.
+func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) error {
+	start := time.Now()
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	release, err := Preflight(&cfg)
+	if err != nil {
+		return err
+	}
+	defer release()
+	p, err := NewPlane(&cfg)
+	if err != nil {
+		return err
+	}
+	sup, err := supervisor.New(p.Layout.LogDir(), log)
+	if err != nil {
+		return err
+	}
+	defer sup.StopAll()
+
+	if err := startAndWait(ctx, sup, p.Kine(), componentReadyTimeout); err != nil {
+		return err
+	}
+	if err := startAndWait(ctx, sup, p.APIServer(), apiserverReadyTimeout); err != nil {
+		return err
+	}
+	log.Info("apiserver ready", "after", time.Since(start).Round(time.Millisecond).String())
+
+	rc, err := clientcmd.BuildConfigFromFlags("", p.Layout.Cred("admin"))
+	if err != nil {
+		return err
+	}
+	rc.UserAgent = "k3sm-supervisor"
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	bctx, cancel := context.WithTimeout(ctx, bootstrapTimeout)
+	err = BootstrapAuthorization(bctx, client)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("%w (see %s)", err, sup.LogDir+"/kube-apiserver.log")
+	}
+
+	sched, err := sup.Start(ctx, p.Scheduler())
+	if err != nil {
+		return err
+	}
+	cm, err := sup.Start(ctx, p.ControllerManager())
+	if err != nil {
+		return err
+	}
+	for _, ch := range []*supervisor.Child{sched, cm} {
+		wctx, cancel := context.WithTimeout(ctx, componentReadyTimeout)
+		err := ch.WaitReady(wctx)
+		cancel()
+		if err != nil {
+			return err
+		}
+	}
+	for _, addon := range addons {
+		if err := addon(ctx, p, sup); err != nil {
+			return err
+		}
+	}
+	log.Info(fmt.Sprintf("k3sm is up in %s: API %s, kubeconfig %s, data %s, logs %s",
+		time.Since(start).Round(time.Millisecond), cfg.LocalAPIURL(), p.Layout.AdminKubeconfig(), cfg.DataDir, p.Layout.LogDir()))
+	<-ctx.Done()
+	log.Info("stopping", "reason", context.Cause(ctx).Error())
+	return nil
+}
+
+func startAndWait(ctx context.Context, sup *supervisor.Supervisor, c supervisor.Component, timeout time.Duration) error {
+	ch, err := sup.Start(ctx, c)
+	if err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return ch.WaitReady(wctx)
+}

@@ -1,0 +1,166 @@
+// Package k3smcmd owns the user-facing command line of the k3sm binary:
+// `server`, `kubeconfig`, `kubectl` and `version`. Hidden component roles are
+// dispatched before this, by cmd/k3sm.
+package k3smcmd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/k3sm-dev/k3sm/internal/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/kubeconfig"
+	"github.com/k3sm-dev/k3sm/internal/version"
+	"github.com/spf13/cobra"
+)
+
+// Kubectl runs the embedded kubectl; cmd/k3sm wires it to internal/roles so
+// that this package stays free of the control plane's imports.
+type Kubectl func(args []string, defaultKubeconfig string) int
+
+// Addons returns what `k3sm server` starts after the control plane is verified.
+type Addons func(cfg *controlplane.Config) []controlplane.Addon
+
+// New returns the root command.
+func New(kubectl Kubectl, addons Addons) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "k3sm",
+		Short:         "A whole Kubernetes distribution in one binary; pods run as native host processes",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newServer(addons), newKubeconfig(), newKubectl(kubectl), newVersion())
+	return root
+}
+
+// Execute runs the root command and returns the process exit code.
+func Execute(kubectl Kubectl, addons Addons) int {
+	if err := New(kubectl, addons).Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "k3sm:", err)
+		return 1
+	}
+	return 0
+}
+
+func newServer(addons Addons) *cobra.Command {
+	cfg := controlplane.Defaults()
+	cmd := &cobra.Command{
+		Use:   "server",
+		Short: "Run the control plane and this machine's node",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			cfg.Executable = exe
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			if err := os.MkdirAll(filepath.Join(cfg.DataDir, "logs"), 0o700); err != nil {
+				return &controlplane.FieldError{Flag: "data-dir", Value: cfg.DataDir, Problem: "not writable: " + err.Error(),
+					Fix: "run as root for /var/lib/k3sm or pass --data-dir under your home"}
+			}
+			logf, err := os.OpenFile(filepath.Join(cfg.DataDir, "logs", "k3sm.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+			if err != nil {
+				return err
+			}
+			defer logf.Close()
+			log := slog.New(slog.NewTextHandler(io.MultiWriter(os.Stderr, logf), nil))
+			var extra []controlplane.Addon
+			if addons != nil {
+				extra = addons(&cfg)
+			}
+			return controlplane.Run(ctx, cfg, log, extra...)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the datastore, certificates, logs and pods")
+	f.IntVar(&cfg.HTTPSPort, "https-listen-port", cfg.HTTPSPort, "apiserver port")
+	f.StringVar(&cfg.BindAddress, "bind-address", cfg.BindAddress, "address the apiserver listens on")
+	f.StringVar(&cfg.AdvertiseAddress, "advertise-address", "", "address advertised for the apiserver (default: the bind address, or the host's first IPv4)")
+	f.StringVar(&cfg.ServiceCIDR, "service-cidr", cfg.ServiceCIDR, "IPv4 range for Service cluster IPs")
+	f.StringVar(&cfg.ClusterCIDR, "cluster-cidr", cfg.ClusterCIDR, "IPv4 range for Pod IPs; each node gets a /24")
+	f.StringVar(&cfg.ClusterDNS, "cluster-dns", cfg.ClusterDNS, "cluster DNS Service address (inside --service-cidr)")
+	f.StringVar(&cfg.ClusterDomain, "cluster-domain", cfg.ClusterDomain, "cluster DNS domain")
+	f.StringSliceVar(&cfg.TLSSANs, "tls-san", nil, "extra host name or IP for the apiserver certificate (repeatable)")
+	f.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "this machine's node name")
+	f.IntVar(&cfg.SchedulerPort, "scheduler-port", cfg.SchedulerPort, "loopback port of the scheduler's health endpoint")
+	f.IntVar(&cfg.ControllerManagerPort, "controller-manager-port", cfg.ControllerManagerPort, "loopback port of the controller-manager's health endpoint")
+	_ = f.MarkHidden("scheduler-port")
+	_ = f.MarkHidden("controller-manager-port")
+	return cmd
+}
+
+func newKubeconfig() *cobra.Command {
+	var dataDir, output string
+	var merge, setCurrent bool
+	cmd := &cobra.Command{
+		Use:   "kubeconfig",
+		Short: "Print the admin kubeconfig, or merge it into ~/.kube/config",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			path := controlplane.Layout{Root: dataDir}.AdminKubeconfig()
+			data, err := os.ReadFile(path)
+			if errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("no admin kubeconfig at %s: start `k3sm server` first (or pass --data-dir)", path)
+			} else if err != nil {
+				return err
+			}
+			if !merge {
+				_, err := cmd.OutOrStdout().Write(data)
+				return err
+			}
+			if output == "" {
+				home, err := os.UserHomeDir()
+				if err != nil {
+					return err
+				}
+				output = filepath.Join(home, ".kube", "config")
+			}
+			backup, err := kubeconfig.Merge(output, data, kubeconfig.MergeOptions{SetCurrentContext: setCurrent})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "merged context %q into %s", "k3sm", output)
+			if backup != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), " (backup %s)", backup)
+			}
+			fmt.Fprintln(cmd.OutOrStdout())
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dataDir, "data-dir", controlplane.DefaultDataDir(), "the server's data directory")
+	cmd.Flags().BoolVar(&merge, "merge", false, "merge into a kubeconfig file instead of printing")
+	cmd.Flags().StringVar(&output, "kubeconfig", "", "file to merge into (default ~/.kube/config)")
+	cmd.Flags().BoolVar(&setCurrent, "set-current", true, "with --merge: make the k3sm context current")
+	return cmd
+}
+
+func newKubectl(run Kubectl) *cobra.Command {
+	return &cobra.Command{
+		Use:                "kubectl",
+		Short:              "Run the embedded kubectl (uses the admin kubeconfig unless told otherwise)",
+		DisableFlagParsing: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			os.Exit(run(args, controlplane.Layout{Root: controlplane.DefaultDataDir()}.AdminKubeconfig()))
+			return nil
+		},
+	}
+}
+
+func newVersion() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print versions",
+		Args:  cobra.NoArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			fmt.Fprintf(cmd.OutOrStdout(), "k3sm %s (%s)\nKubernetes %s\n", version.Version, version.GitCommit, version.Kubernetes)
+		},
+	}
+}

@@ -1,0 +1,346 @@
+// Package supervisor owns the lifecycle of the server's child processes: it
+// starts each Component, waits for it to become ready, restarts it with capped
+// backoff when it dies, sends its output to its own log file, and stops every
+// child (in reverse start order) so that none is left behind.
+//
+// How a component runs is decided here, in one place: every component is a
+// child process. Children learn that their supervisor died through a pipe (see
+// WatchParent), which works on every OS, so a kill -9 of the supervisor leaves
+// no orphan holding ports or the datastore.
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Component is one supervised piece of the server.
+type Component interface {
+	// Name is the component's short name; it names its log file.
+	Name() string
+	// Command returns the child's command line. Dir and Env may be empty.
+	Command() Command
+	// Ready returns nil once the running child serves; it is called
+	// repeatedly until it succeeds or ctx ends.
+	Ready(ctx context.Context) error
+}
+
+// Command is how a child is started.
+type Command struct {
+	Path string
+	Args []string
+	Env  []string // appended to the supervisor's environment
+	Dir  string
+}
+
+// Backoff bounds the delay between restarts of a crashing child.
+type Backoff struct {
+	Initial, Max time.Duration
+	// Reset is how long a child must run before its delay returns to Initial.
+	Reset time.Duration
+}
+
+// DefaultBackoff restarts quickly first (a killed apiserver should come back
+// within a second) and caps the delay so a broken child does not spin.
+var DefaultBackoff = Backoff{Initial: 250 * time.Millisecond, Max: 30 * time.Second, Reset: time.Minute}
+
+// ParentFDEnv tells a child which inherited descriptor is its parent-death pipe.
+const ParentFDEnv = "K3SM_PARENT_FD"
+
+// Supervisor runs children.
+type Supervisor struct {
+	LogDir      string
+	Log         *slog.Logger
+	Backoff     Backoff
+	StopTimeout time.Duration
+
+	mu       sync.Mutex
+	children []*Child
+	pipeR    *os.File
+	pipeW    *os.File
+}
+
+// New returns a supervisor writing child logs under logDir.
+func New(logDir string, log *slog.Logger) (*Supervisor, error) {
+	if err := os.MkdirAll(logDir, 0o700); err != nil {
+		return nil, err
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	return &Supervisor{LogDir: logDir, Log: log, Backoff: DefaultBackoff, StopTimeout: 15 * time.Second, pipeR: r, pipeW: w}, nil
+}
+
+// Child is a running, supervised component.
+type Child struct {
+	c     Component
+	s     *Supervisor
+	ready chan struct{}
+
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	stopping bool
+	restarts int
+	done     chan struct{} // closed when the supervise loop ends
+	stopCh   chan struct{} // closed by Stop
+	exited   chan struct{} // replaced on every start; closed when that process exits
+}
+
+// Start launches c and keeps it running until Stop. It returns once the first
+// process has been started; use WaitReady to wait for health.
+func (s *Supervisor) Start(ctx context.Context, c Component) (*Child, error) {
+	ch := &Child{c: c, s: s, ready: make(chan struct{}), done: make(chan struct{}), stopCh: make(chan struct{})}
+	if err := ch.spawn(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.children = append(s.children, ch)
+	s.mu.Unlock()
+	go ch.supervise()
+	go ch.probeReady(ctx)
+	return ch, nil
+}
+
+// Name returns the component name.
+func (ch *Child) Name() string { return ch.c.Name() }
+
+// Pid returns the current process id, or 0.
+func (ch *Child) Pid() int {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	if ch.cmd == nil || ch.cmd.Process == nil {
+		return 0
+	}
+	return ch.cmd.Process.Pid
+}
+
+// Restarts returns how often the child was restarted after dying.
+func (ch *Child) Restarts() int {
+	ch.mu.Lock()
+	defer ch.mu.Unlock()
+	return ch.restarts
+}
+
+// LogPath is the file the child's output goes to.
+func (ch *Child) LogPath() string { return filepath.Join(ch.s.LogDir, ch.c.Name()+".log") }
+
+// WaitReady blocks until the component first reports ready, or returns an
+// error that includes the tail of its log when ctx ends first.
+func (ch *Child) WaitReady(ctx context.Context) error {
+	select {
+	case <-ch.ready:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%s did not become ready: %w; last lines of %s:\n%s", ch.c.Name(), context.Cause(ctx), ch.LogPath(), Tail(ch.LogPath(), 15))
+	}
+}
+
+func (ch *Child) probeReady(ctx context.Context) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if err := ch.c.Ready(ctx); err == nil {
+			close(ch.ready)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch.done:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (ch *Child) spawn() error {
+	spec := ch.c.Command()
+	logf, err := os.OpenFile(ch.LogPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("%s: open log: %w", ch.c.Name(), err)
+	}
+	cmd := exec.Command(spec.Path, spec.Args...)
+	cmd.Dir = spec.Dir
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(append(os.Environ(), spec.Env...), ParentFDEnv+"=3")
+	cmd.ExtraFiles = []*os.File{ch.s.pipeR}
+	// Own process group: a terminal's Ctrl-C reaches only the supervisor,
+	// which then stops the children in order.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("%s: start: %w", ch.c.Name(), err)
+	}
+	logf.Close()
+	ch.mu.Lock()
+	ch.cmd, ch.exited = cmd, make(chan struct{})
+	stopping := ch.stopping
+	ch.mu.Unlock()
+	if stopping {
+		// Stop ran while this process was being started: it must not survive.
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
+	return nil
+}
+
+// sleep waits d or until Stop; it reports whether the child is stopping.
+func (ch *Child) sleep(d time.Duration) bool {
+	select {
+	case <-ch.stopCh:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+func (ch *Child) supervise() {
+	defer close(ch.done)
+	delay := ch.s.Backoff.Initial
+	for {
+		ch.mu.Lock()
+		cmd, exited := ch.cmd, ch.exited
+		ch.mu.Unlock()
+		started := time.Now()
+		err := cmd.Wait()
+		close(exited)
+		ch.mu.Lock()
+		stopping := ch.stopping
+		ch.mu.Unlock()
+		if stopping {
+			return
+		}
+		ran := time.Since(started)
+		if ran > ch.s.Backoff.Reset {
+			delay = ch.s.Backoff.Initial
+		}
+		ch.s.Log.Warn("component exited; restarting", "component", ch.c.Name(), "pid", cmd.Process.Pid,
+			"status", exitReason(err), "ran", ran.Round(time.Millisecond).String(), "restartIn", delay.String(), "log", ch.LogPath())
+		if ch.sleep(delay) {
+			return
+		}
+		delay = min(delay*2, ch.s.Backoff.Max)
+		for {
+			err := ch.spawn()
+			if err == nil {
+				break
+			}
+			ch.s.Log.Error("restart failed", "component", ch.c.Name(), "err", err, "retryIn", delay.String())
+			if ch.sleep(delay) {
+				return
+			}
+			delay = min(delay*2, ch.s.Backoff.Max)
+		}
+		ch.mu.Lock()
+		ch.restarts++
+		ch.mu.Unlock()
+	}
+}
+
+// Stop terminates the child: SIGTERM to its process group, then SIGKILL after
+// timeout. It returns when the process is gone.
+func (ch *Child) Stop(timeout time.Duration) {
+	ch.mu.Lock()
+	if ch.stopping {
+		ch.mu.Unlock()
+		<-ch.done
+		return
+	}
+	ch.stopping = true
+	close(ch.stopCh)
+	cmd, exited := ch.cmd, ch.exited
+	ch.mu.Unlock()
+	pgid := cmd.Process.Pid
+	_ = syscall.Kill(-pgid, syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(timeout):
+		ch.s.Log.Warn("component did not stop in time; killing", "component", ch.c.Name(), "timeout", timeout.String())
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		<-exited
+	}
+	// Anything the child left in its group goes too.
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	<-ch.done
+}
+
+// StopAll stops every child in reverse start order.
+func (s *Supervisor) StopAll() {
+	s.mu.Lock()
+	children := append([]*Child(nil), s.children...)
+	s.children = nil
+	s.mu.Unlock()
+	for i := len(children) - 1; i >= 0; i-- {
+		children[i].Stop(s.StopTimeout)
+		s.Log.Info("stopped", "component", children[i].Name())
+	}
+}
+
+func exitReason(err error) string {
+	if err == nil {
+		return "exit status 0"
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return "killed by signal " + ws.Signal().String()
+		}
+	}
+	return err.Error()
+}
+
+// Tail returns up to n last lines of the file at path.
+func Tail(path string, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return "(no log: " + err.Error() + ")"
+	}
+	defer f.Close()
+	const window = 16 << 10
+	if st, err := f.Stat(); err == nil && st.Size() > window {
+		_, _ = f.Seek(st.Size()-window, io.SeekStart)
+	}
+	data, _ := io.ReadAll(f)
+	lines := 0
+	for i := len(data) - 1; i >= 0; i-- {
+		if data[i] == '\n' && i != len(data)-1 {
+			lines++
+			if lines == n {
+				return string(data[i+1:])
+			}
+		}
+	}
+	return string(data)
+}
+
+// WatchParent is called by a child role at start: when the supervisor dies
+// (its end of the pipe closes) the child runs onParentGone, which should exit.
+// It returns false when the process was not started by a supervisor.
+func WatchParent(onParentGone func()) bool {
+	if os.Getenv(ParentFDEnv) != "3" {
+		return false
+	}
+	os.Unsetenv(ParentFDEnv)
+	// The descriptor must not leak into processes this child starts.
+	syscall.CloseOnExec(3)
+	f := os.NewFile(3, "parent-pipe")
+	go func() {
+		var b [1]byte
+		for {
+			if _, err := f.Read(b[:]); err != nil {
+				onParentGone()
+				return
+			}
+		}
+	}()
+	return true
+}

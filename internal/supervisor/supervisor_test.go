@@ -1,0 +1,204 @@
+package supervisor
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The test binary doubles as the child: with K3SM_TEST_CHILD set it listens
+// on the given unix socket and waits, as a component would.
+func TestMain(m *testing.M) {
+	switch os.Getenv("K3SM_TEST_CHILD") {
+	case "serve":
+		WatchParent(func() { os.Exit(3) })
+		l, err := net.Listen("unix", os.Getenv("K3SM_TEST_SOCK"))
+		if err != nil {
+			os.Exit(2)
+		}
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				c.Close()
+			}
+		}()
+		select {}
+	case "supervisor":
+		// A supervisor in its own process, so the test can kill -9 it.
+		s, err := New(os.Getenv("K3SM_TEST_LOGDIR"), slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err != nil {
+			os.Exit(2)
+		}
+		ch, err := s.Start(context.Background(), testChild(os.Getenv("K3SM_TEST_SOCK")))
+		if err != nil {
+			os.Exit(2)
+		}
+		os.WriteFile(os.Getenv("K3SM_TEST_PIDFILE"), []byte(strconv.Itoa(ch.Pid())), 0o600)
+		select {}
+	}
+	os.Exit(m.Run())
+}
+
+type child struct{ sock string }
+
+func testChild(sock string) child { return child{sock} }
+
+func (c child) Name() string { return "child" }
+func (c child) Command() Command {
+	return Command{Path: os.Args[0], Env: []string{"K3SM_TEST_CHILD=serve", "K3SM_TEST_SOCK=" + c.sock}}
+}
+func (c child) Ready(ctx context.Context) error {
+	conn, err := (&net.Dialer{}).DialContext(ctx, "unix", c.sock)
+	if err == nil {
+		conn.Close()
+	}
+	return err
+}
+
+func newTestSupervisor(t *testing.T) *Supervisor {
+	s, err := New(t.TempDir(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Backoff = Backoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond, Reset: time.Minute}
+	s.StopTimeout = 2 * time.Second
+	return s
+}
+
+func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
+
+func waitGone(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		// A zombie still answers kill(0); reap check via /proc where present.
+		if !alive(pid) {
+			return
+		}
+		if st, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat")); err == nil && strings.Contains(string(st), ") Z ") {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("process %d still alive", pid)
+}
+
+func TestRestartAfterKillAndStop(t *testing.T) {
+	s := newTestSupervisor(t)
+	sock := filepath.Join(t.TempDir(), "c.sock")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ch, err := s.Start(ctx, testChild(sock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := ch.Pid()
+	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for ch.Restarts() == 0 || ch.Pid() == first {
+		if time.Now().After(deadline) {
+			t.Fatal("child was not restarted")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	second := ch.Pid()
+	s.StopAll()
+	waitGone(t, second)
+	if ch.Restarts() != 1 {
+		t.Fatalf("restarts = %d, want 1", ch.Restarts())
+	}
+}
+
+func TestStopIsIdempotentAndInterruptsBackoff(t *testing.T) {
+	s := newTestSupervisor(t)
+	s.Backoff = Backoff{Initial: time.Hour, Max: time.Hour, Reset: time.Hour}
+	ch, err := s.Start(context.Background(), testChild(filepath.Join(t.TempDir(), "c.sock")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := ch.Pid()
+	syscall.Kill(pid, syscall.SIGKILL)
+	waitGone(t, pid)
+	time.Sleep(50 * time.Millisecond) // now sleeping an hour before restart
+	done := make(chan struct{})
+	go func() { ch.Stop(time.Second); ch.Stop(time.Second); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Stop waited for the restart backoff")
+	}
+}
+
+func TestWaitReadyReportsLogTail(t *testing.T) {
+	s := newTestSupervisor(t)
+	ch, err := s.Start(context.Background(), never{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.StopAll()
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	err = ch.WaitReady(ctx)
+	if err == nil || !strings.Contains(err.Error(), "boom-marker") {
+		t.Fatalf("want error with log tail, got %v", err)
+	}
+}
+
+type never struct{}
+
+func (never) Name() string { return "never" }
+func (never) Command() Command {
+	return Command{Path: "/bin/sh", Args: []string{"-c", "echo boom-marker; sleep 30"}}
+}
+func (never) Ready(context.Context) error { return context.DeadlineExceeded }
+
+// A kill -9 of the supervisor must not leave its children running.
+func TestChildrenDieWithSupervisor(t *testing.T) {
+	dir := t.TempDir()
+	pidfile := filepath.Join(dir, "pid")
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "K3SM_TEST_CHILD=supervisor", "K3SM_TEST_LOGDIR="+dir,
+		"K3SM_TEST_SOCK="+filepath.Join(dir, "c.sock"), "K3SM_TEST_PIDFILE="+pidfile)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var childPid int
+	deadline := time.Now().Add(10 * time.Second)
+	for childPid == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("supervisor did not start its child")
+		}
+		if b, err := os.ReadFile(pidfile); err == nil && len(b) > 0 {
+			childPid, _ = strconv.Atoi(string(b))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	waitGone(t, childPid)
+}
+
+func TestTail(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "log")
+	os.WriteFile(p, []byte("a\nb\nc\nd\n"), 0o600)
+	if got := Tail(p, 2); got != "c\nd\n" {
+		t.Fatalf("Tail = %q", got)
+	}
+}
