@@ -1,0 +1,206 @@
+// Package e2e starts the real k3sm binary on temporary data directories,
+// with every port on 127.0.0.1, and checks it through client-go and kubectl.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+var k3smBin string
+
+func TestMain(m *testing.M) {
+	k3smBin = os.Getenv("K3SM_BIN")
+	if k3smBin == "" {
+		fmt.Println("e2e: K3SM_BIN is not set; build with `make bin/k3sm` and run `make test-e2e` (skipping)")
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// server is one running `k3sm server`.
+type server struct {
+	t        *testing.T
+	dataDir  string
+	port     int
+	ports    []int
+	cmd      *exec.Cmd
+	out      *bytes.Buffer
+	waitErr  chan error
+	extra    []string
+	exitCode int
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// newServer prepares a server on a fresh data dir with loopback-only ports.
+func newServer(t *testing.T, extra ...string) *server {
+	t.Helper()
+	// Short path: unix sockets live under the data dir.
+	dir, err := os.MkdirTemp("", "k3sm-e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if !t.Failed() {
+			os.RemoveAll(dir)
+		} else {
+			t.Logf("data dir kept for inspection: %s", dir)
+		}
+	})
+	return &server{t: t, dataDir: dir, ports: []int{freePort(t), freePort(t), freePort(t)}, extra: extra}
+}
+
+func (s *server) args() []string {
+	s.port = s.ports[0]
+	return append([]string{"server", "--data-dir", s.dataDir,
+		"--https-listen-port", strconv.Itoa(s.ports[0]),
+		"--scheduler-port", strconv.Itoa(s.ports[1]),
+		"--controller-manager-port", strconv.Itoa(s.ports[2]),
+		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+		"--node-name", "e2e-node"}, s.extra...)
+}
+
+// start launches the server and waits until it says it is up.
+func (s *server) start() {
+	s.t.Helper()
+	s.cmd = exec.Command(k3smBin, s.args()...)
+	s.out = &bytes.Buffer{}
+	s.cmd.Stdout, s.cmd.Stderr = &lockedWriter{w: s.out}, &lockedWriter{w: s.out}
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	s.waitErr = make(chan error, 1)
+	go func() { s.waitErr <- s.cmd.Wait() }()
+	s.t.Cleanup(func() { s.stop() })
+	deadline := time.After(4 * time.Minute)
+	for !strings.Contains(s.output(), "k3sm is up") {
+		select {
+		case err := <-s.waitErr:
+			s.waitErr <- err
+			s.t.Fatalf("server exited before it was up (%v):\n%s", err, s.output())
+		case <-deadline:
+			s.t.Fatalf("server not up after 4m:\n%s", s.output())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// stop sends SIGTERM and waits for the server to exit.
+func (s *server) stop() {
+	if s.cmd == nil || s.cmd.Process == nil || s.cmd.ProcessState != nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.waitErr:
+	case <-time.After(time.Minute):
+		s.t.Errorf("server did not stop within 1m after SIGTERM")
+		_ = s.cmd.Process.Kill()
+		<-s.waitErr
+	}
+}
+
+func (s *server) output() string {
+	if lw, ok := s.cmd.Stdout.(*lockedWriter); ok {
+		return lw.String()
+	}
+	return ""
+}
+
+func (s *server) kubeconfig() string { return filepath.Join(s.dataDir, "admin.kubeconfig") }
+
+func (s *server) restConfig() *rest.Config {
+	s.t.Helper()
+	rc, err := clientcmd.BuildConfigFromFlags("", s.kubeconfig())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	rc.QPS, rc.Burst = 100, 200
+	return rc
+}
+
+func (s *server) client() kubernetes.Interface {
+	s.t.Helper()
+	c, err := kubernetes.NewForConfig(s.restConfig())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return c
+}
+
+// kubectl runs the embedded kubectl against this server.
+func (s *server) kubectl(args ...string) (string, error) {
+	cmd := exec.Command(k3smBin, append([]string{"kubectl", "--kubeconfig", s.kubeconfig()}, args...)...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// childPids returns the pids of this server's children running role.
+func (s *server) childPids(role string) []int {
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+		if len(args) < 2 || args[1] != role {
+			continue
+		}
+		if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && strings.Contains(string(stat), ") Z ") {
+			continue
+		}
+		if cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd")); err == nil && strings.HasPrefix(cwd, s.dataDir) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// waitFor polls cond until it returns nil or the timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = cond(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: not true after %s: %v", what, timeout, err)
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return c
+}
