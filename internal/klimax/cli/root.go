@@ -102,9 +102,6 @@ func configCmd(app *App) *cobra.Command {
 		Short: "Edit the config in $EDITOR; it is validated before it replaces the old one",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			in, _ := app.In.(*os.File)
-			out, _ := app.Out.(*os.File)
-			errf, _ := app.Err.(*os.File)
 			opts := config.EditOptions{}
 			if app.InTTY {
 				opts.Retry = func(err error) bool {
@@ -113,7 +110,7 @@ func configCmd(app *App) *cobra.Command {
 					return ok
 				}
 			}
-			c, err := config.Edit(cmd.Context(), app.configPath(), config.EditorCommand(in, out, errf), opts)
+			c, err := config.Edit(cmd.Context(), app.configPath(), config.EditorCommand(app.In, app.Out, app.Err), opts)
 			if errors.Is(err, config.ErrNoChange) {
 				fmt.Fprintln(app.Out, "no changes")
 				return nil

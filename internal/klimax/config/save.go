@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"io"
 	"context"
 	"errors"
 	"fmt"
@@ -90,7 +91,7 @@ type EditFunc func(ctx context.Context, path string) error
 
 // EditorCommand returns an EditFunc that runs $VISUAL, $EDITOR or vi (the
 // variable may carry arguments, e.g. "code -w") on the terminal.
-func EditorCommand(stdin, stdout, stderr *os.File) EditFunc {
+func EditorCommand(stdin io.Reader, stdout, stderr io.Writer) EditFunc {
 	return func(ctx context.Context, path string) error {
 		ed := os.Getenv("VISUAL")
 		if ed == "" {

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"testing"
 
+	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/k3sm-dev/k3sm/internal/klimax/cluster"
@@ -36,6 +37,9 @@ type Kind struct {
 	Clusters map[string]cluster.NodeContainer
 	Files    map[string]string // node:path -> content
 	FailOn   string            // argv prefix that fails
+	// OnCreate, if set, sees each created cluster's kind config (as kind
+	// would apply its node labels).
+	OnCreate func(name string, port int, kindConfig []byte)
 }
 
 func NewKind() *Kind {
@@ -77,6 +81,9 @@ func (f *Kind) Run(ctx context.Context, argv []string, opts vm.RunOptions) (vm.R
 			}
 		}
 		f.Clusters[name] = cluster.NodeContainer{Cluster: name, Container: cluster.NodeName(name), State: "running", APIPort: port}
+		if f.OnCreate != nil {
+			f.OnCreate(name, port, []byte(in))
+		}
 	case strings.HasPrefix(line, "kind delete cluster"):
 		delete(f.Clusters, name)
 	case strings.HasPrefix(line, "kind get kubeconfig"):
@@ -316,6 +323,16 @@ func NewEnv(t testing.TB, cfg *config.Config) *Env {
 			MetalLBURL: srv.URL + "/metallb/%s/metallb-native.yaml", MetricsServerURL: srv.URL + "/metrics-server/%s/components.yaml"},
 		KubeDir:    filepath.Join(home, ".kube", "klimax"),
 		KubeConfig: filepath.Join(home, ".kube", "config"),
+	}
+	// kind applies the config's node labels; mirror that in the fake API.
+	fk.OnCreate = func(name string, port int, kindConfig []byte) {
+		var kc cluster.KindCluster
+		if err := yaml.Unmarshal(kindConfig, &kc); err != nil || len(kc.Nodes) == 0 {
+			t.Errorf("kind config for %s does not parse: %v", name, err)
+			return
+		}
+		api, _ := kubes.New([]byte(fmt.Sprintf("server: https://192.168.64.3:%d", port)))
+		_ = api.LabelNode(context.Background(), kc.Nodes[0].Labels, nil)
 	}
 	return &Env{M: m, Kind: fk, Kubes: kubes, Home: home, Downloads: dl}
 }

@@ -1,0 +1,346 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/k3sm-dev/k3sm/internal/klimax/cluster"
+	"github.com/k3sm-dev/k3sm/internal/klimax/cluster/clustertest"
+	"github.com/k3sm-dev/k3sm/internal/klimax/config"
+	"github.com/k3sm-dev/k3sm/internal/klimax/platform"
+	"github.com/k3sm-dev/k3sm/internal/klimax/vm"
+)
+
+// fakePlatform stands in for the VM/Docker facade (tested by its own
+// package); it records calls and runs guest commands on the fake kind.
+type fakePlatform struct {
+	calls  []string
+	checks []platform.Check
+	guest  vm.Runner
+}
+
+func (f *fakePlatform) Up(ctx context.Context, p platform.Progress) error {
+	f.calls = append(f.calls, "up")
+	done := p("start machine")
+	done(nil)
+	return nil
+}
+func (f *fakePlatform) Down(ctx context.Context, rr bool) error {
+	f.calls = append(f.calls, "down route="+map[bool]string{true: "remove", false: "keep"}[rr])
+	return nil
+}
+func (f *fakePlatform) Destroy(ctx context.Context) error { f.calls = append(f.calls, "destroy"); return nil }
+func (f *fakePlatform) Status(ctx context.Context) (*platform.Status, error) {
+	return &platform.Status{Driver: "host", Machine: vm.State{Name: "h", Phase: vm.PhaseRunning}, Engine: platform.EngineStatus{Reachable: true, Version: "28"}}, nil
+}
+func (f *fakePlatform) Doctor(ctx context.Context) []platform.Check { return f.checks }
+func (f *fakePlatform) Shell(ctx context.Context, args []string) error {
+	f.calls = append(f.calls, "shell "+strings.Join(args, " "))
+	return nil
+}
+func (f *fakePlatform) DockerEnv(unset bool) string {
+	if unset {
+		return "unset DOCKER_HOST\n"
+	}
+	return "export DOCKER_HOST=unix:///x.sock\n"
+}
+func (f *fakePlatform) DockerContext(ctx context.Context, unset bool) (string, error) {
+	return "context klimax", nil
+}
+func (f *fakePlatform) CleanCache(ctx context.Context) error       { f.calls = append(f.calls, "clean"); return nil }
+func (f *fakePlatform) Guest() vm.Runner                           { return f.guest }
+func (f *fakePlatform) APIHost(ctx context.Context) (string, error) { return "192.168.64.3", nil }
+func (f *fakePlatform) DockerHost() string                          { return "" }
+func (f *fakePlatform) Driver() vm.Driver                           { return vm.NewHost() }
+
+type harness struct {
+	t    *testing.T
+	env  *clustertest.Env
+	plat *fakePlatform
+	home string
+}
+
+func newHarness(t *testing.T) *harness {
+	cfg := config.Default()
+	env := clustertest.NewEnv(t, cfg)
+	plat := &fakePlatform{guest: env.Kind, checks: []platform.Check{{Name: "machine", Status: platform.Pass}}}
+	return &harness{t: t, env: env, plat: plat, home: env.Home}
+}
+
+// run executes klimax args; stdin "" and no TTY unless tty.
+func (h *harness) run(stdin string, tty bool, args ...string) (string, string, int) {
+	var out, errb bytes.Buffer
+	app := &App{Streams: Streams{In: strings.NewReader(stdin), Out: &out, Err: &errb, InTTY: tty}, Home: h.home,
+		NewPlatform: func(*config.Config) (Platform, error) { return h.plat, nil },
+		NewClusters: func(cfg *config.Config, p Platform) (*cluster.Manager, error) {
+			h.env.M.Config = cfg
+			return h.env.M, nil
+		}}
+	root := NewRoot(app)
+	root.SetArgs(args)
+	err := root.ExecuteContext(context.Background())
+	if err != nil {
+		if _, silent := err.(*ExitError); !silent {
+			errb.WriteString("Error: " + err.Error() + "\n")
+		}
+	}
+	return out.String(), errb.String(), ExitCode(err)
+}
+
+func TestClusterLifecycleThroughCLI(t *testing.T) {
+	h := newHarness(t)
+	out, errs, code := h.run("", false, "cluster", "create", "dev", "--region", "eu", "--zone", "eu-1", "-l", "team=a")
+	if code != 0 || !strings.Contains(out, "cluster dev ready: slot 1") {
+		t.Fatalf("create: %d %s %s", code, out, errs)
+	}
+	if _, _, code := h.run("", false, "cluster", "create", "Bad_Name"); code == 0 {
+		t.Error("bad name accepted")
+	}
+	h.run("", false, "cluster", "create", "stg", "--num", "5")
+	out, _, code = h.run("", false, "cluster", "list", "-o", "json")
+	var infos []cluster.Info
+	if err := json.Unmarshal([]byte(out), &infos); err != nil || code != 0 {
+		t.Fatalf("list json: %v\n%s", err, out)
+	}
+	if len(infos) != 2 || infos[0].Name != "dev" || infos[0].Region != "eu" || infos[0].Labels["team"] != "a" || infos[1].Slot != 5 {
+		t.Errorf("list: %+v", infos)
+	}
+	out, _, _ = h.run("", false, "cluster", "list", "-l", "team=a")
+	if !strings.Contains(out, "dev") || strings.Contains(out, "stg") {
+		t.Errorf("selector list:\n%s", out)
+	}
+	out, _, _ = h.run("", false, "cluster", "list", "-o", "yaml")
+	if !strings.Contains(out, "name: dev") {
+		t.Errorf("yaml list:\n%s", out)
+	}
+	if _, errs, code := h.run("", false, "cluster", "label", "dev", "-l", "tier=gold", "-l", "team-"); code != 0 {
+		t.Fatalf("label: %s", errs)
+	}
+	out, _, _ = h.run("", false, "cluster", "list", "-l", "tier=gold,!team")
+	if !strings.Contains(out, "dev") {
+		t.Errorf("after label:\n%s", out)
+	}
+	// No name, not a terminal: refuse clearly, delete nothing.
+	_, errs, code = h.run("", false, "cluster", "delete")
+	if code == 0 || !strings.Contains(errs, "picker needs a terminal") {
+		t.Errorf("non-TTY delete without name: %d %s", code, errs)
+	}
+	// Selector delete needs --yes off a terminal.
+	if _, errs, code := h.run("", false, "cluster", "delete", "-l", "tier=gold"); code == 0 || !strings.Contains(errs, "--yes") {
+		t.Errorf("selector delete without --yes: %s", errs)
+	}
+	// Picker on a "terminal": select the second entry (stg) and confirm.
+	out, errs, code = h.run("j \r", true, "cluster", "delete")
+	if code != 0 || !strings.Contains(out, "deleted cluster stg") {
+		t.Errorf("picker delete: %d %s %s", code, out, errs)
+	}
+	merged, _ := os.ReadFile(filepath.Join(h.home, ".kube", "config"))
+	if !strings.Contains(string(merged), "kind-dev") || strings.Contains(string(merged), "kind-stg") {
+		t.Errorf("merged kubeconfig:\n%s", merged)
+	}
+	if _, _, code := h.run("", false, "cluster", "delete", "dev"); code != 0 {
+		t.Error("delete dev")
+	}
+	if _, errs, code := h.run("", false, "cluster", "delete", "dev"); code == 0 || !strings.Contains(errs, "not found") {
+		t.Errorf("delete missing: %s", errs)
+	}
+}
+
+func TestDoctorExitCodeAndJSON(t *testing.T) {
+	h := newHarness(t)
+	out, _, code := h.run("", false, "doctor")
+	if code != 0 || !strings.Contains(out, "PASS") {
+		t.Errorf("all pass: %d\n%s", code, out)
+	}
+	h.plat.checks = append(h.plat.checks, platform.Check{Name: "host route", Status: platform.Fail, Detail: "missing", Fix: "run `klimax up`"})
+	out, _, code = h.run("", false, "doctor")
+	if code != 1 || !strings.Contains(out, "FAIL") || !strings.Contains(out, "fix: run `klimax up`") {
+		t.Errorf("fail: %d\n%s", code, out)
+	}
+	out, _, code = h.run("", false, "doctor", "-o", "json")
+	var checks []platform.Check
+	if err := json.Unmarshal([]byte(out), &checks); err != nil || code != 1 || checks[len(checks)-1].Fix == "" {
+		t.Errorf("json: %v %d %s", err, code, out)
+	}
+	os.MkdirAll(filepath.Join(h.home, ".klimax"), 0o700)
+	os.WriteFile(filepath.Join(h.home, ".klimax", "config.yaml"), []byte("vm:\n  cpus: 0\n"), 0o600)
+	out, _, code = h.run("", false, "doctor")
+	if code != 1 || !strings.Contains(out, "vm.cpus") {
+		t.Errorf("bad config: %d\n%s", code, out)
+	}
+}
+
+func TestFleetThroughCLI(t *testing.T) {
+	h := newHarness(t)
+	manifest := filepath.Join(h.home, "fleet.yaml")
+	os.WriteFile(manifest, []byte(`apiVersion: klimax.dev/v1alpha1
+kind: Fleet
+metadata: {name: demo}
+spec:
+  maxParallel: 2
+  clusters:
+  - mgmt
+  - {name: app1, dependsOn: [mgmt], num: 9}
+  - {name: app2, dependsOn: [mgmt]}
+`), 0o600)
+	out, _, code := h.run("", false, "fleet", "create", "-f", manifest, "--dry-run")
+	if code != 0 || !strings.Contains(out, "dry run") || !strings.Contains(out, "10.9.0.0/16") || len(h.env.Kind.Calls()) != 0 {
+		t.Fatalf("dry run: %d\n%s\ncalls %v", code, out, h.env.Kind.Calls())
+	}
+	h.run("", false, "cluster", "create", "app2")
+	out, errs, code := h.run("", false, "cluster", "apply", "-f", manifest)
+	if code != 0 || !strings.Contains(out, "warning: cluster app2 exists and is not a member") {
+		t.Fatalf("apply: %d %s %s", code, out, errs)
+	}
+	out, _, _ = h.run("", false, "fleet", "list", "-o", "json")
+	var fs []fleetSummary
+	json.Unmarshal([]byte(out), &fs)
+	if len(fs) != 1 || strings.Join(fs[0].Clusters, ",") != "app1,mgmt" {
+		t.Errorf("fleet list %s", out)
+	}
+	if _, errs, code := h.run("", false, "fleet", "adopt", "demo", "app2"); code != 0 {
+		t.Fatal(errs)
+	}
+	out, _, _ = h.run("", false, "fleet", "describe", "demo")
+	if !strings.Contains(out, "3 clusters") || !strings.Contains(out, "app1") {
+		t.Errorf("describe:\n%s", out)
+	}
+	if _, errs, code := h.run("", false, "fleet", "label", "demo", "-l", "env=dev"); code != 0 {
+		t.Fatal(errs)
+	}
+	if out, _, _ := h.run("", false, "cluster", "list", "-l", "env=dev", "-o", "json"); strings.Count(out, `"name"`) != 3 {
+		t.Errorf("fleet label:\n%s", out)
+	}
+	if _, errs, code := h.run("", false, "fleet", "delete", "demo"); code == 0 || !strings.Contains(errs, "--yes") {
+		t.Errorf("delete without --yes: %s", errs)
+	}
+	before := len(h.env.Kind.Calls())
+	if _, errs, code := h.run("", false, "fleet", "delete", "demo", "--yes"); code != 0 {
+		t.Fatal(errs)
+	}
+	var deletes []string
+	for _, c := range h.env.Kind.Calls()[before:] {
+		if strings.HasPrefix(c, "kind delete cluster") {
+			deletes = append(deletes, strings.Fields(c)[4])
+		}
+	}
+	if len(deletes) != 3 || deletes[2] != "mgmt" {
+		t.Errorf("delete order %v: mgmt (the dependency) must go last", deletes)
+	}
+}
+
+func TestKubeconfigCommands(t *testing.T) {
+	h := newHarness(t)
+	h.env.M.Config = config.Default()
+	h.run("", false, "cluster", "create", "dev")
+	out, _, _ := h.run("", false, "kubeconfig", "path", "dev")
+	if strings.TrimSpace(out) != filepath.Join(h.home, ".kube", "klimax", "dev.kubeconfig") {
+		t.Errorf("path %q", out)
+	}
+	out, _, _ = h.run("", false, "kubeconfig", "env", "dev")
+	if !strings.HasPrefix(out, "export KUBECONFIG='") {
+		t.Errorf("env %q", out)
+	}
+	shared := filepath.Join(h.home, ".kube", "config")
+	h.run("", false, "kubeconfig", "remove", "dev")
+	if b, _ := os.ReadFile(shared); strings.Contains(string(b), "kind-dev") {
+		t.Error("remove left the context")
+	}
+	h.run("", false, "kubeconfig", "merge", "dev")
+	if b, _ := os.ReadFile(shared); !strings.Contains(string(b), "name: kind-dev") || strings.Contains(string(b), "current-context: kind-dev") {
+		t.Errorf("merge:\n%s", b)
+	}
+	h.run("", false, "kubeconfig", "use", "dev")
+	if b, _ := os.ReadFile(shared); !strings.Contains(string(b), "current-context: kind-dev") {
+		t.Errorf("use:\n%s", b)
+	}
+	// A deleted per-cluster file is re-fetched from kind.
+	os.Remove(filepath.Join(h.home, ".kube", "klimax", "dev.kubeconfig"))
+	if _, errs, code := h.run("", false, "kubeconfig", "path", "dev"); code != 0 {
+		t.Errorf("refetch: %s", errs)
+	}
+	if _, _, code := h.run("", false, "kubeconfig", "path", "nope"); code == 0 {
+		t.Error("unknown cluster")
+	}
+}
+
+func TestDestroyRemovesEverythingAndNeedsConfirmation(t *testing.T) {
+	h := newHarness(t)
+	h.run("", false, "cluster", "create", "dev")
+	if _, errs, code := h.run("", false, "destroy"); code == 0 || !strings.Contains(errs, "--yes") {
+		t.Errorf("destroy without --yes: %s", errs)
+	}
+	if _, errs, code := h.run("n\n", true, "destroy"); code == 0 || !strings.Contains(errs, "not confirmed") {
+		t.Errorf("declined: %s", errs)
+	}
+	if _, errs, code := h.run("", false, "destroy", "--yes"); code != 0 {
+		t.Fatal(errs)
+	}
+	if h.plat.calls[len(h.plat.calls)-1] != "destroy" {
+		t.Errorf("calls %v", h.plat.calls)
+	}
+	if len(h.env.Kind.Clusters) != 0 {
+		t.Error("host driver destroy left clusters")
+	}
+	b, _ := os.ReadFile(filepath.Join(h.home, ".kube", "config"))
+	files, _ := filepath.Glob(filepath.Join(h.home, ".kube", "klimax", "*"))
+	if strings.Contains(string(b), "kind-dev") || len(files) != 0 {
+		t.Errorf("leftovers: %v\n%s", files, b)
+	}
+}
+
+func TestVMCommandsAndCompletion(t *testing.T) {
+	h := newHarness(t)
+	h.run("", false, "up")
+	h.run("", false, "down", "--remove-route")
+	h.run("", false, "registry", "clean-cache")
+	h.run("", false, "shell", "--", "uname", "-a")
+	if got := strings.Join(h.plat.calls, "|"); got != "up|down route=remove|clean|shell uname -a" {
+		t.Errorf("calls %q", got)
+	}
+	if out, _, _ := h.run("", false, "docker-env", "--unset"); out != "unset DOCKER_HOST\n" {
+		t.Errorf("docker-env --unset %q", out)
+	}
+	if out, _, _ := h.run("", false, "version"); !strings.HasPrefix(out, "klimax ") {
+		t.Errorf("version %q", out)
+	}
+	for _, sh := range []string{"bash", "zsh", "fish", "powershell"} {
+		out, _, code := h.run("", false, "completion", sh)
+		if code != 0 || !strings.Contains(out, "klimax") {
+			t.Errorf("completion %s: %d", sh, code)
+		}
+	}
+	out, _, _ := h.run("", false, "status", "-o", "json")
+	if !strings.Contains(out, `"clusters"`) {
+		t.Errorf("status json %s", out)
+	}
+}
+
+func TestConfigEditThroughCLI(t *testing.T) {
+	h := newHarness(t)
+	script := filepath.Join(h.home, "ed.sh")
+	os.WriteFile(script, []byte("#!/bin/sh\nsed -i 's/cpus: 4/cpus: 2/' \"$1\"\n"), 0o755)
+	t.Setenv("VISUAL", "")
+	t.Setenv("EDITOR", script)
+	out, errs, code := h.run("", false, "config", "edit")
+	if code != 0 || !strings.Contains(out, "saved") {
+		t.Fatalf("%d %s %s", code, out, errs)
+	}
+	out, _, _ = h.run("", false, "config", "view")
+	if !strings.Contains(out, "cpus: 2") {
+		t.Errorf("view:\n%s", out)
+	}
+	os.WriteFile(script, []byte("#!/bin/sh\nsed -i 's/cpus: 2/cpuz: 2/' \"$1\"\n"), 0o755)
+	_, errs, code = h.run("", false, "config", "edit")
+	if code == 0 || !strings.Contains(errs, "vm.cpuz: unknown key") || !strings.Contains(errs, "kept in") {
+		t.Errorf("invalid edit: %s", errs)
+	}
+	if out, _, _ := h.run("", false, "config", "view"); !strings.Contains(out, "cpus: 2") {
+		t.Error("invalid edit changed the config")
+	}
+}
