@@ -34,7 +34,10 @@ func (f *fakePlatform) Down(ctx context.Context, rr bool) error {
 	f.calls = append(f.calls, "down route="+map[bool]string{true: "remove", false: "keep"}[rr])
 	return nil
 }
-func (f *fakePlatform) Destroy(ctx context.Context) error { f.calls = append(f.calls, "destroy"); return nil }
+func (f *fakePlatform) Destroy(ctx context.Context) error {
+	f.calls = append(f.calls, "destroy")
+	return nil
+}
 func (f *fakePlatform) Status(ctx context.Context) (*platform.Status, error) {
 	return &platform.Status{Driver: "host", Machine: vm.State{Name: "h", Phase: vm.PhaseRunning}, Engine: platform.EngineStatus{Reachable: true, Version: "28"}}, nil
 }
@@ -52,8 +55,11 @@ func (f *fakePlatform) DockerEnv(unset bool) string {
 func (f *fakePlatform) DockerContext(ctx context.Context, unset bool) (string, error) {
 	return "context klimax", nil
 }
-func (f *fakePlatform) CleanCache(ctx context.Context) error       { f.calls = append(f.calls, "clean"); return nil }
-func (f *fakePlatform) Guest() vm.Runner                           { return f.guest }
+func (f *fakePlatform) CleanCache(ctx context.Context) error {
+	f.calls = append(f.calls, "clean")
+	return nil
+}
+func (f *fakePlatform) Guest() vm.Runner                            { return f.guest }
 func (f *fakePlatform) APIHost(ctx context.Context) (string, error) { return "192.168.64.3", nil }
 func (f *fakePlatform) DockerHost() string                          { return "" }
 func (f *fakePlatform) Driver() vm.Driver                           { return vm.NewHost() }
