@@ -319,7 +319,10 @@ func TestIntegrationDaemonKill9Reattach(t *testing.T) {
 	}
 
 	d2 := e.startSubprocess()
-	defer d2.Process.Signal(syscall.SIGTERM)
+	defer func() {
+		e.deleteAll() // while a daemon still runs
+		d2.Process.Signal(syscall.SIGTERM)
+	}()
 	w := e.watch()
 	w.waitFor(t, long.Uid, "PodReattached", "re-attached to 1 running container")
 	after := e.status(long.Uid)

@@ -1,0 +1,146 @@
+package daemon
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+)
+
+func TestRunRefusesBadConfig(t *testing.T) {
+	ctx := context.Background()
+	dir, _ := os.MkdirTemp("", "k3sm")
+	defer os.RemoveAll(dir)
+	exe, _ := os.Executable()
+	open := filepath.Join(dir, "open")
+	os.Mkdir(open, 0o755)
+	os.Chmod(open, 0o755)
+	notSock := filepath.Join(dir, "priv", "file")
+	os.Mkdir(filepath.Dir(notSock), 0o700)
+	os.WriteFile(notSock, []byte("data"), 0o600)
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{}, "Config.DataDir is required"},
+		{Config{DataDir: dir, ShimPath: filepath.Join(dir, "nope")}, "Config.ShimPath"},
+		{Config{DataDir: dir, ShimPath: exe, Socket: filepath.Join(open, "rt.sock")}, "must be private (0700)"},
+		{Config{DataDir: dir, ShimPath: exe, Socket: notSock}, "is not a socket"},
+		{Config{DataDir: dir, ShimPath: exe, Socket: "/tmp/" + strings.Repeat("x", 120)}, "Config.Socket"},
+	} {
+		err := Run(ctx, c.cfg)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: error %v, want %q", c.cfg, err, c.want)
+		}
+	}
+	if b, _ := os.ReadFile(notSock); string(b) != "data" {
+		t.Error("a file in the socket's place was replaced")
+	}
+}
+
+func TestIntegrationOneDaemonPerDataDirAndValidation(t *testing.T) {
+	e := newEnv(t)
+	cfg := testConfig(e.dir)
+	cfg.ShimPath = shimBin
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := Run(ctx, cfg); err == nil || !strings.Contains(err.Error(), "already serves data dir") {
+		t.Errorf("second daemon on the same data dir: %v", err)
+	}
+	for _, spec := range []*runtimev1.PodSpec{
+		{Uid: "", Namespace: "d", Name: "x", Containers: []*runtimev1.ContainerSpec{{Name: "c", Image: "native"}}},
+		{Uid: "../escape", Namespace: "d", Name: "x", Containers: []*runtimev1.ContainerSpec{{Name: "c", Image: "native"}}},
+		{Uid: "u1", Namespace: "d", Name: "x"},
+		{Uid: "u2", Namespace: "d", Name: "x", Containers: []*runtimev1.ContainerSpec{{Name: "c"}}},
+		{Uid: "u3", Namespace: "d", Name: "x", Containers: []*runtimev1.ContainerSpec{{Name: "c", Image: "native"}, {Name: "c", Image: "native"}}},
+	} {
+		_, err := e.c.Runtime.CreatePod(ctx, &runtimev1.CreatePodRequest{Pod: spec})
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("create %v: %v, want InvalidArgument", spec, err)
+		}
+	}
+	if _, err := e.c.Runtime.GetPodStatus(ctx, &runtimev1.GetPodStatusRequest{Uid: "nope"}); status.Code(err) != codes.NotFound {
+		t.Errorf("status of unknown pod: %v", err)
+	}
+	if _, err := e.c.Runtime.DeletePod(ctx, &runtimev1.DeletePodRequest{Uid: "nope"}); status.Code(err) != codes.NotFound {
+		t.Errorf("delete of unknown pod: %v", err)
+	}
+}
+
+func TestIntegrationUpdatePodRestartsChangedContainer(t *testing.T) {
+	e := newEnv(t)
+	w := e.watch()
+	spec := e.podSpec("updated", "echo:version 1", "forever")
+	spec.TerminationGracePeriodSeconds = ptr(int64(1))
+	e.create(spec)
+	e.waitFor(spec.Uid, "Running", 30*time.Second, running)
+	e.waitLog(spec.Uid, "version 1\n")
+	// Creating again is idempotent.
+	if _, err := e.c.Runtime.CreatePod(context.Background(), &runtimev1.CreatePodRequest{Pod: spec}); err != nil {
+		t.Fatal(err)
+	}
+	spec.Containers[0].Args = []string{"echo:version 2", "forever"}
+	if _, err := e.c.Runtime.UpdatePod(context.Background(), &runtimev1.UpdatePodRequest{Pod: spec}); err != nil {
+		t.Fatal(err)
+	}
+	st := e.waitFor(spec.Uid, "restarted with the new definition", 30*time.Second, func(st *runtimev1.PodStatus) bool {
+		return running(st) && ctrState(st).GetRestartCount() == 1
+	})
+	if ctrState(st).GetLastTerminationState().GetTerminated() == nil {
+		t.Errorf("no last termination: %s", prettyStatus(st))
+	}
+	e.waitLog(spec.Uid, "version 2\n")
+	w.waitFor(t, spec.Uid, "Killing", "definition changed")
+
+	// The watch reports the deletion.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := e.c.Runtime.WatchPodStatus(ctx, &runtimev1.WatchPodStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	initial := 0
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.GetKind() == runtimev1.WatchPodStatusResponse_KIND_INITIAL {
+			initial++
+		}
+		if m.GetKind() == runtimev1.WatchPodStatusResponse_KIND_SYNCED {
+			break
+		}
+	}
+	if initial != 1 {
+		t.Errorf("%d INITIAL messages, want 1", initial)
+	}
+	zero := int64(0)
+	e.c.Runtime.DeletePod(ctx, &runtimev1.DeletePodRequest{Uid: spec.Uid, GracePeriodSeconds: &zero})
+	sawTerminating := false
+	for {
+		m, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("watch ended before DELETED: %v", err)
+		}
+		if m.GetKind() == runtimev1.WatchPodStatusResponse_KIND_UPDATED && m.GetStatus().GetTerminating() {
+			sawTerminating = true
+		}
+		if m.GetKind() == runtimev1.WatchPodStatusResponse_KIND_DELETED {
+			if m.GetStatus().GetUid() != spec.Uid || ctrState(m.GetStatus()).GetState().GetTerminated() == nil {
+				t.Errorf("DELETED carries %s", prettyStatus(m.GetStatus()))
+			}
+			break
+		}
+	}
+	if !sawTerminating {
+		t.Error("no UPDATED message with terminating set")
+	}
+}
