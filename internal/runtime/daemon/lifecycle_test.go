@@ -79,7 +79,9 @@ func (w *watcher) waitFor(t *testing.T, uid, reason, substr string) *runtimev1.P
 	return nil
 }
 
-func ctrState(st *runtimev1.PodStatus) *runtimev1.ContainerStatus { return st.GetContainerStatuses()[0] }
+func ctrState(st *runtimev1.PodStatus) *runtimev1.ContainerStatus {
+	return st.GetContainerStatuses()[0]
+}
 
 // A container that keeps crashing restarts at once, then after growing
 // back-offs (200ms, 400ms, 800ms cap in tests; 10s..300s by default), shows
