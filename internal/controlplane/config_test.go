@@ -1,0 +1,94 @@
+package controlplane
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestValidateNamesTheFlag(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutate func(*Config)
+		want   []string
+	}{
+		{"overlap", func(c *Config) { c.ServiceCIDR, c.ClusterCIDR = "10.0.0.0/16", "10.0.0.0/8" }, []string{"--service-cidr", "overlaps"}},
+		{"host bits", func(c *Config) { c.ServiceCIDR = "10.43.0.1/16" }, []string{"--service-cidr", "10.43.0.0/16"}},
+		{"too large", func(c *Config) { c.ServiceCIDR = "10.0.0.0/8"; c.ClusterDNS = "10.0.0.10" }, []string{"--service-cidr", "/12"}},
+		{"dns outside", func(c *Config) { c.ClusterDNS = "10.44.0.10" }, []string{"--cluster-dns", "outside"}},
+		{"dns is api ip", func(c *Config) { c.ClusterDNS = "10.43.0.1" }, []string{"--cluster-dns", "API Service"}},
+		{"port", func(c *Config) { c.HTTPSPort = 70000 }, []string{"--https-listen-port", "1 to 65535"}},
+		{"bind", func(c *Config) { c.BindAddress = "localhost" }, []string{"--bind-address"}},
+		{"pod range too small", func(c *Config) { c.ClusterCIDR = "100.64.0.0/28" }, []string{"--cluster-cidr", "/24"}},
+		{"san", func(c *Config) { c.TLSSANs = []string{"a b"} }, []string{"--tls-san"}},
+		{"node name", func(c *Config) { c.NodeName = "Bad_Name" }, []string{"--node-name"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Defaults()
+			c.DataDir = t.TempDir()
+			tc.mutate(&c)
+			err := c.Validate()
+			if err == nil {
+				t.Fatal("want an error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestValidateDefaults(t *testing.T) {
+	c := Defaults()
+	c.NodeName = "node-1"
+	c.BindAddress = "127.0.0.1"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.AdvertiseAddress != "127.0.0.1" {
+		t.Fatalf("advertise address = %q, want the specific bind address", c.AdvertiseAddress)
+	}
+	if ip, _ := APIServiceIP(c.ServiceCIDR); ip.String() != "10.43.0.1" {
+		t.Fatalf("API service IP = %s", ip)
+	}
+}
+
+func TestPKIReuseAndSANChange(t *testing.T) {
+	c := Defaults()
+	c.DataDir, c.NodeName, c.BindAddress = t.TempDir(), "n", "127.0.0.1"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	first, err := EnsurePKI(&c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := EnsurePKI(&c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !first.ServerCA.Cert.Equal(again.ServerCA.Cert) {
+		t.Fatal("server CA regenerated on second start")
+	}
+	serving := readCert(t, first.Serving.CertPath)
+	if err := serving.VerifyHostname("10.43.0.1"); err != nil {
+		t.Fatalf("serving cert lacks the API Service IP: %v", err)
+	}
+	c.TLSSANs = []string{"k3sm.example.test", "192.0.2.7"}
+	third, err := EnsurePKI(&c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serving = readCert(t, third.Serving.CertPath)
+	for _, h := range []string{"k3sm.example.test", "192.0.2.7", "127.0.0.1", "localhost"} {
+		if err := serving.VerifyHostname(h); err != nil {
+			t.Fatalf("re-issued serving cert: %v", err)
+		}
+	}
+	admin := readCert(t, third.Admin.CertPath)
+	if admin.Subject.CommonName != AdminUser || admin.Subject.Organization[0] != "system:masters" {
+		t.Fatalf("admin subject %v", admin.Subject)
+	}
+}
