@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
+	"github.com/k3sm-dev/k3sm/internal/klimax/config"
 	"github.com/k3sm-dev/k3sm/internal/klimax/slot"
 )
 
@@ -94,9 +95,8 @@ func (m *Manifests) get(ctx context.Context, what, urlFmt, def, version string) 
 		if perr != nil || len(objs) == 0 {
 			return nil, fmt.Errorf("%s %s manifest is not a Kubernetes manifest: %v", what, version, perr)
 		}
-		if err := os.MkdirAll(filepath.Dir(cache), 0o755); err == nil {
-			_ = os.WriteFile(cache, data, 0o644)
-		}
+		// Atomic: parallel fleet creates may download and read it at once.
+		_ = config.WriteFileAtomic(cache, data, 0o644)
 		return objs, nil
 	}
 	return ParseManifest(data)
