@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"k8s.io/client-go/tools/clientcmd"
 )
 
 var updateGolden = flag.Bool("update", false, "rewrite testdata/*.golden")
@@ -253,5 +255,24 @@ func TestConcurrentMerges(t *testing.T) {
 	names, err := ContextNames(read(t, path))
 	if err != nil || len(names) != 20 {
 		t.Errorf("got %d contexts (%v), want 20", len(names), err)
+	}
+}
+
+// TestMergedFileLoadsWithClientGo checks that what Merge writes is a valid
+// kubeconfig for client-go (what kubectl uses), with both contexts usable.
+func TestMergedFileLoadsWithClientGo(t *testing.T) {
+	path, kind := setup(t)
+	if _, err := Merge(path, kind, MergeOptions{SetCurrentContext: true}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clientcmd.LoadFromFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.CurrentContext != "kind-dev" || cfg.Contexts["prod"].Namespace != "payments" || cfg.Clusters["kind-dev"].Server != "https://0.0.0.0:7001" || cfg.AuthInfos["prod-admin"].Exec == nil {
+		t.Errorf("client-go view: %+v", cfg)
+	}
+	if _, err := clientcmd.NewDefaultClientConfig(*cfg, &clientcmd.ConfigOverrides{}).ClientConfig(); err != nil {
+		t.Errorf("client config for kind-dev: %v", err)
 	}
 }

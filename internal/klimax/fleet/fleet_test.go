@@ -3,8 +3,11 @@ package fleet
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"math/rand"
+	"os"
+	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
@@ -406,5 +409,28 @@ func TestReverse(t *testing.T) {
 	want := []Task{{Name: "a", Deps: []string{"b", "c"}}, {Name: "b", Deps: []string{"c"}}, {Name: "c"}}
 	if !reflect.DeepEqual(r, want) {
 		t.Errorf("%+v", r)
+	}
+}
+
+var updateGolden = flag.Bool("update", false, "rewrite testdata/*.golden")
+
+func TestDryRunPlanGolden(t *testing.T) {
+	f, err := Parse([]byte(full))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := PlanCreate(f, config.Default(), []cluster.Info{existingInfo("app2", 1, "")}, false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb strings.Builder
+	p.Print(&sb)
+	path := filepath.Join("testdata", "plan.golden")
+	if *updateGolden {
+		os.WriteFile(path, []byte(sb.String()), 0o644)
+	}
+	want, err := os.ReadFile(path)
+	if err != nil || sb.String() != string(want) {
+		t.Errorf("plan differs from %s (%v):\n%s", path, err, sb.String())
 	}
 }
