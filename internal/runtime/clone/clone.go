@@ -33,7 +33,24 @@ func Tree(src, dst string) (Method, error) {
 	if m, ok, err := treeNative(src, dst); ok || err != nil {
 		return m, err
 	}
-	return walk(src, dst, cloneFile)
+	// Once a file could not be cloned, the rest of the tree (same
+	// filesystems) cannot either: stop trying, each try costs a create,
+	// an ioctl and a remove.
+	noClone := false
+	return walk(src, dst, func(s, d string, mode fs.FileMode) (Method, error) {
+		if noClone {
+			return Copy, copyFile(s, d, mode)
+		}
+		ok, err := reflinkFile(s, d, mode)
+		if ok {
+			return Reflink, nil
+		}
+		if err != nil && !unsupported(err) {
+			return "", err
+		}
+		noClone = true
+		return Copy, copyFile(s, d, mode)
+	})
 }
 
 // TreeCopy is Tree with copy-on-write disabled: the fallback path, exported
@@ -105,19 +122,6 @@ func walk(src, dst string, file func(s, d string, mode fs.FileMode) (Method, err
 		method = Copy
 	}
 	return method, nil
-}
-
-// cloneFile clones one regular file, falling back to a copy when the
-// filesystem cannot share extents.
-func cloneFile(src, dst string, mode fs.FileMode) (Method, error) {
-	ok, err := reflinkFile(src, dst, mode)
-	if ok {
-		return Reflink, nil
-	}
-	if err != nil && !unsupported(err) {
-		return "", err
-	}
-	return Copy, copyFile(src, dst, mode)
 }
 
 func copyFile(src, dst string, mode fs.FileMode) error {

@@ -73,9 +73,9 @@ func (s *server) GetRuntimeInfo(ctx context.Context, _ *runtimev1.GetRuntimeInfo
 
 func (s *server) CreatePod(ctx context.Context, req *runtimev1.CreatePodRequest) (*runtimev1.CreatePodResponse, error) {
 	if req.GetPod() != nil {
-		if sts, _ := s.mgr.List(); int64(len(sts)) >= s.cfg.MaxPods {
+		if n := s.mgr.Count(); int64(n) >= s.cfg.MaxPods {
 			if _, err := s.mgr.Status(req.GetPod().GetUid()); err != nil {
-				return nil, status.Errorf(codes.ResourceExhausted, "node runs %d pods, its capacity (MaxPods)", len(sts))
+				return nil, status.Errorf(codes.ResourceExhausted, "node runs %d pods, its capacity (MaxPods)", n)
 			}
 		}
 	}

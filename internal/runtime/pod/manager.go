@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"sync"
 	"time"
@@ -71,6 +72,8 @@ type Manager struct {
 	ctx  context.Context
 	pods map[string]*podRT
 	wg   sync.WaitGroup
+
+	startSlots chan struct{} // bounds concurrent container starts
 }
 
 // NewManager checks cfg and prepares the directories.
@@ -101,7 +104,8 @@ func NewManager(cfg Config) (*Manager, error) {
 	}
 	b := make([]byte, 8)
 	rand.Read(b)
-	return &Manager{cfg: cfg, log: cfg.Logger, hub: newHub(), bootID: hex.EncodeToString(b), pods: map[string]*podRT{}}, nil
+	return &Manager{cfg: cfg, log: cfg.Logger, hub: newHub(), bootID: hex.EncodeToString(b), pods: map[string]*podRT{},
+		startSlots: make(chan struct{}, 2*runtime.NumCPU())}, nil
 }
 
 // BootID changes with every daemon start; event sequence numbers are only
@@ -110,8 +114,10 @@ func (m *Manager) BootID() string { return m.bootID }
 
 func (m *Manager) podDir(uid string) string { return filepath.Join(m.cfg.DataDir, "pods", uid) }
 
-func (m *Manager) logDir(spec *runtimev1.PodSpec) string {
-	return filepath.Join(m.cfg.DataDir, "logs", "pods", spec.GetNamespace()+"_"+spec.GetName()+"_"+spec.GetUid())
+// logDir is <data>/logs/pods/<ns>_<name>_<uid>, as the kubelet lays out
+// /var/log/pods.
+func (p *podRT) logDir() string {
+	return filepath.Join(p.m.cfg.DataDir, "logs", "pods", p.namespace+"_"+p.name+"_"+p.uid)
 }
 
 // Start re-attaches to the pods recorded on disk and starts their workers.
@@ -206,16 +212,17 @@ func (m *Manager) Create(spec *runtimev1.PodSpec) (*runtimev1.PodStatus, error) 
 	}
 	p := m.newPod(proto.Clone(spec).(*runtimev1.PodSpec))
 	p.startTime = time.Now()
-	if err := os.MkdirAll(p.dir, 0o700); err != nil {
-		m.mu.Unlock()
-		return nil, err
-	}
 	m.pods[p.uid] = p
 	m.mu.Unlock()
-	p.mu.Lock()
-	err := p.saveLocked()
-	p.mu.Unlock()
+	// Disk work outside the manager lock: status reads must not wait.
+	err := os.MkdirAll(p.dir, 0o700)
+	if err == nil {
+		err = p.save()
+	}
 	if err != nil {
+		m.mu.Lock()
+		delete(m.pods, p.uid)
+		m.mu.Unlock()
 		return nil, err
 	}
 	m.hub.changed(p.uid)
@@ -224,7 +231,7 @@ func (m *Manager) Create(spec *runtimev1.PodSpec) (*runtimev1.PodStatus, error) 
 }
 
 func (m *Manager) newPod(spec *runtimev1.PodSpec) *podRT {
-	p := &podRT{m: m, uid: spec.GetUid(), dir: m.podDir(spec.GetUid()), spec: spec,
+	p := &podRT{m: m, uid: spec.GetUid(), name: spec.GetName(), namespace: spec.GetNamespace(), dir: m.podDir(spec.GetUid()), spec: spec,
 		deleteCh: make(chan struct{}), done: make(chan struct{}), removed: make(chan struct{})}
 	for _, c := range spec.GetInitContainers() {
 		p.init = append(p.init, newCtr(c, true))
@@ -236,7 +243,7 @@ func (m *Manager) newPod(spec *runtimev1.PodSpec) *podRT {
 }
 
 func newCtr(c *runtimev1.ContainerSpec, init bool) *ctr {
-	return &ctr{spec: c, init: init, wake: make(chan struct{}, 1),
+	return &ctr{spec: c, name: c.GetName(), init: init, wake: make(chan struct{}, 1),
 		state: cstate{Waiting: &waiting{Reason: "ContainerCreating"}}}
 }
 
@@ -248,6 +255,9 @@ func (m *Manager) Update(spec *runtimev1.PodSpec) (*runtimev1.PodStatus, error) 
 	p := m.get(spec.GetUid())
 	if p == nil {
 		return nil, fmt.Errorf("pod %s: %w", spec.GetUid(), ErrNotFound)
+	}
+	if spec.GetName() != p.name || spec.GetNamespace() != p.namespace {
+		return nil, &InvalidSpecError{fmt.Sprintf("pod %s: name and namespace cannot change (%s/%s -> %s/%s)", p.uid, p.namespace, p.name, spec.GetNamespace(), spec.GetName())}
 	}
 	spec = proto.Clone(spec).(*runtimev1.PodSpec)
 	p.mu.Lock()
@@ -271,7 +281,6 @@ func (m *Manager) Update(spec *runtimev1.PodSpec) (*runtimev1.PodStatus, error) 
 			}
 		}
 	}
-	p.saveLocked()
 	p.mu.Unlock()
 	p.changedNotify()
 	return p.status(), nil
@@ -310,7 +319,6 @@ func (m *Manager) Delete(ctx context.Context, uid string, grace *int64, wait boo
 		}
 		p.grace = time.Duration(g) * time.Second
 		close(p.deleteCh)
-		p.saveLocked()
 	}
 	p.mu.Unlock()
 	if first {
@@ -340,7 +348,7 @@ func (m *Manager) finishDelete(p *podRT) {
 	if err := os.RemoveAll(p.dir); err != nil {
 		m.log.Error("remove pod directory", "dir", p.dir, "err", err)
 	}
-	if err := os.RemoveAll(m.logDir(p.spec)); err != nil {
+	if err := os.RemoveAll(p.logDir()); err != nil {
 		m.log.Error("remove pod logs", "pod", p.key(), "err", err)
 	}
 	m.mu.Lock()
@@ -355,6 +363,13 @@ func (m *Manager) get(uid string) *podRT {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.pods[uid]
+}
+
+// Count returns how many pods the manager holds.
+func (m *Manager) Count() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.pods)
 }
 
 // Status returns a pod's status.
@@ -439,7 +454,7 @@ func (m *Manager) Container(uid, name string) (ContainerInfo, error) {
 		return ContainerInfo{}, fmt.Errorf("container %q in pod %s: %w", name, p.key(), ErrNotFound)
 	}
 	info := ContainerInfo{Pod: p.spec, Spec: c.spec, RestartCount: c.restartCount,
-		LogDir: filepath.Join(m.logDir(p.spec), c.spec.GetName()), Root: p.rootDir(c)}
+		LogDir: filepath.Join(p.logDir(), c.spec.GetName()), Root: p.rootDir(c)}
 	if c.proc != nil && c.state.Running != nil {
 		info.Pid = c.proc.Pid()
 	}
@@ -509,7 +524,8 @@ type cstate struct {
 // ctr is one container's lifecycle state. Guarded by its pod's mu, except
 // the fields only the container's own goroutine touches (noted).
 type ctr struct {
-	spec *runtimev1.ContainerSpec
+	spec *runtimev1.ContainerSpec // replaced by Update, under the pod's mu
+	name string                   // immutable
 	init bool
 
 	restartCount int32
@@ -559,9 +575,10 @@ const stateFile = "pod.json"
 
 // podRT is one pod at run time.
 type podRT struct {
-	m   *Manager
-	uid string
-	dir string
+	m               *Manager
+	uid             string
+	name, namespace string // immutable, like uid
+	dir             string
 
 	mu          sync.Mutex
 	spec        *runtimev1.PodSpec
@@ -570,23 +587,58 @@ type podRT struct {
 	terminating bool
 	grace       time.Duration
 	revision    uint64
+	saveSeq     uint64 // snapshots taken (under mu)
+
+	saveMu  sync.Mutex
+	written uint64 // newest snapshot on disk (under saveMu)
 
 	deleteCh chan struct{} // closed when deletion starts
 	done     chan struct{} // closed when the worker returned
 	removed  chan struct{} // closed when the pod is gone
 }
 
-func (p *podRT) key() string { return p.spec.GetNamespace() + "/" + p.spec.GetName() }
+func (p *podRT) key() string { return p.namespace + "/" + p.name }
 
 func (p *podRT) all() []*ctr { return append(append([]*ctr{}, p.init...), p.main...) }
 
-func (p *podRT) rootDir(c *ctr) string { return filepath.Join(p.dir, "roots", c.spec.GetName()) }
+func (p *podRT) rootDir(c *ctr) string { return filepath.Join(p.dir, "roots", c.name) }
 
-// saveLocked writes pod.json atomically. Caller holds p.mu.
-func (p *podRT) saveLocked() error {
-	spec, err := protojson.Marshal(p.spec)
+// save writes pod.json. The snapshot is taken under p.mu, the write is
+// not: on ext4 a replace-by-rename may wait for writeback, and status reads
+// must not wait for the disk.
+func (p *podRT) save() error {
+	p.mu.Lock()
+	b, seq, err := p.snapshotLocked()
+	p.mu.Unlock()
 	if err != nil {
 		return err
+	}
+	return p.write(b, seq)
+}
+
+// write stores snapshot seq unless a newer one was stored already.
+func (p *podRT) write(b []byte, seq uint64) error {
+	p.saveMu.Lock()
+	defer p.saveMu.Unlock()
+	if seq <= p.written {
+		return nil
+	}
+	tmp := filepath.Join(p.dir, stateFile+".tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(p.dir, stateFile)); err != nil {
+		return err
+	}
+	p.written = seq
+	return nil
+}
+
+// snapshotLocked serializes the pod's state. Caller holds p.mu.
+func (p *podRT) snapshotLocked() ([]byte, uint64, error) {
+	spec, err := protojson.Marshal(p.spec)
+	if err != nil {
+		return nil, 0, err
 	}
 	pp := persistedPod{Spec: spec, StartTime: p.startTime, Terminating: p.terminating, GraceSeconds: int64(p.grace / time.Second)}
 	for _, c := range p.all() {
@@ -596,13 +648,10 @@ func (p *podRT) saveLocked() error {
 	}
 	b, err := json.MarshalIndent(pp, "", " ")
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
-	tmp := filepath.Join(p.dir, stateFile+".tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(p.dir, stateFile))
+	p.saveSeq++
+	return b, p.saveSeq, nil
 }
 
 // load rebuilds a pod from pod.json and re-attaches to its shims. It
@@ -750,11 +799,15 @@ func (c *ctr) apiStatus() *runtimev1.ContainerStatus {
 func (p *podRT) changedNotify() {
 	p.mu.Lock()
 	p.revision++
-	if err := p.saveLocked(); err != nil && !os.IsNotExist(err) {
-		p.m.log.Error("persist pod state", "pod", p.key(), "err", err)
-	}
+	b, seq, err := p.snapshotLocked()
 	p.mu.Unlock()
 	p.m.hub.changed(p.uid)
+	if err == nil {
+		err = p.write(b, seq)
+	}
+	if err != nil && !os.IsNotExist(err) {
+		p.m.log.Error("persist pod state", "pod", p.key(), "err", err)
+	}
 }
 
 // update applies f to the container under the pod lock, then publishes.
@@ -766,6 +819,6 @@ func (p *podRT) update(f func()) {
 }
 
 func (p *podRT) event(t runtimev1.EventType, reason, container, msg string) {
-	p.m.hub.emit(&runtimev1.PodEvent{PodUid: p.uid, Namespace: p.spec.GetNamespace(), Name: p.spec.GetName(),
+	p.m.hub.emit(&runtimev1.PodEvent{PodUid: p.uid, Namespace: p.namespace, Name: p.name,
 		Type: t, Reason: reason, Message: msg, Container: container})
 }

@@ -36,7 +36,9 @@ const (
 // in parallel, each under the restart policy.
 func (p *podRT) run(ctx context.Context) {
 	defer close(p.done)
+	p.mu.Lock()
 	policy := p.spec.GetRestartPolicy()
+	p.mu.Unlock()
 	for _, c := range p.init {
 		if c.succeeded() {
 			continue
@@ -126,7 +128,7 @@ func (p *podRT) backoff(ctx context.Context, c *ctr) bool {
 	}
 	wait := d - time.Since(t.FinishedAt)
 	c.last = t
-	msg := fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)", d, c.spec.GetName(), p.spec.GetName(), p.spec.GetNamespace(), p.uid)
+	msg := fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)", d, c.name, p.name, p.namespace, p.uid)
 	if wait > 0 {
 		c.state = cstate{Waiting: &waiting{Reason: "CrashLoopBackOff", Message: msg}}
 	} else {
@@ -137,7 +139,7 @@ func (p *podRT) backoff(ctx context.Context, c *ctr) bool {
 	if wait <= 0 {
 		return true
 	}
-	p.event(warning, "BackOff", c.spec.GetName(), fmt.Sprintf("Back-off restarting failed container %s in pod %s_%s(%s)", c.spec.GetName(), p.spec.GetName(), p.spec.GetNamespace(), p.uid))
+	p.event(warning, "BackOff", c.name, fmt.Sprintf("Back-off restarting failed container %s in pod %s_%s(%s)", c.name, p.name, p.namespace, p.uid))
 	out, ok := p.sleep(ctx, c, wait)
 	return ok || out == outRestart
 }
@@ -175,7 +177,7 @@ func (p *podRT) runOnce(ctx context.Context, c *ctr) outcome {
 	}
 	c.hasRun = true
 	n := c.restartCount
-	name := c.spec.GetName()
+	name := c.name
 	attempt := fmt.Sprintf("%s/%s/%d", p.uid, name, n)
 	sum := sha256.Sum256([]byte(attempt))
 	c.containerID = "k3sm://" + hex.EncodeToString(sum[:])
@@ -195,7 +197,7 @@ func (p *podRT) runOnce(ctx context.Context, c *ctr) outcome {
 	// the previous log for --previous).
 	if n >= 2 {
 		os.RemoveAll(filepath.Join(p.dir, "attempts", name, strconv.Itoa(int(n-2))))
-		os.Remove(filepath.Join(p.m.logDir(spec), name, strconv.Itoa(int(n-2))+".log"))
+		os.Remove(filepath.Join(p.logDir(), name, strconv.Itoa(int(n-2))+".log"))
 	}
 
 	fail := func(msg string) outcome {
@@ -206,6 +208,18 @@ func (p *podRT) runOnce(ctx context.Context, c *ctr) outcome {
 		p.event(warning, "Failed", name, "Error: "+msg)
 		return outExited
 	}
+
+	// Starting is disk- and fork-bound: a few at a time finish in arrival
+	// order, where a burst started all at once would finish all at the end.
+	select {
+	case p.m.startSlots <- struct{}{}:
+	case <-p.deleteCh:
+		return outStopped
+	case <-ctx.Done():
+		return outDetached
+	}
+	release := sync.OnceFunc(func() { <-p.m.startSlots })
+	defer release()
 
 	// The container's root: a copy-on-write clone of the image, kept across
 	// restarts of the same image.
@@ -227,7 +241,8 @@ func (p *podRT) runOnce(ctx context.Context, c *ctr) outcome {
 		return fail(err.Error())
 	}
 	proc, err := p.m.cfg.Starter.Start(ctx, ProcessSpec{ID: attempt, Argv: res.Argv, Env: res.Env, Dir: res.Dir,
-		LogPath: filepath.Join(p.m.logDir(spec), name, strconv.Itoa(int(n))+".log"), StateDir: c.stateDir})
+		LogPath: filepath.Join(p.logDir(), name, strconv.Itoa(int(n))+".log"), StateDir: c.stateDir})
+	release()
 	if err != nil {
 		return fail(err.Error())
 	}
@@ -280,10 +295,10 @@ func (p *podRT) waitProc(ctx context.Context, c *ctr) outcome {
 		p.recordExit(c, r)
 		return outExited
 	case <-p.deleteCh:
-		p.stop(c, proc, ch, "Stopping container "+c.spec.GetName())
+		p.stop(c, proc, ch, "Stopping container "+c.name)
 		return outStopped
 	case <-c.wake:
-		p.stop(c, proc, ch, fmt.Sprintf("Container %s definition changed, will be restarted", c.spec.GetName()))
+		p.stop(c, proc, ch, fmt.Sprintf("Container %s definition changed, will be restarted", c.name))
 		p.update(func() {
 			c.last = c.state.Terminated
 			c.state = cstate{Waiting: &waiting{Reason: "ContainerCreating"}}
@@ -309,13 +324,13 @@ func (p *podRT) stop(c *ctr, proc Process, ch chan waitResult, msg string) {
 		}
 	}
 	p.mu.Unlock()
-	p.event(normal, "Killing", c.spec.GetName(), msg)
+	p.event(normal, "Killing", c.name, msg)
 	sig := syscall.SIGTERM
 	if grace <= 0 {
 		sig = syscall.SIGKILL
 	}
 	if err := proc.Signal(sig); err != nil {
-		p.m.log.Warn("signal container", "pod", p.key(), "container", c.spec.GetName(), "err", err)
+		p.m.log.Warn("signal container", "pod", p.key(), "container", c.name, "err", err)
 	}
 	t := time.NewTimer(grace)
 	defer t.Stop()
@@ -363,7 +378,7 @@ func (p *podRT) ensureImage(ctx context.Context, c *ctr) (*image.Image, outcome,
 	ref := c.spec.GetImage()
 	policy := c.spec.GetImagePullPolicy()
 	secrets := p.spec.GetPullSecrets()
-	name := c.spec.GetName()
+	name := c.name
 	p.mu.Unlock()
 	if ref == NativeImage {
 		return nil, 0, true
