@@ -469,3 +469,38 @@ func TestIntegrationDelete20PodsLeavesNothing(t *testing.T) {
 		t.Errorf("%d pods listed", len(r.GetPods()))
 	}
 }
+
+// A shim killed with SIGKILL loses the exit status: the container is
+// reported ExitStatusUnknown, its orphaned processes are ended, and the
+// restart policy starts it again.
+func TestIntegrationShimDeathIsExitStatusUnknown(t *testing.T) {
+	e := newEnv(t)
+	tmp := t.TempDir()
+	spec := e.podSpec("shim-dies", "pid:"+filepath.Join(tmp, "pid"), "forever")
+	e.create(spec)
+	e.waitFor(spec.Uid, "Running", 30*time.Second, running)
+	pid := readPid(t, filepath.Join(tmp, "pid"))
+	os.Remove(filepath.Join(tmp, "pid"))
+	b, err := os.ReadFile(filepath.Join(e.dir, "pods", spec.Uid, "attempts", "main", "0", "shim.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shimPid int
+	fmt.Sscanf(string(b)[strings.Index(string(b), `"shimPid":`)+len(`"shimPid":`):], "%d", &shimPid)
+	if err := syscall.Kill(shimPid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	st := e.waitFor(spec.Uid, "restarted after the shim died", 30*time.Second, func(st *runtimev1.PodStatus) bool {
+		return ctrState(st).GetRestartCount() == 1 && running(st)
+	})
+	if lt := ctrState(st).GetLastTerminationState().GetTerminated(); lt.GetReason() != "ExitStatusUnknown" {
+		t.Errorf("last termination %v, want ExitStatusUnknown", lt)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if processAlive(pid) {
+		t.Error("the orphaned workload of the dead shim still runs")
+	}
+	if readPid(t, filepath.Join(tmp, "pid")) == pid {
+		t.Error("no new process after the restart")
+	}
+}

@@ -224,6 +224,12 @@ func (p *process) Wait(ctx context.Context) (pod.ExitStatus, error) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+	if !p.dead && p.pid > 0 {
+		// The shim died under a live daemon: its process group is orphaned
+		// and nothing holds its output any more. End it (the pid was ours a
+		// moment ago, so reuse is not a concern here).
+		syscall.Kill(-p.pid, syscall.SIGKILL)
+	}
 	return pod.ExitStatus{ExitCode: 255, StartedAt: p.startedAt, FinishedAt: time.Now(), Unknown: true,
 		Message: "the container's shim exited without recording an exit status"}, nil
 }
