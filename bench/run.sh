@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Runs the k3sm benchmarks and records their figures in bench/RESULTS.md.
+#
+#   bench/run.sh [controlplane|runtime|all]...    (default: all)
+#
+# `make bench` builds the binaries and runs this with K3SM_BIN set.
+# Environment (all optional):
+#   K3SM_BIN              k3sm binary to measure (default: bin/k3sm)
+#   K3SM_BENCH_ROUNDS     control plane: start rounds (default 5)
+#   K3SM_BENCH_IDLE       control plane: idle time before memory is read (default 60s)
+#   K3SM_BENCH_RESULTS    file to record results in (default bench/RESULTS.md; empty: print only)
+#   K3SM_BENCH_ARGS       extra flags for bench/controlplane (see: go run ./bench/controlplane -help)
+# The runtime benchmark (bench/runtime) reads its own K3SM_BENCH_* variables.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+GO=${GO:-go}
+export K3SM_BIN=${K3SM_BIN:-$PWD/bin/k3sm}
+ROUNDS=${K3SM_BENCH_ROUNDS:-5}
+IDLE=${K3SM_BENCH_IDLE:-60s}
+RESULTS=${K3SM_BENCH_RESULTS-bench/RESULTS.md}
+mkdir -p _output/bench
+
+controlplane() {
+	if [[ ! -x $K3SM_BIN ]]; then
+		echo "bench: $K3SM_BIN is missing; build it with 'make bin/k3sm' or set K3SM_BIN" >&2
+		return 1
+	fi
+	# A small stdlib-only program: builds in seconds, links nothing of the control plane.
+	$GO build -o _output/bench/controlplane ./bench/controlplane
+	local invocation="bench/run.sh controlplane"
+	if [[ $ROUNDS != 5 ]]; then invocation="K3SM_BENCH_ROUNDS=$ROUNDS $invocation"; fi
+	if [[ $IDLE != 60s ]]; then invocation="K3SM_BENCH_IDLE=$IDLE $invocation"; fi
+	# shellcheck disable=SC2086 # K3SM_BENCH_ARGS is a list of flags
+	_output/bench/controlplane -bin "$K3SM_BIN" -rounds "$ROUNDS" -idle "$IDLE" \
+		-results "$RESULTS" -invocation "$invocation" ${K3SM_BENCH_ARGS:-} |
+		tee _output/bench/controlplane.md
+}
+
+runtime() {
+	# Owned by bench/runtime: pod start and density (issue 3).
+	K3SM_BENCH_RUNTIME=1 $GO test -count=1 -v -timeout 60m ./bench/runtime/ 2>&1 | tee _output/bench/runtime.log
+}
+
+targets=("$@")
+if [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]]; then targets=(controlplane runtime); fi
+failed=()
+for t in "${targets[@]}"; do
+	case $t in
+	controlplane | runtime)
+		echo "=== bench: $t" >&2
+		"$t" || failed+=("$t")
+		;;
+	*)
+		echo "bench: unknown benchmark '$t'; choose controlplane, runtime or all" >&2
+		exit 2
+		;;
+	esac
+done
+if [[ ${#failed[@]} -gt 0 ]]; then
+	echo "bench: failed: ${failed[*]}" >&2
+	exit 1
+fi
