@@ -9,6 +9,7 @@
 #   K3SM_BENCH_ROUNDS     control plane: start rounds (default 5)
 #   K3SM_BENCH_IDLE       control plane: idle time before memory is read (default 60s)
 #   K3SM_BENCH_RESULTS    file to record results in (default bench/RESULTS.md; empty: print only)
+#   K3SM_BENCH_NOTE       control plane: a line for the report (e.g. how the binary was built)
 #   K3SM_BENCH_ARGS       extra flags for bench/controlplane (see: go run ./bench/controlplane -help)
 # The runtime benchmark (bench/runtime) reads its own K3SM_BENCH_* variables.
 set -euo pipefail
@@ -31,9 +32,10 @@ controlplane() {
 	local invocation="bench/run.sh controlplane"
 	if [[ $ROUNDS != 5 ]]; then invocation="K3SM_BENCH_ROUNDS=$ROUNDS $invocation"; fi
 	if [[ $IDLE != 60s ]]; then invocation="K3SM_BENCH_IDLE=$IDLE $invocation"; fi
+	if [[ $K3SM_BIN != "$PWD/bin/k3sm" ]]; then invocation="K3SM_BIN=$K3SM_BIN $invocation"; fi
 	# shellcheck disable=SC2086 # K3SM_BENCH_ARGS is a list of flags
 	_output/bench/controlplane -bin "$K3SM_BIN" -rounds "$ROUNDS" -idle "$IDLE" \
-		-results "$RESULTS" -invocation "$invocation" ${K3SM_BENCH_ARGS:-} |
+		-results "$RESULTS" -invocation "$invocation" -note "${K3SM_BENCH_NOTE:-}" ${K3SM_BENCH_ARGS:-} |
 		tee _output/bench/controlplane.md
 }
 

@@ -35,6 +35,7 @@ type options struct {
 	privateBin bool
 	floorMem   bool
 	invocation string
+	note       string
 }
 
 type bench struct {
@@ -65,6 +66,7 @@ func main() {
 	flag.BoolVar(&o.privateBin, "private-bin", true, "run a private copy of the binary so PSS is shared only among the measured processes")
 	flag.BoolVar(&o.floorMem, "floor-memory", true, "also measure the idle memory of the floor (kine + kube-apiserver alone)")
 	flag.StringVar(&o.invocation, "invocation", "", "the command that ran this benchmark, for the report")
+	flag.StringVar(&o.note, "note", "", "a line for the report, e.g. how the binary was built")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fatalf("unexpected arguments %q; see -help", flag.Args())

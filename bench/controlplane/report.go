@@ -146,6 +146,8 @@ func verdict(ok bool) string {
 	return "**not met**"
 }
 
+func secs(d time.Duration) string { return fmt.Sprintf("%g s", d.Seconds()) }
+
 func mib(kb int64) string { return fmt.Sprintf("%.1f", float64(kb)/1024) }
 
 const ratioGoal = 1.3
@@ -164,7 +166,11 @@ func renderReport(o options, m machine, r *results) string {
 	if m.DirtyTree {
 		dirty = " (the shared working tree had uncommitted changes)"
 	}
-	w("- Commit: `%s`%s; binary `k3sm version`: %s; %.0f MB, sha256 %s…\n", m.Commit, dirty, m.BinVersion, float64(m.BinSize)/1e6, m.BinSHA)
+	w("- Measured binary: `k3sm version` = %s; %.0f MB, sha256 %s…\n", m.BinVersion, float64(m.BinSize)/1e6, m.BinSHA)
+	w("- Repository at commit `%s`%s\n", m.Commit, dirty)
+	if o.note != "" {
+		w("- Note: %s\n", o.note)
+	}
 	if o.invocation != "" {
 		w("- Command: `%s`\n", o.invocation)
 	}
@@ -175,11 +181,12 @@ func renderReport(o options, m machine, r *results) string {
 	n := o.rounds
 	w("### Cold start\n\n")
 	w("Median of %d rounds; every time is from process start (`k3sm server`, or for the floor the\n", n)
-	w("`kube-apiserver` process) to the first 200, polled every %s.\n\n", o.poll)
+	w("`kube-apiserver` process) to the first 200, polled every %d ms.\n\n", o.poll.Milliseconds())
 	w("| milliseconds | fresh data dir | warm data dir |\n|---|---:|---:|\n")
 	row := func(label string, kind string, f func(*run) time.Duration) {
 		w("| %s | %s | %s |\n", label, msNum(median(series(r.Runs, kind, false, f))), msNum(median(series(r.Runs, kind, true, f))))
 	}
+	row("k3sm: kine child spawned ¹ (after preflight and PKI)", "k3sm", func(x *run) time.Duration { return x.KineSpawn })
 	row("k3sm: kine socket accepts", "k3sm", func(x *run) time.Duration { return x.Kine })
 	row("k3sm: kube-apiserver child spawned ¹", "k3sm", func(x *run) time.Duration { return x.APISpawn })
 	row("**k3sm: apiserver /readyz 200**", "k3sm", func(x *run) time.Duration { return x.Readyz })
@@ -215,7 +222,7 @@ func renderReport(o options, m machine, r *results) string {
 	w("Goal k3sm ≤ %.1f× the floor: /readyz %s fresh, %s warm; all healthy %s fresh, %s warm.\n\n",
 		ratioGoal, verdict(rat[0].ready <= ratioGoal), verdict(rat[1].ready <= ratioGoal),
 		verdict(rat[0].all <= ratioGoal), verdict(rat[1].all <= ratioGoal))
-	w("1. From `/proc/<pid>/stat` start times of the server and its apiserver child (10 ms resolution).\n")
+	w("1. From the `/proc/<pid>/stat` start times of the server and of its children (10 ms resolution).\n")
 	w("2. The last of: the server logs `k3sm is up`, apiserver /readyz, scheduler and controller-manager\n")
 	w("   /healthz on their loopback ports all answer 200.\n")
 	w("3. `k3sm kine` and `k3sm kube-apiserver` started directly with the exact command lines the server\n")
@@ -264,13 +271,13 @@ func renderReport(o options, m machine, r *results) string {
 	}
 	w("\n")
 
-	w("### Memory after %s idle\n\n", o.idle)
-	w("`k3sm server` on a fresh data dir, read %s after every component was healthy; every process of the\n", o.idle)
+	w("### Memory after %s idle\n\n", secs(o.idle))
+	w("`k3sm server` on a fresh data dir, read %s after every component was healthy; every process of the\n", secs(o.idle))
 	w("tree under the server pid, from `/proc/<pid>/smaps_rollup`. MiB = 1024 KiB.\n\n")
 	sum := memTable(&sb, r.K3smMem)
 	w("Goal ≤ %d MiB PSS for the whole idle server: %s (%s MiB).\n\n", pssGoalMiB, verdict(sum.PSS <= pssGoalMiB*1024), mib(sum.PSS))
 	if len(r.FloorMem) > 0 {
-		w("For comparison, the floor (kine + kube-apiserver alone, fresh datastore, %s after /readyz):\n\n", o.idle)
+		w("For comparison, the floor (kine + kube-apiserver alone, fresh datastore, %s after /readyz):\n\n", secs(o.idle))
 		memTable(&sb, r.FloorMem)
 	}
 	w("PSS divides each shared page among the processes that map it. The benchmark runs a private copy\n")
@@ -312,12 +319,28 @@ func memTable(sb *strings.Builder, ms []memory) memory {
 // repository made relative, so the report reads the same on every machine.
 func programLine() string {
 	wd, _ := os.Getwd()
-	args := append([]string{"bench/controlplane"}, os.Args[1:]...)
-	for i, a := range args {
+	args := []string{"bench/controlplane"}
+	skip := false
+	for _, a := range os.Args[1:] {
+		// -invocation and -note are shown on their own lines.
+		if skip {
+			skip = false
+			continue
+		}
+		if name := strings.TrimLeft(a, "-"); a != name && (name == "invocation" || name == "note") {
+			skip = true
+			continue
+		}
+		if strings.HasPrefix(a, "-invocation=") || strings.HasPrefix(a, "--invocation=") || strings.HasPrefix(a, "-note=") || strings.HasPrefix(a, "--note=") {
+			continue
+		}
 		if wd != "" {
 			a = strings.ReplaceAll(a, wd+string(filepath.Separator), "")
 		}
-		args[i] = a
+		if a == "" || strings.ContainsAny(a, " \t'\"") {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		args = append(args, a)
 	}
 	return strings.Join(args, " ")
 }

@@ -37,7 +37,7 @@ type run struct {
 	AllUp  time.Duration // the last of Readyz, UpLine, Sched, CM
 	// Child process starts relative to the server's, from /proc starttime
 	// (10 ms resolution); -1 if unknown.
-	APISpawn, SchedSpawn, CMSpawn time.Duration
+	KineSpawn, APISpawn, SchedSpawn, CMSpawn time.Duration
 	// The server's own figures from its log ("apiserver ready after=", "k3sm is up in").
 	SelfReady, SelfUp string
 	// Restarts is how many "restarting" lines the server logged during start.
@@ -274,7 +274,7 @@ func (b *bench) startK3sm(dir string) (*run, *k3smServer, error) {
 	go func() { _ = cmd.Wait(); close(k.exited) }()
 	b.track(k)
 
-	res := &run{Kind: "k3sm", APISpawn: -1, SchedSpawn: -1, CMSpawn: -1}
+	res := &run{Kind: "k3sm", KineSpawn: -1, APISpawn: -1, SchedSpawn: -1, CMSpawn: -1}
 	var mu sync.Mutex
 	upLine := make(chan time.Duration, 1)
 	go func() {
@@ -330,6 +330,7 @@ func (b *bench) startK3sm(dir string) (*run, *k3smServer, error) {
 	}
 	res.AllUp = max(res.Readyz, res.UpLine, res.Sched, res.CM)
 	pids := k.pids()
+	res.KineSpawn = spawnOffset(pids, "kine")
 	res.APISpawn = spawnOffset(pids, "kube-apiserver")
 	res.SchedSpawn = spawnOffset(pids, "kube-scheduler")
 	res.CMSpawn = spawnOffset(pids, "kube-controller-manager")
@@ -480,7 +481,7 @@ func (b *bench) startFloor(dir string) (*run, *floor, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.opts.timeout)
 	defer cancel()
 	f := &floor{dir: dir}
-	res := &run{Kind: "floor", APISpawn: -1, SchedSpawn: -1, CMSpawn: -1}
+	res := &run{Kind: "floor", KineSpawn: -1, APISpawn: -1, SchedSpawn: -1, CMSpawn: -1}
 
 	tk := time.Now()
 	var logf *os.File
