@@ -124,7 +124,13 @@ func walk(src, dst string, file func(s, d string, mode fs.FileMode) (Method, err
 	return method, nil
 }
 
+// copyFile copies one file. It holds syscall.ForkLock for reading while the
+// destination is open for writing: a process forked meanwhile would inherit
+// the write descriptor until it execs, and exec'ing the copied binary during
+// that window fails with ETXTBSY (golang.org/issue/22315).
 func copyFile(src, dst string, mode fs.FileMode) error {
+	syscall.ForkLock.RLock()
+	defer syscall.ForkLock.RUnlock()
 	in, err := os.Open(src)
 	if err != nil {
 		return err

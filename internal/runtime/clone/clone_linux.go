@@ -5,6 +5,7 @@ package clone
 import (
 	"io/fs"
 	"os"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -16,6 +17,8 @@ func treeNative(src, dst string) (Method, bool, error) { return "", false, nil }
 // ok=false with the ioctl's error when the filesystem cannot (ext4, tmpfs,
 // or src and dst on different filesystems); dst is then removed.
 func reflinkFile(src, dst string, mode fs.FileMode) (bool, error) {
+	syscall.ForkLock.RLock() // see copyFile
+	defer syscall.ForkLock.RUnlock()
 	in, err := os.Open(src)
 	if err != nil {
 		return false, err

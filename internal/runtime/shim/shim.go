@@ -162,20 +162,30 @@ func start(dir string) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.cmd = &exec.Cmd{
-		Path:   s.cfg.Argv[0],
-		Args:   s.cfg.Argv,
-		Env:    s.cfg.Env,
-		Dir:    s.cfg.Dir,
-		Stdin:  devnull,
-		Stdout: outW,
-		Stderr: errW,
-		// Its own process group, so the daemon can signal the container
-		// (and everything it forked) as one.
-		SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+	var startErr error
+	for try := 0; ; try++ {
+		s.cmd = &exec.Cmd{
+			Path:   s.cfg.Argv[0],
+			Args:   s.cfg.Argv,
+			Env:    s.cfg.Env,
+			Dir:    s.cfg.Dir,
+			Stdin:  devnull,
+			Stdout: outW,
+			Stderr: errW,
+			// Its own process group, so the daemon can signal the
+			// container (and everything it forked) as one.
+			SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+		}
+		s.startedAt = time.Now()
+		startErr = s.cmd.Start()
+		// ETXTBSY: a process forked by the daemon while it was writing
+		// this binary into the pod root still holds the write descriptor
+		// until it execs (golang.org/issue/22315). It lasts milliseconds.
+		if !errors.Is(startErr, syscall.ETXTBSY) || try == 100 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	s.startedAt = time.Now()
-	startErr := s.cmd.Start()
 	outW.Close()
 	errW.Close()
 	devnull.Close()
