@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 )
@@ -142,5 +143,30 @@ func TestIntegrationUpdatePodRestartsChangedContainer(t *testing.T) {
 	}
 	if !sawTerminating {
 		t.Error("no UPDATED message with terminating set")
+	}
+}
+
+func TestIntegrationUpdateFixesImage(t *testing.T) {
+	e := newEnv(t)
+	spec := e.podSpec("fix-image", "echo:fixed", "forever")
+	good := spec.Containers[0].Image
+	spec.Containers[0].Image = e.reg.Host + "/typo:v1"
+	e.create(spec)
+	e.waitFor(spec.Uid, "ImagePullBackOff", 20*time.Second, func(st *runtimev1.PodStatus) bool {
+		return ctrState(st).GetState().GetWaiting().GetReason() == "ImagePullBackOff"
+	})
+	spec.Containers[0].Image = good
+	if _, err := e.c.Runtime.UpdatePod(context.Background(), &runtimev1.UpdatePodRequest{Pod: spec}); err != nil {
+		t.Fatal(err)
+	}
+	st := e.waitFor(spec.Uid, "Running with the fixed image", 20*time.Second, running)
+	if cs := ctrState(st); cs.GetRestartCount() != 0 || cs.GetImage() != good {
+		t.Errorf("after the fix: %s", prettyStatus(st))
+	}
+	e.waitLog(spec.Uid, "fixed\n")
+	renamed := proto.Clone(spec).(*runtimev1.PodSpec)
+	renamed.Name = "other"
+	if _, err := e.c.Runtime.UpdatePod(context.Background(), &runtimev1.UpdatePodRequest{Pod: renamed}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("renaming a pod: %v", err)
 	}
 }

@@ -166,12 +166,23 @@ func (p *podRT) runOnce(ctx context.Context, c *ctr) outcome {
 		return outDetached
 	}
 
-	img, out, ok := p.ensureImage(ctx, c)
+	img, usedRef, out, ok := p.ensureImage(ctx, c)
 	if !ok {
 		return out
 	}
 
 	p.mu.Lock()
+	// A definition change that arrived during the pull is already in
+	// c.spec; start with it (and pull again if the image changed).
+	select {
+	case <-c.wake:
+	default:
+	}
+	if c.spec.GetImage() != usedRef {
+		p.mu.Unlock()
+		return outRestart
+	}
+	c.changed = false
 	if c.hasRun {
 		c.restartCount++
 	}
@@ -373,7 +384,7 @@ func (p *podRT) recordExit(c *ctr, r waitResult) {
 
 // ensureImage applies the pull policy, retrying failed pulls with
 // ImagePullBackOff. It returns nil for image "native".
-func (p *podRT) ensureImage(ctx context.Context, c *ctr) (*image.Image, outcome, bool) {
+func (p *podRT) ensureImage(ctx context.Context, c *ctr) (*image.Image, string, outcome, bool) {
 	p.mu.Lock()
 	ref := c.spec.GetImage()
 	policy := c.spec.GetImagePullPolicy()
@@ -381,7 +392,7 @@ func (p *podRT) ensureImage(ctx context.Context, c *ctr) (*image.Image, outcome,
 	name := c.name
 	p.mu.Unlock()
 	if ref == NativeImage {
-		return nil, 0, true
+		return nil, ref, 0, true
 	}
 	setWaiting := func(reason, msg string) {
 		p.update(func() { c.state = cstate{Waiting: &waiting{Reason: reason, Message: msg}} })
@@ -392,9 +403,8 @@ func (p *podRT) ensureImage(ctx context.Context, c *ctr) (*image.Image, outcome,
 		p.event(warning, "InspectFailed", name, msg)
 		p.event(warning, "Failed", name, "Error: InvalidImageName")
 		for {
-			out, _ := p.sleep(ctx, c, time.Hour)
-			if out != 0 {
-				return nil, out, false
+			if out, ok := p.sleep(ctx, c, time.Hour); !ok {
+				return nil, ref, out, false
 			}
 		}
 	}
@@ -415,7 +425,7 @@ func (p *podRT) ensureImage(ctx context.Context, c *ctr) (*image.Image, outcome,
 		case present && policy != runtimev1.PullPolicy_PULL_POLICY_ALWAYS:
 			p.event(normal, "Pulled", name, fmt.Sprintf("Container image %q already present on machine", ref))
 			c.pullDelay = 0
-			return img, 0, true
+			return img, ref, 0, true
 		default:
 			p.event(normal, "Pulling", name, fmt.Sprintf("Pulling image %q", ref))
 			pctx, cancel := context.WithCancel(ctx)
@@ -434,15 +444,15 @@ func (p *podRT) ensureImage(ctx context.Context, c *ctr) (*image.Image, outcome,
 			if err == nil {
 				p.event(normal, "Pulled", name, fmt.Sprintf("Successfully pulled image %q in %s. Image size: %d bytes.", ref, time.Since(t0).Round(time.Millisecond), pulled.Size))
 				c.pullDelay = 0
-				return pulled, 0, true
+				return pulled, ref, 0, true
 			}
 			select {
 			case <-p.deleteCh:
-				return nil, outStopped, false
+				return nil, ref, outStopped, false
 			default:
 			}
 			if ctx.Err() != nil {
-				return nil, outDetached, false
+				return nil, ref, outDetached, false
 			}
 			reason, msg = "ErrImagePull", err.Error()
 			p.event(warning, "Failed", name, fmt.Sprintf("Failed to pull image %q: %s", ref, msg))
@@ -461,10 +471,7 @@ func (p *podRT) ensureImage(ctx context.Context, c *ctr) (*image.Image, outcome,
 			// ImagePullBackOff while the back-off runs.
 			first := min(d/2, time.Second)
 			if out, ok := p.sleep(ctx, c, first); !ok {
-				if out == outRestart {
-					continue
-				}
-				return nil, out, false
+				return nil, ref, out, false // a definition change retries at once
 			}
 			d -= first
 			bmsg := fmt.Sprintf("Back-off pulling image %q: ErrImagePull: %s", ref, msg)
@@ -472,18 +479,8 @@ func (p *podRT) ensureImage(ctx context.Context, c *ctr) (*image.Image, outcome,
 			p.event(normal, "BackOff", name, fmt.Sprintf("Back-off pulling image %q", ref))
 			p.event(warning, "Failed", name, "Error: ImagePullBackOff")
 		}
-		if out, ok := p.sleep(ctx, c, d); !ok && out != outRestart {
-			return nil, out, false
-		}
-		p.mu.Lock()
-		ref, policy = c.spec.GetImage(), c.spec.GetImagePullPolicy()
-		c.changed = false
-		p.mu.Unlock()
-		if policy == runtimev1.PullPolicy_PULL_POLICY_UNSPECIFIED {
-			policy = runtimev1.PullPolicy_PULL_POLICY_IF_NOT_PRESENT
-			if image.DefaultPullAlways(ref) {
-				policy = runtimev1.PullPolicy_PULL_POLICY_ALWAYS
-			}
+		if out, ok := p.sleep(ctx, c, d); !ok {
+			return nil, ref, out, false
 		}
 	}
 }
