@@ -4,7 +4,9 @@ package main
 import (
 	"os"
 
+	"github.com/k3sm-dev/k3sm/internal/controlplane"
 	"github.com/k3sm-dev/k3sm/internal/k3smcmd"
+	"github.com/k3sm-dev/k3sm/internal/node"
 	"github.com/k3sm-dev/k3sm/internal/roles"
 )
 
@@ -14,5 +16,7 @@ func main() {
 			os.Exit(run(os.Args[2:]))
 		}
 	}
-	os.Exit(k3smcmd.Execute(roles.Kubectl, nil))
+	os.Exit(k3smcmd.Execute(roles.Kubectl, func(*controlplane.Config) []controlplane.Addon {
+		return []controlplane.Addon{node.ServerAddon()}
+	}))
 }

@@ -27,6 +27,13 @@ type Config struct {
 	ClusterDomain    string
 	TLSSANs          []string
 	NodeName         string
+	NodeIP           string
+	KubeletPort      int
+	// RegistriesConfig is a registries.yaml (mirrors, plain-HTTP endpoints, auth) for image pulls.
+	RegistriesConfig string
+	// NodeInstant makes the node mark pods Running without starting them:
+	// the floor of the pod-start benchmark, never for real use.
+	NodeInstant bool
 
 	// Ports of the scheduler's and controller-manager's health endpoints (loopback only).
 	SchedulerPort         int
@@ -66,6 +73,7 @@ func Defaults() Config {
 		ClusterDNS:            "10.43.0.10",
 		ClusterDomain:         "cluster.local",
 		NodeName:              strings.ToLower(host),
+		KubeletPort:           10250,
 		SchedulerPort:         10259,
 		ControllerManagerPort: 10257,
 	}
@@ -99,7 +107,7 @@ func (c *Config) Validate() error {
 	for _, p := range []struct {
 		flag string
 		v    int
-	}{{"https-listen-port", c.HTTPSPort}, {"scheduler-port", c.SchedulerPort}, {"controller-manager-port", c.ControllerManagerPort}} {
+	}{{"https-listen-port", c.HTTPSPort}, {"scheduler-port", c.SchedulerPort}, {"controller-manager-port", c.ControllerManagerPort}, {"kubelet-port", c.KubeletPort}} {
 		if p.v < 1 || p.v > 65535 {
 			add(p.flag, fmt.Sprint(p.v), "not a TCP port", "use a number from 1 to 65535")
 		}
@@ -112,6 +120,14 @@ func (c *Config) Validate() error {
 		c.AdvertiseAddress = defaultAdvertise(bind)
 	} else if _, err := netip.ParseAddr(c.AdvertiseAddress); err != nil {
 		add("advertise-address", c.AdvertiseAddress, "not an IP address", "use the address other machines reach this server on")
+	}
+	if c.NodeIP == "" {
+		c.NodeIP = c.AdvertiseAddress
+	} else if _, err := netip.ParseAddr(c.NodeIP); err != nil {
+		add("node-ip", c.NodeIP, "not an IP address", "use an address of this machine")
+	}
+	if c.RegistriesConfig == "" && c.DataDir != "" {
+		c.RegistriesConfig = filepath.Join(c.DataDir, "registries.yaml")
 	}
 	svc, svcErr := netip.ParsePrefix(c.ServiceCIDR)
 	if svcErr != nil {

@@ -43,6 +43,7 @@ func Preflight(cfg *Config) (release func(), err error) {
 		{"https-listen-port", cfg.BindAddress, cfg.HTTPSPort},
 		{"scheduler-port", "127.0.0.1", cfg.SchedulerPort},
 		{"controller-manager-port", "127.0.0.1", cfg.ControllerManagerPort},
+		{"kubelet-port", cfg.NodeIP, cfg.KubeletPort},
 	}
 	for _, p := range ports {
 		addr := net.JoinHostPort(p.host, strconv.Itoa(p.port))

@@ -16,6 +16,7 @@ import (
 
 	"github.com/k3s-io/kine/pkg/endpoint"
 	"github.com/k3sm-dev/k3sm/internal/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/node"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	"github.com/sirupsen/logrus"
 	"github.com/spf13/cobra"
@@ -37,6 +38,8 @@ func Lookup(name string) (func(args []string) int, bool) {
 		controlplane.RoleAPIServer:         runCobra(apiserverapp.NewAPIServerCommand),
 		controlplane.RoleScheduler:         runCobra(func() *cobra.Command { return schedulerapp.NewSchedulerCommand() }),
 		controlplane.RoleControllerManager: runCobra(cmapp.NewControllerManagerCommand),
+		node.RoleRuntime:                   runRuntimed,
+		node.RoleNode:                      runNode,
 	}[name]
 	return run, ok
 }

@@ -1,0 +1,320 @@
+// Package node owns the k3sm node: a Virtual Kubelet that registers this
+// machine as a Node under its own system:node:<name> identity, hands the
+// pods scheduled to it to the runtime daemon (through the api/runtime/v1
+// contract only), reports their status and events the way the kubelet does,
+// and serves the kubelet API (logs, exec, attach, port-forward, stats) with
+// the apiserver's authentication and authorization.
+package node
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/runtime/client"
+	"github.com/k3sm-dev/k3sm/internal/version"
+	vknode "github.com/virtual-kubelet/virtual-kubelet/node"
+	"github.com/virtual-kubelet/virtual-kubelet/node/api"
+	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
+)
+
+// Taint keeps workloads that did not ask for native pods off k3sm nodes.
+var Taint = corev1.Taint{Key: "k3sm.io/provider", Value: "native", Effect: corev1.TaintEffectNoSchedule}
+
+// Config is what one node runs with.
+type Config struct {
+	Name          string
+	IP            string
+	KubeletPort   int
+	Kubeconfig    string // the node's own system:node:<name> credential
+	ServingCert   string // kubelet API serving certificate and key
+	ServingKey    string
+	ClientCAFile  string // CA of the clients the kubelet API accepts (the apiserver)
+	RuntimeSocket string
+	Workers       int
+	Instant       bool // benchmark floor: mark pods Running, start nothing
+	Log           *slog.Logger
+}
+
+// Run registers the node and serves until ctx ends.
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.Workers == 0 {
+		cfg.Workers = 16
+	}
+	log := cfg.Log
+	rc, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	if err != nil {
+		return fmt.Errorf("node kubeconfig: %w", err)
+	}
+	rc.UserAgent = "k3sm-node/" + version.Version
+	rc.QPS, rc.Burst = 100, 200
+	kc, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	rt, err := client.Dial(cfg.RuntimeSocket)
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+	var info *runtimev1.GetRuntimeInfoResponse
+	if cfg.Instant {
+		info = &runtimev1.GetRuntimeInfoResponse{RuntimeName: "instant", RuntimeVersion: version.Version, Os: goruntime.GOOS, Arch: goruntime.GOARCH,
+			CpuCores: int64(goruntime.NumCPU()), MemoryBytes: 8 << 30, MaxPods: 1000}
+	} else {
+		wctx, cancel := context.WithTimeout(ctx, time.Minute)
+		info, err = rt.WaitReady(wctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("runtime daemon at %s: %w", cfg.RuntimeSocket, err)
+		}
+	}
+
+	eb := record.NewBroadcaster()
+	eb.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kc.CoreV1().Events("")})
+	defer eb.Shutdown()
+	recorder := eb.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet", Host: cfg.Name})
+
+	tr := &translator{src: apiSource{kc}, nodeName: cfg.Name, nodeIP: cfg.IP}
+	prov := newProvider(rt, tr, cfg.IP, recorder, log, cfg.Instant)
+	prov.remove = func(ns, name string, uid types.UID) {
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		err := kc.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{
+			GracePeriodSeconds: ptr.To[int64](0), Preconditions: metav1.NewUIDPreconditions(string(uid))})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			log.Warn("removing terminated pod", "pod", ns+"/"+name, "err", err)
+		}
+	}
+	if !cfg.Instant {
+		// Learn what the runtime already runs before Virtual Kubelet asks,
+		// so restarted nodes re-adopt live pods instead of recreating them.
+		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		list, err := rt.Runtime.ListPods(lctx, &runtimev1.ListPodsRequest{})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("runtime ListPods: %w", err)
+		}
+		for _, st := range list.Pods {
+			prov.update(st)
+		}
+		go prov.watch(ctx)
+	}
+
+	nodeSpec := nodeObject(cfg, info)
+	np := &nodeProvider{rt: rt, instant: cfg.Instant}
+	nc, err := vknode.NewNodeController(np, nodeSpec, kc.CoreV1().Nodes(),
+		vknode.WithNodeEnableLeaseV1(nodeutil.NodeLeaseV1Client(kc), vknode.DefaultLeaseDuration))
+	if err != nil {
+		return err
+	}
+
+	podFactory := informers.NewSharedInformerFactoryWithOptions(kc, time.Minute, nodeutil.PodInformerFilter(cfg.Name))
+	// The pod controller wants these informers, but with our own env
+	// resolution they are never started: a node may not list Secrets and
+	// ConfigMaps cluster-wide, only GET those its pods reference.
+	unused := informers.NewSharedInformerFactory(kc, 0)
+	pc, err := vknode.NewPodController(vknode.PodControllerConfig{
+		PodClient:                 kc.CoreV1(),
+		PodInformer:               podFactory.Core().V1().Pods(),
+		EventRecorder:             recorder,
+		Provider:                  prov,
+		ConfigMapInformer:         unused.Core().V1().ConfigMaps(),
+		SecretInformer:            unused.Core().V1().Secrets(),
+		ServiceInformer:           unused.Core().V1().Services(),
+		SkipDownwardAPIResolution: true,
+	})
+	if err != nil {
+		return err
+	}
+
+	srv, err := serveKubeletAPI(cfg, kc, prov, podFactory)
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+
+	podFactory.Start(ctx.Done())
+	errc := make(chan error, 2)
+	go func() { errc <- nc.Run(ctx) }()
+	select {
+	case <-nc.Ready():
+	case err := <-errc:
+		return fmt.Errorf("node controller: %w", err)
+	case <-ctx.Done():
+		return nil
+	}
+	go func() { errc <- pc.Run(ctx, cfg.Workers) }()
+	log.Info("node registered", "node", cfg.Name, "ip", cfg.IP, "kubeletPort", cfg.KubeletPort, "runtime", info.RuntimeName+" "+info.RuntimeVersion)
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-errc:
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+}
+
+func nodeObject(cfg Config, info *runtimev1.GetRuntimeInfoResponse) *corev1.Node {
+	capacity := corev1.ResourceList{
+		corev1.ResourceCPU:    *resource.NewQuantity(info.CpuCores, resource.DecimalSI),
+		corev1.ResourceMemory: *resource.NewQuantity(info.MemoryBytes, resource.BinarySI),
+		corev1.ResourcePods:   *resource.NewQuantity(info.MaxPods, resource.DecimalSI),
+	}
+	host, _ := os.Hostname()
+	now := metav1.Now()
+	cond := func(t corev1.NodeConditionType, s corev1.ConditionStatus, reason, msg string) corev1.NodeCondition {
+		return corev1.NodeCondition{Type: t, Status: s, Reason: reason, Message: msg, LastHeartbeatTime: now, LastTransitionTime: now}
+	}
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: cfg.Name,
+			Labels: map[string]string{
+				corev1.LabelOSStable:           info.Os,
+				corev1.LabelArchStable:         info.Arch,
+				corev1.LabelHostname:           cfg.Name,
+				corev1.LabelInstanceTypeStable: "k3sm",
+			},
+		},
+		Spec: corev1.NodeSpec{Taints: []corev1.Taint{Taint}},
+		Status: corev1.NodeStatus{
+			Phase:           corev1.NodeRunning,
+			Capacity:        capacity,
+			Allocatable:     capacity.DeepCopy(),
+			Addresses:       []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: cfg.IP}, {Type: corev1.NodeHostName, Address: host}},
+			DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: int32(cfg.KubeletPort)}},
+			NodeInfo: corev1.NodeSystemInfo{
+				KubeletVersion:          version.Kubernetes + "+k3sm",
+				OperatingSystem:         info.Os,
+				Architecture:            info.Arch,
+				KernelVersion:           info.KernelVersion,
+				OSImage:                 osImage(),
+				ContainerRuntimeVersion: info.RuntimeName + "://" + info.RuntimeVersion,
+			},
+			Conditions: []corev1.NodeCondition{
+				cond(corev1.NodeReady, corev1.ConditionTrue, "KubeletReady", "k3sm node is posting ready status"),
+				cond(corev1.NodeMemoryPressure, corev1.ConditionFalse, "KubeletHasSufficientMemory", "node has sufficient memory available"),
+				cond(corev1.NodeDiskPressure, corev1.ConditionFalse, "KubeletHasNoDiskPressure", "node has no disk pressure"),
+				cond(corev1.NodePIDPressure, corev1.ConditionFalse, "KubeletHasSufficientPID", "node has sufficient PID available"),
+				cond(corev1.NodeNetworkUnavailable, corev1.ConditionFalse, "RouteCreated", "pods use the host network"),
+			},
+		},
+	}
+}
+
+func osImage() string {
+	data, err := os.ReadFile("/etc/os-release")
+	if err == nil {
+		for _, line := range strings.Split(string(data), "\n") {
+			if v, ok := strings.CutPrefix(line, "PRETTY_NAME="); ok {
+				if uq, err := strconv.Unquote(v); err == nil {
+					return uq
+				}
+				return v
+			}
+		}
+	}
+	return goruntime.GOOS
+}
+
+// nodeProvider answers Virtual Kubelet's health pings from the runtime.
+type nodeProvider struct {
+	rt      *client.Client
+	instant bool
+}
+
+func (n *nodeProvider) Ping(ctx context.Context) error {
+	if n.instant {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err := n.rt.Runtime.GetRuntimeInfo(ctx, &runtimev1.GetRuntimeInfoRequest{})
+	return err
+}
+
+func (n *nodeProvider) NotifyNodeStatus(context.Context, func(*corev1.Node)) {}
+
+// serveKubeletAPI starts the TLS kubelet API. Clients must present a
+// certificate from the client CA (the apiserver does); every request is
+// authorized through SubjectAccessReview as the kubelet does.
+func serveKubeletAPI(cfg Config, kc kubernetes.Interface, prov *Provider, pods informers.SharedInformerFactory) (*http.Server, error) {
+	caPEM, err := os.ReadFile(cfg.ClientCAFile)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, fmt.Errorf("%s: no certificates", cfg.ClientCAFile)
+	}
+	pair, err := tls.LoadX509KeyPair(cfg.ServingCert, cfg.ServingKey)
+	if err != nil {
+		return nil, err
+	}
+	caProvider, err := dynamiccertificates.NewStaticCAContent("client-ca", caPEM)
+	if err != nil {
+		return nil, err
+	}
+	auth, err := nodeutil.WebhookAuth(kc, cfg.Name, func(c *nodeutil.WebhookAuthConfig) error {
+		c.AuthnConfig.ClientCertificateCAContentProvider = caProvider
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	lister := pods.Core().V1().Pods().Lister()
+	handler := api.PodHandler(api.PodHandlerConfig{
+		RunInContainer:    prov.RunInContainer,
+		AttachToContainer: prov.AttachToContainer,
+		PortForward:       prov.PortForward,
+		GetContainerLogs:  prov.GetContainerLogs,
+		GetPods:           prov.GetPods,
+		GetPodsFromKubernetes: func(context.Context) ([]*corev1.Pod, error) {
+			return lister.List(labels.Everything())
+		},
+		GetStatsSummary:       prov.GetStatsSummary,
+		GetMetricsResource:    prov.GetMetricsResource,
+		StreamIdleTimeout:     4 * time.Hour,
+		StreamCreationTimeout: 30 * time.Second,
+	}, false)
+	tc := &tls.Config{Certificates: []tls.Certificate{pair}, ClientCAs: pool, ClientAuth: tls.VerifyClientCertIfGiven, MinVersion: tls.VersionTLS12}
+	addr := net.JoinHostPort(cfg.IP, strconv.Itoa(cfg.KubeletPort))
+	ln, err := tls.Listen("tcp", addr, tc)
+	if err != nil {
+		return nil, fmt.Errorf("kubelet API on %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: nodeutil.WithAuth(auth, handler), ReadHeaderTimeout: 30 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			cfg.Log.Error("kubelet API stopped", "err", err)
+		}
+	}()
+	return srv, nil
+}

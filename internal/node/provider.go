@@ -1,0 +1,375 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/runtime/client"
+	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/tools/reference"
+)
+
+// Provider runs the node's pods through the runtime daemon. It is the
+// Virtual Kubelet PodLifecycleHandler and PodNotifier, plus the kubelet API
+// callbacks (logs, exec, attach, port-forward, stats).
+type Provider struct {
+	rt       *client.Client
+	tr       *translator
+	nodeIP   string
+	recorder record.EventRecorder
+	log      *slog.Logger
+	// instant marks pods Running without starting anything: the floor of
+	// the pod-start benchmark, never used for real workloads.
+	instant bool
+
+	mu     sync.Mutex
+	pods   map[types.UID]*corev1.Pod // last status per pod, by uid
+	byName map[string]types.UID      // namespace/name -> uid
+	known  map[types.UID]bool        // the runtime has this pod
+	notify func(*corev1.Pod)
+	retry  map[types.UID]*time.Timer
+	// remove deletes a terminated pod from the API (grace 0), as the kubelet
+	// does once every container is gone.
+	remove func(ns, name string, uid types.UID)
+}
+
+func newProvider(rt *client.Client, tr *translator, nodeIP string, recorder record.EventRecorder, log *slog.Logger, instant bool) *Provider {
+	return &Provider{rt: rt, tr: tr, nodeIP: nodeIP, recorder: recorder, log: log, instant: instant,
+		pods: map[types.UID]*corev1.Pod{}, byName: map[string]types.UID{}, known: map[types.UID]bool{}, retry: map[types.UID]*time.Timer{}}
+}
+
+func key(ns, name string) string { return ns + "/" + name }
+
+// CreatePod hands a pod to the runtime. A pod the runtime already runs (the
+// node restarted) is re-adopted, not recreated.
+func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
+	pod = pod.DeepCopy()
+	p.mu.Lock()
+	if old, ok := p.pods[pod.UID]; ok {
+		pod.Status = old.Status
+	}
+	p.pods[pod.UID] = pod
+	p.byName[key(pod.Namespace, pod.Name)] = pod.UID
+	known := p.known[pod.UID]
+	p.mu.Unlock()
+	if p.instant {
+		p.publish(pod.UID, instantStatus(pod, p.nodeIP))
+		return nil
+	}
+	spec, err := p.tr.podSpec(ctx, pod)
+	var ce *configError
+	if errors.As(err, &ce) {
+		p.configFailed(pod, ce)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if known {
+		_, err = p.rt.Runtime.UpdatePod(ctx, &runtimev1.UpdatePodRequest{Pod: spec})
+	} else {
+		var resp *runtimev1.CreatePodResponse
+		resp, err = p.rt.Runtime.CreatePod(ctx, &runtimev1.CreatePodRequest{Pod: spec})
+		if status.Code(err) == codes.AlreadyExists {
+			_, err = p.rt.Runtime.UpdatePod(ctx, &runtimev1.UpdatePodRequest{Pod: spec})
+		} else if err == nil && resp.Status != nil {
+			p.update(resp.Status)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("runtime: %w", err)
+	}
+	p.mu.Lock()
+	p.known[pod.UID] = true
+	p.mu.Unlock()
+	return nil
+}
+
+// configFailed reports CreateContainerConfigError and retries, as the kubelet
+// does when a referenced ConfigMap or Secret is missing.
+func (p *Provider) configFailed(pod *corev1.Pod, ce *configError) {
+	p.publish(pod.UID, waitingStatus(pod, "CreateContainerConfigError", ce.Error(), ce.container, p.nodeIP))
+	p.event(pod, ce.container, corev1.EventTypeWarning, "Failed", "Error: "+ce.Error())
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if t := p.retry[pod.UID]; t != nil {
+		t.Stop()
+	}
+	uid := pod.UID
+	p.retry[uid] = time.AfterFunc(10*time.Second, func() {
+		p.mu.Lock()
+		cur, ok := p.pods[uid]
+		delete(p.retry, uid)
+		p.mu.Unlock()
+		if ok && cur.DeletionTimestamp == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := p.CreatePod(ctx, cur); err != nil {
+				p.log.Warn("retrying pod start", "pod", key(cur.Namespace, cur.Name), "err", err)
+			}
+		}
+	})
+}
+
+// UpdatePod passes spec changes (e.g. a new image) to the runtime.
+func (p *Provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
+	p.mu.Lock()
+	old, ok := p.pods[pod.UID]
+	known := p.known[pod.UID]
+	if ok {
+		cp := pod.DeepCopy()
+		cp.Status = old.Status
+		p.pods[pod.UID] = cp
+	}
+	p.mu.Unlock()
+	if p.instant || !known {
+		return nil
+	}
+	spec, err := p.tr.podSpec(ctx, pod)
+	if err != nil {
+		return nil // keep running what runs; the kubelet does not stop a pod for this
+	}
+	_, err = p.rt.Runtime.UpdatePod(ctx, &runtimev1.UpdatePodRequest{Pod: spec})
+	return err
+}
+
+// DeletePod starts a graceful stop; the terminal status follows through the
+// runtime's watch once the pod is torn down.
+func (p *Provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
+	p.mu.Lock()
+	if t := p.retry[pod.UID]; t != nil {
+		t.Stop()
+		delete(p.retry, pod.UID)
+	}
+	if cur, ok := p.pods[pod.UID]; ok {
+		cur.DeletionTimestamp = pod.DeletionTimestamp
+		cur.DeletionGracePeriodSeconds = pod.DeletionGracePeriodSeconds
+	}
+	known := p.known[pod.UID]
+	p.mu.Unlock()
+	if p.instant || !known {
+		p.finished(pod.UID)
+		return nil
+	}
+	req := &runtimev1.DeletePodRequest{Uid: string(pod.UID)}
+	if pod.DeletionGracePeriodSeconds != nil {
+		g := *pod.DeletionGracePeriodSeconds
+		req.GracePeriodSeconds = &g
+	}
+	if _, err := p.rt.Runtime.DeletePod(ctx, req); err != nil {
+		if status.Code(err) == codes.NotFound {
+			p.finished(pod.UID)
+			return nil
+		}
+		return err
+	}
+	return nil
+}
+
+// finished reports a deleted pod as terminal so Virtual Kubelet removes it
+// from the API, and forgets it.
+func (p *Provider) finished(uid types.UID) {
+	p.mu.Lock()
+	pod, ok := p.pods[uid]
+	if ok {
+		delete(p.pods, uid)
+		delete(p.known, uid)
+		if p.byName[key(pod.Namespace, pod.Name)] == uid {
+			delete(p.byName, key(pod.Namespace, pod.Name))
+		}
+	}
+	notify := p.notify
+	p.mu.Unlock()
+	if !ok || notify == nil {
+		return
+	}
+	pod = pod.DeepCopy()
+	terminate := func(list []corev1.ContainerStatus) {
+		for i := range list {
+			if list[i].State.Terminated == nil {
+				list[i].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+					ExitCode: 137, Reason: "Error", Message: "pod deleted", FinishedAt: metav1.Now()}}
+			}
+			list[i].Ready = false
+		}
+	}
+	terminate(pod.Status.InitContainerStatuses)
+	terminate(pod.Status.ContainerStatuses)
+	if pod.Status.Phase != corev1.PodSucceeded {
+		pod.Status.Phase = corev1.PodFailed
+	}
+	notify(pod)
+	if pod.DeletionTimestamp != nil && p.remove != nil {
+		go p.remove(pod.Namespace, pod.Name, pod.UID)
+	}
+}
+
+// GetPod returns the pod with its last known status.
+func (p *Provider) GetPod(_ context.Context, ns, name string) (*corev1.Pod, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pod, ok := p.pods[p.byName[key(ns, name)]]; ok {
+		return pod.DeepCopy(), nil
+	}
+	return nil, errdefs.NotFoundf("pod %s/%s is not known to this node", ns, name)
+}
+
+// GetPodStatus returns the pod's last known status.
+func (p *Provider) GetPodStatus(ctx context.Context, ns, name string) (*corev1.PodStatus, error) {
+	pod, err := p.GetPod(ctx, ns, name)
+	if err != nil {
+		return nil, err
+	}
+	return &pod.Status, nil
+}
+
+// GetPods lists every pod the node runs, including pods the runtime still
+// has from before a restart (Virtual Kubelet deletes those gone from the API).
+func (p *Provider) GetPods(context.Context) ([]*corev1.Pod, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]*corev1.Pod, 0, len(p.pods))
+	for _, pod := range p.pods {
+		out = append(out, pod.DeepCopy())
+	}
+	return out, nil
+}
+
+// NotifyPods registers Virtual Kubelet's status callback.
+func (p *Provider) NotifyPods(_ context.Context, cb func(*corev1.Pod)) {
+	p.mu.Lock()
+	p.notify = cb
+	p.mu.Unlock()
+}
+
+// publish records st for the pod and tells Virtual Kubelet.
+func (p *Provider) publish(uid types.UID, st corev1.PodStatus) {
+	p.mu.Lock()
+	pod, ok := p.pods[uid]
+	if ok {
+		pod.Status = st
+		pod = pod.DeepCopy()
+	}
+	notify := p.notify
+	p.mu.Unlock()
+	if ok && notify != nil {
+		notify(pod)
+	}
+}
+
+// update applies a runtime status to the pod it belongs to.
+func (p *Provider) update(rs *runtimev1.PodStatus) {
+	uid := types.UID(rs.Uid)
+	p.mu.Lock()
+	pod, ok := p.pods[uid]
+	if !ok {
+		// A pod the runtime runs but the API has not shown us (yet): keep a
+		// stub so GetPods reports it and Virtual Kubelet can reconcile.
+		pod = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{UID: uid, Namespace: rs.Namespace, Name: rs.Name}}
+		p.pods[uid] = pod
+		p.byName[key(rs.Namespace, rs.Name)] = uid
+	}
+	p.known[uid] = true
+	st := podStatus(pod, rs, p.nodeIP)
+	p.mu.Unlock()
+	p.publish(uid, st)
+}
+
+func (p *Provider) event(pod *corev1.Pod, container, typ, reason, msg string) {
+	if p.recorder == nil {
+		return
+	}
+	ref, err := reference.GetReference(scheme.Scheme, pod)
+	if err != nil {
+		return
+	}
+	if container != "" {
+		ref.FieldPath = containerFieldPath(pod, container)
+	}
+	p.recorder.Event(ref, typ, reason, msg)
+}
+
+func containerFieldPath(pod *corev1.Pod, name string) string {
+	for _, c := range pod.Spec.InitContainers {
+		if c.Name == name {
+			return "spec.initContainers{" + name + "}"
+		}
+	}
+	return "spec.containers{" + name + "}"
+}
+
+// watch follows the runtime's status stream for the life of ctx, reconnecting
+// (and resuming events) when the daemon restarts.
+func (p *Provider) watch(ctx context.Context) {
+	var bootID string
+	var seq uint64
+	delay := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		stream, err := p.rt.Runtime.WatchPodStatus(ctx, &runtimev1.WatchPodStatusRequest{EventsBootId: bootID, EventsAfterSeq: seq})
+		if err == nil {
+			for {
+				msg, err := stream.Recv()
+				if err != nil {
+					break
+				}
+				delay = 100 * time.Millisecond
+				if msg.BootId != "" && msg.BootId != bootID {
+					bootID, seq = msg.BootId, 0
+				}
+				switch msg.Kind {
+				case runtimev1.WatchPodStatusResponse_KIND_INITIAL, runtimev1.WatchPodStatusResponse_KIND_UPDATED:
+					if msg.Status != nil {
+						p.update(msg.Status)
+					}
+				case runtimev1.WatchPodStatusResponse_KIND_DELETED:
+					if msg.Status != nil {
+						p.update(msg.Status)
+						p.finished(types.UID(msg.Status.Uid))
+					}
+				case runtimev1.WatchPodStatusResponse_KIND_EVENT:
+					if e := msg.Event; e != nil {
+						seq = e.Seq
+						p.mu.Lock()
+						pod := p.pods[types.UID(e.PodUid)]
+						p.mu.Unlock()
+						if pod != nil && pod.Spec.Containers != nil {
+							typ := corev1.EventTypeNormal
+							if e.Type == runtimev1.EventType_EVENT_TYPE_WARNING {
+								typ = corev1.EventTypeWarning
+							}
+							p.event(pod, e.Container, typ, e.Reason, e.Message)
+						}
+					}
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 5*time.Second)
+	}
+}
+
+func instantStatus(pod *corev1.Pod, nodeIP string) corev1.PodStatus {
+	now := timestampNow()
+	rs := &runtimev1.PodStatus{Phase: runtimev1.PodPhase_POD_PHASE_RUNNING, Initialized: true, ContainersReady: true, StartTime: now}
+	for _, c := range pod.Spec.Containers {
+		rs.ContainerStatuses = append(rs.ContainerStatuses, &runtimev1.ContainerStatus{Name: c.Name, Image: c.Image, Ready: true, Started: true,
+			State: &runtimev1.ContainerState{State: &runtimev1.ContainerState_Running{Running: &runtimev1.ContainerStateRunning{StartedAt: now}}}})
+	}
+	return podStatus(pod, rs, nodeIP)
+}

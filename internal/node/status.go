@@ -1,0 +1,158 @@
+package node
+
+import (
+	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// podStatus maps the runtime's status onto the Kubernetes PodStatus of pod,
+// keeping condition transition times stable across updates.
+func podStatus(pod *corev1.Pod, rs *runtimev1.PodStatus, nodeIP string) corev1.PodStatus {
+	prev := pod.Status
+	st := corev1.PodStatus{
+		Phase:    phase(rs.Phase),
+		Reason:   rs.Reason,
+		Message:  rs.Message,
+		HostIP:   nodeIP,
+		QOSClass: prev.QOSClass,
+	}
+	if nodeIP != "" {
+		st.HostIPs = []corev1.HostIP{{IP: nodeIP}}
+	}
+	podIP := rs.PodIp
+	if podIP == "" {
+		podIP = nodeIP // native pods share the node's network for now
+	}
+	if podIP != "" {
+		st.PodIP = podIP
+		st.PodIPs = []corev1.PodIP{{IP: podIP}}
+	}
+	if rs.StartTime != nil {
+		t := metav1.NewTime(rs.StartTime.AsTime())
+		st.StartTime = &t
+	} else {
+		st.StartTime = prev.StartTime
+	}
+	for _, cs := range rs.InitContainerStatuses {
+		st.InitContainerStatuses = append(st.InitContainerStatuses, containerStatus(cs))
+	}
+	for _, cs := range rs.ContainerStatuses {
+		st.ContainerStatuses = append(st.ContainerStatuses, containerStatus(cs))
+	}
+	terminal := st.Phase == corev1.PodSucceeded || st.Phase == corev1.PodFailed
+	ready := rs.ContainersReady && !terminal
+	st.Conditions = []corev1.PodCondition{
+		condition(prev, corev1.PodReadyToStartContainers, rs.Phase != runtimev1.PodPhase_POD_PHASE_PENDING || rs.StartTime != nil, ""),
+		condition(prev, corev1.PodInitialized, rs.Initialized, "ContainersNotInitialized"),
+		condition(prev, corev1.ContainersReady, ready, "ContainersNotReady"),
+		condition(prev, corev1.PodReady, ready, "ContainersNotReady"),
+		condition(prev, corev1.PodScheduled, true, ""),
+	}
+	if terminal {
+		// The kubelet reports PodCompleted for finished pods.
+		for i := range st.Conditions {
+			if t := st.Conditions[i].Type; (t == corev1.ContainersReady || t == corev1.PodReady) && rs.Phase == runtimev1.PodPhase_POD_PHASE_SUCCEEDED {
+				st.Conditions[i].Reason = "PodCompleted"
+			}
+		}
+	}
+	return st
+}
+
+func condition(prev corev1.PodStatus, t corev1.PodConditionType, ok bool, falseReason string) corev1.PodCondition {
+	status := corev1.ConditionFalse
+	if ok {
+		status = corev1.ConditionTrue
+	}
+	c := corev1.PodCondition{Type: t, Status: status}
+	if !ok {
+		c.Reason = falseReason
+	}
+	c.LastTransitionTime = metav1.Now()
+	for _, p := range prev.Conditions {
+		if p.Type == t && p.Status == status {
+			c.LastTransitionTime = p.LastTransitionTime
+			if p.LastProbeTime.IsZero() {
+				c.LastProbeTime = p.LastProbeTime
+			}
+		}
+	}
+	return c
+}
+
+func phase(p runtimev1.PodPhase) corev1.PodPhase {
+	switch p {
+	case runtimev1.PodPhase_POD_PHASE_RUNNING:
+		return corev1.PodRunning
+	case runtimev1.PodPhase_POD_PHASE_SUCCEEDED:
+		return corev1.PodSucceeded
+	case runtimev1.PodPhase_POD_PHASE_FAILED:
+		return corev1.PodFailed
+	}
+	return corev1.PodPending
+}
+
+func containerStatus(cs *runtimev1.ContainerStatus) corev1.ContainerStatus {
+	started := cs.Started
+	return corev1.ContainerStatus{
+		Name:                 cs.Name,
+		State:                containerState(cs.State),
+		LastTerminationState: containerState(cs.LastTerminationState),
+		Ready:                cs.Ready,
+		RestartCount:         cs.RestartCount,
+		Image:                cs.Image,
+		ImageID:              cs.ImageId,
+		ContainerID:          cs.ContainerId,
+		Started:              &started,
+	}
+}
+
+func containerState(s *runtimev1.ContainerState) corev1.ContainerState {
+	if s == nil {
+		return corev1.ContainerState{}
+	}
+	switch v := s.State.(type) {
+	case *runtimev1.ContainerState_Waiting:
+		return corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: v.Waiting.Reason, Message: v.Waiting.Message}}
+	case *runtimev1.ContainerState_Running:
+		return corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: ts(v.Running.StartedAt)}}
+	case *runtimev1.ContainerState_Terminated:
+		t := v.Terminated
+		return corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+			ExitCode: t.ExitCode, Signal: t.Signal, Reason: t.Reason, Message: t.Message,
+			StartedAt: ts(t.StartedAt), FinishedAt: ts(t.FinishedAt), ContainerID: t.ContainerId,
+		}}
+	}
+	return corev1.ContainerState{}
+}
+
+func ts(t *timestamppb.Timestamp) metav1.Time {
+	if t == nil {
+		return metav1.Time{}
+	}
+	return metav1.NewTime(t.AsTime())
+}
+
+// waitingStatus is the status of a pod the node could not hand to the
+// runtime (e.g. CreateContainerConfigError).
+func waitingStatus(pod *corev1.Pod, reason, message, container, nodeIP string) corev1.PodStatus {
+	rs := &runtimev1.PodStatus{Phase: runtimev1.PodPhase_POD_PHASE_PENDING}
+	add := func(list *[]*runtimev1.ContainerStatus, cs []corev1.Container) {
+		for _, c := range cs {
+			st := &runtimev1.ContainerStatus{Name: c.Name, Image: c.Image, State: &runtimev1.ContainerState{
+				State: &runtimev1.ContainerState_Waiting{Waiting: &runtimev1.ContainerStateWaiting{Reason: "PodInitializing"}}}}
+			if c.Name == container || container == "" {
+				st.State = &runtimev1.ContainerState{State: &runtimev1.ContainerState_Waiting{
+					Waiting: &runtimev1.ContainerStateWaiting{Reason: reason, Message: message}}}
+			}
+			*list = append(*list, st)
+		}
+	}
+	add(&rs.InitContainerStatuses, pod.Spec.InitContainers)
+	add(&rs.ContainerStatuses, pod.Spec.Containers)
+	return podStatus(pod, rs, nodeIP)
+}
+
+func timestampNow() *timestamppb.Timestamp { return timestamppb.Now() }

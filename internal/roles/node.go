@@ -1,0 +1,74 @@
+package roles
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/k3sm-dev/k3sm/internal/node"
+	"github.com/k3sm-dev/k3sm/internal/runtime/daemon"
+	"github.com/k3sm-dev/k3sm/internal/version"
+	"github.com/sirupsen/logrus"
+	vklog "github.com/virtual-kubelet/virtual-kubelet/log"
+	logruslogger "github.com/virtual-kubelet/virtual-kubelet/log/logrus"
+)
+
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+}
+
+func runRuntimed(args []string) int {
+	exitWithParent()
+	fs := flag.NewFlagSet(node.RoleRuntime, flag.ContinueOnError)
+	dataDir := fs.String("data-dir", "", "k3sm data directory")
+	socket := fs.String("socket", "", "gRPC socket")
+	registries := fs.String("registries-config", "", "registries.yaml")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	err := daemon.Run(ctx, daemon.Config{
+		DataDir: *dataDir, Socket: *socket, RegistriesFile: *registries, Version: version.Version,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "runtimed:", err)
+		return 1
+	}
+	return 0
+}
+
+func runNode(args []string) int {
+	exitWithParent()
+	fs := flag.NewFlagSet(node.RoleNode, flag.ContinueOnError)
+	var cfg node.Config
+	fs.StringVar(&cfg.Name, "node-name", "", "node name")
+	fs.StringVar(&cfg.IP, "node-ip", "", "node address")
+	fs.IntVar(&cfg.KubeletPort, "kubelet-port", 10250, "kubelet API port")
+	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "the node's kubeconfig")
+	fs.StringVar(&cfg.ServingCert, "tls-cert-file", "", "kubelet API serving certificate")
+	fs.StringVar(&cfg.ServingKey, "tls-private-key-file", "", "kubelet API serving key")
+	fs.StringVar(&cfg.ClientCAFile, "client-ca-file", "", "CA of accepted kubelet API clients")
+	fs.StringVar(&cfg.RuntimeSocket, "runtime-socket", "", "runtime daemon socket")
+	fs.BoolVar(&cfg.Instant, "instant", false, "benchmark floor: mark pods Running without starting them")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	// Virtual Kubelet logs through its own facade; send it to our log file.
+	l := logrus.New()
+	l.SetOutput(os.Stderr)
+	vklog.L = logruslogger.FromLogrus(logrus.NewEntry(l))
+	ctx, stop := signalContext()
+	defer stop()
+	if err := node.Run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "node:", err)
+		return 1
+	}
+	return 0
+}
