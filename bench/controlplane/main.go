@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
@@ -44,6 +45,8 @@ type bench struct {
 	work   string
 	logDir string
 	fa     floorArgs
+	// kubeletPortFlag: this binary's server has --kubelet-port (it runs a node).
+	kubeletPortFlag bool
 
 	mu   sync.Mutex
 	live map[instance]bool
@@ -154,10 +157,21 @@ func runBench(o options) error {
 	}()
 
 	info := collectMachine(bin)
+	help, err := exec.Command(bin, "server", "--help").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s server --help: %v: %s", bin, err, help)
+	}
+	b.kubeletPortFlag = strings.Contains(string(help), "--kubelet-port")
 	if o.privateBin {
 		b.bin = filepath.Join(work, "k3sm")
 		if err := copyFile(bin, b.bin); err != nil {
 			return err
+		}
+		// The runtime daemon looks for its shim next to the executable.
+		if shim := filepath.Join(filepath.Dir(bin), "k3sm-shim"); fileExists(shim) {
+			if err := copyFile(shim, filepath.Join(work, "k3sm-shim")); err != nil {
+				return err
+			}
 		}
 	}
 	progress("work dir %s; binary %s", work, b.bin)
@@ -396,4 +410,9 @@ func copyFile(src, dst string) error {
 		return err
 	}
 	return out.Close()
+}
+
+func fileExists(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular()
 }

@@ -146,6 +146,35 @@ func verdict(ok bool) string {
 	return "**not met**"
 }
 
+// addonRoles are the child roles beyond the control plane seen in any k3sm run.
+func addonRoles(runs []*run) []string {
+	core := map[string]bool{"kine": true, "kube-apiserver": true, "kube-scheduler": true, "kube-controller-manager": true}
+	seen := map[string]bool{}
+	var out []string
+	for _, x := range runs {
+		for r := range x.Spawn {
+			if !core[r] && !seen[r] {
+				seen[r] = true
+				out = append(out, r)
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return median(spawns(runs, out[i])) < median(spawns(runs, out[j]))
+	})
+	return out
+}
+
+func spawns(runs []*run, role string) []time.Duration {
+	var out []time.Duration
+	for _, x := range runs {
+		if d, ok := x.Spawn[role]; ok && d >= 0 {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
 func secs(d time.Duration) string { return fmt.Sprintf("%g s", d.Seconds()) }
 
 func mib(kb int64) string { return fmt.Sprintf("%.1f", float64(kb)/1024) }
@@ -193,6 +222,14 @@ func renderReport(o options, m machine, r *results) string {
 	row("k3sm: scheduler and controller-manager spawned ¹ (after the authorization bootstrap)", "k3sm", func(x *run) time.Duration { return max(x.SchedSpawn, x.CMSpawn) })
 	row("k3sm: scheduler /healthz 200", "k3sm", func(x *run) time.Duration { return x.Sched })
 	row("k3sm: controller-manager /healthz 200", "k3sm", func(x *run) time.Duration { return x.CM })
+	for _, role := range addonRoles(r.Runs) {
+		row("k3sm: "+role+" spawned ¹ (addon)", "k3sm", func(x *run) time.Duration {
+			if d, ok := x.Spawn[role]; ok {
+				return d
+			}
+			return -1
+		})
+	}
 	row("k3sm: server logs `k3sm is up`", "k3sm", func(x *run) time.Duration { return x.UpLine })
 	row("**k3sm: all healthy** ²", "k3sm", func(x *run) time.Duration { return x.AllUp })
 	row("**floor: kube-apiserver alone → /readyz 200** ³", "floor", func(x *run) time.Duration { return x.Readyz })
@@ -223,8 +260,9 @@ func renderReport(o options, m machine, r *results) string {
 		ratioGoal, verdict(rat[0].ready <= ratioGoal), verdict(rat[1].ready <= ratioGoal),
 		verdict(rat[0].all <= ratioGoal), verdict(rat[1].all <= ratioGoal))
 	w("1. From the `/proc/<pid>/stat` start times of the server and of its children (10 ms resolution).\n")
-	w("2. The last of: the server logs `k3sm is up`, apiserver /readyz, scheduler and controller-manager\n")
-	w("   /healthz on their loopback ports all answer 200.\n")
+	w("2. The last of: the server logs `k3sm is up` (which it does once its addons, such as the runtime\n")
+	w("   daemon and the node, are ready too), apiserver /readyz, scheduler and controller-manager /healthz\n")
+	w("   on their loopback ports all answer 200.\n")
 	w("3. `k3sm kine` and `k3sm kube-apiserver` started directly with the exact command lines the server\n")
 	w("   gave its children (read from /proc in a template run), cwd `<data>/server`, the server's\n")
 	w("   certificates copied in. kine is already serving when the apiserver clock starts. Fresh: empty\n")

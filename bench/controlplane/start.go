@@ -38,6 +38,8 @@ type run struct {
 	// Child process starts relative to the server's, from /proc starttime
 	// (10 ms resolution); -1 if unknown.
 	KineSpawn, APISpawn, SchedSpawn, CMSpawn time.Duration
+	// Spawn has the same for every child role, including addons (runtimed, node).
+	Spawn map[string]time.Duration
 	// The server's own figures from its log ("apiserver ready after=", "k3sm is up in").
 	SelfReady, SelfUp string
 	// Restarts is how many "restarting" lines the server logged during start.
@@ -237,7 +239,7 @@ var (
 // startK3sm starts `k3sm server` on dir and waits until every component is
 // healthy. The returned server is still running.
 func (b *bench) startK3sm(dir string) (*run, *k3smServer, error) {
-	ports, err := freePorts(3)
+	ports, err := freePorts(4)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -257,6 +259,10 @@ func (b *bench) startK3sm(dir string) (*run, *k3smServer, error) {
 		"--scheduler-port", strconv.Itoa(ports[1]),
 		"--controller-manager-port", strconv.Itoa(ports[2]),
 		"--node-name", "bench")
+	if b.kubeletPortFlag {
+		// Servers that run their node take a kubelet API port too (default 10250).
+		cmd.Args = append(cmd.Args, "--kubelet-port", strconv.Itoa(ports[3]))
+	}
 	cmd.Stdout, cmd.Stderr = logf, w
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 
@@ -334,6 +340,14 @@ func (b *bench) startK3sm(dir string) (*run, *k3smServer, error) {
 	res.APISpawn = spawnOffset(pids, "kube-apiserver")
 	res.SchedSpawn = spawnOffset(pids, "kube-scheduler")
 	res.CMSpawn = spawnOffset(pids, "kube-controller-manager")
+	res.Spawn = map[string]time.Duration{}
+	for _, p := range pids[1:] {
+		if r := role(p); r != "?" {
+			if _, seen := res.Spawn[r]; !seen {
+				res.Spawn[r] = spawnOffset(pids, r)
+			}
+		}
+	}
 	// The log reader keeps running; hand out a snapshot.
 	mu.Lock()
 	out := *res
