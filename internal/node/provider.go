@@ -43,11 +43,15 @@ type Provider struct {
 	// remove deletes a terminated pod from the API (grace 0), as the kubelet
 	// does once every container is gone.
 	remove func(ns, name string, uid types.UID)
+	// pending holds runtime events of pods the API has not shown us yet
+	// (replayed after a restart); they are recorded once the pod arrives.
+	pending map[types.UID][]*runtimev1.PodEvent
 }
 
 func newProvider(rt *client.Client, tr *translator, nodeIP string, recorder record.EventRecorder, log *slog.Logger, instant bool) *Provider {
 	return &Provider{rt: rt, tr: tr, nodeIP: nodeIP, recorder: recorder, log: log, instant: instant,
-		pods: map[types.UID]*corev1.Pod{}, byName: map[string]types.UID{}, known: map[types.UID]bool{}, retry: map[types.UID]*time.Timer{}}
+		pods: map[types.UID]*corev1.Pod{}, byName: map[string]types.UID{}, known: map[types.UID]bool{}, retry: map[types.UID]*time.Timer{},
+		pending: map[types.UID][]*runtimev1.PodEvent{}}
 }
 
 func key(ns, name string) string { return ns + "/" + name }
@@ -55,15 +59,7 @@ func key(ns, name string) string { return ns + "/" + name }
 // CreatePod hands a pod to the runtime. A pod the runtime already runs (the
 // node restarted) is re-adopted, not recreated.
 func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
-	pod = pod.DeepCopy()
-	p.mu.Lock()
-	if old, ok := p.pods[pod.UID]; ok {
-		pod.Status = old.Status
-	}
-	p.pods[pod.UID] = pod
-	p.byName[key(pod.Namespace, pod.Name)] = pod.UID
-	known := p.known[pod.UID]
-	p.mu.Unlock()
+	pod, known := p.adopt(pod)
 	if p.instant {
 		p.publish(pod.UID, instantStatus(pod, p.nodeIP))
 		return nil
@@ -97,6 +93,26 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	return nil
 }
 
+// adopt stores the API's view of a pod (keeping the status we last
+// reported) and records runtime events that arrived before it did.
+func (p *Provider) adopt(pod *corev1.Pod) (*corev1.Pod, bool) {
+	pod = pod.DeepCopy()
+	p.mu.Lock()
+	if old, ok := p.pods[pod.UID]; ok {
+		pod.Status = old.Status
+	}
+	p.pods[pod.UID] = pod
+	p.byName[key(pod.Namespace, pod.Name)] = pod.UID
+	known := p.known[pod.UID]
+	pending := p.pending[pod.UID]
+	delete(p.pending, pod.UID)
+	p.mu.Unlock()
+	for _, e := range pending {
+		p.runtimeEvent(pod, e)
+	}
+	return pod, known
+}
+
 // configFailed reports CreateContainerConfigError and retries, as the kubelet
 // does when a referenced ConfigMap or Secret is missing.
 func (p *Provider) configFailed(pod *corev1.Pod, ce *configError) {
@@ -125,15 +141,7 @@ func (p *Provider) configFailed(pod *corev1.Pod, ce *configError) {
 
 // UpdatePod passes spec changes (e.g. a new image) to the runtime.
 func (p *Provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
-	p.mu.Lock()
-	old, ok := p.pods[pod.UID]
-	known := p.known[pod.UID]
-	if ok {
-		cp := pod.DeepCopy()
-		cp.Status = old.Status
-		p.pods[pod.UID] = cp
-	}
-	p.mu.Unlock()
+	pod, known := p.adopt(pod)
 	if p.instant || !known {
 		return nil
 	}
@@ -186,6 +194,7 @@ func (p *Provider) finished(uid types.UID) {
 	if ok {
 		delete(p.pods, uid)
 		delete(p.known, uid)
+		delete(p.pending, uid)
 		if p.byName[key(pod.Namespace, pod.Name)] == uid {
 			delete(p.byName, key(pod.Namespace, pod.Name))
 		}
@@ -341,15 +350,18 @@ func (p *Provider) watch(ctx context.Context) {
 				case runtimev1.WatchPodStatusResponse_KIND_EVENT:
 					if e := msg.Event; e != nil {
 						seq = e.Seq
+						uid := types.UID(e.PodUid)
 						p.mu.Lock()
-						pod := p.pods[types.UID(e.PodUid)]
-						p.mu.Unlock()
-						if pod != nil && pod.Spec.Containers != nil {
-							typ := corev1.EventTypeNormal
-							if e.Type == runtimev1.EventType_EVENT_TYPE_WARNING {
-								typ = corev1.EventTypeWarning
+						pod := p.pods[uid]
+						if pod == nil || pod.Spec.Containers == nil {
+							if len(p.pending[uid]) < 64 {
+								p.pending[uid] = append(p.pending[uid], e)
 							}
-							p.event(pod, e.Container, typ, e.Reason, e.Message)
+							pod = nil
+						}
+						p.mu.Unlock()
+						if pod != nil {
+							p.runtimeEvent(pod, e)
 						}
 					}
 				}
@@ -362,6 +374,14 @@ func (p *Provider) watch(ctx context.Context) {
 		}
 		delay = min(delay*2, 5*time.Second)
 	}
+}
+
+func (p *Provider) runtimeEvent(pod *corev1.Pod, e *runtimev1.PodEvent) {
+	typ := corev1.EventTypeNormal
+	if e.Type == runtimev1.EventType_EVENT_TYPE_WARNING {
+		typ = corev1.EventTypeWarning
+	}
+	p.event(pod, e.Container, typ, e.Reason, e.Message)
 }
 
 func instantStatus(pod *corev1.Pod, nodeIP string) corev1.PodStatus {

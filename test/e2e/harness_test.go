@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -70,7 +71,7 @@ func newServer(t *testing.T, extra ...string) *server {
 			t.Logf("data dir kept for inspection: %s", dir)
 		}
 	})
-	return &server{t: t, dataDir: dir, ports: []int{freePort(t), freePort(t), freePort(t)}, extra: extra}
+	return &server{t: t, dataDir: dir, ports: []int{freePort(t), freePort(t), freePort(t), freePort(t)}, extra: extra}
 }
 
 func (s *server) args() []string {
@@ -79,6 +80,7 @@ func (s *server) args() []string {
 		"--https-listen-port", strconv.Itoa(s.ports[0]),
 		"--scheduler-port", strconv.Itoa(s.ports[1]),
 		"--controller-manager-port", strconv.Itoa(s.ports[2]),
+		"--kubelet-port", strconv.Itoa(s.ports[3]),
 		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
 		"--node-name", "e2e-node"}, s.extra...)
 }
@@ -106,6 +108,12 @@ func (s *server) start() {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+	// The service-account controller creates "default" a moment after start;
+	// pods created before it are refused by admission, as upstream.
+	waitFor(s.t, time.Minute, "default service account", func() error {
+		_, err := s.client().CoreV1().ServiceAccounts("default").Get(context.Background(), "default", metav1.GetOptions{})
+		return err
+	})
 }
 
 // stop sends SIGTERM and waits for the server to exit.

@@ -236,7 +236,10 @@ func TestServerAPI(t *testing.T) {
 			Replicas: ptr.To[int32](3),
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Image: "example.invalid/web:1"}}}},
+				// Selects the node OS (the admission policy requires it) but does
+				// not tolerate the node's taint: the pods stay Pending.
+				Spec: corev1.PodSpec{NodeSelector: map[string]string{"kubernetes.io/os": "linux"},
+					Containers: []corev1.Container{{Name: "web", Image: "example.invalid/web:1"}}}},
 		}}
 		if _, err := c.AppsV1().Deployments("default").Create(cx, d, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
