@@ -29,6 +29,9 @@ var requiredBindings = map[string]rbacv1.Subject{
 	"system:basic-user":              {Kind: rbacv1.GroupKind, Name: "system:authenticated"},
 }
 
+// Debug, when set, receives retry details of the bootstrap.
+var Debug func(msg string, args ...any)
+
 // KubeletAPIBinding lets the apiserver use node APIs (logs, exec, port-forward).
 const KubeletAPIBinding = "k3sm:kube-apiserver-kubelet-api-admin"
 
@@ -65,10 +68,13 @@ var accessChecks = []accessCheck{
 // the caller must not go on serving with an unverified authorizer.
 func BootstrapAuthorization(ctx context.Context, client kubernetes.Interface) error {
 	var last error
-	for {
+	for attempt := 1; ; attempt++ {
 		last = bootstrapOnce(ctx, client)
 		if last == nil {
 			return nil
+		}
+		if Debug != nil {
+			Debug("authorization bootstrap attempt failed", "attempt", attempt, "err", last)
 		}
 		select {
 		case <-ctx.Done():
@@ -80,15 +86,31 @@ func BootstrapAuthorization(ctx context.Context, client kubernetes.Interface) er
 
 func bootstrapOnce(ctx context.Context, client kubernetes.Interface) error {
 	rbac := client.RbacV1()
+	roles, err := rbac.ClusterRoles().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list ClusterRoles: %w", err)
+	}
+	haveRole := map[string]bool{}
+	for _, r := range roles.Items {
+		haveRole[r.Name] = true
+	}
 	for _, name := range requiredClusterRoles {
-		if _, err := rbac.ClusterRoles().Get(ctx, name, metav1.GetOptions{}); err != nil {
-			return fmt.Errorf("ClusterRole %s: %w", name, err)
+		if !haveRole[name] {
+			return fmt.Errorf("ClusterRole %s is missing", name)
 		}
 	}
+	bindings, err := rbac.ClusterRoleBindings().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list ClusterRoleBindings: %w", err)
+	}
+	haveBinding := map[string]rbacv1.ClusterRoleBinding{}
+	for _, b := range bindings.Items {
+		haveBinding[b.Name] = b
+	}
 	for name, subject := range requiredBindings {
-		b, err := rbac.ClusterRoleBindings().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return fmt.Errorf("ClusterRoleBinding %s: %w", name, err)
+		b, ok := haveBinding[name]
+		if !ok {
+			return fmt.Errorf("ClusterRoleBinding %s is missing", name)
 		}
 		if !hasSubject(b.Subjects, subject) {
 			return fmt.Errorf("ClusterRoleBinding %s does not bind %s %s", name, subject.Kind, subject.Name)

@@ -18,9 +18,19 @@ const (
 	componentReadyTimeout = 2 * time.Minute
 )
 
-// Addon is started after the control plane is verified, under the same
-// supervisor (the node, the runtime daemon, later netd).
-type Addon func(ctx context.Context, p *Plane, s *supervisor.Supervisor) error
+// Addon plugs more components into the server's bring-up, under the same
+// supervisor (the runtime daemon, the node, later netd). Each hook is
+// optional and runs at its phase:
+//   - Early: before kine, for what needs only the data dir (e.g. runtimed);
+//   - Verified: once the apiserver is up and authorization is verified;
+//   - Ready: after the scheduler and controller-manager are healthy, to
+//     wait for what Verified started.
+type Addon struct {
+	Early, Verified, Ready AddonHook
+}
+
+// AddonHook is one phase of an Addon.
+type AddonHook func(ctx context.Context, p *Plane, s *supervisor.Supervisor) error
 
 // Server is a running control plane.
 type Server struct {
@@ -52,6 +62,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 	}
 	defer sup.StopAll()
 
+	for _, addon := range addons {
+		if addon.Early != nil {
+			if err := addon.Early(ctx, p, sup); err != nil {
+				return err
+			}
+		}
+	}
 	if err := startAndWait(ctx, sup, p.Kine(), componentReadyTimeout); err != nil {
 		return err
 	}
@@ -60,22 +77,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 	}
 	log.Info("apiserver ready", "after", time.Since(start).Round(time.Millisecond).String())
 
-	rc, err := clientcmd.BuildConfigFromFlags("", p.Layout.Cred("admin"))
-	if err != nil {
-		return err
-	}
-	rc.UserAgent = "k3sm-supervisor"
-	client, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return err
-	}
-	bctx, cancel := context.WithTimeout(ctx, bootstrapTimeout)
-	err = BootstrapAuthorization(bctx, client)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("%w (see %s)", err, sup.LogDir+"/kube-apiserver.log")
-	}
-
+	// The scheduler and controller-manager start while authorization is
+	// verified: they serve no users, and if verification fails everything
+	// is stopped, so the server still never runs unverified.
 	sched, err := sup.Start(ctx, p.Scheduler())
 	if err != nil {
 		return err
@@ -83,6 +87,33 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 	cm, err := sup.Start(ctx, p.ControllerManager())
 	if err != nil {
 		return err
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", p.Layout.Cred("admin"))
+	if err != nil {
+		return err
+	}
+	rc.UserAgent = "k3sm-supervisor"
+	// client-go's default of 5 requests/s would add seconds to start-up.
+	rc.QPS, rc.Burst = 100, 200
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	bctx, cancel := context.WithTimeout(ctx, bootstrapTimeout)
+	Debug = log.Debug
+	bstart := time.Now()
+	err = BootstrapAuthorization(bctx, client)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("%w (see %s)", err, sup.LogDir+"/kube-apiserver.log")
+	}
+	log.Debug("authorization verified", "took", time.Since(bstart).Round(time.Millisecond).String())
+	for _, addon := range addons {
+		if addon.Verified != nil {
+			if err := addon.Verified(ctx, p, sup); err != nil {
+				return err
+			}
+		}
 	}
 	for _, ch := range []*supervisor.Child{sched, cm} {
 		wctx, cancel := context.WithTimeout(ctx, componentReadyTimeout)
@@ -93,8 +124,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 		}
 	}
 	for _, addon := range addons {
-		if err := addon(ctx, p, sup); err != nil {
-			return err
+		if addon.Ready != nil {
+			if err := addon.Ready(ctx, p, sup); err != nil {
+				return err
+			}
 		}
 	}
 	log.Info(fmt.Sprintf("k3sm is up in %s: API %s, kubeconfig %s, data %s, logs %s",

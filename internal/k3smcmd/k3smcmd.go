@@ -71,7 +71,7 @@ func newServer(addons Addons) *cobra.Command {
 				return err
 			}
 			defer logf.Close()
-			log := slog.New(slog.NewTextHandler(io.MultiWriter(os.Stderr, logf), nil))
+			log := slog.New(slog.NewTextHandler(io.MultiWriter(os.Stderr, logf), &slog.HandlerOptions{Level: logLevel()}))
 			var extra []controlplane.Addon
 			if addons != nil {
 				extra = addons(&cfg)
@@ -168,4 +168,12 @@ func newVersion() *cobra.Command {
 			fmt.Fprintf(cmd.OutOrStdout(), "k3sm %s (%s)\nKubernetes %s\n", version.Version, version.GitCommit, version.Kubernetes)
 		},
 	}
+}
+
+// logLevel is debug when K3SM_DEBUG is set.
+func logLevel() slog.Level {
+	if os.Getenv("K3SM_DEBUG") != "" {
+		return slog.LevelDebug
+	}
+	return slog.LevelInfo
 }

@@ -39,47 +39,55 @@ func (f Files) ClientCA() string      { return filepath.Join(f.Dir(), "tls", "cl
 func (f Files) RuntimeSocket() string { return filepath.Join(f.Root, "run", "runtime.sock") }
 
 // ServerAddon joins the server's own machine as a node: it issues the node's
-// credentials, lays down the OS-selector admission policy, and starts the
-// runtime daemon and the node under the server's supervisor.
+// credentials and starts the runtime daemon early (they need only the data
+// dir), lays down the OS-selector admission policy and starts the node once
+// authorization is verified, and waits for the Node to be Ready.
 func ServerAddon() controlplane.Addon {
-	return func(ctx context.Context, p *controlplane.Plane, sup *supervisor.Supervisor) error {
-		cfg := p.Cfg
-		f := Files{cfg.DataDir}
-		if err := issueCredentials(p, f); err != nil {
-			return fmt.Errorf("node credentials: %w", err)
-		}
-		admin, err := adminClient(p)
-		if err != nil {
+	var rt, n *supervisor.Child
+	var admin kubernetes.Interface
+	return controlplane.Addon{
+		Early: func(ctx context.Context, p *controlplane.Plane, sup *supervisor.Supervisor) error {
+			f := Files{p.Cfg.DataDir}
+			if err := issueCredentials(p, f); err != nil {
+				return fmt.Errorf("node credentials: %w", err)
+			}
+			if p.Cfg.NodeInstant {
+				return nil
+			}
+			var err error
+			rt, err = sup.Start(ctx, runtimeComponent{p, f})
 			return err
-		}
-		if err := EnsureOSPolicy(ctx, admin, osOfNodes()); err != nil {
-			return fmt.Errorf("admission policy: %w", err)
-		}
-		if !cfg.NodeInstant {
-			rt, err := sup.Start(ctx, runtimeComponent{p, f})
-			if err != nil {
+		},
+		Verified: func(ctx context.Context, p *controlplane.Plane, sup *supervisor.Supervisor) error {
+			var err error
+			if admin, err = adminClient(p); err != nil {
 				return err
 			}
-			wctx, cancel := context.WithTimeout(ctx, time.Minute)
-			err = rt.WaitReady(wctx)
-			cancel()
-			if err != nil {
+			if err := EnsureOSPolicy(ctx, admin, osOfNodes()); err != nil {
+				return fmt.Errorf("admission policy: %w", err)
+			}
+			if rt != nil {
+				wctx, cancel := context.WithTimeout(ctx, time.Minute)
+				err := rt.WaitReady(wctx)
+				cancel()
+				if err != nil {
+					return err
+				}
+			}
+			n, err = sup.Start(ctx, nodeComponent{p, Files{p.Cfg.DataDir}, admin})
+			return err
+		},
+		Ready: func(ctx context.Context, p *controlplane.Plane, _ *supervisor.Supervisor) error {
+			wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			defer cancel()
+			if err := n.WaitReady(wctx); err != nil {
 				return err
 			}
-		}
-		n, err := sup.Start(ctx, nodeComponent{p, f, admin})
-		if err != nil {
+			// A node may not give itself a role label (NodeRestriction); the server does.
+			patch := []byte(`{"metadata":{"labels":{"node-role.kubernetes.io/control-plane":"true"}}}`)
+			_, err := admin.CoreV1().Nodes().Patch(ctx, p.Cfg.NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
 			return err
-		}
-		wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		defer cancel()
-		if err := n.WaitReady(wctx); err != nil {
-			return err
-		}
-		// A node may not give itself a role label (NodeRestriction); the server does.
-		patch := []byte(`{"metadata":{"labels":{"node-role.kubernetes.io/control-plane":"true"}}}`)
-		_, err = admin.CoreV1().Nodes().Patch(ctx, cfg.NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
-		return err
+		},
 	}
 }
 
@@ -89,6 +97,7 @@ func adminClient(p *controlplane.Plane) (kubernetes.Interface, error) {
 		return nil, err
 	}
 	rc.UserAgent = "k3sm-supervisor"
+	rc.QPS, rc.Burst = 100, 200
 	return kubernetes.NewForConfig(rc)
 }
 

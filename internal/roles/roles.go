@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -87,12 +88,21 @@ func runKine(args []string) int {
 	}
 	cfg.ConnectionPoolConfig.MaxIdle = 20
 	cfg.ConnectionPoolConfig.MaxIdleTime = 2 * time.Minute
+	var wg sync.WaitGroup
+	cfg.WaitGroup = &wg
 	if _, err := endpoint.Listen(ctx, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "kine:", err)
 		return 1
 	}
 	<-ctx.Done()
-	time.Sleep(endpoint.GracefulStopTimeout)
+	// Wait for kine to drain and close the datastore, but no longer than
+	// its own graceful-stop limit.
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(endpoint.GracefulStopTimeout + time.Second):
+	}
 	return 0
 }
 

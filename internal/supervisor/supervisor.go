@@ -146,7 +146,7 @@ func (ch *Child) WaitReady(ctx context.Context) error {
 }
 
 func (ch *Child) probeReady(ctx context.Context) {
-	t := time.NewTicker(100 * time.Millisecond)
+	t := time.NewTicker(25 * time.Millisecond)
 	defer t.Stop()
 	for {
 		if err := ch.c.Ready(ctx); err == nil {
