@@ -8,7 +8,7 @@ K8S_MINOR := 37
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 BUILD_DATE ?= $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
-DATA_DIR ?= $(HOME)/.local/share/k3sm
+SERVER_ARGS ?=
 export CGO_ENABLED ?= 0
 
 # kubectl refuses a server whose version is not semver, so the upstream
@@ -36,7 +36,7 @@ bin/klimax: FORCE
 
 # A single-node cluster in the foreground; Ctrl-C stops it.
 run: bin/k3sm bin/k3sm-shim
-	./bin/k3sm server --data-dir $(DATA_DIR)
+	./bin/k3sm server $(SERVER_ARGS)
 
 # Everything CI runs: vet, unit tests (with -race where there is
 # concurrency), the darwin build, then integration and end-to-end tests
