@@ -49,7 +49,7 @@ vet:
 
 UNIT_PKGS = $$($(GO) list ./... | grep -v -e /test/e2e -e /internal/roles -e /cmd/k3sm$$)
 test-unit:
-	$(GO) test -race -short -count=1 $(UNIT_PKGS)
+	CGO_ENABLED=1 $(GO) test -race -short -count=1 $(UNIT_PKGS)
 
 test-integration:
 	$(GO) test -count=1 -run Integration -timeout 20m $(UNIT_PKGS)
