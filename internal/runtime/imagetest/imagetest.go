@@ -41,6 +41,8 @@ import (
 //	pid:PATH    write the pid to PATH
 //	failonce:PATH  exit 1 if PATH does not exist (creating it), else go on
 //	trapfile:PATH:D  on SIGTERM append "got SIGTERM" to PATH, wait D, exit 0
+//	http:PORT   serve HTTP on 127.0.0.1:PORT in the background: every path
+//	            answers 200 "hello from PORT PATH"
 //
 // With no arguments it prints "hello from k3sm" and sleeps forever.
 const ProgSource = `package main
@@ -48,6 +50,8 @@ const ProgSource = `package main
 import (
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
@@ -132,6 +136,16 @@ func main() {
 				time.Sleep(d)
 				os.Exit(0)
 			}()
+		case "http":
+			l, err := net.Listen("tcp", "127.0.0.1:"+arg)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(2)
+			}
+			port := arg
+			go http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				fmt.Fprintf(w, "hello from %s %s\n", port, r.URL.Path)
+			}))
 		default:
 			fmt.Fprintln(os.Stderr, "unknown op", a)
 			os.Exit(2)
