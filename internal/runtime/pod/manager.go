@@ -418,7 +418,9 @@ type ContainerInfo struct {
 	// LogDir holds <restartCount>.log files.
 	LogDir string
 	// Running attempt's process group, 0 when not running.
-	Pid  int
+	Pid int
+	// Proc is the running attempt (nil when not running).
+	Proc Process
 	Root string
 	// Image the container runs (nil for native or before the first pull).
 	Image *image.Image
@@ -457,6 +459,7 @@ func (m *Manager) Container(uid, name string) (ContainerInfo, error) {
 		LogDir: filepath.Join(p.logDir(), c.spec.GetName()), Root: p.rootDir(c)}
 	if c.proc != nil && c.state.Running != nil {
 		info.Pid = c.proc.Pid()
+		info.Proc = c.proc
 	}
 	if c.imageDigest != "" {
 		info.Image, _ = m.cfg.Images.Get(c.imageDigest)

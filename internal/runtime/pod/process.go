@@ -18,6 +18,9 @@ type ProcessSpec struct {
 	// StateDir is a directory private to this attempt where the starter may
 	// keep its files (the shim's config, exit status, socket).
 	StateDir string
+	// Stdin keeps the container's stdin open for attach (`stdin: true`);
+	// StdinOnce closes it when the first attached client leaves.
+	Stdin, StdinOnce bool
 }
 
 // Starter starts container processes. It is the single seam through which
@@ -56,6 +59,23 @@ type ExitStatus struct {
 	Unknown bool
 	// Message explains a start failure or an unknown status.
 	Message string
+}
+
+// Attachable is implemented by a Process whose stdio a client can attach to
+// (kubectl attach): output from now on, and stdin when the container keeps
+// it open.
+type Attachable interface {
+	AttachStdio(ctx context.Context, stdin bool) (StdioConn, error)
+}
+
+// StdioConn is one attach session. Recv returns output until the container
+// exits (then exit is set, and the session is over) or the session breaks.
+type StdioConn interface {
+	Recv() (stdout, stderr []byte, exit *ExitStatus, err error)
+	SendStdin(p []byte) error
+	CloseStdin() error
+	Resize(width, height uint16) error
+	Close() error
 }
 
 // StartError is a workload start failure (reported as StartError, exit 128).

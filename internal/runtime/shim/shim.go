@@ -15,6 +15,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -45,6 +46,12 @@ type Config struct {
 	Dir     string   `json:"dir"`
 	LogPath string   `json:"logPath"`
 	Socket  string   `json:"socket"`
+	// Stdin keeps a pipe on the container's stdin open for attached
+	// clients (the container's `stdin: true`); otherwise stdin is /dev/null.
+	Stdin bool `json:"stdin,omitempty"`
+	// StdinOnce closes that pipe when the first client that attached with
+	// stdin leaves.
+	StdinOnce bool `json:"stdinOnce,omitempty"`
 }
 
 // Ready is the start-up report on ReadyFD.
@@ -67,8 +74,10 @@ type ExitStatus struct {
 
 // Request is one line of the control protocol.
 type Request struct {
-	Op     string `json:"op"` // status | signal | wait | reopen
+	Op     string `json:"op"` // status | signal | wait | reopen | attach
 	Signal int    `json:"signal,omitempty"`
+	// Stdin (attach): the client sends stdin frames.
+	Stdin bool `json:"stdin,omitempty"`
 }
 
 // Response answers a Request.
@@ -120,6 +129,13 @@ type server struct {
 	mu     sync.Mutex
 	exit   *ExitStatus
 	exited chan struct{}
+
+	// Attached clients (attach.go).
+	amu        sync.Mutex
+	clients    map[*attachClient]struct{}
+	attachDone bool
+	stdinMu    sync.Mutex
+	stdin      *os.File // write end of the container's stdin, when Config.Stdin
 }
 
 func start(dir string) (*server, error) {
@@ -127,7 +143,7 @@ func start(dir string) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &server{dir: dir, exited: make(chan struct{})}
+	s := &server{dir: dir, exited: make(chan struct{}), clients: map[*attachClient]struct{}{}}
 	if err := json.Unmarshal(raw, &s.cfg); err != nil {
 		return nil, fmt.Errorf("%s: %w", ConfigFile, err)
 	}
@@ -158,9 +174,15 @@ func start(dir string) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
-	devnull, err := os.Open(os.DevNull)
+	stdinR, err := os.Open(os.DevNull)
 	if err != nil {
 		return nil, err
+	}
+	if s.cfg.Stdin {
+		stdinR.Close()
+		if stdinR, s.stdin, err = os.Pipe(); err != nil {
+			return nil, err
+		}
 	}
 	var startErr error
 	for try := 0; ; try++ {
@@ -169,7 +191,7 @@ func start(dir string) (*server, error) {
 			Args:   s.cfg.Argv,
 			Env:    s.cfg.Env,
 			Dir:    s.cfg.Dir,
-			Stdin:  devnull,
+			Stdin:  stdinR,
 			Stdout: outW,
 			Stderr: errW,
 			// Its own process group, so the daemon can signal the
@@ -188,8 +210,9 @@ func start(dir string) (*server, error) {
 	}
 	outW.Close()
 	errW.Close()
-	devnull.Close()
+	stdinR.Close()
 	if startErr != nil {
+		s.closeStdin()
 		outR.Close()
 		errR.Close()
 		// Record the failure durably too: the daemon may not be listening.
@@ -204,15 +227,16 @@ func start(dir string) (*server, error) {
 	os.WriteFile(filepath.Join(dir, PidFile), st, 0o600)
 
 	s.copiers.Add(2)
-	go s.copy(criolog.Stdout, outR)
-	go s.copy(criolog.Stderr, errR)
+	go s.copy(criolog.Stdout, outR, FrameStdout)
+	go s.copy(criolog.Stderr, errR, FrameStderr)
 	return s, nil
 }
 
-func (s *server) copy(stream string, r *os.File) {
+// copy writes the stream to the CRI log and to attached clients.
+func (s *server) copy(stream string, r *os.File, kind byte) {
 	defer s.copiers.Done()
 	defer r.Close()
-	if err := s.log.Copy(stream, r); err != nil {
+	if err := s.log.Copy(stream, io.TeeReader(r, fanout{s, kind})); err != nil {
 		fmt.Fprintf(os.Stderr, "k3sm-shim: copy %s: %v\n", stream, err)
 	}
 }
@@ -243,6 +267,9 @@ func (s *server) run() {
 		// A descendant that left the group still holds the pipe.
 	}
 	s.log.Close()
+	// Not inline: a write blocked on a full pipe (a descendant still holds
+	// its read end) must not hold up the exit status.
+	go s.closeStdin()
 	if err := writeExit(s.dir, es); err != nil {
 		fmt.Fprintln(os.Stderr, "k3sm-shim: write exit status:", err)
 	}
@@ -250,6 +277,7 @@ func (s *server) run() {
 	s.exit = es
 	close(s.exited)
 	s.mu.Unlock()
+	s.finishClients(es)
 	// Give connected waiters their answer, then go away; a daemon that
 	// connects later reads the exit file.
 	waited := make(chan struct{})
@@ -281,11 +309,15 @@ func (s *server) state() Response {
 func (s *server) serve(c *net.UnixConn) {
 	defer s.conns.Done()
 	defer c.Close()
-	sc := bufio.NewScanner(c)
+	br := bufio.NewReader(c)
 	enc := json.NewEncoder(c)
-	for sc.Scan() {
+	for {
+		line, err := br.ReadBytes('\n')
+		if err != nil {
+			return
+		}
 		var req Request
-		if err := json.Unmarshal(sc.Bytes(), &req); err != nil {
+		if err := json.Unmarshal(line, &req); err != nil {
 			enc.Encode(Response{Error: "bad request: " + err.Error()})
 			return
 		}
@@ -303,6 +335,10 @@ func (s *server) serve(c *net.UnixConn) {
 		case "wait":
 			<-s.exited
 			resp = s.state()
+		case "attach":
+			// The connection becomes an attach stream.
+			s.attach(c, br, req)
+			return
 		case "reopen":
 			resp = s.state()
 			if err := s.log.Reopen(); err != nil {

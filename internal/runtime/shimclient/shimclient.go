@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
 
@@ -48,7 +49,8 @@ func (s *Starter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process,
 	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
 		return nil, err
 	}
-	cfg := shim.Config{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, LogPath: spec.LogPath, Socket: s.socketPath(spec.ID)}
+	cfg := shim.Config{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, LogPath: spec.LogPath, Socket: s.socketPath(spec.ID),
+		Stdin: spec.Stdin, StdinOnce: spec.StdinOnce}
 	if len(cfg.Socket) > 100 {
 		return nil, fmt.Errorf("shim socket path %s is %d bytes, over the unix socket limit: use a shorter data dir", cfg.Socket, len(cfg.Socket))
 	}
@@ -242,3 +244,98 @@ func isGone(err error) bool {
 	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, os.ErrNotExist) ||
 		errors.Is(err, syscall.ENOENT) || errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)
 }
+
+var _ pod.Attachable = (*process)(nil)
+
+// AttachStdio opens an attach session on the shim: the container's output
+// from now on, and its stdin when stdin is set and the container keeps it
+// open.
+func (p *process) AttachStdio(ctx context.Context, stdin bool) (pod.StdioConn, error) {
+	if p.dead {
+		return nil, errors.New("the container's shim is gone")
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", p.socket)
+	if err != nil {
+		return nil, err
+	}
+	if err := json.NewEncoder(c).Encode(shim.Request{Op: "attach", Stdin: stdin}); err != nil {
+		c.Close()
+		return nil, err
+	}
+	br := bufio.NewReader(c)
+	line, err := br.ReadBytes('\n')
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	var r shim.Response
+	if err := json.Unmarshal(line, &r); err != nil {
+		c.Close()
+		return nil, err
+	}
+	if r.Error != "" {
+		c.Close()
+		return nil, errors.New(r.Error)
+	}
+	if !r.Running {
+		c.Close()
+		return nil, ErrNotRunning
+	}
+	return &stdioConn{c: c, br: br}, nil
+}
+
+// ErrNotRunning: the container exited before the attach.
+var ErrNotRunning = errors.New("the container is not running")
+
+type stdioConn struct {
+	c  net.Conn
+	br *bufio.Reader
+	mu sync.Mutex // serializes frame writes
+}
+
+func (s *stdioConn) Recv() (stdout, stderr []byte, exit *pod.ExitStatus, err error) {
+	kind, data, err := shim.ReadFrame(s.br)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	switch kind {
+	case shim.FrameStdout:
+		return data, nil, nil, nil
+	case shim.FrameStderr:
+		return nil, data, nil, nil
+	case shim.FrameExit:
+		var es shim.ExitStatus
+		if err := json.Unmarshal(data, &es); err != nil {
+			return nil, nil, nil, err
+		}
+		st := convert(&es)
+		return nil, nil, &st, nil
+	}
+	return nil, nil, nil, fmt.Errorf("attach: unexpected frame kind %d from the shim", kind)
+}
+
+func (s *stdioConn) send(kind byte, p []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return shim.WriteFrame(s.c, kind, p)
+}
+
+func (s *stdioConn) SendStdin(p []byte) error {
+	for len(p) > 0 {
+		n := min(len(p), shim.MaxFrame)
+		if err := s.send(shim.FrameStdin, p[:n]); err != nil {
+			return err
+		}
+		p = p[n:]
+	}
+	return nil
+}
+
+func (s *stdioConn) CloseStdin() error { return s.send(shim.FrameCloseStdin, nil) }
+
+func (s *stdioConn) Resize(w, h uint16) error {
+	return s.send(shim.FrameResize, []byte{byte(w >> 8), byte(w), byte(h >> 8), byte(h)})
+}
+
+func (s *stdioConn) Close() error { return s.c.Close() }

@@ -176,3 +176,125 @@ func TestWaitCancel(t *testing.T) {
 		t.Fatalf("want deadline, got %v", err)
 	}
 }
+
+// attachAll collects an attach session until the exit frame.
+func attachAll(t *testing.T, sc pod.StdioConn) (stdout, stderr string, exit *pod.ExitStatus) {
+	t.Helper()
+	var out, errb []byte
+	for {
+		o, e, ex, err := sc.Recv()
+		if err != nil {
+			t.Fatalf("recv: %v (stdout %q, stderr %q)", err, out, errb)
+		}
+		out, errb = append(out, o...), append(errb, e...)
+		if ex != nil {
+			return string(out), string(errb), ex
+		}
+	}
+}
+
+func TestShimAttachStdinAndOutput(t *testing.T) {
+	s, dir := newStarter(t)
+	ctx := context.Background()
+	sp := spec(dir, "att", "/bin/sh", "-c", "read x; echo got:$x >&2; echo out; read y; echo second:$y; exit 5")
+	sp.Stdin = true
+	p, err := s.Start(ctx, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A watcher without stdin sees the same output.
+	watcher, err := p.(pod.Attachable).AttachStdio(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watcher.Close()
+	sc, err := p.(pod.Attachable).AttachStdio(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	// Stdin from a client that did not ask for it is dropped.
+	if err := watcher.SendStdin([]byte("ignored\n")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if err := sc.SendStdin([]byte("hello\n")); err != nil {
+		t.Fatal(err)
+	}
+	// Not stdinOnce: closing this client's stdin keeps the container's open.
+	if err := sc.CloseStdin(); err != nil {
+		t.Fatal(err)
+	}
+	sc.Close()
+	// Wait for the container to have read it before the next client.
+	var seenErr []byte
+	for !strings.Contains(string(seenErr), "got:hello") {
+		_, e, ex, err := watcher.Recv()
+		if err != nil || ex != nil {
+			t.Fatalf("watcher: %v %+v (stderr so far %q)", err, ex, seenErr)
+		}
+		seenErr = append(seenErr, e...)
+	}
+	sc2, err := p.(pod.Attachable).AttachStdio(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc2.Close()
+	if err := sc2.SendStdin([]byte("again\n")); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, ex := attachAll(t, watcher)
+	if !strings.HasSuffix(out, "second:again\n") || errOut != "" || ex.ExitCode != 5 {
+		t.Fatalf("watcher saw stdout %q stderr %q exit %+v", out, errOut, ex)
+	}
+	out2, _, ex2 := attachAll(t, sc2)
+	if out2 != "second:again\n" || ex2.ExitCode != 5 {
+		t.Fatalf("second client saw %q %+v", out2, ex2)
+	}
+	if es, err := p.Wait(ctx); err != nil || es.ExitCode != 5 {
+		t.Fatalf("wait: %+v %v", es, err)
+	}
+	log, _ := os.ReadFile(sp.LogPath)
+	for _, want := range []string{" stderr F got:hello\n", " stdout F out\n", " stdout F second:again\n"} {
+		if !strings.Contains(string(log), want) {
+			t.Errorf("log lacks %q:\n%s", want, log)
+		}
+	}
+	// After the exit an attach is refused.
+	if _, err := p.(pod.Attachable).AttachStdio(ctx, false); err == nil {
+		t.Fatal("attach after exit succeeded")
+	}
+}
+
+func TestShimStdinOnceAndNoStdin(t *testing.T) {
+	s, dir := newStarter(t)
+	ctx := context.Background()
+	// stdinOnce: the first stdin client leaving closes the container's
+	// stdin, so cat ends.
+	sp := spec(dir, "once", "/bin/cat")
+	sp.Stdin, sp.StdinOnce = true, true
+	p, err := s.Start(ctx, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, err := p.(pod.Attachable).AttachStdio(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.SendStdin([]byte("abc\n"))
+	sc.CloseStdin()
+	out, _, ex := attachAll(t, sc)
+	if out != "abc\n" || ex.ExitCode != 0 {
+		t.Fatalf("stdinOnce cat: %q %+v", out, ex)
+	}
+	// Without stdin: true the container's stdin is /dev/null.
+	p2, err := s.Start(ctx, spec(dir, "nostdin", "/bin/cat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if es, err := p2.Wait(wctx); err != nil || es.ExitCode != 0 {
+		t.Fatalf("cat on /dev/null: %+v %v", es, err)
+	}
+}
