@@ -41,8 +41,13 @@ import (
 //	pid:PATH    write the pid to PATH
 //	failonce:PATH  exit 1 if PATH does not exist (creating it), else go on
 //	trapfile:PATH:D  on SIGTERM append "got SIGTERM" to PATH, wait D, exit 0
-//	http:PORT   serve HTTP on 127.0.0.1:PORT in the background: every path
-//	            answers 200 "hello from PORT PATH"
+//	http:PORT:PATH   serve HTTP on 127.0.0.1:PORT in the background: 200 "ok"
+//	                 while PATH does not exist, 500 "unhealthy" once it does
+//	tcp:PORT[:PATH]  accept (and close) TCP connections on 127.0.0.1:PORT in
+//	                 the background; stop listening once PATH exists
+//	rm:PATH     remove PATH (host path)
+//	absent:PATH exit 1 (printing "PATH exists") if PATH exists, else go on
+//	onterm:PATH:TEXT on SIGTERM append TEXT to PATH and exit 0
 //
 // With no arguments it prints "hello from k3sm" and sleeps forever.
 const ProgSource = `package main
@@ -115,6 +120,66 @@ func main() {
 			}
 		case "cat":
 			io.Copy(os.Stdout, os.Stdin)
+		case "http":
+			port, flag, _ := strings.Cut(arg, ":")
+			l, err := net.Listen("tcp", "127.0.0.1:"+port)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(3)
+			}
+			go http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if _, err := os.Stat(flag); err == nil {
+					w.WriteHeader(500)
+					fmt.Fprintln(w, "unhealthy")
+					return
+				}
+				fmt.Fprintln(w, "ok")
+			}))
+		case "tcp":
+			port, flag, _ := strings.Cut(arg, ":")
+			l, err := net.Listen("tcp", "127.0.0.1:"+port)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(3)
+			}
+			if flag != "" {
+				go func() {
+					for {
+						if _, err := os.Stat(flag); err == nil {
+							l.Close()
+							return
+						}
+						time.Sleep(50 * time.Millisecond)
+					}
+				}()
+			}
+			go func() {
+				for {
+					c, err := l.Accept()
+					if err != nil {
+						return
+					}
+					c.Close()
+				}
+			}()
+		case "rm":
+			os.Remove(arg)
+		case "absent":
+			if _, err := os.Stat(arg); err == nil {
+				fmt.Println(arg + " exists")
+				os.Exit(1)
+			}
+		case "onterm":
+			p, text, _ := strings.Cut(arg, ":")
+			c := make(chan os.Signal, 1)
+			signal.Notify(c, syscall.SIGTERM)
+			go func() {
+				<-c
+				f, _ := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+				fmt.Fprintln(f, text)
+				f.Close()
+				os.Exit(0)
+			}()
 		case "pid":
 			os.WriteFile(arg, []byte(strconv.Itoa(os.Getpid())), 0o644)
 		case "failonce":
@@ -136,16 +201,6 @@ func main() {
 				time.Sleep(d)
 				os.Exit(0)
 			}()
-		case "http":
-			l, err := net.Listen("tcp", "127.0.0.1:"+arg)
-			if err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				os.Exit(2)
-			}
-			port := arg
-			go http.Serve(l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				fmt.Fprintf(w, "hello from %s %s\n", port, r.URL.Path)
-			}))
 		default:
 			fmt.Fprintln(os.Stderr, "unknown op", a)
 			os.Exit(2)

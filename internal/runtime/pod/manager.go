@@ -234,17 +234,23 @@ func (m *Manager) newPod(spec *runtimev1.PodSpec) *podRT {
 	p := &podRT{m: m, uid: spec.GetUid(), name: spec.GetName(), namespace: spec.GetNamespace(), dir: m.podDir(spec.GetUid()), spec: spec,
 		deleteCh: make(chan struct{}), done: make(chan struct{}), removed: make(chan struct{})}
 	for _, c := range spec.GetInitContainers() {
-		p.init = append(p.init, newCtr(c, true))
+		p.init = append(p.init, newCtr(c, true, p.deleteCh))
 	}
 	for _, c := range spec.GetContainers() {
-		p.main = append(p.main, newCtr(c, false))
+		p.main = append(p.main, newCtr(c, false, p.deleteCh))
 	}
 	return p
 }
 
-func newCtr(c *runtimev1.ContainerSpec, init bool) *ctr {
-	return &ctr{spec: c, name: c.GetName(), init: init, wake: make(chan struct{}, 1),
+func newCtr(c *runtimev1.ContainerSpec, init bool, deleteCh chan struct{}) *ctr {
+	x := &ctr{spec: c, name: c.GetName(), init: init, wake: make(chan struct{}, 1), stopc: deleteCh,
 		state: cstate{Waiting: &waiting{Reason: "ContainerCreating"}}}
+	if x.sidecar() {
+		// Native sidecars stop after the main containers: the worker
+		// closes their own channel once those are gone.
+		x.stopc = make(chan struct{})
+	}
+	return x
 }
 
 // Update replaces the pod's spec; changed containers restart.
@@ -544,9 +550,23 @@ type ctr struct {
 
 	proc Process
 	wake chan struct{}
+	// stopc is closed when the container must stop for good: the pod's
+	// deleteCh, or for a native sidecar a channel the worker closes after
+	// the main containers stopped.
+	stopc chan struct{}
+	// Probe results of the running attempt (reset at each attempt, not
+	// persisted: a restarted daemon probes again).
+	probeStarted bool // startup probe passed (or none) and postStart done
+	probeReady   bool // readiness probe passing (or none)
 	// back-off, touched only by the container's goroutine
 	crashDelay time.Duration
 	pullDelay  time.Duration
+}
+
+// sidecar reports a native sidecar: an init container with restartPolicy
+// Always.
+func (c *ctr) sidecar() bool {
+	return c.init && c.spec.GetRestartPolicy() == runtimev1.ContainerRestartPolicy_CONTAINER_RESTART_POLICY_ALWAYS
 }
 
 func (c *ctr) succeeded() bool {
@@ -743,13 +763,33 @@ func (p *podRT) statusLocked() *runtimev1.PodStatus {
 	for _, c := range p.init {
 		st.InitContainerStatuses = append(st.InitContainerStatuses, c.apiStatus())
 	}
+	// Initialized: every init container succeeded and every native sidecar
+	// started (once the main containers ran, a restarting sidecar does not
+	// take it back).
+	mainRan := false
+	for _, c := range p.main {
+		mainRan = mainRan || c.hasRun
+	}
 	st.Initialized = true
-	for _, c := range p.init {
+	var sidecars []bool
+	for i, c := range p.init {
+		sidecars = append(sidecars, c.sidecar())
+		if c.sidecar() {
+			if !mainRan && !st.InitContainerStatuses[i].GetStarted() {
+				st.Initialized = false
+			}
+			continue
+		}
 		if !c.succeeded() {
 			st.Initialized = false
 		}
 	}
 	st.ContainersReady = true
+	for i, c := range p.init {
+		if c.sidecar() && !st.InitContainerStatuses[i].GetReady() {
+			st.ContainersReady = false
+		}
+	}
 	for _, c := range p.main {
 		cs := c.apiStatus()
 		if !st.Initialized {
@@ -760,7 +800,7 @@ func (p *podRT) statusLocked() *runtimev1.PodStatus {
 			st.ContainersReady = false
 		}
 	}
-	st.Phase = computePhase(p.spec.GetRestartPolicy(), st.InitContainerStatuses, st.ContainerStatuses)
+	st.Phase = computePhase(p.spec.GetRestartPolicy(), st.InitContainerStatuses, st.ContainerStatuses, sidecars, mainRan)
 	return st
 }
 
@@ -780,9 +820,11 @@ func (c *ctr) apiStatus() *runtimev1.ContainerStatus {
 	case c.state.Running != nil:
 		cs.State = &runtimev1.ContainerState{State: &runtimev1.ContainerState_Running{Running: &runtimev1.ContainerStateRunning{
 			StartedAt: timestamppb.New(c.state.Running.StartedAt)}}}
-		cs.Started = true
-		// No readiness probes yet (issue 4): a running container is ready.
-		cs.Ready = !c.init
+		// Started once postStart completed and the startup probe passed;
+		// ready while the readiness probe passes (regular init containers
+		// are never ready).
+		cs.Started = c.probeStarted
+		cs.Ready = c.probeStarted && c.probeReady && (!c.init || c.sidecar())
 	case c.state.Terminated != nil:
 		cs.State = termProto(c.state.Terminated)
 	default:

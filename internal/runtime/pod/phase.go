@@ -3,10 +3,17 @@ package pod
 import runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 
 // computePhase derives the pod phase from its container statuses with the
-// kubelet's rules (pkg/kubelet/kubelet_pods.go getPhase), without native
-// sidecars (issue 4).
-func computePhase(policy runtimev1.RestartPolicy, init, main []*runtimev1.ContainerStatus) runtimev1.PodPhase {
-	for _, s := range init {
+// kubelet's rules (pkg/kubelet/kubelet_pods.go getPhase). sidecar flags the
+// native sidecars among init: they count as initialized once started (or
+// once the main containers ran) and never decide the phase afterwards.
+func computePhase(policy runtimev1.RestartPolicy, init, main []*runtimev1.ContainerStatus, sidecar []bool, mainRan bool) runtimev1.PodPhase {
+	for i, s := range init {
+		if i < len(sidecar) && sidecar[i] {
+			if s.GetStarted() || mainRan {
+				continue
+			}
+			return runtimev1.PodPhase_POD_PHASE_PENDING
+		}
 		if t := s.GetState().GetTerminated(); t != nil && t.GetExitCode() == 0 {
 			continue
 		}

@@ -46,7 +46,7 @@ func TestComputePhase(t *testing.T) {
 		{"always all exited", A, nil, []*runtimev1.ContainerStatus{st("term", 0, false)}, R},
 	}
 	for _, c := range cases {
-		if got := computePhase(c.policy, c.init, c.main); got != c.want {
+		if got := computePhase(c.policy, c.init, c.main, nil, false); got != c.want {
 			t.Errorf("%s: phase %v, want %v", c.name, got, c.want)
 		}
 	}

@@ -32,14 +32,41 @@ const (
 	warning = runtimev1.EventType_EVENT_TYPE_WARNING
 )
 
-// run is the pod's worker: init containers in order, then every container
-// in parallel, each under the restart policy.
+// run is the pod's worker: init containers in order (a native sidecar
+// starts and the next init container follows once it is started), then
+// every container in parallel, each under the restart policy. Sidecars stop
+// after the main containers, in reverse order.
 func (p *podRT) run(ctx context.Context) {
 	defer close(p.done)
 	p.mu.Lock()
 	policy := p.spec.GetRestartPolicy()
 	p.mu.Unlock()
+	type running struct {
+		c    *ctr
+		done chan struct{}
+	}
+	var sidecars []running
+	defer func() {
+		for i := len(sidecars) - 1; i >= 0; i-- {
+			if ctx.Err() == nil {
+				close(sidecars[i].c.stopc)
+			}
+			<-sidecars[i].done
+		}
+	}()
 	for _, c := range p.init {
+		if c.sidecar() {
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				p.loop(ctx, c, runtimev1.RestartPolicy_RESTART_POLICY_ALWAYS)
+			}()
+			sidecars = append(sidecars, running{c, done})
+			if !p.waitStarted(ctx, c, done) {
+				return
+			}
+			continue
+		}
 		if c.succeeded() {
 			continue
 		}
@@ -70,27 +97,57 @@ func (p *podRT) run(ctx context.Context) {
 		wg.Add(1)
 		go func(c *ctr) {
 			defer wg.Done()
-			for {
-				out := p.runOnce(ctx, c)
-				if out == outStopped || out == outDetached {
-					return
-				}
-				if out == outRestart {
-					continue
-				}
-				p.mu.Lock()
-				code := c.state.Terminated.ExitCode
-				p.mu.Unlock()
-				if !shouldRestart(policy, code) {
-					return
-				}
-				if !p.backoff(ctx, c) {
-					return
-				}
-			}
+			p.loop(ctx, c, policy)
 		}(c)
 	}
 	wg.Wait()
+}
+
+// loop runs c's attempts under policy until it stops for good.
+func (p *podRT) loop(ctx context.Context, c *ctr, policy runtimev1.RestartPolicy) {
+	for {
+		out := p.runOnce(ctx, c)
+		if out == outStopped || out == outDetached {
+			return
+		}
+		if out == outRestart {
+			continue
+		}
+		p.mu.Lock()
+		code := c.state.Terminated.ExitCode
+		p.mu.Unlock()
+		if !shouldRestart(policy, code) {
+			return
+		}
+		if !p.backoff(ctx, c) {
+			return
+		}
+	}
+}
+
+// waitStarted waits until the sidecar c is started (running, postStart
+// done, startup probe passed). False means the pod stops or the daemon
+// detaches.
+func (p *podRT) waitStarted(ctx context.Context, c *ctr, done chan struct{}) bool {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		p.mu.Lock()
+		ok := c.state.Running != nil && c.probeStarted
+		p.mu.Unlock()
+		if ok {
+			return true
+		}
+		select {
+		case <-t.C:
+		case <-done:
+			return false
+		case <-p.deleteCh:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
 }
 
 // sleep waits d; it returns the reason it was cut short, if it was.
@@ -100,7 +157,7 @@ func (p *podRT) sleep(ctx context.Context, c *ctr, d time.Duration) (outcome, bo
 	select {
 	case <-t.C:
 		return 0, true
-	case <-p.deleteCh:
+	case <-c.stopc:
 		return outStopped, false
 	case <-ctx.Done():
 		return outDetached, false
@@ -150,15 +207,21 @@ func (p *podRT) runOnce(ctx context.Context, c *ctr) outcome {
 	p.mu.Lock()
 	if c.proc != nil {
 		p.mu.Unlock()
-		return p.waitProc(ctx, c)
+		return p.waitProc(ctx, c, false)
 	}
 	if c.state.Terminated != nil && !c.changed {
 		p.mu.Unlock()
 		return outExited
 	}
-	if p.terminating {
+	if p.terminating && !c.sidecar() {
 		p.mu.Unlock()
 		return outStopped
+	}
+	select {
+	case <-c.stopc:
+		p.mu.Unlock()
+		return outStopped
+	default:
 	}
 	c.changed = false
 	p.mu.Unlock()
@@ -224,7 +287,7 @@ func (p *podRT) runOnce(ctx context.Context, c *ctr) outcome {
 	// order, where a burst started all at once would finish all at the end.
 	select {
 	case p.m.startSlots <- struct{}{}:
-	case <-p.deleteCh:
+	case <-c.stopc:
 		return outStopped
 	case <-ctx.Done():
 		return outDetached
@@ -259,11 +322,17 @@ func (p *podRT) runOnce(ctx context.Context, c *ctr) outcome {
 	}
 	p.update(func() {
 		c.proc = proc
-		c.state = cstate{Running: &running{StartedAt: proc.StartedAt()}}
+		c.probeStarted, c.probeReady = false, false
+		// With a postStart hook the container is not Running until the
+		// hook completed (the kubelet reports it once startContainer
+		// returned).
+		if cspec.GetLifecycle().GetPostStart() == nil {
+			c.state = cstate{Running: &running{StartedAt: proc.StartedAt()}}
+		}
 	})
 	p.event(normal, "Created", name, "Created container "+name)
 	p.event(normal, "Started", name, "Started container "+name)
-	return p.waitProc(ctx, c)
+	return p.waitProc(ctx, c, true)
 }
 
 // repoDigestFor picks the image's repo digest for the reference the pod
@@ -288,11 +357,15 @@ type waitResult struct {
 	err error
 }
 
-// waitProc waits for the running attempt to end, stopping it on delete or
-// definition change, or detaching when the daemon stops.
-func (p *podRT) waitProc(ctx context.Context, c *ctr) outcome {
+// waitProc waits for the running attempt to end, stopping it on delete,
+// definition change, a failed postStart hook or a failed startup/liveness
+// probe, or detaching when the daemon stops. fresh is a just-started
+// attempt, whose postStart hook runs first.
+func (p *podRT) waitProc(ctx context.Context, c *ctr, fresh bool) outcome {
 	p.mu.Lock()
 	proc := c.proc
+	cspec := c.spec
+	restart := c.sidecar() || p.spec.GetRestartPolicy() != runtimev1.RestartPolicy_RESTART_POLICY_NEVER
 	p.mu.Unlock()
 	wctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -301,30 +374,69 @@ func (p *podRT) waitProc(ctx context.Context, c *ctr) outcome {
 		es, err := proc.Wait(wctx)
 		ch <- waitResult{es, err}
 	}()
-	select {
-	case r := <-ch:
-		p.recordExit(c, r)
-		return outExited
-	case <-p.deleteCh:
-		p.stop(c, proc, ch, "Stopping container "+c.name)
-		return outStopped
-	case <-c.wake:
-		p.stop(c, proc, ch, fmt.Sprintf("Container %s definition changed, will be restarted", c.name))
-		p.update(func() {
-			c.last = c.state.Terminated
-			c.state = cstate{Waiting: &waiting{Reason: "ContainerCreating"}}
-			c.changed = true
-		})
-		return outRestart
-	case <-ctx.Done():
-		cancel()
-		<-ch
-		return outDetached
+	// Hooks and probes of this attempt end with it.
+	hctx, hcancel := context.WithCancel(context.Background())
+	defer hcancel()
+	hookDone := make(chan error, 1)
+	if h := cspec.GetLifecycle().GetPostStart(); fresh && h != nil {
+		go func() { hookDone <- p.runHook(hctx, c, h) }()
+	} else {
+		hookDone <- nil
+	}
+	kill := make(chan string, 1)
+	for {
+		select {
+		case r := <-ch:
+			hcancel()
+			p.recordExit(c, r)
+			return outExited
+		case err := <-hookDone:
+			hookDone = nil
+			if err != nil {
+				hcancel()
+				p.event(warning, "FailedPostStartHook", c.name, err.Error())
+				p.stop(c, proc, ch, "FailedPostStartHook")
+				return outExited
+			}
+			p.update(func() {
+				if c.state.Running == nil {
+					c.state = cstate{Running: &running{StartedAt: proc.StartedAt()}}
+				}
+			})
+			go p.probe(hctx, c, cspec, proc.StartedAt(), restart, kill)
+		case msg := <-kill:
+			hcancel()
+			p.stop(c, proc, ch, msg)
+			return outExited
+		case <-c.stopc:
+			hcancel()
+			p.stop(c, proc, ch, "Stopping container "+c.name)
+			return outStopped
+		case <-c.wake:
+			hcancel()
+			p.stop(c, proc, ch, fmt.Sprintf("Container %s definition changed, will be restarted", c.name))
+			p.update(func() {
+				c.last = c.state.Terminated
+				c.state = cstate{Waiting: &waiting{Reason: "ContainerCreating"}}
+				c.changed = true
+			})
+			return outRestart
+		case <-ctx.Done():
+			hcancel()
+			cancel()
+			<-ch
+			return outDetached
+		}
 	}
 }
 
-// stop ends a running attempt: SIGTERM to its process group, the grace
-// period, then SIGKILL to the group.
+// minimumGracePeriod is what a container gets after a preStop hook used
+// up its grace period (the kubelet's minimumGracePeriodInSeconds).
+const minimumGracePeriod = 2 * time.Second
+
+// stop ends a running attempt: the preStop hook (counted against the grace
+// period), SIGTERM to its process group, the rest of the grace period, then
+// SIGKILL to the group.
 func (p *podRT) stop(c *ctr, proc Process, ch chan waitResult, msg string) {
 	p.mu.Lock()
 	grace := p.grace
@@ -334,8 +446,29 @@ func (p *podRT) stop(c *ctr, proc Process, ch chan waitResult, msg string) {
 			grace = time.Duration(p.spec.GetTerminationGracePeriodSeconds()) * time.Second
 		}
 	}
+	preStop := c.spec.GetLifecycle().GetPreStop()
 	p.mu.Unlock()
 	p.event(normal, "Killing", c.name, msg)
+	if preStop != nil && grace > 0 {
+		start := time.Now()
+		hctx, cancel := context.WithTimeout(context.Background(), grace)
+		errc := make(chan error, 1)
+		go func() { errc <- p.runHook(hctx, c, preStop) }()
+		select {
+		case err := <-errc:
+			if err != nil {
+				p.event(warning, "FailedPreStopHook", c.name, err.Error())
+			}
+		case <-hctx.Done():
+			p.m.log.Info("preStop hook did not finish within the grace period", "pod", p.key(), "container", c.name, "grace", grace)
+		case r := <-ch:
+			cancel()
+			p.recordExit(c, r)
+			return
+		}
+		cancel()
+		grace = max(grace-time.Since(start), minimumGracePeriod)
+	}
 	sig := syscall.SIGTERM
 	if grace <= 0 {
 		sig = syscall.SIGKILL
@@ -432,7 +565,7 @@ func (p *podRT) ensureImage(ctx context.Context, c *ctr) (*image.Image, string, 
 			stop := context.AfterFunc(ctx, cancel)
 			go func() {
 				select {
-				case <-p.deleteCh:
+				case <-c.stopc:
 					cancel()
 				case <-pctx.Done():
 				}
@@ -447,7 +580,7 @@ func (p *podRT) ensureImage(ctx context.Context, c *ctr) (*image.Image, string, 
 				return pulled, ref, 0, true
 			}
 			select {
-			case <-p.deleteCh:
+			case <-c.stopc:
 				return nil, ref, outStopped, false
 			default:
 			}
