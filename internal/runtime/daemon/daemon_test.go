@@ -117,11 +117,7 @@ func TestIntegrationPodRunsAndLogs(t *testing.T) {
 	if exit.GetExitCode() != 3 || out.String() != "pwd="+root+"/app\nfrom stdin\n" || errOut.String() != "on stderr\n" {
 		t.Errorf("exec: exit %v stdout %q stderr %q", exit, out.String(), errOut.String())
 	}
-	ex2, _ := e.c.Runtime.Exec(ctx)
-	ex2.Send(&runtimev1.ExecRequest{Msg: &runtimev1.ExecRequest_Start{Start: &runtimev1.ExecStart{PodUid: spec.Uid, Command: []string{"sh"}, Tty: true}}})
-	if _, err := ex2.Recv(); status.Code(err) != codes.Unimplemented {
-		t.Errorf("exec -t: %v, want Unimplemented", err)
-	}
+	// TTY exec and attach: stdio_test.go.
 
 	// Port-forward reaches a port on the pod's (the node's) network.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -4,16 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
-	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -343,124 +339,6 @@ func (w *logWriter) flush(err error) error {
 	err = w.stream.Send(&runtimev1.GetLogsResponse{Data: w.buf})
 	w.buf = nil
 	return err
-}
-
-// ------------------------------------------------------------------ exec
-
-func (s *server) Exec(stream runtimev1.Runtime_ExecServer) error {
-	first, err := stream.Recv()
-	if err != nil {
-		return err
-	}
-	start := first.GetStart()
-	if start == nil {
-		return status.Error(codes.InvalidArgument, "exec: the first message must carry ExecStart")
-	}
-	if start.GetTty() {
-		return status.Error(codes.Unimplemented, "exec with a TTY (-t) is not implemented yet (issue 4: a real PTY with resize); run without -t")
-	}
-	if len(start.GetCommand()) == 0 {
-		return status.Error(codes.InvalidArgument, "exec: command is empty")
-	}
-	info, err := s.mgr.Container(start.GetPodUid(), start.GetContainer())
-	if err != nil {
-		return grpcErr(err)
-	}
-	if info.Pid == 0 {
-		return status.Errorf(codes.FailedPrecondition, "container %q is not running", info.Spec.GetName())
-	}
-	var mu sync.Mutex
-	send := func(r *runtimev1.ExecResponse) error {
-		mu.Lock()
-		defer mu.Unlock()
-		return stream.Send(r)
-	}
-	argv, env, dir, err := s.mgr.ResolveExec(info, start.GetCommand())
-	if err != nil {
-		return send(&runtimev1.ExecResponse{Msg: &runtimev1.ExecResponse_Exit{Exit: &runtimev1.ExitStatus{ExitCode: 127, Error: err.Error()}}})
-	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env, cmd.Dir = env, dir
-	// Its own group, so the whole command tree ends with the stream.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return status.Error(codes.Internal, err.Error())
-	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return status.Error(codes.Internal, err.Error())
-	}
-	var stdin io.WriteCloser
-	if start.GetStdin() {
-		if stdin, err = cmd.StdinPipe(); err != nil {
-			return status.Error(codes.Internal, err.Error())
-		}
-	}
-	if err := cmd.Start(); err != nil {
-		return send(&runtimev1.ExecResponse{Msg: &runtimev1.ExecResponse_Exit{Exit: &runtimev1.ExitStatus{ExitCode: 126, Error: err.Error()}}})
-	}
-	pgid := cmd.Process.Pid
-	stop := context.AfterFunc(stream.Context(), func() { syscall.Kill(-pgid, syscall.SIGKILL) })
-	defer stop()
-	go func() {
-		for {
-			m, err := stream.Recv()
-			if err != nil {
-				if stdin != nil {
-					stdin.Close()
-				}
-				return
-			}
-			switch {
-			case m.GetCloseStdin():
-				if stdin != nil {
-					stdin.Close()
-				}
-			case m.GetStdin() != nil && stdin != nil:
-				stdin.Write(m.GetStdin())
-			}
-		}
-	}()
-	var wg sync.WaitGroup
-	pump := func(r io.Reader, mk func([]byte) *runtimev1.ExecResponse) {
-		defer wg.Done()
-		buf := make([]byte, 32*1024)
-		for {
-			n, err := r.Read(buf)
-			if n > 0 {
-				if send(mk(append([]byte(nil), buf[:n]...))) != nil {
-					return
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}
-	wg.Add(2)
-	go pump(stdout, func(b []byte) *runtimev1.ExecResponse {
-		return &runtimev1.ExecResponse{Msg: &runtimev1.ExecResponse_Stdout{Stdout: b}}
-	})
-	go pump(stderr, func(b []byte) *runtimev1.ExecResponse {
-		return &runtimev1.ExecResponse{Msg: &runtimev1.ExecResponse_Stderr{Stderr: b}}
-	})
-	wg.Wait()
-	werr := cmd.Wait()
-	es := &runtimev1.ExitStatus{}
-	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		es.Signal = int32(ws.Signal())
-		es.ExitCode = 128 + es.Signal
-	} else if cmd.ProcessState != nil {
-		es.ExitCode = int32(cmd.ProcessState.ExitCode())
-	} else if werr != nil {
-		es.ExitCode, es.Error = 255, werr.Error()
-	}
-	return send(&runtimev1.ExecResponse{Msg: &runtimev1.ExecResponse_Exit{Exit: es}})
-}
-
-func (s *server) Attach(stream runtimev1.Runtime_AttachServer) error {
-	return status.Error(codes.Unimplemented, "attach is not implemented yet (issue 4); use GetLogs with follow for the container's output")
 }
 
 // PortForward: pods share the node's network until per-pod network
