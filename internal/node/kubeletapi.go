@@ -109,7 +109,7 @@ func (p *Provider) RunInContainer(ctx context.Context, ns, name, container strin
 	if err := stream.Send(&runtimev1.ExecRequest{Msg: &runtimev1.ExecRequest_Start{Start: start}}); err != nil {
 		return err
 	}
-	return pumpStdio(ctx, attach, func(b []byte) error {
+	return pumpStdio(ctx, attach, false, func(b []byte) error {
 		return stream.Send(&runtimev1.ExecRequest{Msg: &runtimev1.ExecRequest_Stdin{Stdin: b}})
 	}, func() error {
 		return stream.Send(&runtimev1.ExecRequest{Msg: &runtimev1.ExecRequest_CloseStdin{CloseStdin: true}})
@@ -138,7 +138,7 @@ func (p *Provider) AttachToContainer(ctx context.Context, ns, name, container st
 	if err := stream.Send(&runtimev1.AttachRequest{Msg: &runtimev1.AttachRequest_Start{Start: start}}); err != nil {
 		return err
 	}
-	return pumpStdio(ctx, attach, func(b []byte) error {
+	return pumpStdio(ctx, attach, true, func(b []byte) error {
 		return stream.Send(&runtimev1.AttachRequest{Msg: &runtimev1.AttachRequest_Stdin{Stdin: b}})
 	}, func() error {
 		return stream.Send(&runtimev1.AttachRequest{Msg: &runtimev1.AttachRequest_CloseStdin{CloseStdin: true}})
@@ -154,8 +154,11 @@ func (p *Provider) AttachToContainer(ctx context.Context, ns, name, container st
 }
 
 // pumpStdio copies between the kubelet API streams and a runtime stream until
-// the runtime reports an exit status, which becomes the kubectl exit code.
-func pumpStdio(ctx context.Context, attach api.AttachIO, sendIn func([]byte) error, closeIn func() error,
+// the runtime reports an exit status. For exec it becomes kubectl's exit
+// code (a CodeExitError is what the remotecommand server reports as the
+// exit code); an attach ends successfully when the container exits, as with
+// the kubelet (kubectl reads the container's status itself when it cares).
+func pumpStdio(ctx context.Context, attach api.AttachIO, isAttach bool, sendIn func([]byte) error, closeIn func() error,
 	resize func(w, h uint16) error, recv func() ([]byte, []byte, *runtimev1.ExitStatus, error)) error {
 	if in := attach.Stdin(); in != nil {
 		go func() {
@@ -205,15 +208,26 @@ func pumpStdio(ctx context.Context, attach api.AttachIO, sendIn func([]byte) err
 			}
 		}
 		if exit != nil {
-			if exit.Error != "" {
-				return fmt.Errorf("%s", exit.Error)
-			}
-			if exit.ExitCode != 0 {
-				return utilexec.CodeExitError{Err: fmt.Errorf("command terminated with non-zero exit code: %d", exit.ExitCode), Code: int(exit.ExitCode)}
-			}
-			return nil
+			return exitError(exit, isAttach)
 		}
 	}
+}
+
+// exitError turns a runtime exit status into the handler's result.
+func exitError(exit *runtimev1.ExitStatus, isAttach bool) error {
+	switch {
+	case isAttach:
+		return nil
+	case exit.GetError() != "" && exit.GetExitCode() != 0:
+		// The command could not be started (127: not found, 126: not
+		// executable): the reason, and the code shells use for it.
+		return utilexec.CodeExitError{Err: fmt.Errorf("%s: command terminated with exit code %d", exit.GetError(), exit.GetExitCode()), Code: int(exit.GetExitCode())}
+	case exit.GetError() != "":
+		return fmt.Errorf("%s", exit.GetError())
+	case exit.GetExitCode() != 0:
+		return utilexec.CodeExitError{Err: fmt.Errorf("command terminated with non-zero exit code: %d", exit.GetExitCode()), Code: int(exit.GetExitCode())}
+	}
+	return nil
 }
 
 // PortForward carries one connection to a port of the pod.
