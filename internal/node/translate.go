@@ -148,6 +148,9 @@ func (t *translator) container(ctx context.Context, pod *corev1.Pod, c *corev1.C
 	for _, p := range c.Ports {
 		cs.Ports = append(cs.Ports, &runtimev1.ContainerPort{Name: p.Name, ContainerPort: p.ContainerPort, Protocol: string(p.Protocol)})
 	}
+	if err := probesAndHooks(c, cs); err != nil {
+		return nil, &configError{container: c.Name, err: err}
+	}
 	return cs, nil
 }
 
