@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the k3sm benchmarks and records their figures in bench/RESULTS.md.
 #
-#   bench/run.sh [controlplane|runtime|all]...    (default: all)
+#   bench/run.sh [controlplane|runtime|pods|all]...    (default: all)
 #
 # `make bench` builds the binaries and runs this with K3SM_BIN set.
 # Environment (all optional):
@@ -11,6 +11,7 @@
 #   K3SM_BENCH_RESULTS    file to record results in (default bench/RESULTS.md; empty: print only)
 #   K3SM_BENCH_NOTE       control plane: a line for the report (e.g. how the binary was built)
 #   K3SM_BENCH_ARGS       extra flags for bench/controlplane (see: go run ./bench/controlplane -help)
+#   K3SM_BENCH_PODS_ARGS  extra flags for bench/pods (see: go run ./bench/pods -help)
 # The runtime benchmark (bench/runtime) reads its own K3SM_BENCH_* variables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,17 +45,32 @@ runtime() {
 	K3SM_BENCH_RUNTIME=1 $GO test -count=1 -v -timeout 60m ./bench/runtime/ 2>&1 | tee _output/bench/runtime.log
 }
 
+pods() {
+	# Owned by bench/pods: pod start through the whole server vs the --node-instant floor, density (issue 3).
+	if [[ ! -x $K3SM_BIN ]]; then
+		echo "bench: $K3SM_BIN is missing; build it with 'make bin/k3sm bin/k3sm-shim' or set K3SM_BIN" >&2
+		return 1
+	fi
+	$GO build -o _output/bench/pods ./bench/pods
+	local invocation="bench/run.sh pods"
+	if [[ -n ${K3SM_BENCH_PODS_ARGS:-} ]]; then invocation="K3SM_BENCH_PODS_ARGS='$K3SM_BENCH_PODS_ARGS' $invocation"; fi
+	if [[ $K3SM_BIN != "$PWD/bin/k3sm" ]]; then invocation="K3SM_BIN=$K3SM_BIN $invocation"; fi
+	# shellcheck disable=SC2086 # K3SM_BENCH_PODS_ARGS is a list of flags
+	_output/bench/pods -bin "$K3SM_BIN" -results "$RESULTS" -invocation "$invocation" -note "${K3SM_BENCH_NOTE:-}" \
+		${K3SM_BENCH_PODS_ARGS:-} | tee _output/bench/pods.md
+}
+
 targets=("$@")
-if [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]]; then targets=(controlplane runtime); fi
+if [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]]; then targets=(controlplane runtime pods); fi
 failed=()
 for t in "${targets[@]}"; do
 	case $t in
-	controlplane | runtime)
+	controlplane | runtime | pods)
 		echo "=== bench: $t" >&2
 		"$t" || failed+=("$t")
 		;;
 	*)
-		echo "bench: unknown benchmark '$t'; choose controlplane, runtime or all" >&2
+		echo "bench: unknown benchmark '$t'; choose controlplane, runtime, pods or all" >&2
 		exit 2
 		;;
 	esac

@@ -1,0 +1,245 @@
+// Command pods measures issue 3's figures through the whole k3sm server
+// (control plane, Virtual Kubelet node, runtime daemon, shims):
+//
+//   - pod create -> Running, seen through a watch, over a burst of pods and
+//     over a Deployment, against the floor: a second server started with
+//     --node-instant, whose node marks pods Running without starting
+//     anything. Rounds alternate between the two so noise hits both.
+//   - density: many pods of a small sleeping program on the one node; the
+//     node must stay Ready; memory per pod beyond the workload (shim PSS plus
+//     the growth of the runtime daemon and node processes); delete leaves
+//     nothing behind.
+//
+// It starts the real binary (a private copy, so PSS is shared only among
+// the measured processes) and talks to it with client-go only; everything
+// listens on 127.0.0.1.
+//
+//	go run ./bench/pods -bin bin/k3sm -results bench/RESULTS.md
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+type options struct {
+	bin          string
+	pods         int
+	rounds       int
+	deployRounds int
+	density      int
+	creators     int
+	qps          float64
+	settle       time.Duration
+	hold         time.Duration
+	timeout      time.Duration
+	results      string
+	invocation   string
+	note         string
+	keep         bool
+}
+
+// bench is one run: the private binaries, the image and its registry.
+type bench struct {
+	o     options
+	work  string
+	bin   string // private copy of k3sm
+	shim  string // private copy of k3sm-shim, beside bin
+	image string
+}
+
+func main() {
+	var o options
+	def := os.Getenv("K3SM_BIN")
+	if def == "" {
+		def = "bin/k3sm"
+	}
+	flag.StringVar(&o.bin, "bin", def, "k3sm binary to measure; k3sm-shim must be beside it (default $K3SM_BIN or bin/k3sm)")
+	flag.IntVar(&o.pods, "pods", 100, "pods per burst (and replicas of the Deployment)")
+	flag.IntVar(&o.rounds, "rounds", 3, "burst rounds per mode; each round runs the real node and the floor, alternating which goes first")
+	flag.IntVar(&o.deployRounds, "deploy-rounds", 1, "rounds of a Deployment with -pods replicas per mode (0: skip)")
+	flag.IntVar(&o.density, "density", 500, "pods for the density figure (0: skip); capped at what the node can take")
+	flag.IntVar(&o.creators, "creators", 16, "goroutines creating pods")
+	flag.Float64Var(&o.qps, "qps", 1000, "client QPS (burst twice that): the benchmark's client must not be the limit")
+	flag.DurationVar(&o.settle, "settle", 15*time.Second, "idle time before each burst, so every burst meets an idle node")
+	flag.DurationVar(&o.hold, "hold", 60*time.Second, "density: how long the pods run after all are Running (node readiness and lease are watched)")
+	flag.DurationVar(&o.timeout, "timeout", 10*time.Minute, "limit for all pods Running, or all gone, in one step")
+	flag.StringVar(&o.results, "results", "", "file whose `bench/pods` section is replaced with the report (empty: print only)")
+	flag.StringVar(&o.invocation, "invocation", "", "the command that ran this, for the report")
+	flag.StringVar(&o.note, "note", "", "a line for the report (e.g. how the binary was built)")
+	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs, data dirs) after a successful run")
+	flag.Parse()
+	if o.pods < 1 || o.rounds < 1 || o.creators < 1 || o.deployRounds < 0 || o.density < 0 {
+		fmt.Fprintln(os.Stderr, "bench/pods: -pods, -rounds and -creators must be at least 1; -deploy-rounds and -density at least 0")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/pods:", err)
+		os.Exit(1)
+	}
+}
+
+// results is everything the report shows.
+type results struct {
+	bursts  []*burstResult
+	deploys []*burstResult
+	density *densityResult
+}
+
+func run(ctx context.Context, o options) (err error) {
+	bin, err := filepath.Abs(o.bin)
+	if err != nil {
+		return err
+	}
+	shim := filepath.Join(filepath.Dir(bin), "k3sm-shim")
+	for _, f := range []string{bin, shim} {
+		if st, err := os.Stat(f); err != nil || st.Mode()&0o111 == 0 {
+			return fmt.Errorf("%s is missing or not executable: build with `make bin/k3sm bin/k3sm-shim` or pass -bin", f)
+		}
+	}
+	m := collectMachine(bin)
+	// Short path: the runtime's unix sockets live under the data dirs.
+	work, err := os.MkdirTemp("", "k3sm-pods-")
+	if err != nil {
+		return err
+	}
+	b := &bench{o: o, work: work, bin: filepath.Join(work, "bin", "k3sm"), shim: filepath.Join(work, "bin", "k3sm-shim")}
+	fmt.Printf("bench/pods: work dir %s\n", work)
+	var servers []*server
+	defer func() {
+		for _, s := range servers {
+			if serr := s.stop(); serr != nil && err == nil {
+				err = serr
+			}
+		}
+		b.killLeftovers()
+		if err == nil && !o.keep {
+			os.RemoveAll(work)
+		} else {
+			fmt.Printf("bench/pods: logs and data dirs kept in %s\n", work)
+		}
+	}()
+	if err := os.MkdirAll(filepath.Join(work, "bin"), 0o755); err != nil {
+		return err
+	}
+	if err := copyFile(bin, b.bin); err != nil {
+		return err
+	}
+	if err := copyFile(shim, b.shim); err != nil {
+		return err
+	}
+	ref, stopRegistry, err := serveImage(work)
+	if err != nil {
+		return err
+	}
+	defer stopRegistry()
+	b.image = ref
+
+	realSrv, err := startServer(ctx, b.bin, work, "real", false, float32(o.qps))
+	servers = append(servers, realSrv)
+	if err != nil {
+		return err
+	}
+	floorSrv, err := startServer(ctx, b.bin, work, "floor", true, float32(o.qps))
+	servers = append(servers, floorSrv)
+	if err != nil {
+		return err
+	}
+	fmt.Println("bench/pods: both servers up")
+	for _, s := range []*server{realSrv, floorSrv} {
+		if err := b.warmUp(ctx, s); err != nil {
+			return err
+		}
+	}
+
+	var res results
+	phase := func(kind string, rounds int) ([]*burstResult, error) {
+		var out []*burstResult
+		for r := 1; r <= rounds; r++ {
+			order := []*server{realSrv, floorSrv}
+			if r%2 == 0 {
+				order = []*server{floorSrv, realSrv}
+			}
+			for i, s := range order {
+				sleep(ctx, o.settle)
+				if err := s.alive(); err != nil {
+					return nil, err
+				}
+				br, err := b.burst(ctx, s, kind, r)
+				if err != nil {
+					return nil, err
+				}
+				br.First = i == 0
+				out = append(out, br)
+				fmt.Printf("bench/pods: %s round %d %-5s p50 %s p99 %s max %s (delete %s)\n", kind, r, s.mode,
+					ms(pct(br.Lat, 0.50)), ms(pct(br.Lat, 0.99)), ms(br.Lat[len(br.Lat)-1]), ms(br.Delete))
+			}
+		}
+		return out, nil
+	}
+	if res.bursts, err = phase("pods", o.rounds); err != nil {
+		return err
+	}
+	if res.deploys, err = phase("deployment", o.deployRounds); err != nil {
+		return err
+	}
+	if o.density > 0 {
+		// The floor server is stopped so that the k3sm binary's pages are
+		// shared by the same processes before and after the pods start.
+		if err := floorSrv.stop(); err != nil {
+			return err
+		}
+		if res.density, err = b.density(ctx, realSrv); err != nil {
+			return err
+		}
+	}
+	m.LoadEnd = loadAvg()
+
+	report := renderReport(o, m, &res)
+	fmt.Print("\n" + report)
+	if o.results != "" {
+		if err := writeSection(o.results, report); err != nil {
+			return err
+		}
+		fmt.Printf("bench/pods: recorded in %s\n", o.results)
+	}
+	return nil
+}
+
+func copyFile(from, to string) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// killLeftovers kills, by pid, shims and workloads of this run that are
+// still alive (after a failed run: shims outlive the server by design).
+func (b *bench) killLeftovers() {
+	for _, mode := range []string{"real", "floor"} {
+		for _, p := range classify(scan(), -1, b.bin, b.shim, filepath.Join(b.work, mode)) {
+			if p.Role == "k3sm-shim" || p.Role == "workload" {
+				syscall.Kill(p.Pid, syscall.SIGKILL)
+			}
+		}
+	}
+}

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// proc is one process found under /proc.
+type proc struct {
+	Pid, PPid int
+	Exe       string   // target of /proc/<pid>/exe
+	Args      []string // cmdline
+	Role      string   // k3sm role (server, kube-apiserver, runtimed, node, ...), "k3sm-shim" or "workload"
+}
+
+// mem is what smaps_rollup says about a process, in kB.
+type mem struct {
+	RSS, PSS, PSSAnon, PSSFile int64
+}
+
+func (m mem) add(o mem) mem {
+	return mem{m.RSS + o.RSS, m.PSS + o.PSS, m.PSSAnon + o.PSSAnon, m.PSSFile + o.PSSFile}
+}
+
+// parseSmapsRollup reads the totals of /proc/<pid>/smaps_rollup.
+func parseSmapsRollup(r io.Reader) (mem, error) {
+	var m mem
+	found := false
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 2 {
+			continue
+		}
+		v, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			continue
+		}
+		switch f[0] {
+		case "Rss:":
+			m.RSS, found = v, true
+		case "Pss:":
+			m.PSS = v
+		case "Pss_Anon:":
+			m.PSSAnon = v
+		case "Pss_File:":
+			m.PSSFile = v
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return m, err
+	}
+	if !found {
+		return m, fmt.Errorf("no Rss line")
+	}
+	return m, nil
+}
+
+func readMem(pid int) (mem, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return mem{}, err
+	}
+	defer f.Close()
+	return parseSmapsRollup(f)
+}
+
+// parseStatPPid returns the parent pid from the text of /proc/<pid>/stat
+// (the command name in parentheses may hold spaces and parentheses).
+func parseStatPPid(stat string) (ppid int, state string, err error) {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, "", fmt.Errorf("malformed stat")
+	}
+	f := strings.Fields(stat[i+1:])
+	if len(f) < 2 {
+		return 0, "", fmt.Errorf("malformed stat")
+	}
+	ppid, err = strconv.Atoi(f[1])
+	return ppid, f[0], err
+}
+
+// scan lists live (non-zombie) processes.
+func scan() []proc {
+	entries, _ := os.ReadDir("/proc")
+	var out []proc
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		ppid, state, err := parseStatPPid(string(stat))
+		if err != nil || state == "Z" {
+			continue
+		}
+		exe, _ := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
+		raw, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+		out = append(out, proc{Pid: pid, PPid: ppid, Exe: exe, Args: args})
+	}
+	return out
+}
+
+// classify names the processes of one k3sm server: its process tree under
+// serverPid (k3sm roles by their first argument), every process running
+// shimPath, and every process whose executable lies in the data dir's pod
+// roots. Anything else is dropped.
+func classify(all []proc, serverPid int, bin, shimPath, dataDir string) []proc {
+	children := map[int][]int{}
+	byPid := map[int]proc{}
+	for _, p := range all {
+		children[p.PPid] = append(children[p.PPid], p.Pid)
+		byPid[p.Pid] = p
+	}
+	inTree := map[int]bool{}
+	stack := []int{serverPid}
+	for len(stack) > 0 {
+		pid := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if _, ok := byPid[pid]; !ok || inTree[pid] {
+			continue
+		}
+		inTree[pid] = true
+		stack = append(stack, children[pid]...)
+	}
+	podRoots := filepath.Join(dataDir, "pods") + string(filepath.Separator)
+	var out []proc
+	for _, p := range all {
+		switch {
+		case p.Exe == shimPath && len(p.Args) > 1 && strings.HasPrefix(p.Args[1], dataDir+string(filepath.Separator)):
+			p.Role = "k3sm-shim"
+		case strings.HasPrefix(p.Exe, podRoots):
+			p.Role = "workload"
+		case inTree[p.Pid] && p.Exe == bin && len(p.Args) > 1:
+			p.Role = p.Args[1]
+		case inTree[p.Pid]:
+			p.Role = filepath.Base(p.Exe)
+		default:
+			continue
+		}
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Pid < out[j].Pid })
+	return out
+}
+
+func countRole(ps []proc, role string) int {
+	n := 0
+	for _, p := range ps {
+		if p.Role == role {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,432 @@
+package main
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+)
+
+// machine describes where and on what the benchmark ran.
+type machine struct {
+	Date, CPUModel, MemTotal, Kernel, OS string
+	CPUs                                 int
+	Commit                               string
+	Dirty                                bool
+	BinVersion, BinSHA                   string
+	BinSize                              int64
+	LoadStart, LoadEnd                   string
+}
+
+func collectMachine(bin string) machine {
+	m := machine{
+		Date:      time.Now().UTC().Format("2006-01-02 15:04 UTC"),
+		CPUs:      runtime.NumCPU(),
+		CPUModel:  procField("/proc/cpuinfo", "model name", ":"),
+		Kernel:    strings.TrimSpace(readString("/proc/sys/kernel/osrelease")),
+		OS:        strings.Trim(procField("/etc/os-release", "PRETTY_NAME", "="), `"`),
+		LoadStart: loadAvg(),
+	}
+	var kb int64
+	if _, err := fmt.Sscanf(procField("/proc/meminfo", "MemTotal", ":"), "%d", &kb); err == nil {
+		m.MemTotal = fmt.Sprintf("%.1f GiB", float64(kb)/(1<<20))
+	}
+	if out, err := exec.Command("git", "rev-parse", "HEAD").Output(); err == nil {
+		m.Commit = strings.TrimSpace(string(out))
+	}
+	if out, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil {
+		m.Dirty = len(strings.TrimSpace(string(out))) > 0
+	}
+	if out, err := exec.Command(bin, "version").Output(); err == nil {
+		m.BinVersion = strings.Join(strings.Fields(string(out)), " ")
+	}
+	if f, err := os.Open(bin); err == nil {
+		h := sha256.New()
+		if n, err := io.Copy(h, f); err == nil {
+			m.BinSize, m.BinSHA = n, hex.EncodeToString(h.Sum(nil))[:16]
+		}
+		f.Close()
+	}
+	return m
+}
+
+func readString(path string) string {
+	b, _ := os.ReadFile(path)
+	return string(b)
+}
+
+// procField returns the value of the first "key<sep>value" line of path.
+func procField(path, key, sep string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), sep)
+		if ok && strings.TrimSpace(k) == key {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+func loadAvg() string {
+	f := strings.Fields(readString("/proc/loadavg"))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// pct is the nearest-rank percentile of sorted ds (p in 0..1).
+func pct(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return -1
+	}
+	i := int(float64(len(ds))*p+0.999999) - 1
+	return ds[min(max(i, 0), len(ds)-1)]
+}
+
+// median of ds (not necessarily sorted); the mean of the middle two for an
+// even count.
+func median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return -1
+	}
+	s := sorted(append([]time.Duration(nil), ds...))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func ms(d time.Duration) string {
+	if d < 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%d", d.Round(time.Millisecond).Milliseconds())
+}
+
+func ratio(a, b time.Duration) string {
+	if a < 0 || b <= 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f×", float64(a)/float64(b))
+}
+
+func mib(kb int64) string { return fmt.Sprintf("%.1f", float64(kb)/1024) }
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "**not met**"
+}
+
+// across takes f of every round of mode and returns the median.
+func across(rs []*burstResult, mode string, f func(*burstResult) time.Duration) time.Duration {
+	var ds []time.Duration
+	for _, r := range rs {
+		if r.Mode == mode {
+			if d := f(r); d >= 0 {
+				ds = append(ds, d)
+			}
+		}
+	}
+	return median(ds)
+}
+
+// series picks one of a round's sorted series.
+type series func(*burstResult) []time.Duration
+
+func at(s series, p float64) func(*burstResult) time.Duration {
+	return func(r *burstResult) time.Duration { return pct(s(r), p) }
+}
+
+func (o options) burstText(kind string, rounds int) string {
+	if kind == "deployment" {
+		return fmt.Sprintf("A Deployment of %d replicas; each pod's time is from the Deployment's create request to the watch event "+
+			"showing the pod Running with Ready=True. Median of %d rounds per mode.", o.pods, rounds)
+	}
+	return fmt.Sprintf("%d pods created at once from %d goroutines (client QPS %g, burst %g); each pod's time is from its create "+
+		"request being sent to the watch event showing it Running with Ready=True. Median of %d rounds per mode.",
+		o.pods, o.creators, o.qps, 2*o.qps, rounds)
+}
+
+func renderBursts(sb *strings.Builder, o options, rs []*burstResult, kind string, rounds int) {
+	fmt.Fprintf(sb, "%s\n\n", o.burstText(kind, rounds))
+	lat := func(r *burstResult) []time.Duration { return r.Lat }
+	span := func(r *burstResult) time.Duration { return r.Span }
+	rows := []struct {
+		name string
+		f    func(*burstResult) time.Duration
+	}{
+		{"**p50**", at(lat, 0.50)},
+		{"p90", at(lat, 0.90)},
+		{"**p99**", at(lat, 0.99)},
+		{"max", at(lat, 1)},
+		{"first create sent → last pod Running", span},
+	}
+	fmt.Fprintf(sb, "| ms | real node | floor (`--node-instant`) | ratio real ÷ floor |\n|---|---:|---:|---:|\n")
+	for _, row := range rows {
+		r, f := across(rs, "real", row.f), across(rs, "floor", row.f)
+		fmt.Fprintf(sb, "| %s | %s | %s | %s |\n", row.name, ms(r), ms(f), ratio(r, f))
+	}
+	r50, f50 := across(rs, "real", at(lat, 0.5)), across(rs, "floor", at(lat, 0.5))
+	r99, f99 := across(rs, "real", at(lat, 0.99)), across(rs, "floor", at(lat, 0.99))
+	fmt.Fprintf(sb, "\nGoals (issue 3): p50 ≤ 100 ms %s (%s ms); p99 ≤ 250 ms %s (%s ms); ≤ 2× the floor: p50 %s (%s), p99 %s (%s).\n\n",
+		verdict(r50 <= 100*time.Millisecond), ms(r50), verdict(r99 <= 250*time.Millisecond), ms(r99),
+		verdict(r50 <= 2*f50), ratio(r50, f50), verdict(r99 <= 2*f99), ratio(r99, f99))
+
+	steps := []struct {
+		name string
+		s    series
+		mode string
+	}{
+		{"create request sent → pod created (create call returned" + map[bool]string{true: "; Deployment: first watch event of the pod", false: ""}[kind == "deployment"] + ")", func(r *burstResult) []time.Duration { return r.Created }, ""},
+		{"create request sent → scheduled (spec.nodeName seen)", func(r *burstResult) []time.Duration { return r.ToSched }, ""},
+		{"scheduled → Running (watch)", func(r *burstResult) []time.Duration { return r.SchedRun }, ""},
+		{"real: scheduled → runtime CreatePod ¹", func(r *burstResult) []time.Duration { return r.SchedAdmit }, "real"},
+		{"real: runtime CreatePod → process started ¹", func(r *burstResult) []time.Duration { return r.AdmitStart }, "real"},
+		{"real: process started → Running seen through the watch ¹", func(r *burstResult) []time.Duration { return r.StartRunning }, "real"},
+	}
+	fmt.Fprintf(sb, "Where the time goes (ms; median over rounds of each round's p50 / p99 of the step):\n\n")
+	fmt.Fprintf(sb, "| step | real p50 | real p99 | floor p50 | floor p99 |\n|---|---:|---:|---:|---:|\n")
+	for _, st := range steps {
+		cell := func(mode string, p float64) string {
+			if st.mode != "" && st.mode != mode {
+				return "–"
+			}
+			return ms(across(rs, mode, at(st.s, p)))
+		}
+		fmt.Fprintf(sb, "| %s | %s | %s | %s | %s |\n", st.name, cell("real", 0.5), cell("real", 0.99), cell("floor", 0.5), cell("floor", 0.99))
+	}
+	rate := func(mode string, f func(*burstResult) float64) string {
+		var xs []float64
+		for _, r := range rs {
+			if r.Mode == mode && f(r) > 0 {
+				xs = append(xs, f(r))
+			}
+		}
+		if len(xs) == 0 {
+			return "–"
+		}
+		sort.Float64s(xs)
+		return fmt.Sprintf("%.0f", xs[len(xs)/2])
+	}
+	tail := func(r *burstResult) float64 { return r.TailRate }
+	fmt.Fprintf(sb, "| pods seen Running per second over the second half of the burst | %s | | %s | |\n", rate("real", tail), rate("floor", tail))
+	fmt.Fprintf(sb, "| real: runtime throughput, pods started per second (first CreatePod → last process started) | %s | | – | |\n",
+		rate("real", func(r *burstResult) float64 { return r.StartRate }))
+	fmt.Fprintf(sb, "\nEvery round (ms):\n\n")
+	fmt.Fprintf(sb, "| round | mode | order | p50 | p99 | max | first sent → last Running | created p50 | scheduled p50 | scheduled → Running p50 | delete ² | load before |\n")
+	fmt.Fprintf(sb, "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	for _, r := range rs {
+		order := "second"
+		if r.First {
+			order = "first"
+		}
+		fmt.Fprintf(sb, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.Round, r.Mode, order,
+			ms(pct(r.Lat, 0.5)), ms(pct(r.Lat, 0.99)), ms(pct(r.Lat, 1)), ms(r.Span),
+			ms(pct(r.Created, 0.5)), ms(pct(r.ToSched, 0.5)), ms(pct(r.SchedRun, 0.5)), ms(r.Delete), r.Load)
+	}
+	sb.WriteString("\n")
+}
+
+func renderReport(o options, m machine, res *results) string {
+	var sb strings.Builder
+	sb.WriteString("## Pods (issue 3)\n\n")
+	sb.WriteString("Issue 3's figures through the whole `k3sm server` (control plane, Virtual Kubelet node, runtime daemon,\n" +
+		"one `k3sm-shim` per container), measured by `bench/pods`. Reproduce with `bench/run.sh pods` (see docs/benchmarks.md).\n\n")
+	fmt.Fprintf(&sb, "- Date: %s\n", m.Date)
+	fmt.Fprintf(&sb, "- Machine: %s, kernel %s, %d CPUs (`nproc`), %s, %s RAM\n", m.OS, m.Kernel, m.CPUs, m.CPUModel, m.MemTotal)
+	fmt.Fprintf(&sb, "- Measured binary: `k3sm version` = %s; %d MB, sha256 %s…\n", m.BinVersion, m.BinSize/1_000_000, m.BinSHA)
+	dirty := ""
+	if m.Dirty {
+		dirty = " (the shared working tree had uncommitted changes)"
+	}
+	fmt.Fprintf(&sb, "- Repository at commit `%s`%s\n", m.Commit, dirty)
+	if o.note != "" {
+		fmt.Fprintf(&sb, "- Note: %s\n", o.note)
+	}
+	if o.invocation != "" {
+		fmt.Fprintf(&sb, "- Command: `%s`\n", o.invocation)
+	}
+	fmt.Fprintf(&sb, "- Program: `%s`\n", programLine())
+	fmt.Fprintf(&sb, "- Load average (1/5/15 min) at start %s, at end %s (the machine is shared; rounds alternate which mode goes first).\n", m.LoadStart, m.LoadEnd)
+	fmt.Fprintf(&sb, "- Setup: two servers side by side, each on its own data dir and loopback ports, running a private copy of the\n"+
+		"  binary: the **real** node, and the **floor**, the same binary with `--node-instant` (the node marks pods Running\n"+
+		"  without starting anything). The workload is the runtime's test program (`imagetest.ProgSource`, a static Go\n"+
+		"  binary) sleeping, served from a registry on 127.0.0.1 and pulled once by a warm-up pod before any timing.\n"+
+		"  Every burst starts after %s idle; pods are deleted and gone (real: no process or directory left) between bursts.\n\n", o.settle)
+
+	fmt.Fprintf(&sb, "### Pod create → Running, burst of %d pods\n\n", o.pods)
+	renderBursts(&sb, o, res.bursts, "pods", o.rounds)
+	if len(res.deploys) > 0 {
+		fmt.Fprintf(&sb, "### Deployment of %d replicas\n\n", o.pods)
+		renderBursts(&sb, o, res.deploys, "deployment", o.deployRounds)
+	}
+	sb.WriteString("1. From the runtime daemon's `<data>/pods/<uid>/pod.json`: `startTime` (the daemon accepted CreatePod) and the\n" +
+		"   container's `running.startedAt` (the process was started); same machine, same clock.\n" +
+		"2. Delete request (DeleteCollection, or the Deployment with background propagation) → every pod gone from the\n" +
+		"   API and, on the real node, no shim, workload, pod directory, log directory or shim socket left.\n\n")
+	if d := res.density; d != nil {
+		renderDensity(&sb, o, d)
+	}
+	return sb.String()
+}
+
+func renderDensity(sb *strings.Builder, o options, d *densityResult) {
+	fmt.Fprintf(sb, "### Density: %d pods on one node\n\n", d.N)
+	if d.Capped != "" {
+		fmt.Fprintf(sb, "**Asked for %d pods, ran %d**: %s. One pod more stayed Pending: `%s`.\n\n", d.Requested, d.N, d.Capped, d.Overflow)
+	}
+	fmt.Fprintf(sb, "%d pods of the test program sleeping, created at once from %d goroutines on the real server (the floor server\n"+
+		"stopped first). Load average before: %s.\n\n", d.N, o.creators, d.Load)
+	fmt.Fprintf(sb, "- All %d Running and Ready **%s ms** after the first create request (per pod: p50 %s ms, p99 %s ms, max %s ms).\n",
+		d.N, ms(d.Span), ms(pct(d.Lat, 0.5)), ms(pct(d.Lat, 0.99)), ms(pct(d.Lat, 1)))
+	fmt.Fprintf(sb, "- After a hold of %s: %d of %d pods still Running with no restart.\n", o.hold, d.StillRunning, d.N)
+	nw := d.Node
+	nw.mu.Lock()
+	ready := "**the node stayed Ready**"
+	if len(nw.notReady) > 0 {
+		ready = fmt.Sprintf("**the node was seen not Ready %d times** (%s)", len(nw.notReady), strings.Join(nw.notReady[:min(3, len(nw.notReady))], "; "))
+	}
+	fmt.Fprintf(sb, "- Node, sampled every second from before the first create until the pods were gone (%s, %d samples, %d failed reads): %s;\n"+
+		"  lease renewed %d times, longest gap %s s (lease duration %d s); %d distinct Ready heartbeats.\n",
+		nw.end.Sub(nw.start).Round(time.Second), nw.samples, nw.errs, ready, max(len(nw.renewals)-1, 0), fmt.Sprintf("%.1f", nw.maxGap().Seconds()),
+		nw.leaseDuration, len(nw.heartbeats))
+	nw.mu.Unlock()
+	var shimPSS, shimRSS, wlPSS, wlRSS int64
+	for _, m := range d.Shims {
+		shimPSS, shimRSS = shimPSS+m.PSS, shimRSS+m.RSS
+	}
+	for _, m := range d.Workloads {
+		wlPSS, wlRSS = wlPSS+m.PSS, wlRSS+m.RSS
+	}
+	fmt.Fprintf(sb, "\nMemory (PSS from `/proc/<pid>/smaps_rollup`; k3sm processes: the median of 3 readings 2 s apart, before the\n"+
+		"pods after %s idle, and 10 s after all were Running):\n\n", o.settle)
+	fmt.Fprintf(sb, "| process | PSS before MiB | PSS with the pods MiB | growth MiB | per pod kB |\n|---|---:|---:|---:|---:|\n")
+	per := func(kb int64) string { return fmt.Sprintf("%.0f", float64(kb)/float64(d.N)) }
+	for _, role := range []string{"runtimed", "node"} {
+		b, a := d.Before[role], d.After[role]
+		fmt.Fprintf(sb, "| %s | %s | %s | %s | %s |\n", role, mib(b.PSS), mib(a.PSS), mib(a.PSS-b.PSS), per(a.PSS-b.PSS))
+	}
+	fmt.Fprintf(sb, "| k3sm-shim × %d (RSS %s MiB) | 0 | %s | %s | %s |\n", len(d.Shims), mib(shimRSS), mib(shimPSS), mib(shimPSS), per(shimPSS))
+	fmt.Fprintf(sb, "| **beyond the workload** (shims + runtimed and node growth) | | | | **%.0f kB = %.2f MiB** |\n", d.PerPodKB, d.PerPodKB/1024)
+	fmt.Fprintf(sb, "\nGoal ≤ 2 MiB per pod: %s (%.2f MiB).\n\n", verdict(d.PerPodKB <= 2048), d.PerPodKB/1024)
+	fmt.Fprintf(sb, "Not counted, for context: the workload itself, %d processes, PSS %s kB (RSS %s kB) each on average (its binary\n"+
+		"is a per-pod copy on this ext4 data dir, so its pages are not shared); pod directories on disk %.0f kB per pod.\n"+
+		"Growth of the other server processes with %d pod objects (MiB PSS):", len(d.Workloads), per2(wlPSS, len(d.Workloads)),
+		per2(wlRSS, len(d.Workloads)), d.DiskPerPodKB, d.N)
+	var roles []string
+	for r := range d.After {
+		if r != "runtimed" && r != "node" {
+			roles = append(roles, r)
+		}
+	}
+	sort.Strings(roles)
+	for i, r := range roles {
+		sep := ","
+		if i == 0 {
+			sep = ""
+		}
+		fmt.Fprintf(sb, "%s %s %+.1f", sep, r, float64(d.After[r].PSS-d.Before[r].PSS)/1024)
+	}
+	sb.WriteString(".\n\n")
+	left := "nothing left"
+	if len(d.Residue) > 0 {
+		left = "**left behind: " + strings.Join(d.Residue, "; ") + "**"
+	}
+	fmt.Fprintf(sb, "Delete all (one DeleteCollection): gone from the API after %s ms; node clean after %s ms: %s (no shim or workload\n"+
+		"process, no entry in `pods/`, `logs/pods/`, `run/shims/`).\n\n", ms(d.Delete), ms(d.Clean), left)
+}
+
+func per2(total int64, n int) string {
+	if n == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f", float64(total)/float64(n))
+}
+
+// programLine is this program's command line, paths in the repository
+// made relative; -invocation and -note are shown on their own lines.
+func programLine() string {
+	wd, _ := os.Getwd()
+	args := []string{"bench/pods"}
+	skip := false
+	for _, a := range os.Args[1:] {
+		if skip {
+			skip = false
+			continue
+		}
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if strings.HasPrefix(a, "-") && (name == "invocation" || name == "note") {
+			skip = !hasValue
+			continue
+		}
+		if wd != "" {
+			a = strings.ReplaceAll(a, wd+string(filepath.Separator), "")
+		}
+		if a == "" || strings.ContainsAny(a, " \t'\"") {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		args = append(args, a)
+	}
+	return strings.Join(args, " ")
+}
+
+// Markers around the generated section; the rest of the file is kept.
+const (
+	beginMark = "<!-- bench/pods: begin (generated by `bench/run.sh pods`; edits inside are overwritten) -->"
+	endMark   = "<!-- bench/pods: end -->"
+)
+
+// writeSection replaces the marked section of path with body (or appends
+// it), reading the file right before writing it atomically.
+func writeSection(path, body string) error {
+	old, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	s := string(old)
+	section := beginMark + "\n" + body + endMark + "\n"
+	var out string
+	i, j := strings.Index(s, beginMark), strings.Index(s, endMark)
+	switch {
+	case i >= 0 && j > i:
+		out = s[:i] + section + strings.TrimPrefix(s[j+len(endMark):], "\n")
+	case strings.TrimSpace(s) == "":
+		out = "# Benchmark results\n\n" + section
+	default:
+		out = strings.TrimRight(s, "\n") + "\n\n" + section
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".results-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.WriteString(out); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}

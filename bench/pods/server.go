@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+const nodeName = "bench-node"
+
+// server is one `k3sm server` on its own data dir, loopback ports only.
+type server struct {
+	mode    string // "real" or "floor"
+	instant bool
+	dir     string
+	logPath string
+	cmd     *exec.Cmd
+	waitErr chan error
+	rc      *rest.Config
+	c       kubernetes.Interface
+}
+
+// freePorts returns n distinct free ports on 127.0.0.1.
+func freePorts(n int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+func serverArgs(dir string, ports []int, instant bool) []string {
+	args := []string{"server", "--data-dir", dir,
+		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+		"--https-listen-port", strconv.Itoa(ports[0]),
+		"--scheduler-port", strconv.Itoa(ports[1]),
+		"--controller-manager-port", strconv.Itoa(ports[2]),
+		"--kubelet-port", strconv.Itoa(ports[3]),
+		"--node-name", nodeName}
+	if instant {
+		args = append(args, "--node-instant")
+	}
+	return args
+}
+
+// startServer starts the server and waits until it logs `k3sm is up` and
+// the "default" ServiceAccount exists (pods are refused before that).
+func startServer(ctx context.Context, bin, work, mode string, instant bool, qps float32) (*server, error) {
+	s := &server{mode: mode, instant: instant, dir: filepath.Join(work, mode), logPath: filepath.Join(work, mode+".log")}
+	ports, err := freePorts(4)
+	if err != nil {
+		return nil, err
+	}
+	logf, err := os.Create(s.logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	s.cmd = exec.Command(bin, serverArgs(s.dir, ports, instant)...)
+	s.cmd.Stdout, s.cmd.Stderr = logf, logf
+	if err := s.cmd.Start(); err != nil {
+		return nil, err
+	}
+	s.waitErr = make(chan error, 1)
+	go func() { s.waitErr <- s.cmd.Wait() }()
+	deadline := time.Now().Add(4 * time.Minute)
+	for {
+		b, _ := os.ReadFile(s.logPath)
+		if strings.Contains(string(b), "k3sm is up") {
+			break
+		}
+		select {
+		case err := <-s.waitErr:
+			s.waitErr <- err
+			return s, fmt.Errorf("%s server exited before it was up (%v); log %s:\n%s", mode, err, s.logPath, tail(string(b), 30))
+		case <-ctx.Done():
+			return s, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return s, fmt.Errorf("%s server not up after 4m; log %s", mode, s.logPath)
+		}
+	}
+	s.rc, err = clientcmd.BuildConfigFromFlags("", filepath.Join(s.dir, "admin.kubeconfig"))
+	if err != nil {
+		return s, err
+	}
+	// The benchmark must not be what limits the burst.
+	s.rc.QPS, s.rc.Burst = qps, int(2*qps)
+	s.rc.UserAgent = "k3sm-bench-pods"
+	if s.c, err = kubernetes.NewForConfig(s.rc); err != nil {
+		return s, err
+	}
+	err = poll(ctx, time.Minute, 100*time.Millisecond, func() error {
+		_, err := s.c.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
+		return err
+	})
+	if err != nil {
+		return s, fmt.Errorf("%s server: default service account: %w", mode, err)
+	}
+	return s, nil
+}
+
+func (s *server) pid() int {
+	if s == nil || s.cmd == nil || s.cmd.Process == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
+// stop sends SIGTERM and waits; the server stops its children. Shims are
+// meant to outlive it, which is why pods are deleted before.
+func (s *server) stop() error {
+	if s == nil || s.cmd == nil || s.cmd.Process == nil || s.waitErr == nil {
+		return nil
+	}
+	select {
+	case err := <-s.waitErr:
+		s.waitErr = nil
+		return fmt.Errorf("%s server had exited: %v", s.mode, err)
+	default:
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.waitErr:
+	case <-time.After(time.Minute):
+		_ = s.cmd.Process.Kill()
+		<-s.waitErr
+		s.waitErr = nil
+		return fmt.Errorf("%s server did not stop within 1m of SIGTERM; killed", s.mode)
+	}
+	s.waitErr = nil
+	return nil
+}
+
+// alive reports an error if the server process has exited.
+func (s *server) alive() error {
+	select {
+	case err := <-s.waitErr:
+		s.waitErr <- err
+		b, _ := os.ReadFile(s.logPath)
+		return fmt.Errorf("%s server exited (%v); log %s:\n%s", s.mode, err, s.logPath, tail(string(b), 30))
+	default:
+		return nil
+	}
+}
+
+func tail(s string, lines int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(l) > lines {
+		l = l[len(l)-lines:]
+	}
+	return strings.Join(l, "\n")
+}
+
+// poll calls f until it returns nil or timeout passes.
+func poll(ctx context.Context, timeout, every time.Duration, f func() error) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("after %s: %w", timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(ctx.Err(), err)
+		case <-time.After(every):
+		}
+	}
+}
