@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -37,10 +38,32 @@ type objectSource interface {
 type apiSource struct{ c kubernetes.Interface }
 
 func (s apiSource) configMap(ctx context.Context, ns, name string) (*corev1.ConfigMap, error) {
-	return s.c.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
+	return getAsNode(ctx, func() (*corev1.ConfigMap, error) {
+		return s.c.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
+	})
 }
 func (s apiSource) secret(ctx context.Context, ns, name string) (*corev1.Secret, error) {
-	return s.c.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
+	return getAsNode(ctx, func() (*corev1.Secret, error) { return s.c.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{}) })
+}
+
+// getAsNode retries Forbidden for a moment: the Node authorizer learns that a
+// new pod references an object from its own watch, which can trail the pod
+// reaching this node by a few milliseconds.
+func getAsNode[T any](ctx context.Context, get func() (T, error)) (T, error) {
+	delay := 50 * time.Millisecond
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		v, err := get()
+		if !apierrors.IsForbidden(err) || time.Now().After(deadline) {
+			return v, err
+		}
+		select {
+		case <-ctx.Done():
+			return v, err
+		case <-time.After(delay):
+		}
+		delay *= 2
+	}
 }
 
 // translator turns a Kubernetes Pod into the runtime contract's PodSpec.
