@@ -324,6 +324,7 @@ func (m *Manager) Delete(ctx context.Context, uid string, grace *int64, wait boo
 			g = 0
 		}
 		p.grace = time.Duration(g) * time.Second
+		p.graceEnd = time.Now().Add(p.grace)
 		close(p.deleteCh)
 	}
 	p.mu.Unlock()
@@ -609,6 +610,7 @@ type podRT struct {
 	startTime   time.Time
 	terminating bool
 	grace       time.Duration
+	graceEnd    time.Time // when the pod's grace period ends (terminating)
 	revision    uint64
 	saveSeq     uint64 // snapshots taken (under mu)
 
@@ -699,6 +701,7 @@ func (m *Manager) load(uid string) (*podRT, int, error) {
 	p.startTime = pp.StartTime
 	p.terminating = pp.Terminating
 	p.grace = time.Duration(pp.GraceSeconds) * time.Second
+	p.graceEnd = time.Now().Add(p.grace)
 	if p.terminating {
 		close(p.deleteCh)
 	}

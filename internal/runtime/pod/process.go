@@ -21,6 +21,8 @@ type ProcessSpec struct {
 	// Stdin keeps the container's stdin open for attach (`stdin: true`);
 	// StdinOnce closes it when the first attached client leaves.
 	Stdin, StdinOnce bool
+	// TTY runs the container on a pseudo-terminal (`tty: true`).
+	TTY bool
 }
 
 // Starter starts container processes. It is the single seam through which

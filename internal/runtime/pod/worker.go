@@ -440,6 +440,11 @@ const minimumGracePeriod = 2 * time.Second
 func (p *podRT) stop(c *ctr, proc Process, ch chan waitResult, msg string) {
 	p.mu.Lock()
 	grace := p.grace
+	if p.terminating && c.sidecar() && grace > 0 {
+		// Sidecars stop after the main containers, within what is left of
+		// the pod's grace period (at least the kubelet's minimum).
+		grace = max(time.Until(p.graceEnd), minimumGracePeriod)
+	}
 	if !p.terminating {
 		grace = 30 * time.Second
 		if p.spec.TerminationGracePeriodSeconds != nil {
