@@ -515,12 +515,15 @@ type ContainerSpec struct {
 	StdinOnce     bool                   `protobuf:"varint,11,opt,name=stdin_once,json=stdinOnce,proto3" json:"stdin_once,omitempty"`
 	Tty           bool                   `protobuf:"varint,12,opt,name=tty,proto3" json:"tty,omitempty"`
 	Ports         []*ContainerPort       `protobuf:"bytes,13,rep,name=ports,proto3" json:"ports,omitempty"`
-	// Issue 4: accepted and recorded now; not yet acted on by the daemon.
-	VolumeMounts   []*VolumeMount `protobuf:"bytes,20,rep,name=volume_mounts,json=volumeMounts,proto3" json:"volume_mounts,omitempty"`
-	LivenessProbe  *Probe         `protobuf:"bytes,21,opt,name=liveness_probe,json=livenessProbe,proto3" json:"liveness_probe,omitempty"`
-	ReadinessProbe *Probe         `protobuf:"bytes,22,opt,name=readiness_probe,json=readinessProbe,proto3" json:"readiness_probe,omitempty"`
-	StartupProbe   *Probe         `protobuf:"bytes,23,opt,name=startup_probe,json=startupProbe,proto3" json:"startup_probe,omitempty"`
-	Lifecycle      *Lifecycle     `protobuf:"bytes,24,opt,name=lifecycle,proto3" json:"lifecycle,omitempty"`
+	// Issue 4: volume mounts are accepted and recorded; not yet acted on.
+	VolumeMounts []*VolumeMount `protobuf:"bytes,20,rep,name=volume_mounts,json=volumeMounts,proto3" json:"volume_mounts,omitempty"`
+	// Probes and hooks run as the kubelet runs them. Ports are numbers (the
+	// provider resolves named ports); an empty host is 127.0.0.1 (pods share
+	// the node's network).
+	LivenessProbe  *Probe     `protobuf:"bytes,21,opt,name=liveness_probe,json=livenessProbe,proto3" json:"liveness_probe,omitempty"`
+	ReadinessProbe *Probe     `protobuf:"bytes,22,opt,name=readiness_probe,json=readinessProbe,proto3" json:"readiness_probe,omitempty"`
+	StartupProbe   *Probe     `protobuf:"bytes,23,opt,name=startup_probe,json=startupProbe,proto3" json:"startup_probe,omitempty"`
+	Lifecycle      *Lifecycle `protobuf:"bytes,24,opt,name=lifecycle,proto3" json:"lifecycle,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
