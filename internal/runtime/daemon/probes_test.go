@@ -422,3 +422,25 @@ func TestIntegrationNativeSidecar(t *testing.T) {
 		t.Errorf("Started events in order %v", names)
 	}
 }
+
+// A job's sidecar does not keep the pod alive: once the main container
+// completed, the sidecar is stopped and the pod Succeeded.
+func TestIntegrationSidecarJobCompletes(t *testing.T) {
+	e := newEnv(t)
+	order := filepath.Join(t.TempDir(), "order")
+	spec := e.podSpec("job", "sleep:300ms", "append:"+order+":main-done", "exit:0")
+	spec.RestartPolicy = runtimev1.RestartPolicy_RESTART_POLICY_NEVER
+	spec.InitContainers = []*runtimev1.ContainerSpec{{Name: "side", Image: e.image,
+		RestartPolicy: runtimev1.ContainerRestartPolicy_CONTAINER_RESTART_POLICY_ALWAYS,
+		Args:          []string{"onterm:" + order + ":side-term", "forever"}}}
+	e.create(spec)
+	st := e.waitFor(spec.Uid, "Succeeded", 30*time.Second, func(st *runtimev1.PodStatus) bool {
+		return st.GetPhase() == runtimev1.PodPhase_POD_PHASE_SUCCEEDED && statusOf(st, "side").GetState().GetTerminated() != nil
+	})
+	if got := strings.Join(readLines(order), " "); got != "main-done side-term" {
+		t.Errorf("order %q", got)
+	}
+	if !st.GetInitialized() {
+		t.Errorf("a pod whose main container ran stays Initialized: %s", prettyStatus(st))
+	}
+}
