@@ -6,6 +6,7 @@ import (
 
 	"github.com/k3sm-dev/k3sm/internal/controlplane"
 	"github.com/k3sm-dev/k3sm/internal/k3smcmd"
+	"github.com/k3sm-dev/k3sm/internal/metrics"
 	"github.com/k3sm-dev/k3sm/internal/node"
 	"github.com/k3sm-dev/k3sm/internal/roles"
 )
@@ -17,6 +18,7 @@ func main() {
 		}
 	}
 	os.Exit(k3smcmd.Execute(roles.Kubectl, func(*controlplane.Config) []controlplane.Addon {
-		return []controlplane.Addon{node.ServerAddon()}
+		m := metrics.NewServerAddon(nil)
+		return []controlplane.Addon{node.ServerAddon(m.NodeArgs), m.Addon()}
 	}))
 }

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/metrics"
 	"github.com/k3sm-dev/k3sm/internal/runtime/client"
 	"github.com/k3sm-dev/k3sm/internal/version"
 	vknode "github.com/virtual-kubelet/virtual-kubelet/node"
@@ -57,7 +58,8 @@ type Config struct {
 	ClientCAFile  string // CA of the clients the kubelet API accepts (the apiserver)
 	RuntimeSocket string
 	Workers       int
-	Instant       bool // benchmark floor: mark pods Running, start nothing
+	Instant       bool                // benchmark floor: mark pods Running, start nothing
+	Metrics       metrics.ServeConfig // the metrics.k8s.io API (off when Addr is empty)
 	Log           *slog.Logger
 }
 
@@ -158,6 +160,10 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer srv.Close()
+	if err := metrics.Serve(ctx, cfg.Metrics, metrics.Deps{Client: kc, NodeName: cfg.Name, Log: log,
+		Pods: podFactory.Core().V1().Pods().Lister(), Source: metrics.RuntimeSource{Runtime: rt.Runtime}}); err != nil {
+		return err
+	}
 
 	podFactory.Start(ctx.Done())
 	errc := make(chan error, 2)

@@ -42,7 +42,10 @@ func (f Files) RuntimeSocket() string { return filepath.Join(f.Root, "run", "run
 // credentials and starts the runtime daemon early (they need only the data
 // dir), lays down the OS-selector admission policy and starts the node once
 // authorization is verified, and waits for the Node to be Ready.
-func ServerAddon() controlplane.Addon {
+//
+// extraArgs add flags to the node's command line (e.g. metrics.ServerAddon's
+// NodeArgs); they are called after every Early hook ran.
+func ServerAddon(extraArgs ...func(*controlplane.Plane) []string) controlplane.Addon {
 	var rt, n *supervisor.Child
 	var admin kubernetes.Interface
 	return controlplane.Addon{
@@ -74,7 +77,11 @@ func ServerAddon() controlplane.Addon {
 					return err
 				}
 			}
-			n, err = sup.Start(ctx, nodeComponent{p, Files{p.Cfg.DataDir}, admin})
+			var extra []string
+			for _, f := range extraArgs {
+				extra = append(extra, f(p)...)
+			}
+			n, err = sup.Start(ctx, nodeComponent{p, Files{p.Cfg.DataDir}, admin, extra})
 			return err
 		},
 		Ready: func(ctx context.Context, p *controlplane.Plane, _ *supervisor.Supervisor) error {
@@ -162,6 +169,7 @@ type nodeComponent struct {
 	p     *controlplane.Plane
 	f     Files
 	admin kubernetes.Interface
+	extra []string
 }
 
 func (n nodeComponent) Name() string { return "node" }
@@ -174,6 +182,7 @@ func (n nodeComponent) Command() supervisor.Command {
 	if cfg.NodeInstant {
 		args = append(args, "--instant")
 	}
+	args = append(args, n.extra...)
 	return supervisor.Command{Path: cfg.Executable, Dir: cfg.DataDir, Args: args}
 }
 

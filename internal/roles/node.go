@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/k3sm-dev/k3sm/internal/metrics"
 	"github.com/k3sm-dev/k3sm/internal/node"
 	"github.com/k3sm-dev/k3sm/internal/runtime/daemon"
 	"github.com/k3sm-dev/k3sm/internal/version"
@@ -56,6 +57,7 @@ func runNode(args []string) int {
 	fs.StringVar(&cfg.ClientCAFile, "client-ca-file", "", "CA of accepted kubelet API clients")
 	fs.StringVar(&cfg.RuntimeSocket, "runtime-socket", "", "runtime daemon socket")
 	fs.BoolVar(&cfg.Instant, "instant", false, "benchmark floor: mark pods Running without starting them")
+	metrics.AddFlags(fs, &cfg.Metrics)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
