@@ -2,6 +2,7 @@ package node
 
 import (
 	"fmt"
+	"strconv"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -116,6 +117,9 @@ func resolvePort(c *corev1.Container, field string, p intstr.IntOrString) (int32
 			return 0, fmt.Errorf("container %q: %s %d: must be 1-65535", c.Name, field, p.IntVal)
 		}
 		return p.IntVal, nil
+	}
+	if n, err := strconv.Atoi(p.StrVal); err == nil {
+		return resolvePort(c, field, intstr.FromInt32(int32(n)))
 	}
 	for _, cp := range c.Ports {
 		if cp.Name == p.StrVal {
