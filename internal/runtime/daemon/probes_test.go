@@ -10,14 +10,17 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 )
 
 func freePort(t *testing.T) int {
@@ -443,4 +446,56 @@ func TestIntegrationSidecarJobCompletes(t *testing.T) {
 	if !st.GetInitialized() {
 		t.Errorf("a pod whose main container ran stays Initialized: %s", prettyStatus(st))
 	}
+}
+
+// After kill -9 of the daemon, the next one re-attaches without restarting
+// and probes again: readiness comes back, liveness still restarts, and a
+// native sidecar is adopted in place.
+func TestIntegrationProbesAfterDaemonKill9(t *testing.T) {
+	integration(t)
+	dir, err := os.MkdirTemp("", "k3sm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, dir: dir}
+	e.reg = imagetest.StartRegistry(t, "", "")
+	img, _ := imagetest.Image(progBin, v1.Platform{})
+	e.image = e.reg.Push(t, "prog:v1", img)
+	d1 := e.startSubprocess()
+	t.Cleanup(func() { os.RemoveAll(dir) })
+
+	flag := filepath.Join(t.TempDir(), "sick")
+	port := freePort(t)
+	spec := e.podSpec("probed", "http:"+strconv.Itoa(port)+":"+flag, "forever")
+	spec.Containers[0].ReadinessProbe = fastProbe(httpProbe(port, "/"))
+	lp := fastProbe(httpProbe(port, "/"))
+	lp.FailureThreshold = 2
+	spec.Containers[0].LivenessProbe = lp
+	spec.InitContainers = []*runtimev1.ContainerSpec{{Name: "side", Image: e.image, Args: []string{"forever"},
+		RestartPolicy: runtimev1.ContainerRestartPolicy_CONTAINER_RESTART_POLICY_ALWAYS}}
+	e.create(spec)
+	before := e.waitFor(spec.Uid, "ready", 30*time.Second, func(st *runtimev1.PodStatus) bool { return st.GetContainersReady() })
+
+	d1.Process.Signal(syscall.SIGKILL)
+	e.c.Close()
+	d2 := e.startSubprocess()
+	defer func() {
+		e.deleteAll()
+		d2.Process.Signal(syscall.SIGTERM)
+	}()
+	w := e.watch()
+	after := e.waitFor(spec.Uid, "ready after re-attach", 30*time.Second, func(st *runtimev1.PodStatus) bool {
+		return st.GetContainersReady() && st.GetInitialized()
+	})
+	for _, n := range []string{"side", "main"} {
+		if statusOf(after, n).GetContainerId() != statusOf(before, n).GetContainerId() || statusOf(after, n).GetRestartCount() != 0 {
+			t.Errorf("%s restarted by the re-attach:\n%s", n, prettyStatus(after))
+		}
+	}
+	os.WriteFile(flag, []byte("x"), 0o644)
+	w.waitFor(t, spec.Uid, "Killing", "Container main failed liveness probe, will be restarted")
+	os.Remove(flag)
+	e.waitFor(spec.Uid, "restarted and ready", 30*time.Second, func(st *runtimev1.PodStatus) bool {
+		return statusOf(st, "main").GetRestartCount() == 1 && st.GetContainersReady()
+	})
 }
