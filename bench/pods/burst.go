@@ -228,13 +228,14 @@ type burstResult struct {
 	ToSched  []time.Duration // sent -> scheduled
 	SchedRun []time.Duration // scheduled -> Running
 	// Real mode, from the runtime's pod.json:
-	SchedAdmit   []time.Duration // scheduled -> runtime CreatePod
-	AdmitStart   []time.Duration // runtime CreatePod -> process started
-	StartRunning []time.Duration // process started -> Running seen through the watch
-	StartRate    float64         // real: pods started per second, first CreatePod -> last process started
-	TailRate     float64         // pods seen Running per second over the second half of the burst
-	Delete       time.Duration   // delete sent -> pods gone from the API (and, real: from the node)
-	Load         string          // load average before the round
+	SchedAdmit   []time.Duration          // scheduled -> runtime CreatePod
+	AdmitStart   []time.Duration          // runtime CreatePod -> process started
+	StartRunning []time.Duration          // process started -> Running seen through the watch
+	StartRate    float64                  // real: pods started per second, first CreatePod -> last process started
+	TailRate     float64                  // pods seen Running per second over the second half of the burst
+	Delete       time.Duration            // delete sent -> pods gone from the API (and, real: from the node)
+	CPU          map[string]time.Duration // CPU time used by each process role from the first create to the last Running
+	Load         string                   // load average before the round
 }
 
 // runtimePodTimes reads when the runtime admitted the pod and started its
@@ -332,6 +333,7 @@ func (b *bench) burst(ctx context.Context, s *server, kind string, round int) (*
 	defer stopWatch()
 	go watchPods(wctx, s.c, sel, list.ResourceVersion, t.observe)
 	labels := map[string]string{"bench": label}
+	cpu0 := cpuByRole(classify(scan(), s.pid(), b.bin, b.shim, s.dir))
 
 	switch kind {
 	case "pods":
@@ -362,6 +364,11 @@ func (b *bench) burst(ctx context.Context, s *server, kind string, round int) (*
 		return nil, fmt.Errorf("%s %s round %d: not all Running after %s: %s", s.mode, kind, round, b.o.timeout, t.summary())
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	}
+	cpu1 := cpuByRole(classify(scan(), s.pid(), b.bin, b.shim, s.dir))
+	r.CPU = map[string]time.Duration{}
+	for role, t1 := range cpu1 {
+		r.CPU[role] = time.Duration(t1-cpu0[role]) * time.Second / clockTicks
 	}
 	pods := t.snapshot()
 	if !s.instant {

@@ -76,8 +76,8 @@ func main() {
 	flag.StringVar(&o.note, "note", "", "a line for the report (e.g. how the binary was built)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs, data dirs) after a successful run")
 	flag.Parse()
-	if o.pods < 1 || o.rounds < 1 || o.creators < 1 || o.deployRounds < 0 || o.density < 0 {
-		fmt.Fprintln(os.Stderr, "bench/pods: -pods, -rounds and -creators must be at least 1; -deploy-rounds and -density at least 0")
+	if o.pods < 1 || o.creators < 1 || o.rounds < 0 || o.deployRounds < 0 || o.density < 0 || o.rounds+o.deployRounds+o.density == 0 {
+		fmt.Fprintln(os.Stderr, "bench/pods: -pods and -creators must be at least 1; -rounds, -deploy-rounds and -density at least 0, not all 0")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -149,16 +149,21 @@ func run(ctx context.Context, o options) (err error) {
 	if err != nil {
 		return err
 	}
-	floorSrv, err := startServer(ctx, b.bin, work, "floor", true, float32(o.qps))
-	servers = append(servers, floorSrv)
-	if err != nil {
-		return err
-	}
-	fmt.Println("bench/pods: both servers up")
-	for _, s := range []*server{realSrv, floorSrv} {
-		if err := b.warmUp(ctx, s); err != nil {
+	var floorSrv *server
+	if o.rounds+o.deployRounds > 0 {
+		floorSrv, err = startServer(ctx, b.bin, work, "floor", true, float32(o.qps))
+		servers = append(servers, floorSrv)
+		if err != nil {
 			return err
 		}
+		fmt.Println("bench/pods: both servers up")
+		for _, s := range []*server{realSrv, floorSrv} {
+			if err := b.warmUp(ctx, s); err != nil {
+				return err
+			}
+		}
+	} else if err := b.warmUp(ctx, realSrv); err != nil {
+		return err
 	}
 
 	var res results

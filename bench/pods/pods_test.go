@@ -75,13 +75,17 @@ Shared_Clean:       1300 kB
 	}
 }
 
-func TestParseStatPPid(t *testing.T) {
-	ppid, state, err := parseStatPPid("123 (a) (b) S 77 123 123 0 -1 4194560")
-	if err != nil || ppid != 77 || state != "S" {
-		t.Errorf("got %d %q %v", ppid, state, err)
+func TestParseStat(t *testing.T) {
+	stat := "123 (a) (b) S 77 123 123 0 -1 4194560 2553 0 0 0 31 7 0 0 20 0 9 0 6070 1268510720 2110"
+	ppid, state, ticks, err := parseStat(stat)
+	if err != nil || ppid != 77 || state != "S" || ticks != 38 {
+		t.Errorf("got %d %q %d %v", ppid, state, ticks, err)
 	}
-	if _, _, err := parseStatPPid("nonsense"); err == nil {
+	if _, _, _, err := parseStat("nonsense"); err == nil {
 		t.Error("want an error")
+	}
+	if _, _, _, err := parseStat("1 (x) S 0 1"); err == nil {
+		t.Error("want an error for a short line")
 	}
 }
 

@@ -17,7 +17,12 @@ type proc struct {
 	Exe       string   // target of /proc/<pid>/exe
 	Args      []string // cmdline
 	Role      string   // k3sm role (server, kube-apiserver, runtimed, node, ...), "k3sm-shim" or "workload"
+	CPUTicks  int64    // user+system time, in clock ticks
 }
+
+// clockTicks is USER_HZ, the unit of CPU times in /proc/<pid>/stat (100 on
+// every Linux architecture Go supports).
+const clockTicks = 100
 
 // mem is what smaps_rollup says about a process, in kB.
 type mem struct {
@@ -71,19 +76,28 @@ func readMem(pid int) (mem, error) {
 	return parseSmapsRollup(f)
 }
 
-// parseStatPPid returns the parent pid from the text of /proc/<pid>/stat
-// (the command name in parentheses may hold spaces and parentheses).
-func parseStatPPid(stat string) (ppid int, state string, err error) {
+// parseStat returns the parent pid, state and user+system CPU ticks from
+// the text of /proc/<pid>/stat (the command name in parentheses may hold
+// spaces and parentheses).
+func parseStat(stat string) (ppid int, state string, ticks int64, err error) {
 	i := strings.LastIndexByte(stat, ')')
 	if i < 0 {
-		return 0, "", fmt.Errorf("malformed stat")
+		return 0, "", 0, fmt.Errorf("malformed stat")
 	}
 	f := strings.Fields(stat[i+1:])
-	if len(f) < 2 {
-		return 0, "", fmt.Errorf("malformed stat")
+	if len(f) < 13 {
+		return 0, "", 0, fmt.Errorf("malformed stat")
 	}
 	ppid, err = strconv.Atoi(f[1])
-	return ppid, f[0], err
+	if err != nil {
+		return 0, "", 0, err
+	}
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, "", 0, fmt.Errorf("malformed stat times")
+	}
+	return ppid, f[0], utime + stime, nil
 }
 
 // scan lists live (non-zombie) processes.
@@ -99,14 +113,14 @@ func scan() []proc {
 		if err != nil {
 			continue
 		}
-		ppid, state, err := parseStatPPid(string(stat))
+		ppid, state, ticks, err := parseStat(string(stat))
 		if err != nil || state == "Z" {
 			continue
 		}
 		exe, _ := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
 		raw, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-		out = append(out, proc{Pid: pid, PPid: ppid, Exe: exe, Args: args})
+		out = append(out, proc{Pid: pid, PPid: ppid, Exe: exe, Args: args, CPUTicks: ticks})
 	}
 	return out
 }
@@ -162,4 +176,19 @@ func countRole(ps []proc, role string) int {
 		}
 	}
 	return n
+}
+
+// cpuByRole sums the CPU ticks of one server's processes by role; "bench"
+// is this program.
+func cpuByRole(ps []proc) map[string]int64 {
+	out := map[string]int64{}
+	for _, p := range ps {
+		out[p.Role] += p.CPUTicks
+	}
+	if b, err := os.ReadFile("/proc/self/stat"); err == nil {
+		if _, _, t, err := parseStat(string(b)); err == nil {
+			out["bench"] = t
+		}
+	}
+	return out
 }

@@ -229,6 +229,7 @@ func renderBursts(sb *strings.Builder, o options, rs []*burstResult, kind string
 	fmt.Fprintf(sb, "| pods seen Running per second over the second half of the burst | %s | | %s | |\n", rate("real", tail), rate("floor", tail))
 	fmt.Fprintf(sb, "| real: runtime throughput, pods started per second (first CreatePod → last process started) | %s | | – | |\n",
 		rate("real", func(r *burstResult) float64 { return r.StartRate }))
+	renderCPU(sb, rs)
 	fmt.Fprintf(sb, "\nEvery round (ms):\n\n")
 	fmt.Fprintf(sb, "| round | mode | order | p50 | p99 | max | first sent → last Running | created p50 | scheduled p50 | scheduled → Running p50 | delete ² | load before |\n")
 	fmt.Fprintf(sb, "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
@@ -242,6 +243,62 @@ func renderBursts(sb *strings.Builder, o options, rs []*burstResult, kind string
 			ms(pct(r.Created, 0.5)), ms(pct(r.ToSched, 0.5)), ms(pct(r.SchedRun, 0.5)), ms(r.Delete), r.Load)
 	}
 	sb.WriteString("\n")
+}
+
+// renderCPU shows the CPU time each process role used during the bursts,
+// per pod: where the machine's two cores went.
+func renderCPU(sb *strings.Builder, rs []*burstResult) {
+	seen := map[string]bool{}
+	for _, r := range rs {
+		for role := range r.CPU {
+			seen[role] = true
+		}
+	}
+	if len(seen) == 0 {
+		return
+	}
+	order := []string{"kube-apiserver", "kine", "kube-scheduler", "kube-controller-manager", "server", "node", "runtimed", "k3sm-shim", "workload", "bench"}
+	var roles []string
+	for _, r := range order {
+		if seen[r] {
+			roles = append(roles, r)
+			delete(seen, r)
+		}
+	}
+	var rest []string
+	for r := range seen {
+		rest = append(rest, r)
+	}
+	sort.Strings(rest)
+	roles = append(roles, rest...)
+	perPod := func(mode, role string) time.Duration {
+		return across(rs, mode, func(r *burstResult) time.Duration {
+			if r.N == 0 || r.CPU == nil {
+				return -1
+			}
+			if role == "" {
+				var sum time.Duration
+				for _, d := range r.CPU {
+					sum += d
+				}
+				return sum / time.Duration(r.N)
+			}
+			return r.CPU[role] / time.Duration(r.N)
+		})
+	}
+	msf := func(d time.Duration) string {
+		if d < 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%.1f", float64(d)/float64(time.Millisecond))
+	}
+	fmt.Fprintf(sb, "\nCPU time used from the first create to the last pod Running, per pod (ms; user+system from\n"+
+		"`/proc/<pid>/stat` of each process of that server, 10 ms ticks; median over rounds; the machine has %d CPUs):\n\n", runtime.NumCPU())
+	fmt.Fprintf(sb, "| process | real | floor |\n|---|---:|---:|\n")
+	for _, role := range roles {
+		fmt.Fprintf(sb, "| %s | %s | %s |\n", role, msf(perPod("real", role)), msf(perPod("floor", role)))
+	}
+	fmt.Fprintf(sb, "| **all** | **%s** | **%s** |\n", msf(perPod("real", "")), msf(perPod("floor", "")))
 }
 
 func renderReport(o options, m machine, res *results) string {
@@ -265,22 +322,32 @@ func renderReport(o options, m machine, res *results) string {
 	}
 	fmt.Fprintf(&sb, "- Program: `%s`\n", programLine())
 	fmt.Fprintf(&sb, "- Load average (1/5/15 min) at start %s, at end %s (the machine is shared; rounds alternate which mode goes first).\n", m.LoadStart, m.LoadEnd)
-	fmt.Fprintf(&sb, "- Setup: two servers side by side, each on its own data dir and loopback ports, running a private copy of the\n"+
-		"  binary: the **real** node, and the **floor**, the same binary with `--node-instant` (the node marks pods Running\n"+
-		"  without starting anything). The workload is the runtime's test program (`imagetest.ProgSource`, a static Go\n"+
-		"  binary) sleeping, served from a registry on 127.0.0.1 and pulled once by a warm-up pod before any timing.\n"+
-		"  Every burst starts after %s idle; pods are deleted and gone (real: no process or directory left) between bursts.\n\n", o.settle)
+	if len(res.bursts)+len(res.deploys) > 0 {
+		fmt.Fprintf(&sb, "- Setup: two servers side by side, each on its own data dir and loopback ports, running a private copy of the\n"+
+			"  binary: the **real** node, and the **floor**, the same binary with `--node-instant` (the node marks pods Running\n"+
+			"  without starting anything). The workload is the runtime's test program (`imagetest.ProgSource`, a static Go\n"+
+			"  binary) sleeping, served from a registry on 127.0.0.1 and pulled once by a warm-up pod before any timing.\n"+
+			"  Every burst starts after %s idle; pods are deleted and gone (real: no process or directory left) between bursts.\n\n", o.settle)
+	} else {
+		sb.WriteString("- Setup: one server on its own data dir and loopback ports, running a private copy of the binary. The workload\n" +
+			"  is the runtime's test program (`imagetest.ProgSource`, a static Go binary) sleeping, served from a registry on\n" +
+			"  127.0.0.1 and pulled once by a warm-up pod before any timing.\n\n")
+	}
 
-	fmt.Fprintf(&sb, "### Pod create → Running, burst of %d pods\n\n", o.pods)
-	renderBursts(&sb, o, res.bursts, "pods", o.rounds)
+	if len(res.bursts) > 0 {
+		fmt.Fprintf(&sb, "### Pod create → Running, burst of %d pods\n\n", o.pods)
+		renderBursts(&sb, o, res.bursts, "pods", o.rounds)
+	}
 	if len(res.deploys) > 0 {
 		fmt.Fprintf(&sb, "### Deployment of %d replicas\n\n", o.pods)
 		renderBursts(&sb, o, res.deploys, "deployment", o.deployRounds)
 	}
-	sb.WriteString("1. From the runtime daemon's `<data>/pods/<uid>/pod.json`: `startTime` (the daemon accepted CreatePod) and the\n" +
-		"   container's `running.startedAt` (the process was started); same machine, same clock.\n" +
-		"2. Delete request (DeleteCollection, or the Deployment with background propagation) → every pod gone from the\n" +
-		"   API and, on the real node, no shim, workload, pod directory, log directory or shim socket left.\n\n")
+	if len(res.bursts)+len(res.deploys) > 0 {
+		sb.WriteString("1. From the runtime daemon's `<data>/pods/<uid>/pod.json`: `startTime` (the daemon accepted CreatePod) and the\n" +
+			"   container's `running.startedAt` (the process was started); same machine, same clock.\n" +
+			"2. Delete request (DeleteCollection, or the Deployment with background propagation) → every pod gone from the\n" +
+			"   API and, on the real node, no shim, workload, pod directory, log directory or shim socket left.\n\n")
+	}
 	if d := res.density; d != nil {
 		renderDensity(&sb, o, d)
 	}
