@@ -21,7 +21,7 @@ import (
 )
 
 // stdinStarter tells the shim to keep a container's stdin open for attach
-// when its spec says `stdin: true`. The lifecycle builds ProcessSpec
+// when its spec says `stdin: true`, and to give it a terminal for `tty: true`. The lifecycle builds ProcessSpec
 // without those fields today, so they are looked up by the attempt id
 // ("<uid>/<container>/<n>"); once the lifecycle fills them this only
 // passes through.
@@ -31,11 +31,11 @@ type stdinStarter struct {
 }
 
 func (s *stdinStarter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process, error) {
-	if !spec.Stdin && s.mgr != nil {
+	if !spec.Stdin && !spec.TTY && s.mgr != nil {
 		if uid, rest, ok := strings.Cut(spec.ID, "/"); ok {
 			if name, _, ok := strings.Cut(rest, "/"); ok {
 				if info, err := s.mgr.Container(uid, name); err == nil {
-					spec.Stdin, spec.StdinOnce = info.Spec.GetStdin(), info.Spec.GetStdinOnce()
+					spec.Stdin, spec.StdinOnce, spec.TTY = info.Spec.GetStdin(), info.Spec.GetStdinOnce(), info.Spec.GetTty()
 				}
 			}
 		}
@@ -78,7 +78,13 @@ func (s *server) Exec(stream runtimev1.Runtime_ExecServer) error {
 	exitMsg := func(es *runtimev1.ExitStatus) *runtimev1.ExecResponse {
 		return &runtimev1.ExecResponse{Msg: &runtimev1.ExecResponse_Exit{Exit: es}}
 	}
-	argv, env, dir, err := s.mgr.ResolveExec(info, start.GetCommand())
+	// The kubelet runs an exec command as given: the container's $(VAR)
+	// expansion must not apply, so every $ is escaped for it.
+	command := make([]string, len(start.GetCommand()))
+	for i, a := range start.GetCommand() {
+		command[i] = strings.ReplaceAll(a, "$", "$$")
+	}
+	argv, env, dir, err := s.mgr.ResolveExec(info, command)
 	if err != nil {
 		return send(exitMsg(&runtimev1.ExitStatus{ExitCode: 127, Error: err.Error()}))
 	}
@@ -236,8 +242,8 @@ func (s *server) Exec(stream runtimev1.Runtime_ExecServer) error {
 // Attach connects the stream to the running container's stdio through its
 // shim: output from now on (the CRI log keeps being written), and stdin when
 // the container has `stdin: true`. The stream ends with the container's exit
-// status when it exits. The container has no terminal (a `tty: true`
-// container runs on pipes), so resize messages are accepted and ignored.
+// status when it exits. Resize messages reach a `tty: true` container's
+// terminal.
 func (s *server) Attach(stream runtimev1.Runtime_AttachServer) error {
 	first, err := stream.Recv()
 	if err != nil {

@@ -80,6 +80,22 @@ func TestIntegrationExecTTY(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
+	// An exec command is run as given: no $(VAR) expansion, $$ stays.
+	lit, err := e.c.Runtime.Exec(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lit.Send(&runtimev1.ExecRequest{Msg: &runtimev1.ExecRequest_Start{Start: &runtimev1.ExecStart{PodUid: spec.Uid,
+		Command: []string{"printf", "%s|%s", "$(HOSTNAME)", "$$"}}}})
+	rl := newTTYReader(t, func() ([]byte, []byte, *runtimev1.ExitStatus, error) {
+		m, err := lit.Recv()
+		return m.GetStdout(), m.GetStderr(), m.GetExit(), err
+	})
+	rl.waitFor("$(HOSTNAME)|$$")
+	if ex := rl.waitExit(); ex.GetExitCode() != 0 {
+		t.Fatalf("printf exit %v", ex)
+	}
+
 	ex, err := e.c.Runtime.Exec(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"time"
+
+	"github.com/creack/pty"
 )
 
 // The attach stream. A client sends {"op":"attach","stdin":bool} and reads
@@ -118,17 +120,42 @@ func (s *server) finishClients(es *ExitStatus) {
 func (s *server) writeStdin(p []byte) {
 	s.stdinMu.Lock()
 	defer s.stdinMu.Unlock()
-	if s.stdin != nil {
+	switch {
+	case s.pty != nil:
+		if s.cfg.Stdin && !s.ptyEOF {
+			s.pty.Write(p)
+		}
+	case s.stdin != nil:
 		s.stdin.Write(p)
 	}
 }
 
+// closeStdin closes the container's stdin pipe; on a terminal, which has
+// no half close, it types end-of-input (^D) once and takes no more input.
 func (s *server) closeStdin() {
 	s.stdinMu.Lock()
 	defer s.stdinMu.Unlock()
+	if s.pty != nil {
+		if s.cfg.Stdin && !s.ptyEOF {
+			s.ptyEOF = true
+			s.pty.Write([]byte{4})
+		}
+		return
+	}
 	if s.stdin != nil {
 		s.stdin.Close()
 		s.stdin = nil
+	}
+}
+
+// resize sets the terminal's size (no terminal: nothing to do).
+func (s *server) resize(p []byte) {
+	if s.pty == nil || len(p) != 4 {
+		return
+	}
+	w, h := binary.BigEndian.Uint16(p[0:2]), binary.BigEndian.Uint16(p[2:4])
+	if w > 0 && h > 0 {
+		pty.Setsize(s.pty, &pty.Winsize{Cols: w, Rows: h})
 	}
 }
 
@@ -179,7 +206,7 @@ func (s *server) attach(c *net.UnixConn, br *bufio.Reader, req Request) {
 				s.closeStdin()
 			}
 		case FrameResize:
-			// The container has no terminal: nothing to resize.
+			s.resize(p)
 		}
 	}
 	// stdinOnce: the container's stdin closes when the first client that

@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/creack/pty"
+
 	"github.com/k3sm-dev/k3sm/internal/runtime/criolog"
 )
 
@@ -52,6 +54,10 @@ type Config struct {
 	// StdinOnce closes that pipe when the first client that attached with
 	// stdin leaves.
 	StdinOnce bool `json:"stdinOnce,omitempty"`
+	// TTY runs the container on a pseudo-terminal (the container's
+	// `tty: true`): stdin, stdout and stderr are the terminal, its output
+	// is logged as stdout, attached clients can resize it.
+	TTY bool `json:"tty,omitempty"`
 }
 
 // Ready is the start-up report on ReadyFD.
@@ -136,6 +142,8 @@ type server struct {
 	attachDone bool
 	stdinMu    sync.Mutex
 	stdin      *os.File // write end of the container's stdin, when Config.Stdin
+	pty        *os.File // the terminal's master side, when Config.TTY
+	ptyEOF     bool     // end of input was typed (stdinOnce on a terminal)
 }
 
 func start(dir string) (*server, error) {
@@ -166,37 +174,44 @@ func start(dir string) (*server, error) {
 		return nil, err
 	}
 
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	stdinR, err := os.Open(os.DevNull)
-	if err != nil {
-		return nil, err
-	}
-	if s.cfg.Stdin {
-		stdinR.Close()
-		if stdinR, s.stdin, err = os.Pipe(); err != nil {
+	var outR, outW, errR, errW, stdinR *os.File
+	// Its own process group, so the daemon can signal the container (and
+	// everything it forked) as one.
+	attrs := &syscall.SysProcAttr{Setpgid: true}
+	if s.cfg.TTY {
+		// A new session (its id is the group id signals go to) with the
+		// terminal as controlling tty (fd 0 in the child).
+		if s.pty, stdinR, err = pty.Open(); err != nil {
+			return nil, fmt.Errorf("open a pseudo-terminal: %w", err)
+		}
+		outR, outW, errW = s.pty, stdinR, stdinR
+		attrs = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	} else {
+		if outR, outW, err = os.Pipe(); err != nil {
+			return nil, err
+		}
+		if errR, errW, err = os.Pipe(); err != nil {
+			return nil, err
+		}
+		if s.cfg.Stdin {
+			if stdinR, s.stdin, err = os.Pipe(); err != nil {
+				return nil, err
+			}
+		} else if stdinR, err = os.Open(os.DevNull); err != nil {
 			return nil, err
 		}
 	}
 	var startErr error
 	for try := 0; ; try++ {
 		s.cmd = &exec.Cmd{
-			Path:   s.cfg.Argv[0],
-			Args:   s.cfg.Argv,
-			Env:    s.cfg.Env,
-			Dir:    s.cfg.Dir,
-			Stdin:  stdinR,
-			Stdout: outW,
-			Stderr: errW,
-			// Its own process group, so the daemon can signal the
-			// container (and everything it forked) as one.
-			SysProcAttr: &syscall.SysProcAttr{Setpgid: true},
+			Path:        s.cfg.Argv[0],
+			Args:        s.cfg.Argv,
+			Env:         s.cfg.Env,
+			Dir:         s.cfg.Dir,
+			Stdin:       stdinR,
+			Stdout:      outW,
+			Stderr:      errW,
+			SysProcAttr: attrs,
 		}
 		s.startedAt = time.Now()
 		startErr = s.cmd.Start()
@@ -208,13 +223,16 @@ func start(dir string) (*server, error) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	// With a terminal these are one file: closing it again is harmless.
 	outW.Close()
 	errW.Close()
 	stdinR.Close()
 	if startErr != nil {
 		s.closeStdin()
 		outR.Close()
-		errR.Close()
+		if errR != nil {
+			errR.Close()
+		}
 		// Record the failure durably too: the daemon may not be listening.
 		msg := startErr.Error()
 		s.log.WriteRecord(criolog.Stderr, false, []byte("k3sm-shim: "+msg))
@@ -226,17 +244,32 @@ func start(dir string) (*server, error) {
 	st, _ := json.Marshal(Response{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt, Running: true})
 	os.WriteFile(filepath.Join(dir, PidFile), st, 0o600)
 
-	s.copiers.Add(2)
+	s.copiers.Add(1)
 	go s.copy(criolog.Stdout, outR, FrameStdout)
-	go s.copy(criolog.Stderr, errR, FrameStderr)
+	if errR != nil {
+		s.copiers.Add(1)
+		go s.copy(criolog.Stderr, errR, FrameStderr)
+	}
 	return s, nil
+}
+
+// eioIsEOF ends a terminal's output: the master side reads EIO once every
+// process closed the terminal.
+type eioIsEOF struct{ r io.Reader }
+
+func (e eioIsEOF) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if errors.Is(err, syscall.EIO) {
+		err = io.EOF
+	}
+	return n, err
 }
 
 // copy writes the stream to the CRI log and to attached clients.
 func (s *server) copy(stream string, r *os.File, kind byte) {
 	defer s.copiers.Done()
 	defer r.Close()
-	if err := s.log.Copy(stream, io.TeeReader(r, fanout{s, kind})); err != nil {
+	if err := s.log.Copy(stream, io.TeeReader(eioIsEOF{r}, fanout{s, kind})); err != nil {
 		fmt.Fprintf(os.Stderr, "k3sm-shim: copy %s: %v\n", stream, err)
 	}
 }
@@ -269,7 +302,9 @@ func (s *server) run() {
 	s.log.Close()
 	// Not inline: a write blocked on a full pipe (a descendant still holds
 	// its read end) must not hold up the exit status.
-	go s.closeStdin()
+	if s.pty == nil {
+		go s.closeStdin()
+	}
 	if err := writeExit(s.dir, es); err != nil {
 		fmt.Fprintln(os.Stderr, "k3sm-shim: write exit status:", err)
 	}

@@ -50,7 +50,7 @@ func (s *Starter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process,
 		return nil, err
 	}
 	cfg := shim.Config{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, LogPath: spec.LogPath, Socket: s.socketPath(spec.ID),
-		Stdin: spec.Stdin, StdinOnce: spec.StdinOnce}
+		Stdin: spec.Stdin, StdinOnce: spec.StdinOnce, TTY: spec.TTY}
 	if len(cfg.Socket) > 100 {
 		return nil, fmt.Errorf("shim socket path %s is %d bytes, over the unix socket limit: use a shorter data dir", cfg.Socket, len(cfg.Socket))
 	}

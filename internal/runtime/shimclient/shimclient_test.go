@@ -298,3 +298,46 @@ func TestShimStdinOnceAndNoStdin(t *testing.T) {
 		t.Fatalf("cat on /dev/null: %+v %v", es, err)
 	}
 }
+
+// A tty: true container runs on a terminal: its output (echo included) is
+// logged as stdout, attached stdin is typed into it, resize reaches it.
+func TestShimTTYContainer(t *testing.T) {
+	s, dir := newStarter(t)
+	ctx := context.Background()
+	sp := spec(dir, "tty", "/bin/sh")
+	sp.Stdin, sp.StdinOnce, sp.TTY = true, true, true
+	p, err := s.Start(ctx, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, err := p.(pod.Attachable).AttachStdio(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	if err := sc.Resize(91, 17); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	sc.SendStdin([]byte("test -t 0 && echo TTY-$((40+2)); stty size\n"))
+	var out []byte
+	for !strings.Contains(string(out), "17 91\r\n") {
+		o, e, ex, err := sc.Recv()
+		if err != nil || ex != nil || len(e) > 0 {
+			t.Fatalf("recv: %v %+v %q; output %q", err, ex, e, out)
+		}
+		out = append(out, o...)
+	}
+	if !strings.Contains(string(out), "TTY-42\r\n") || !strings.Contains(string(out), "echo TTY-$((40+2))") {
+		t.Fatalf("not a terminal, or no echo: %q", out)
+	}
+	// stdinOnce: closing stdin on a terminal types ^D: the shell exits 0.
+	sc.CloseStdin()
+	if es, err := p.Wait(ctx); err != nil || es.ExitCode != 0 {
+		t.Fatalf("wait: %+v %v", es, err)
+	}
+	log, _ := os.ReadFile(sp.LogPath)
+	if !strings.Contains(string(log), " stdout F TTY-42\r\n") && !strings.Contains(string(log), " stdout F TTY-42\r") {
+		t.Errorf("log lacks the terminal output:\n%q", log)
+	}
+}
