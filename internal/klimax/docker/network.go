@@ -19,6 +19,17 @@ type NetworkSpec struct {
 	Subnet netip.Prefix
 }
 
+// ContainerRange is where Docker may place containers (kind nodes, mirrors):
+// the subnet's first /24. Slot N's MetalLB pool is <prefix>.N.x with N >= 1,
+// so container addresses can never land inside a load-balancer pool.
+func (s NetworkSpec) ContainerRange() netip.Prefix {
+	p := s.Subnet.Masked()
+	if p.Bits() >= 24 {
+		return p
+	}
+	return netip.PrefixFrom(p.Addr(), 24)
+}
+
 // Gateway is the first address of the subnet.
 func (s NetworkSpec) Gateway() netip.Addr { return s.Subnet.Masked().Addr().Next() }
 
@@ -157,7 +168,7 @@ func (c *Client) EnsureNetwork(ctx context.Context, spec NetworkSpec) (bool, err
 		EnableIPv4: &yes,
 		IPAM: &network.IPAM{
 			Driver: "default",
-			Config: []network.IPAMConfig{{Subnet: spec.Subnet.Masked(), Gateway: spec.Gateway()}},
+			Config: []network.IPAMConfig{{Subnet: spec.Subnet.Masked(), Gateway: spec.Gateway(), IPRange: spec.ContainerRange()}},
 		},
 		Options: map[string]string{
 			// kind's own network settings: containers may talk to each other
