@@ -60,6 +60,14 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/apis/" + GroupVersion, "/apis/" + GroupVersion + "/":
 		writeJSON(w, http.StatusOK, apiResources())
 		return
+	case "/openapi/v2":
+		// An empty but valid document: the aggregator merges it quietly
+		// (a 404 makes it log and retry forever). No schema is published.
+		writeJSON(w, http.StatusOK, map[string]any{"swagger": "2.0", "info": map[string]string{"title": "k3sm metrics.k8s.io", "version": Version}, "paths": map[string]any{}})
+		return
+	case "/openapi/v3":
+		writeJSON(w, http.StatusOK, map[string]any{"paths": map[string]any{}})
+		return
 	case "/healthz", "/livez", "/readyz":
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok"))

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/metrics"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
@@ -309,7 +310,9 @@ func (p *Provider) GetStatsSummary(ctx context.Context) (*statsv1alpha1.Summary,
 	return sum, nil
 }
 
-// GetMetricsResource serves /metrics/resource (issue 4 fills it for metrics.k8s.io).
-func (p *Provider) GetMetricsResource(context.Context) ([]*dto.MetricFamily, error) {
-	return nil, nil
+// GetMetricsResource serves /metrics/resource: the kubelet's resource
+// metrics (node, pod and container CPU seconds and working set) from a
+// fresh scrape of the runtime and the machine.
+func (p *Provider) GetMetricsResource(ctx context.Context) ([]*dto.MetricFamily, error) {
+	return metrics.ResourceMetrics(ctx, metrics.RuntimeSource{Runtime: p.rt.Runtime})
 }
