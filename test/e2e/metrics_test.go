@@ -1,7 +1,13 @@
 package e2e
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -123,6 +129,38 @@ func TestMetricsAPI(t *testing.T) {
 		// The whole machine includes the busy pod.
 		if nm.Usage.Cpu().MilliValue() < 100 || nm.Usage.Memory().Value() == 0 || nm.Labels["kubernetes.io/hostname"] != "e2e-node" {
 			t.Fatalf("node metrics: %+v", nm)
+		}
+	})
+
+	t.Run("kubelet API /metrics/resource", func(t *testing.T) {
+		// As the apiserver (its kubelet-client certificate) would scrape it.
+		tlsDir := filepath.Join(s.dataDir, "server", "tls")
+		pair, err := tls.LoadX509KeyPair(filepath.Join(tlsDir, "client-kube-apiserver.crt"), filepath.Join(tlsDir, "client-kube-apiserver.key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		caPEM, err := os.ReadFile(filepath.Join(tlsDir, "server-ca.crt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		roots := x509.NewCertPool()
+		roots.AppendCertsFromPEM(caPEM)
+		hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{pair}}}}
+		resp, err := hc.Get(fmt.Sprintf("https://127.0.0.1:%d/metrics/resource", s.ports[3]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, want := range []string{
+			`container_cpu_usage_seconds_total{container="main",namespace="default",pod="busy"} `,
+			`container_memory_working_set_bytes{container="main",namespace="default",pod="busy"} `,
+			`pod_cpu_usage_seconds_total{namespace="default",pod="busy"} `,
+			"node_cpu_usage_seconds_total ", "node_memory_working_set_bytes ", "resource_scrape_error 0",
+		} {
+			if resp.StatusCode != 200 || !strings.Contains(string(body), want) {
+				t.Fatalf("%s: no %q in:\n%s", resp.Status, want, body)
+			}
 		}
 	})
 
