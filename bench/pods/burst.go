@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -21,6 +22,9 @@ import (
 )
 
 const ns = "default"
+
+// never stands for a pod that was never seen Running.
+const never = time.Duration(math.MaxInt64)
 
 // podSpec is a pod that selects this node's OS and tolerates its taint
 // (as test/e2e's nativeSpec), running the test program with args.
@@ -121,6 +125,65 @@ func (t *tracker) observe(typ watch.EventType, pod *corev1.Pod, at time.Time) {
 			close(t.done)
 		}
 	}
+}
+
+// wait waits until every pod is Running and Ready, timeout passes, or no
+// pod became Running for stall. It reports whether all made it; a pod the
+// node never reports Running is a finding, not a reason to stop measuring.
+func (t *tracker) wait(ctx context.Context, timeout, stall time.Duration) (bool, error) {
+	deadline := time.After(timeout)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	last, lastChange := -1, time.Now()
+	for {
+		select {
+		case <-t.done:
+			return true, nil
+		case <-deadline:
+			return false, nil
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-tick.C:
+			t.mu.Lock()
+			n := t.running
+			t.mu.Unlock()
+			if n != last {
+				last, lastChange = n, time.Now()
+			} else if time.Since(lastChange) > stall {
+				return false, nil
+			}
+		}
+	}
+}
+
+// stuck describes the pods never seen Running: their last state in the
+// API and, on the real node, in the runtime.
+func (t *tracker) stuck(dataDir string) []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []string
+	for name, p := range t.pods {
+		if !p.running.IsZero() {
+			continue
+		}
+		d := fmt.Sprintf("%s: API %s", name, t.last[name])
+		if dataDir != "" && p.uid != "" {
+			if _, started, err := runtimePodTimes(dataDir, p.uid); err != nil {
+				d += "; runtime: " + err.Error()
+			} else if !started.IsZero() {
+				d += fmt.Sprintf("; runtime: process running since %s, %s after it was scheduled",
+					started.UTC().Format("15:04:05.000"), started.Sub(p.scheduled).Round(time.Millisecond))
+			} else {
+				d += "; runtime: not started"
+			}
+		}
+		out = append(out, d)
+	}
+	if missing := t.want - len(t.pods); missing > 0 {
+		out = append(out, fmt.Sprintf("%d pods never created", missing))
+	}
+	sort.Strings(out)
+	return out
 }
 
 // summary says how many pods are in which state, for timeouts.
@@ -233,6 +296,7 @@ type burstResult struct {
 	StartRunning []time.Duration          // process started -> Running seen through the watch
 	StartRate    float64                  // real: pods started per second, first CreatePod -> last process started
 	TailRate     float64                  // pods seen Running per second over the second half of the burst
+	Stuck        []string                 // pods never seen Running, and why
 	Delete       time.Duration            // delete sent -> pods gone from the API (and, real: from the node)
 	CPU          map[string]time.Duration // CPU time used by each process role from the first create to the last Running
 	Load         string                   // load average before the round
@@ -275,6 +339,7 @@ func sorted(ds []time.Duration) []time.Duration {
 // fill computes the result's series from the pods' timestamps.
 func (r *burstResult) fill(pods []podTimes) {
 	var first, last time.Time
+	missing := max(r.N-len(pods), 0) // never even created (Deployment)
 	for _, p := range pods {
 		if first.IsZero() || p.sent.Before(first) {
 			first = p.sent
@@ -282,9 +347,17 @@ func (r *burstResult) fill(pods []podTimes) {
 		if p.running.After(last) {
 			last = p.running
 		}
+		if !p.created.IsZero() {
+			r.Created = append(r.Created, p.created.Sub(p.sent))
+		}
+		if !p.scheduled.IsZero() {
+			r.ToSched = append(r.ToSched, p.scheduled.Sub(p.sent))
+		}
+		if p.running.IsZero() {
+			missing++
+			continue
+		}
 		r.Lat = append(r.Lat, p.running.Sub(p.sent))
-		r.Created = append(r.Created, p.created.Sub(p.sent))
-		r.ToSched = append(r.ToSched, p.scheduled.Sub(p.sent))
 		r.SchedRun = append(r.SchedRun, p.running.Sub(p.scheduled))
 		if !p.admitted.IsZero() && !p.started.IsZero() {
 			r.SchedAdmit = append(r.SchedAdmit, p.admitted.Sub(p.scheduled))
@@ -293,6 +366,12 @@ func (r *burstResult) fill(pods []podTimes) {
 		}
 	}
 	r.Span = last.Sub(first)
+	// A pod never seen Running counts as never: the percentiles it
+	// reaches are unbounded.
+	for range missing {
+		r.Lat = append(r.Lat, never)
+		r.Span = never
+	}
 	var firstAdmit, lastStart time.Time
 	var runs []time.Time
 	for _, p := range pods {
@@ -358,12 +437,17 @@ func (b *bench) burst(ctx context.Context, s *server, kind string, round int) (*
 	if err != nil {
 		return nil, err
 	}
-	select {
-	case <-t.done:
-	case <-time.After(b.o.timeout):
-		return nil, fmt.Errorf("%s %s round %d: not all Running after %s: %s", s.mode, kind, round, b.o.timeout, t.summary())
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	all, err := t.wait(ctx, b.o.timeout, b.o.stall)
+	if err != nil {
+		return nil, err
+	}
+	if !all {
+		dir := ""
+		if !s.instant {
+			dir = s.dir
+		}
+		r.Stuck = t.stuck(dir)
+		fmt.Printf("bench/pods: %s %s round %d: %s; stuck: %s\n", s.mode, kind, round, t.summary(), strings.Join(r.Stuck, "; "))
 	}
 	cpu1 := cpuByRole(classify(scan(), s.pid(), b.bin, b.shim, s.dir))
 	r.CPU = map[string]time.Duration{}

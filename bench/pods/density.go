@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -111,6 +112,7 @@ type densityResult struct {
 	Capped           string
 	Overflow         string          // what the scheduler said about one pod more than the node can take
 	Lat              []time.Duration // create sent -> Running, sorted
+	Stuck            []string        // pods never seen Running, and why
 	Span             time.Duration   // first create sent -> last Running
 	Before, After    map[string]mem  // k3sm processes by role (median of samples)
 	Shims, Workloads []mem
@@ -239,19 +241,20 @@ func (b *bench) density(ctx context.Context, s *server) (*densityResult, error) 
 	if err != nil {
 		return nil, err
 	}
-	select {
-	case <-t.done:
-	case <-time.After(b.o.timeout):
-		return nil, fmt.Errorf("density: not all Running after %s: %s", b.o.timeout, t.summary())
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	all, err := t.wait(ctx, b.o.timeout, b.o.stall)
+	if err != nil {
+		return nil, err
 	}
 	allRunning := time.Now()
-	var r burstResult
+	if !all {
+		d.Stuck = t.stuck(s.dir)
+		fmt.Printf("bench/pods: density: %s; stuck: %s\n", t.summary(), strings.Join(d.Stuck, "; "))
+	}
+	r := burstResult{N: d.N}
 	r.fill(t.snapshot())
 	d.Lat, d.Span = r.Lat, r.Span
 	stopWatch()
-	fmt.Printf("bench/pods: density: %d pods Running %s after the first create\n", d.N, d.Span.Round(time.Millisecond))
+	fmt.Printf("bench/pods: density: %d pods, all Running after %s\n", d.N, ms(d.Span))
 
 	if d.Capped != "" {
 		d.Overflow = b.overflow(ctx, s, label)

@@ -40,6 +40,7 @@ type options struct {
 	settle       time.Duration
 	hold         time.Duration
 	timeout      time.Duration
+	stall        time.Duration
 	results      string
 	invocation   string
 	note         string
@@ -71,6 +72,7 @@ func main() {
 	flag.DurationVar(&o.settle, "settle", 15*time.Second, "idle time before each burst, so every burst meets an idle node")
 	flag.DurationVar(&o.hold, "hold", 60*time.Second, "density: how long the pods run after all are Running (node readiness and lease are watched)")
 	flag.DurationVar(&o.timeout, "timeout", 10*time.Minute, "limit for all pods Running, or all gone, in one step")
+	flag.DurationVar(&o.stall, "stall", 90*time.Second, "stop waiting for pods to be Running when none became Running for this long (the rest are reported as stuck)")
 	flag.StringVar(&o.results, "results", "", "file whose `bench/pods` section is replaced with the report (empty: print only)")
 	flag.StringVar(&o.invocation, "invocation", "", "the command that ran this, for the report")
 	flag.StringVar(&o.note, "note", "", "a line for the report (e.g. how the binary was built)")
@@ -186,7 +188,7 @@ func run(ctx context.Context, o options) (err error) {
 				br.First = i == 0
 				out = append(out, br)
 				fmt.Printf("bench/pods: %s round %d %-5s p50 %s p99 %s max %s (delete %s)\n", kind, r, s.mode,
-					ms(pct(br.Lat, 0.50)), ms(pct(br.Lat, 0.99)), ms(br.Lat[len(br.Lat)-1]), ms(br.Delete))
+					ms(pct(br.Lat, 0.50)), ms(pct(br.Lat, 0.99)), ms(pct(br.Lat, 1)), ms(br.Delete))
 			}
 		}
 		return out, nil

@@ -224,3 +224,25 @@ func TestServerArgsLoopbackOnly(t *testing.T) {
 		t.Error("the real server must not get --node-instant")
 	}
 }
+
+func TestPodsNeverRunningAreUnbounded(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	pods := []podTimes{
+		{name: "a", sent: t0, created: t0.Add(time.Millisecond), scheduled: t0.Add(2 * time.Millisecond), running: t0.Add(10 * time.Millisecond)},
+		{name: "b", sent: t0, created: t0.Add(time.Millisecond), scheduled: t0.Add(2 * time.Millisecond)}, // stuck
+	}
+	r := burstResult{N: 3} // and one never created
+	r.fill(pods)
+	if len(r.Lat) != 3 || pct(r.Lat, 0.3) != 10*time.Millisecond || pct(r.Lat, 0.5) != never || r.Span != never {
+		t.Errorf("lat %v span %v", r.Lat, r.Span)
+	}
+	if len(r.ToSched) != 2 || len(r.SchedRun) != 1 {
+		t.Errorf("steps: sched %v run %v", r.ToSched, r.SchedRun)
+	}
+	if ms(never) != "∞" || ratio(never, time.Second) != "∞" {
+		t.Error("never must render as ∞")
+	}
+	if median([]time.Duration{time.Second, never, never}) != never {
+		t.Error("the median of mostly-never rounds is never")
+	}
+}

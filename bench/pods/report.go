@@ -115,12 +115,18 @@ func ms(d time.Duration) string {
 	if d < 0 {
 		return "–"
 	}
+	if d == never {
+		return "∞"
+	}
 	return fmt.Sprintf("%d", d.Round(time.Millisecond).Milliseconds())
 }
 
 func ratio(a, b time.Duration) string {
 	if a < 0 || b <= 0 {
 		return "–"
+	}
+	if a == never || b == never {
+		return "∞"
 	}
 	return fmt.Sprintf("%.2f×", float64(a)/float64(b))
 }
@@ -243,6 +249,12 @@ func renderBursts(sb *strings.Builder, o options, rs []*burstResult, kind string
 			ms(pct(r.Created, 0.5)), ms(pct(r.ToSched, 0.5)), ms(pct(r.SchedRun, 0.5)), ms(r.Delete), r.Load)
 	}
 	sb.WriteString("\n")
+	for _, r := range rs {
+		if len(r.Stuck) > 0 {
+			fmt.Fprintf(sb, "**Round %d, %s: %d pods never seen Running** (counted as ∞; waited until none had become Running for %s):\n%s\n\n",
+				r.Round, r.Mode, len(r.Stuck), o.stall, bullets(r.Stuck))
+		}
+	}
 }
 
 // renderCPU shows the CPU time each process role used during the bursts,
@@ -361,6 +373,10 @@ func renderDensity(sb *strings.Builder, o options, d *densityResult) {
 	}
 	fmt.Fprintf(sb, "%d pods of the test program sleeping, created at once from %d goroutines on the real server (the floor server\n"+
 		"stopped first). Load average before: %s.\n\n", d.N, o.creators, d.Load)
+	if len(d.Stuck) > 0 {
+		fmt.Fprintf(sb, "- **%d of %d pods were never seen Running** (waited until none had become Running for %s; counted as ∞):\n%s\n",
+			len(d.Stuck), d.N, o.stall, indent(bullets(d.Stuck), "  "))
+	}
 	fmt.Fprintf(sb, "- All %d Running and Ready **%s ms** after the first create request (per pod: p50 %s ms, p99 %s ms, max %s ms).\n",
 		d.N, ms(d.Span), ms(pct(d.Lat, 0.5)), ms(pct(d.Lat, 0.99)), ms(pct(d.Lat, 1)))
 	fmt.Fprintf(sb, "- After a hold of %s: %d of %d pods still Running with no restart.\n", o.hold, d.StillRunning, d.N)
@@ -418,6 +434,23 @@ func renderDensity(sb *strings.Builder, o options, d *densityResult) {
 	}
 	fmt.Fprintf(sb, "Delete all (one DeleteCollection): gone from the API after %s ms; node clean after %s ms: %s (no shim or workload\n"+
 		"process, no entry in `pods/`, `logs/pods/`, `run/shims/`).\n\n", ms(d.Delete), ms(d.Clean), left)
+}
+
+func bullets(xs []string) string {
+	const most = 10
+	var sb strings.Builder
+	for i, x := range xs {
+		if i == most {
+			fmt.Fprintf(&sb, "- … and %d more\n", len(xs)-most)
+			break
+		}
+		fmt.Fprintf(&sb, "- %s\n", x)
+	}
+	return strings.TrimRight(sb.String(), "\n")
+}
+
+func indent(s, prefix string) string {
+	return prefix + strings.ReplaceAll(s, "\n", "\n"+prefix)
 }
 
 func per2(total int64, n int) string {
