@@ -209,6 +209,17 @@ func pumpStdio(ctx context.Context, attach api.AttachIO, isAttach bool, sendIn f
 			}
 		}
 		if exit != nil {
+			if exit.GetError() != "" && !isAttach {
+				// The exit status carries only the code to kubectl: say why
+				// on the command's own stream, as a shell would.
+				w := attach.Stderr()
+				if w == nil {
+					w = attach.Stdout()
+				}
+				if w != nil {
+					fmt.Fprintf(w, "k3sm: %s\n", exit.GetError())
+				}
+			}
 			return exitError(exit, isAttach)
 		}
 	}
