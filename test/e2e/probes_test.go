@@ -270,11 +270,11 @@ func TestProbesHooksSidecars(t *testing.T) {
 	t.Run("native sidecar", func(t *testing.T) {
 		order := filepath.Join(t.TempDir(), "order")
 		port := freePort(t)
-		p := nativePod("sidecar", imgs.prog, "append:"+order+":main", "onterm:"+order+":main-term", "forever")
+		p := nativePod("sidecar", imgs.prog, "onterm:"+order+":main-term", "append:"+order+":main", "forever")
 		sp := fast(corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(int32(port))}})
 		sp.FailureThreshold = 60
 		p.Spec.InitContainers = []corev1.Container{{Name: "side", Image: imgs.prog, RestartPolicy: ptr.To(corev1.ContainerRestartPolicyAlways),
-			Args:         []string{"sleep:1s", "append:" + order + ":side-up", "tcp:" + strconv.Itoa(port), "onterm:" + order + ":side-term", "forever"},
+			Args:         []string{"onterm:" + order + ":side-term", "sleep:1s", "append:" + order + ":side-up", "tcp:" + strconv.Itoa(port), "forever"},
 			StartupProbe: sp}}
 		create(t, p)
 		pod := waitPod(t, c, p.Name, 2*time.Minute, func(p *corev1.Pod) error {

@@ -77,6 +77,20 @@ func statusOf(st *runtimev1.PodStatus, name string) *runtimev1.ContainerStatus {
 	return nil
 }
 
+// waitFile waits until the file at path has the line want.
+func waitFile(t *testing.T, path, want string) {
+	t.Helper()
+	for i := 0; i < 500; i++ {
+		for _, l := range readLines(path) {
+			if l == want {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s never had %q: %v", path, want, readLines(path))
+}
+
 func readLines(path string) []string {
 	b, _ := os.ReadFile(path)
 	return strings.Fields(string(b))
@@ -154,7 +168,8 @@ func TestIntegrationLivenessRestarts(t *testing.T) {
 	port := freePort(t)
 	spec := e.podSpec("live", "http:"+strconv.Itoa(port)+":"+flag, "trap:0", "forever")
 	lp := httpProbe(port, "/")
-	lp.PeriodSeconds, lp.FailureThreshold = 1, 2
+	// The delay lets the server listen before the first probe.
+	lp.PeriodSeconds, lp.FailureThreshold, lp.InitialDelaySeconds = 1, 2, 1
 	spec.Containers[0].LivenessProbe = lp
 	e.create(spec)
 	e.waitFor(spec.Uid, "ready", 20*time.Second, func(st *runtimev1.PodStatus) bool { return ctrState(st).GetReady() })
@@ -356,16 +371,17 @@ func TestIntegrationFailedHooks(t *testing.T) {
 	}
 
 	order := filepath.Join(t.TempDir(), "order")
-	spec2 := e.podSpec("badprestop", "onterm:"+order+":sigterm", "forever")
+	spec2 := e.podSpec("badprestop", "onterm:"+order+":sigterm", "append:"+order+":up", "forever")
 	spec2.Containers[0].Lifecycle = &runtimev1.Lifecycle{PreStop: &runtimev1.LifecycleHandler{Handler: &runtimev1.LifecycleHandler_HttpGet{
 		HttpGet: &runtimev1.HTTPGetAction{Port: int32(freePort(t)), Path: "/stop"}}}}
 	e.create(spec2)
 	e.waitFor(spec2.Uid, "running", 20*time.Second, running)
+	waitFile(t, order, "up") // the SIGTERM handler is in place
 	if _, err := e.c.Runtime.DeletePod(context.Background(), &runtimev1.DeletePodRequest{Uid: spec2.Uid, Wait: true}); err != nil {
 		t.Fatal(err)
 	}
 	w.waitFor(t, spec2.Uid, "FailedPreStopHook", "HTTP lifecycle hook (/stop) for Container \"main\"")
-	if got := readLines(order); len(got) != 1 || got[0] != "sigterm" {
+	if got := readLines(order); len(got) != 2 || got[1] != "sigterm" {
 		t.Errorf("SIGTERM after a failed preStop: %v", got)
 	}
 }
@@ -385,11 +401,11 @@ func TestIntegrationNativeSidecar(t *testing.T) {
 	spec := e.podSpec("sidecar")
 	spec.InitContainers = []*runtimev1.ContainerSpec{
 		{Name: "side", Image: e.image, RestartPolicy: runtimev1.ContainerRestartPolicy_CONTAINER_RESTART_POLICY_ALWAYS,
-			Args:         []string{"sleep:1s", "append:" + order + ":side-up", "tcp:" + strconv.Itoa(port), "onterm:" + order + ":side-term", "forever"},
+			Args:         []string{"onterm:" + order + ":side-term", "sleep:1s", "append:" + order + ":side-up", "tcp:" + strconv.Itoa(port), "forever"},
 			StartupProbe: sp},
 		{Name: "init", Image: e.image, Args: []string{"append:" + order + ":init"}},
 	}
-	spec.Containers[0].Args = []string{"append:" + order + ":main", "onterm:" + order + ":main-term", "forever"}
+	spec.Containers[0].Args = []string{"onterm:" + order + ":main-term", "append:" + order + ":main", "forever"}
 	// A second sidecar that exits once: it is restarted.
 	spec.InitContainers = append(spec.InitContainers, &runtimev1.ContainerSpec{Name: "flaky", Image: e.image,
 		RestartPolicy: runtimev1.ContainerRestartPolicy_CONTAINER_RESTART_POLICY_ALWAYS, Args: []string{"failonce:" + once, "forever"}})
@@ -469,7 +485,7 @@ func TestIntegrationProbesAfterDaemonKill9(t *testing.T) {
 	spec := e.podSpec("probed", "http:"+strconv.Itoa(port)+":"+flag, "forever")
 	spec.Containers[0].ReadinessProbe = fastProbe(httpProbe(port, "/"))
 	lp := fastProbe(httpProbe(port, "/"))
-	lp.FailureThreshold = 2
+	lp.FailureThreshold, lp.InitialDelaySeconds = 2, 1
 	spec.Containers[0].LivenessProbe = lp
 	spec.InitContainers = []*runtimev1.ContainerSpec{{Name: "side", Image: e.image, Args: []string{"forever"},
 		RestartPolicy: runtimev1.ContainerRestartPolicy_CONTAINER_RESTART_POLICY_ALWAYS}}

@@ -334,9 +334,10 @@ func (p *podRT) probe(ctx context.Context, c *ctr, cs *runtimev1.ContainerSpec, 
 	}
 	rp := cs.GetReadinessProbe()
 	set(func() bool {
+		changed := !c.probeStarted || c.probeReady != (rp == nil)
 		c.probeStarted = true
 		c.probeReady = rp == nil
-		return true
+		return changed
 	})
 	if lp := cs.GetLivenessProbe(); lp != nil {
 		go p.probeLoop(ctx, c, livenessProbe, lp, startedAt, func(ok bool) bool {
@@ -359,6 +360,16 @@ func (p *podRT) probe(ctx context.Context, c *ctr, cs *runtimev1.ContainerSpec, 
 			})
 			return true
 		})
+	}
+}
+
+// startedWithoutProbe marks a running attempt without a startup probe
+// started at once (and ready without a readiness probe), in the same status
+// update that reports it Running. Caller holds the pod's mu.
+func (c *ctr) startedWithoutProbe(cs *runtimev1.ContainerSpec) {
+	if cs.GetStartupProbe() == nil && !c.probeStarted {
+		c.probeStarted = true
+		c.probeReady = cs.GetReadinessProbe() == nil
 	}
 }
 

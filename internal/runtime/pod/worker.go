@@ -328,6 +328,7 @@ func (p *podRT) runOnce(ctx context.Context, c *ctr) outcome {
 		// returned).
 		if cspec.GetLifecycle().GetPostStart() == nil {
 			c.state = cstate{Running: &running{StartedAt: proc.StartedAt()}}
+			c.startedWithoutProbe(cspec)
 		}
 	})
 	p.event(normal, "Created", name, "Created container "+name)
@@ -398,11 +399,16 @@ func (p *podRT) waitProc(ctx context.Context, c *ctr, fresh bool) outcome {
 				p.stop(c, proc, ch, "FailedPostStartHook")
 				return outExited
 			}
-			p.update(func() {
-				if c.state.Running == nil {
-					c.state = cstate{Running: &running{StartedAt: proc.StartedAt()}}
-				}
-			})
+			p.mu.Lock()
+			changed := c.state.Running == nil || (cspec.GetStartupProbe() == nil && !c.probeStarted)
+			if c.state.Running == nil {
+				c.state = cstate{Running: &running{StartedAt: proc.StartedAt()}}
+			}
+			c.startedWithoutProbe(cspec)
+			p.mu.Unlock()
+			if changed {
+				p.changedNotify()
+			}
 			go p.probe(hctx, c, cspec, proc.StartedAt(), restart, kill)
 		case msg := <-kill:
 			hcancel()
