@@ -160,9 +160,10 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer srv.Close()
+	// Without its metrics API the node still runs pods: log, do not fail.
 	if err := metrics.Serve(ctx, cfg.Metrics, metrics.Deps{Client: kc, NodeName: cfg.Name, Log: log,
 		Pods: podFactory.Core().V1().Pods().Lister(), Source: metrics.RuntimeSource{Runtime: rt.Runtime}}); err != nil {
-		return err
+		log.Error("metrics.k8s.io not served", "err", err)
 	}
 
 	podFactory.Start(ctx.Done())
