@@ -2,14 +2,18 @@ package daemon
 
 import (
 	"context"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 )
 
 // ttyReader collects a TTY exec's output and lets the test wait for text.
@@ -221,4 +225,51 @@ func TestIntegrationAttach(t *testing.T) {
 	if _, err := a3.Recv(); status.Code(err) != codes.NotFound {
 		t.Fatalf("attach to unknown pod: %v", err)
 	}
+}
+
+// The shim holds the container's stdio, so a daemon restarted after kill -9
+// attaches to a container the earlier daemon started, stdin included.
+func TestIntegrationAttachAfterDaemonKill9(t *testing.T) {
+	integration(t)
+	dir, err := os.MkdirTemp("", "k3sm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, dir: dir}
+	e.reg = imagetest.StartRegistry(t, "", "")
+	img, _ := imagetest.Image(progBin, v1.Platform{})
+	e.image = e.reg.Push(t, "prog:v1", img)
+	d1 := e.startSubprocess()
+	t.Cleanup(func() {
+		e.deleteAll()
+		os.RemoveAll(dir)
+	})
+	spec := e.podSpec("cat", "cat")
+	spec.Containers[0].Stdin = true
+	e.create(spec)
+	e.waitFor(spec.Uid, "running", 30*time.Second, running)
+
+	d1.Process.Signal(syscall.SIGKILL)
+	e.c.Close()
+	d2 := e.startSubprocess()
+	defer func() {
+		e.deleteAll()
+		d2.Process.Signal(syscall.SIGTERM)
+	}()
+	e.waitFor(spec.Uid, "running after re-attach", 30*time.Second, running)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a, err := e.c.Runtime.Attach(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Send(&runtimev1.AttachRequest{Msg: &runtimev1.AttachRequest_Start{Start: &runtimev1.AttachStart{PodUid: spec.Uid, Stdin: true}}})
+	r := newTTYReader(t, func() ([]byte, []byte, *runtimev1.ExitStatus, error) {
+		m, err := a.Recv()
+		return m.GetStdout(), m.GetStderr(), m.GetExit(), err
+	})
+	time.Sleep(200 * time.Millisecond)
+	a.Send(&runtimev1.AttachRequest{Msg: &runtimev1.AttachRequest_Stdin{Stdin: []byte("after the restart\n")}})
+	r.waitFor("after the restart\n")
+	e.waitLog(spec.Uid, "after the restart")
 }
