@@ -65,6 +65,10 @@ func newServer(t *testing.T, extra ...string) *server {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		// Pods outlive the server by design; a test must not leave them running.
+		if n := killLeftovers(dir); n > 0 {
+			t.Logf("killed %d pod processes left under %s", n, dir)
+		}
 		if !t.Failed() {
 			os.RemoveAll(dir)
 		} else {
@@ -211,4 +215,25 @@ func ctx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	return c
+}
+
+// killLeftovers SIGKILLs every process that runs from dir or names it on its
+// command line (workloads and their shims) and returns how many it found.
+func killLeftovers(dir string) int {
+	n := 0
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		exe, _ := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if strings.HasPrefix(exe, dir+"/") || strings.Contains(string(cmdline), dir+"/") {
+			if syscall.Kill(pid, syscall.SIGKILL) == nil {
+				n++
+			}
+		}
+	}
+	return n
 }
