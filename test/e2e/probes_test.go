@@ -286,9 +286,12 @@ func TestProbesHooksSidecars(t *testing.T) {
 		if cs := ctrStatus(pod, "side"); cs.State.Running == nil || !cs.Ready {
 			t.Errorf("sidecar status %+v", cs)
 		}
-		if got := lines(order); got != "side-up main" {
-			t.Errorf("start order %q", got)
-		}
+		waitFor(t, 30*time.Second, "main started after the sidecar", func() error {
+			if got := lines(order); got != "side-up main" {
+				return fmt.Errorf("start order %q", got)
+			}
+			return nil
+		})
 		del(t, p.Name, 10)
 		if got := lines(order); got != "side-up main main-term side-term" {
 			t.Errorf("order %q, want the sidecar stopped after main", got)

@@ -423,6 +423,7 @@ func TestIntegrationNativeSidecar(t *testing.T) {
 		cs := statusOf(st, "flaky")
 		return cs.GetRestartCount() >= 1 && cs.GetState().GetRunning() != nil
 	})
+	waitFile(t, order, "main")
 	if got := readLines(order); strings.Join(got, " ") != "side-up init main" {
 		t.Errorf("start order %v, want side-up init main", got)
 	}
