@@ -55,7 +55,9 @@ test-integration:
 	$(GO) test -count=1 -run Integration -timeout 20m $(UNIT_PKGS)
 
 test-e2e: bin/k3sm bin/k3sm-shim
-	K3SM_BIN=$(CURDIR)/bin/k3sm $(GO) test -count=1 -v -timeout 30m ./test/e2e/... 2>&1 | tee _output/e2e.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|e2e_test.go' ; exit $${PIPESTATUS[0]}
+	@mkdir -p _output
+	K3SM_BIN=$(CURDIR)/bin/k3sm $(GO) test -count=1 -v -timeout 40m ./test/e2e/... 2>&1 | tee _output/e2e.log | \
+		grep -E '^(=== RUN|\s*--- |PASS|FAIL|ok|panic)|_test\.go:[0-9]+:' ; exit $${PIPESTATUS[0]}
 
 darwin:
 	GOOS=darwin GOARCH=arm64 CGO_ENABLED=0 $(GO) build ./...
