@@ -452,7 +452,7 @@ func (b *bench) burst(ctx context.Context, s *server, kind string, round int) (*
 	cpu1 := cpuByRole(classify(scan(), s.pid(), b.bin, b.shim, s.dir))
 	r.CPU = map[string]time.Duration{}
 	for role, t1 := range cpu1 {
-		r.CPU[role] = time.Duration(t1-cpu0[role]) * time.Second / clockTicks
+		r.CPU[role] = t1 - cpu0[role]
 	}
 	pods := t.snapshot()
 	if !s.instant {

@@ -246,3 +246,15 @@ func TestPodsNeverRunningAreUnbounded(t *testing.T) {
 		t.Error("the median of mostly-never rounds is never")
 	}
 }
+
+func TestCPUTimeCountsMilliseconds(t *testing.T) {
+	if _, err := os.Stat("/proc/self/task"); err != nil {
+		t.Skip("needs /proc")
+	}
+	before := cpuTime(os.Getpid(), 0)
+	for end := time.Now().Add(30 * time.Millisecond); time.Now().Before(end); {
+	}
+	if d := cpuTime(os.Getpid(), 0) - before; d < 20*time.Millisecond || d > 5*time.Second {
+		t.Errorf("30 ms of spinning counted as %v", d)
+	}
+}

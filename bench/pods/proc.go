@@ -9,20 +9,49 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // proc is one process found under /proc.
 type proc struct {
 	Pid, PPid int
-	Exe       string   // target of /proc/<pid>/exe
-	Args      []string // cmdline
-	Role      string   // k3sm role (server, kube-apiserver, runtimed, node, ...), "k3sm-shim" or "workload"
-	CPUTicks  int64    // user+system time, in clock ticks
+	Exe       string        // target of /proc/<pid>/exe
+	Args      []string      // cmdline
+	Role      string        // k3sm role (server, kube-apiserver, runtimed, node, ...), "k3sm-shim" or "workload"
+	CPU       time.Duration // time on a CPU, all live threads
 }
 
 // clockTicks is USER_HZ, the unit of CPU times in /proc/<pid>/stat (100 on
 // every Linux architecture Go supports).
 const clockTicks = 100
+
+// cpuTime is the time pid's threads spent on a CPU: the sum of their
+// /proc/<pid>/task/<tid>/schedstat (nanoseconds, so a short-lived shim's
+// few milliseconds count), or the 10 ms ticks of /proc/<pid>/stat where
+// schedstat cannot be read.
+func cpuTime(pid int, ticks int64) time.Duration {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return time.Duration(ticks) * time.Second / clockTicks
+	}
+	var ns int64
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, t.Name()))
+		if err != nil {
+			return time.Duration(ticks) * time.Second / clockTicks
+		}
+		f := strings.Fields(string(b))
+		if len(f) == 0 {
+			continue
+		}
+		v, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return time.Duration(ticks) * time.Second / clockTicks
+		}
+		ns += v
+	}
+	return time.Duration(ns)
+}
 
 // mem is what smaps_rollup says about a process, in kB.
 type mem struct {
@@ -120,7 +149,7 @@ func scan() []proc {
 		exe, _ := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
 		raw, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-		out = append(out, proc{Pid: pid, PPid: ppid, Exe: exe, Args: args, CPUTicks: ticks})
+		out = append(out, proc{Pid: pid, PPid: ppid, Exe: exe, Args: args, CPU: cpuTime(pid, ticks)})
 	}
 	return out
 }
@@ -178,16 +207,16 @@ func countRole(ps []proc, role string) int {
 	return n
 }
 
-// cpuByRole sums the CPU ticks of one server's processes by role; "bench"
+// cpuByRole sums the CPU time of one server's processes by role; "bench"
 // is this program.
-func cpuByRole(ps []proc) map[string]int64 {
-	out := map[string]int64{}
+func cpuByRole(ps []proc) map[string]time.Duration {
+	out := map[string]time.Duration{}
 	for _, p := range ps {
-		out[p.Role] += p.CPUTicks
+		out[p.Role] += p.CPU
 	}
 	if b, err := os.ReadFile("/proc/self/stat"); err == nil {
 		if _, _, t, err := parseStat(string(b)); err == nil {
-			out["bench"] = t
+			out["bench"] = cpuTime(os.Getpid(), t)
 		}
 	}
 	return out

@@ -304,8 +304,8 @@ func renderCPU(sb *strings.Builder, rs []*burstResult) {
 		}
 		return fmt.Sprintf("%.1f", float64(d)/float64(time.Millisecond))
 	}
-	fmt.Fprintf(sb, "\nCPU time used from the first create to the last pod Running, per pod (ms; user+system from\n"+
-		"`/proc/<pid>/stat` of each process of that server, 10 ms ticks; median over rounds; the machine has %d CPUs):\n\n", runtime.NumCPU())
+	fmt.Fprintf(sb, "\nCPU time used from the first create to the last pod Running, per pod (ms; the sum of\n"+
+		"`/proc/<pid>/task/*/schedstat` over the processes of that server; median over rounds; the machine has %d CPUs):\n\n", runtime.NumCPU())
 	fmt.Fprintf(sb, "| process | real | floor |\n|---|---:|---:|\n")
 	for _, role := range roles {
 		fmt.Fprintf(sb, "| %s | %s | %s |\n", role, msf(perPod("real", role)), msf(perPod("floor", role)))
