@@ -38,7 +38,6 @@ type Provider struct {
 	pods   map[types.UID]*corev1.Pod // last status per pod, by uid
 	byName map[string]types.UID      // namespace/name -> uid
 	known  map[types.UID]bool        // the runtime has this pod
-	notify func(*corev1.Pod)
 	retry  map[types.UID]*time.Timer
 	// remove deletes a terminated pod from the API (grace 0), as the kubelet
 	// does once every container is gone.
@@ -46,12 +45,22 @@ type Provider struct {
 	// pending holds runtime events of pods the API has not shown us yet
 	// (replayed after a restart); they are recorded once the pod arrives.
 	pending map[types.UID][]*runtimev1.PodEvent
+	// rev is the newest runtime status revision applied per pod, so a late
+	// reply (a CreatePod response racing the watch) cannot roll a status back.
+	rev map[types.UID]uint64
+	// gone are pods torn down whose terminal status is still to be sent.
+	gone map[types.UID]bool
+	// dirty carries pods whose status changed to the one goroutine that
+	// tells Virtual Kubelet: it always sends the newest status, so
+	// notifications can never arrive out of order.
+	dirty chan types.UID
 }
 
 func newProvider(rt *client.Client, tr *translator, nodeIP string, recorder record.EventRecorder, log *slog.Logger, instant bool) *Provider {
 	return &Provider{rt: rt, tr: tr, nodeIP: nodeIP, recorder: recorder, log: log, instant: instant,
 		pods: map[types.UID]*corev1.Pod{}, byName: map[string]types.UID{}, known: map[types.UID]bool{}, retry: map[types.UID]*time.Timer{},
-		pending: map[types.UID][]*runtimev1.PodEvent{}}
+		pending: map[types.UID][]*runtimev1.PodEvent{}, rev: map[types.UID]uint64{}, gone: map[types.UID]bool{},
+		dirty: make(chan types.UID, 4096)}
 }
 
 func key(ns, name string) string { return ns + "/" + name }
@@ -109,6 +118,10 @@ func (p *Provider) adopt(pod *corev1.Pod) (*corev1.Pod, bool) {
 	p.mu.Unlock()
 	for _, e := range pending {
 		p.runtimeEvent(pod, e)
+	}
+	if known {
+		// Re-adopted after a restart: report what the runtime last said.
+		p.dirty <- pod.UID
 	}
 	return pod, known
 }
@@ -186,42 +199,67 @@ func (p *Provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 	return nil
 }
 
-// finished reports a deleted pod as terminal so Virtual Kubelet removes it
-// from the API, and forgets it.
+// finished marks a deleted pod terminal; the notifier sends that status so
+// Virtual Kubelet removes it from the API, then forgets the pod.
 func (p *Provider) finished(uid types.UID) {
 	p.mu.Lock()
 	pod, ok := p.pods[uid]
 	if ok {
-		delete(p.pods, uid)
-		delete(p.known, uid)
-		delete(p.pending, uid)
-		if p.byName[key(pod.Namespace, pod.Name)] == uid {
-			delete(p.byName, key(pod.Namespace, pod.Name))
-		}
-	}
-	notify := p.notify
-	p.mu.Unlock()
-	if !ok || notify == nil {
-		return
-	}
-	pod = pod.DeepCopy()
-	terminate := func(list []corev1.ContainerStatus) {
-		for i := range list {
-			if list[i].State.Terminated == nil {
-				list[i].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
-					ExitCode: 137, Reason: "Error", Message: "pod deleted", FinishedAt: metav1.Now()}}
+		terminate := func(list []corev1.ContainerStatus) {
+			for i := range list {
+				if list[i].State.Terminated == nil {
+					list[i].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+						ExitCode: 137, Reason: "Error", Message: "pod deleted", FinishedAt: metav1.Now()}}
+				}
+				list[i].Ready = false
 			}
-			list[i].Ready = false
 		}
+		terminate(pod.Status.InitContainerStatuses)
+		terminate(pod.Status.ContainerStatuses)
+		if pod.Status.Phase != corev1.PodSucceeded {
+			pod.Status.Phase = corev1.PodFailed
+		}
+		p.gone[uid] = true
 	}
-	terminate(pod.Status.InitContainerStatuses)
-	terminate(pod.Status.ContainerStatuses)
-	if pod.Status.Phase != corev1.PodSucceeded {
-		pod.Status.Phase = corev1.PodFailed
+	p.mu.Unlock()
+	if ok {
+		p.dirty <- uid
 	}
-	notify(pod)
-	if pod.DeletionTimestamp != nil && p.remove != nil {
-		go p.remove(pod.Namespace, pod.Name, pod.UID)
+}
+
+// notifier sends pods' newest statuses to Virtual Kubelet, one at a time.
+func (p *Provider) notifier(ctx context.Context, notify func(*corev1.Pod)) {
+	for {
+		var uid types.UID
+		select {
+		case <-ctx.Done():
+			return
+		case uid = <-p.dirty:
+		}
+		p.mu.Lock()
+		pod, ok := p.pods[uid]
+		final := p.gone[uid]
+		if ok {
+			pod = pod.DeepCopy()
+		}
+		if ok && final {
+			delete(p.pods, uid)
+			delete(p.known, uid)
+			delete(p.pending, uid)
+			delete(p.rev, uid)
+			delete(p.gone, uid)
+			if p.byName[key(pod.Namespace, pod.Name)] == uid {
+				delete(p.byName, key(pod.Namespace, pod.Name))
+			}
+		}
+		p.mu.Unlock()
+		if !ok || pod.Spec.Containers == nil {
+			continue // forgotten, or a stub the API has not shown us yet
+		}
+		notify(pod)
+		if final && pod.DeletionTimestamp != nil && p.remove != nil {
+			go p.remove(pod.Namespace, pod.Name, pod.UID)
+		}
 	}
 }
 
@@ -257,24 +295,20 @@ func (p *Provider) GetPods(context.Context) ([]*corev1.Pod, error) {
 }
 
 // NotifyPods registers Virtual Kubelet's status callback.
-func (p *Provider) NotifyPods(_ context.Context, cb func(*corev1.Pod)) {
-	p.mu.Lock()
-	p.notify = cb
-	p.mu.Unlock()
+func (p *Provider) NotifyPods(ctx context.Context, cb func(*corev1.Pod)) {
+	go p.notifier(ctx, cb)
 }
 
-// publish records st for the pod and tells Virtual Kubelet.
+// publish records st for the pod and queues it for Virtual Kubelet.
 func (p *Provider) publish(uid types.UID, st corev1.PodStatus) {
 	p.mu.Lock()
 	pod, ok := p.pods[uid]
-	if ok {
+	if ok && !p.gone[uid] {
 		pod.Status = st
-		pod = pod.DeepCopy()
 	}
-	notify := p.notify
 	p.mu.Unlock()
-	if ok && notify != nil {
-		notify(pod)
+	if ok {
+		p.dirty <- uid
 	}
 }
 
@@ -282,6 +316,11 @@ func (p *Provider) publish(uid types.UID, st corev1.PodStatus) {
 func (p *Provider) update(rs *runtimev1.PodStatus) {
 	uid := types.UID(rs.Uid)
 	p.mu.Lock()
+	if rs.Revision != 0 && rs.Revision < p.rev[uid] {
+		p.mu.Unlock()
+		return // older than what was applied already
+	}
+	p.rev[uid] = rs.Revision
 	pod, ok := p.pods[uid]
 	if !ok {
 		// A pod the runtime runs but the API has not shown us (yet): keep a
@@ -291,9 +330,11 @@ func (p *Provider) update(rs *runtimev1.PodStatus) {
 		p.byName[key(rs.Namespace, rs.Name)] = uid
 	}
 	p.known[uid] = true
-	st := podStatus(pod, rs, p.nodeIP)
+	if !p.gone[uid] {
+		pod.Status = podStatus(pod, rs, p.nodeIP)
+	}
 	p.mu.Unlock()
-	p.publish(uid, st)
+	p.dirty <- uid
 }
 
 func (p *Provider) event(pod *corev1.Pod, container, typ, reason, msg string) {
@@ -336,6 +377,10 @@ func (p *Provider) watch(ctx context.Context) {
 				delay = 100 * time.Millisecond
 				if msg.BootId != "" && msg.BootId != bootID {
 					bootID, seq = msg.BootId, 0
+					// Revisions count again from zero in a new daemon.
+					p.mu.Lock()
+					clear(p.rev)
+					p.mu.Unlock()
 				}
 				switch msg.Kind {
 				case runtimev1.WatchPodStatusResponse_KIND_INITIAL, runtimev1.WatchPodStatusResponse_KIND_UPDATED:

@@ -1,0 +1,103 @@
+package node
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+type recorder struct {
+	mu   sync.Mutex
+	last map[string]*corev1.Pod
+	n    int
+}
+
+func (r *recorder) notify(p *corev1.Pod) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.last[p.Name] = p
+	r.n++
+}
+
+func (r *recorder) get(name string) *corev1.Pod {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last[name]
+}
+
+func running(uid string, rev uint64) *runtimev1.PodStatus {
+	return &runtimev1.PodStatus{Uid: uid, Namespace: "default", Name: "p", Revision: rev, Phase: runtimev1.PodPhase_POD_PHASE_RUNNING,
+		Initialized: true, ContainersReady: true}
+}
+
+// A stale status (lower revision) arriving after a newer one must not roll
+// the pod back: that is how a CreatePod reply racing the watch used to leave
+// pods Pending forever.
+func TestStatusNeverGoesBack(t *testing.T) {
+	p := newProvider(nil, &translator{}, "127.0.0.1", nil, nil, false)
+	rec := &recorder{last: map[string]*corev1.Pod{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p.NotifyPods(ctx, rec.notify)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "default", UID: "u1"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c"}}}}
+	p.adopt(pod)
+	p.update(running("u1", 5))
+	pending := running("u1", 2)
+	pending.Phase, pending.ContainersReady = runtimev1.PodPhase_POD_PHASE_PENDING, false
+	p.update(pending)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if got := rec.get("p"); got != nil && got.Status.Phase == corev1.PodRunning {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("last notified status %+v", rec.get("p"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if got := rec.get("p"); got.Status.Phase != corev1.PodRunning {
+		t.Fatalf("status went back to %s", got.Status.Phase)
+	}
+	// A deleted pod is reported terminal once, then forgotten.
+	p.finished("u1")
+	deadline = time.Now().Add(5 * time.Second)
+	for rec.get("p").Status.Phase != corev1.PodFailed {
+		if time.Now().After(deadline) {
+			t.Fatal("terminal status not sent")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := p.GetPod(ctx, "default", "p"); err == nil {
+		t.Fatal("pod still known after its terminal status was sent")
+	}
+}
+
+func TestPodStatusConditions(t *testing.T) {
+	pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c"}}}}
+	st := podStatus(pod, running("u", 1), "10.0.0.1")
+	want := map[corev1.PodConditionType]corev1.ConditionStatus{
+		corev1.PodInitialized: corev1.ConditionTrue, corev1.ContainersReady: corev1.ConditionTrue,
+		corev1.PodReady: corev1.ConditionTrue, corev1.PodScheduled: corev1.ConditionTrue,
+	}
+	for _, c := range st.Conditions {
+		if w, ok := want[c.Type]; ok && c.Status != w {
+			t.Fatalf("%s = %s", c.Type, c.Status)
+		}
+	}
+	if st.PodIP != "10.0.0.1" || st.HostIP != "10.0.0.1" {
+		t.Fatalf("ips %s %s", st.PodIP, st.HostIP)
+	}
+	// Transition times are kept while a condition does not change.
+	pod.Status = st
+	again := podStatus(pod, running("u", 2), "10.0.0.1")
+	if !again.Conditions[3].LastTransitionTime.Equal(&st.Conditions[3].LastTransitionTime) {
+		t.Fatal("Ready's transition time moved without a transition")
+	}
+}
