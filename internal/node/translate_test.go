@@ -1,0 +1,96 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/ptr"
+)
+
+type fakeSource struct {
+	cms     map[string]*corev1.ConfigMap
+	secrets map[string]*corev1.Secret
+}
+
+func (f fakeSource) configMap(_ context.Context, _, name string) (*corev1.ConfigMap, error) {
+	if cm, ok := f.cms[name]; ok {
+		return cm, nil
+	}
+	return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "configmaps"}, name)
+}
+
+func (f fakeSource) secret(_ context.Context, _, name string) (*corev1.Secret, error) {
+	if s, ok := f.secrets[name]; ok {
+		return s, nil
+	}
+	return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "secrets"}, name)
+}
+
+func TestEnvResolution(t *testing.T) {
+	src := fakeSource{
+		cms:     map[string]*corev1.ConfigMap{"cm": {Data: map[string]string{"a": "1", "b": "2"}}},
+		secrets: map[string]*corev1.Secret{"s": {Data: map[string][]byte{"k": []byte("secret")}}},
+	}
+	tr := &translator{src: src, nodeName: "n1", nodeIP: "192.0.2.1"}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "u", Labels: map[string]string{"app": "x"}},
+		Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{
+			Name:      "c",
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("250m")}},
+			EnvFrom: []corev1.EnvFromSource{
+				{Prefix: "CM_", ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cm"}}},
+				{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "absent"}, Optional: ptr.To(true)}},
+			},
+			Env: []corev1.EnvVar{
+				{Name: "CM_a", Value: "overridden"},
+				{Name: "S", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "s"}, Key: "k"}}},
+				{Name: "OPT", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "cm"}, Key: "zz", Optional: ptr.To(true)}}},
+				{Name: "LBL", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels['app']"}}},
+				{Name: "IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
+				{Name: "CPU", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.cpu"}}},
+			},
+		}}}}
+	spec, err := tr.podSpec(context.Background(), pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	var order []string
+	for _, e := range spec.Containers[0].Env {
+		got[e.Name] = e.Value
+		order = append(order, e.Name)
+	}
+	want := map[string]string{"CM_a": "overridden", "CM_b": "2", "S": "secret", "LBL": "x", "IP": "192.0.2.1", "CPU": "1"}
+	for k, v := range want {
+		if got[k] != v {
+			t.Fatalf("%s = %q, want %q (all: %v)", k, got[k], v, got)
+		}
+	}
+	if _, ok := got["OPT"]; ok {
+		t.Fatal("an optional missing key must leave the variable unset")
+	}
+	if order[0] != "CM_a" || order[1] != "CM_b" {
+		t.Fatalf("envFrom entries must come first, in key order: %v", order)
+	}
+
+	pod.Spec.Containers[0].Env = append(pod.Spec.Containers[0].Env, corev1.EnvVar{Name: "X", ValueFrom: &corev1.EnvVarSource{
+		SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "missing"}, Key: "k"}}})
+	_, err = tr.podSpec(context.Background(), pod)
+	var ce *configError
+	if !errors.As(err, &ce) || ce.container != "c" {
+		t.Fatalf("want a configError for container c, got %v", err)
+	}
+}
+
+func TestDockerConfigFromLegacySecret(t *testing.T) {
+	s := &corev1.Secret{Type: corev1.SecretTypeDockercfg, Data: map[string][]byte{corev1.DockerConfigKey: []byte(`{"r.example":{"auth":"dTpw"}}`)}}
+	b, ok := dockerConfigJSON(s)
+	if !ok || string(b) != `{"auths":{"r.example":{"auth":"dTpw"}}}` {
+		t.Fatalf("%s %v", b, ok)
+	}
+}
