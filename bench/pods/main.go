@@ -69,7 +69,7 @@ func main() {
 	flag.IntVar(&o.density, "density", 500, "pods for the density figure (0: skip); capped at what the node can take")
 	flag.IntVar(&o.creators, "creators", 16, "goroutines creating pods")
 	flag.Float64Var(&o.qps, "qps", 1000, "client QPS (burst twice that): the benchmark's client must not be the limit")
-	flag.DurationVar(&o.settle, "settle", 15*time.Second, "idle time before each burst, so every burst meets an idle node")
+	flag.DurationVar(&o.settle, "settle", 30*time.Second, "idle time before each burst, so every burst meets an idle node (the node's work queues refill at 10 per second)")
 	flag.DurationVar(&o.hold, "hold", 60*time.Second, "density: how long the pods run after all are Running (node readiness and lease are watched)")
 	flag.DurationVar(&o.timeout, "timeout", 10*time.Minute, "limit for all pods Running, or all gone, in one step")
 	flag.DurationVar(&o.stall, "stall", 90*time.Second, "stop waiting for pods to be Running when none became Running for this long (the rest are reported as stuck)")
