@@ -29,6 +29,7 @@ type Config struct {
 	NodeName         string
 	NodeIP           string
 	KubeletPort      int
+	MaxPods          int
 	// RegistriesConfig is a registries.yaml (mirrors, plain-HTTP endpoints, auth) for image pulls.
 	RegistriesConfig string
 	// NodeInstant makes the node mark pods Running without starting them:
@@ -74,6 +75,7 @@ func Defaults() Config {
 		ClusterDomain:         "cluster.local",
 		NodeName:              strings.ToLower(host),
 		KubeletPort:           10250,
+		MaxPods:               110,
 		SchedulerPort:         10259,
 		ControllerManagerPort: 10257,
 	}
@@ -120,6 +122,9 @@ func (c *Config) Validate() error {
 		c.AdvertiseAddress = defaultAdvertise(bind)
 	} else if _, err := netip.ParseAddr(c.AdvertiseAddress); err != nil {
 		add("advertise-address", c.AdvertiseAddress, "not an IP address", "use the address other machines reach this server on")
+	}
+	if c.MaxPods < 1 {
+		add("max-pods", fmt.Sprint(c.MaxPods), "must be at least 1", "use e.g. 110")
 	}
 	if c.NodeIP == "" {
 		c.NodeIP = c.AdvertiseAddress

@@ -92,6 +92,7 @@ func newServer(addons Addons) *cobra.Command {
 	f.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "this machine's node name")
 	f.StringVar(&cfg.NodeIP, "node-ip", "", "this node's address (default: the advertise address)")
 	f.IntVar(&cfg.KubeletPort, "kubelet-port", cfg.KubeletPort, "port of this node's kubelet API")
+	f.IntVar(&cfg.MaxPods, "max-pods", cfg.MaxPods, "pods this node runs at most (the kubelet's --max-pods)")
 	f.StringVar(&cfg.RegistriesConfig, "registries-config", "", "registries.yaml with mirrors, plain-HTTP endpoints and auth (default <data-dir>/registries.yaml)")
 	f.BoolVar(&cfg.NodeInstant, "node-instant", false, "benchmark floor: the node marks pods Running without starting anything")
 	_ = f.MarkHidden("node-instant")

@@ -155,7 +155,7 @@ type runtimeComponent struct {
 func (r runtimeComponent) Name() string { return "runtimed" }
 func (r runtimeComponent) Command() supervisor.Command {
 	return supervisor.Command{Path: r.p.Cfg.Executable, Dir: r.p.Cfg.DataDir, Args: []string{RoleRuntime,
-		"--data-dir=" + r.p.Cfg.DataDir, "--socket=" + r.f.RuntimeSocket(), "--registries-config=" + r.p.Cfg.RegistriesConfig}}
+		"--data-dir=" + r.p.Cfg.DataDir, "--socket=" + r.f.RuntimeSocket(), "--registries-config=" + r.p.Cfg.RegistriesConfig, "--max-pods=" + strconv.Itoa(r.p.Cfg.MaxPods)}}
 }
 func (r runtimeComponent) Ready(ctx context.Context) error {
 	c, err := (&net.Dialer{}).DialContext(ctx, "unix", r.f.RuntimeSocket())

@@ -28,13 +28,14 @@ func runRuntimed(args []string) int {
 	dataDir := fs.String("data-dir", "", "k3sm data directory")
 	socket := fs.String("socket", "", "gRPC socket")
 	registries := fs.String("registries-config", "", "registries.yaml")
+	maxPods := fs.Int64("max-pods", 110, "pods this node runs at most")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	ctx, stop := signalContext()
 	defer stop()
 	err := daemon.Run(ctx, daemon.Config{
-		DataDir: *dataDir, Socket: *socket, RegistriesFile: *registries, Version: version.Version,
+		DataDir: *dataDir, Socket: *socket, RegistriesFile: *registries, MaxPods: *maxPods, Version: version.Version,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
 	})
 	if err != nil {
