@@ -54,6 +54,7 @@ type bench struct {
 	bin   string // private copy of k3sm
 	shim  string // private copy of k3sm-shim, beside bin
 	image string
+	extra []string // extra server flags (--max-pods for the density run)
 }
 
 func main() {
@@ -146,14 +147,16 @@ func run(ctx context.Context, o options) (err error) {
 	defer stopRegistry()
 	b.image = ref
 
-	realSrv, err := startServer(ctx, b.bin, work, "real", false, float32(o.qps))
+	// Both servers get the same flags; the floor's node ignores --max-pods.
+	b.extra = maxPodsFlag(b.bin, o.density+10)
+	realSrv, err := startServer(ctx, b.bin, work, "real", false, float32(o.qps), b.extra)
 	servers = append(servers, realSrv)
 	if err != nil {
 		return err
 	}
 	var floorSrv *server
 	if o.rounds+o.deployRounds > 0 {
-		floorSrv, err = startServer(ctx, b.bin, work, "floor", true, float32(o.qps))
+		floorSrv, err = startServer(ctx, b.bin, work, "floor", true, float32(o.qps), b.extra)
 		servers = append(servers, floorSrv)
 		if err != nil {
 			return err
@@ -211,7 +214,7 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	m.LoadEnd = loadAvg()
 
-	report := renderReport(o, m, &res)
+	report := renderReport(o, m, &res, b.extra)
 	fmt.Print("\n" + report)
 	if o.results != "" {
 		if err := writeSection(o.results, report); err != nil {

@@ -213,9 +213,9 @@ func TestWriteSectionKeepsOtherSections(t *testing.T) {
 }
 
 func TestServerArgsLoopbackOnly(t *testing.T) {
-	args := strings.Join(serverArgs("/d", []int{1, 2, 3, 4}, true), " ")
+	args := strings.Join(serverArgs("/d", []int{1, 2, 3, 4}, true, "--max-pods", "510"), " ")
 	for _, want := range []string{"--bind-address 127.0.0.1", "--advertise-address 127.0.0.1", "--https-listen-port 1",
-		"--scheduler-port 2", "--controller-manager-port 3", "--kubelet-port 4", "--node-instant"} {
+		"--scheduler-port 2", "--controller-manager-port 3", "--kubelet-port 4", "--node-instant", "--max-pods 510"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("%q lacks %q", args, want)
 		}
@@ -247,14 +247,29 @@ func TestPodsNeverRunningAreUnbounded(t *testing.T) {
 	}
 }
 
-func TestCPUTimeCountsMilliseconds(t *testing.T) {
-	if _, err := os.Stat("/proc/self/task"); err != nil {
-		t.Skip("needs /proc")
+func TestCPUTimeAgreesWithStat(t *testing.T) {
+	ticks := func() int64 {
+		b, err := os.ReadFile("/proc/self/stat")
+		if err != nil {
+			t.Skip("needs /proc")
+		}
+		_, _, n, err := parseStat(string(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
 	}
-	before := cpuTime(os.Getpid(), 0)
-	for end := time.Now().Add(30 * time.Millisecond); time.Now().Before(end); {
+	t0, c0 := ticks(), cpuTime(os.Getpid(), 0)
+	// Burn CPU until the kernel's own 10 ms ticks say 50 ms were used.
+	for deadline := time.Now().Add(20 * time.Second); ticks()-t0 < 5; {
+		if time.Now().After(deadline) {
+			t.Skip("no CPU time to be had")
+		}
+		for end := time.Now().Add(time.Millisecond); time.Now().Before(end); {
+		}
 	}
-	if d := cpuTime(os.Getpid(), 0) - before; d < 20*time.Millisecond || d > 5*time.Second {
-		t.Errorf("30 ms of spinning counted as %v", d)
+	used := time.Duration(ticks()-t0) * time.Second / clockTicks
+	if d := cpuTime(os.Getpid(), 0) - c0; d < used-20*time.Millisecond || d > used+50*time.Millisecond {
+		t.Errorf("schedstat says %v, stat ticks say %v", d, used)
 	}
 }

@@ -313,7 +313,7 @@ func renderCPU(sb *strings.Builder, rs []*burstResult) {
 	fmt.Fprintf(sb, "| **all** | **%s** | **%s** |\n", msf(perPod("real", "")), msf(perPod("floor", "")))
 }
 
-func renderReport(o options, m machine, res *results) string {
+func renderReport(o options, m machine, res *results, extra []string) string {
 	var sb strings.Builder
 	sb.WriteString("## Pods (issue 3)\n\n")
 	sb.WriteString("Issue 3's figures through the whole `k3sm server` (control plane, Virtual Kubelet node, runtime daemon,\n" +
@@ -334,16 +334,20 @@ func renderReport(o options, m machine, res *results) string {
 	}
 	fmt.Fprintf(&sb, "- Program: `%s`\n", programLine())
 	fmt.Fprintf(&sb, "- Load average (1/5/15 min) at start %s, at end %s (the machine is shared; rounds alternate which mode goes first).\n", m.LoadStart, m.LoadEnd)
+	flags := ""
+	if len(extra) > 0 {
+		flags = fmt.Sprintf(" Servers started with `%s` (room for the density run).", strings.Join(extra, " "))
+	}
 	if len(res.bursts)+len(res.deploys) > 0 {
 		fmt.Fprintf(&sb, "- Setup: two servers side by side, each on its own data dir and loopback ports, running a private copy of the\n"+
 			"  binary: the **real** node, and the **floor**, the same binary with `--node-instant` (the node marks pods Running\n"+
 			"  without starting anything). The workload is the runtime's test program (`imagetest.ProgSource`, a static Go\n"+
 			"  binary) sleeping, served from a registry on 127.0.0.1 and pulled once by a warm-up pod before any timing.\n"+
-			"  Every burst starts after %s idle; pods are deleted and gone (real: no process or directory left) between bursts.\n\n", o.settle)
+			"  Every burst starts after %s idle; pods are deleted and gone (real: no process or directory left) between bursts.%s\n\n", o.settle, flags)
 	} else {
 		sb.WriteString("- Setup: one server on its own data dir and loopback ports, running a private copy of the binary. The workload\n" +
 			"  is the runtime's test program (`imagetest.ProgSource`, a static Go binary) sleeping, served from a registry on\n" +
-			"  127.0.0.1 and pulled once by a warm-up pod before any timing.\n\n")
+			"  127.0.0.1 and pulled once by a warm-up pod before any timing." + flags + "\n\n")
 	}
 
 	if len(res.bursts) > 0 {

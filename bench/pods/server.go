@@ -53,7 +53,21 @@ func freePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-func serverArgs(dir string, ports []int, instant bool) []string {
+// maxPodsFlag returns the --max-pods flag that gives the node room for
+// want pods, if more than the default 110 are wanted and the binary has
+// the flag (older binaries do not: the density run is then capped).
+func maxPodsFlag(bin string, want int) []string {
+	if want <= 110 {
+		return nil
+	}
+	out, _ := exec.Command(bin, "server", "--help").CombinedOutput()
+	if !strings.Contains(string(out), "--max-pods") {
+		return nil
+	}
+	return []string{"--max-pods", strconv.Itoa(want)}
+}
+
+func serverArgs(dir string, ports []int, instant bool, extra ...string) []string {
 	args := []string{"server", "--data-dir", dir,
 		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
 		"--https-listen-port", strconv.Itoa(ports[0]),
@@ -64,12 +78,12 @@ func serverArgs(dir string, ports []int, instant bool) []string {
 	if instant {
 		args = append(args, "--node-instant")
 	}
-	return args
+	return append(args, extra...)
 }
 
 // startServer starts the server and waits until it logs `k3sm is up` and
 // the "default" ServiceAccount exists (pods are refused before that).
-func startServer(ctx context.Context, bin, work, mode string, instant bool, qps float32) (*server, error) {
+func startServer(ctx context.Context, bin, work, mode string, instant bool, qps float32, extra []string) (*server, error) {
 	s := &server{mode: mode, instant: instant, dir: filepath.Join(work, mode), logPath: filepath.Join(work, mode+".log")}
 	ports, err := freePorts(4)
 	if err != nil {
@@ -80,7 +94,7 @@ func startServer(ctx context.Context, bin, work, mode string, instant bool, qps 
 		return nil, err
 	}
 	defer logf.Close()
-	s.cmd = exec.Command(bin, serverArgs(s.dir, ports, instant)...)
+	s.cmd = exec.Command(bin, serverArgs(s.dir, ports, instant, extra...)...)
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	if err := s.cmd.Start(); err != nil {
 		return nil, err
