@@ -400,6 +400,9 @@ func (r *burstResult) fill(pods []podTimes) {
 // through a watch, then deletes them and waits until they are gone.
 func (b *bench) burst(ctx context.Context, s *server, kind string, round int) (*burstResult, error) {
 	n := b.o.pods
+	if kind == "single" {
+		n = 1
+	}
 	label := fmt.Sprintf("%s-%s-r%d", kind, s.mode, round)
 	sel := "bench=" + label
 	r := &burstResult{Mode: s.mode, Kind: kind, Round: round, N: n, Load: loadAvg()}
@@ -415,7 +418,7 @@ func (b *bench) burst(ctx context.Context, s *server, kind string, round int) (*
 	cpu0 := cpuByRole(classify(scan(), s.pid(), b.bin, b.shim, s.dir))
 
 	switch kind {
-	case "pods":
+	case "pods", "single":
 		err = createPods(ctx, s.c, t, n, b.o.creators, func(i int) *corev1.Pod {
 			return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%03d", label, i), Labels: labels},
 				Spec: podSpec(b.image, "forever")}

@@ -33,6 +33,7 @@ type options struct {
 	bin          string
 	pods         int
 	rounds       int
+	singles      int
 	deployRounds int
 	density      int
 	creators     int
@@ -66,6 +67,7 @@ func main() {
 	flag.StringVar(&o.bin, "bin", def, "k3sm binary to measure; k3sm-shim must be beside it (default $K3SM_BIN or bin/k3sm)")
 	flag.IntVar(&o.pods, "pods", 100, "pods per burst (and replicas of the Deployment)")
 	flag.IntVar(&o.rounds, "rounds", 3, "burst rounds per mode; each round runs the real node and the floor, alternating which goes first")
+	flag.IntVar(&o.singles, "singles", 10, "single pods (no burst) per mode, one at a time, before the bursts (0: skip)")
 	flag.IntVar(&o.deployRounds, "deploy-rounds", 1, "rounds of a Deployment with -pods replicas per mode (0: skip)")
 	flag.IntVar(&o.density, "density", 500, "pods for the density figure (0: skip); capped at what the node can take")
 	flag.IntVar(&o.creators, "creators", 16, "goroutines creating pods")
@@ -79,8 +81,8 @@ func main() {
 	flag.StringVar(&o.note, "note", "", "a line for the report (e.g. how the binary was built)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs, data dirs) after a successful run")
 	flag.Parse()
-	if o.pods < 1 || o.creators < 1 || o.rounds < 0 || o.deployRounds < 0 || o.density < 0 || o.rounds+o.deployRounds+o.density == 0 {
-		fmt.Fprintln(os.Stderr, "bench/pods: -pods and -creators must be at least 1; -rounds, -deploy-rounds and -density at least 0, not all 0")
+	if o.pods < 1 || o.creators < 1 || o.rounds < 0 || o.singles < 0 || o.deployRounds < 0 || o.density < 0 || o.rounds+o.singles+o.deployRounds+o.density == 0 {
+		fmt.Fprintln(os.Stderr, "bench/pods: -pods and -creators must be at least 1; -rounds, -singles, -deploy-rounds and -density at least 0, not all 0")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -93,6 +95,7 @@ func main() {
 
 // results is everything the report shows.
 type results struct {
+	singles []*burstResult
 	bursts  []*burstResult
 	deploys []*burstResult
 	density *densityResult
@@ -155,7 +158,7 @@ func run(ctx context.Context, o options) (err error) {
 		return err
 	}
 	var floorSrv *server
-	if o.rounds+o.deployRounds > 0 {
+	if o.rounds+o.singles+o.deployRounds > 0 {
 		floorSrv, err = startServer(ctx, b.bin, work, "floor", true, float32(o.qps), b.extra)
 		servers = append(servers, floorSrv)
 		if err != nil {
@@ -172,7 +175,7 @@ func run(ctx context.Context, o options) (err error) {
 	}
 
 	var res results
-	phase := func(kind string, rounds int) ([]*burstResult, error) {
+	phase := func(kind string, rounds int, settle time.Duration) ([]*burstResult, error) {
 		var out []*burstResult
 		for r := 1; r <= rounds; r++ {
 			order := []*server{realSrv, floorSrv}
@@ -180,7 +183,7 @@ func run(ctx context.Context, o options) (err error) {
 				order = []*server{floorSrv, realSrv}
 			}
 			for i, s := range order {
-				sleep(ctx, o.settle)
+				sleep(ctx, settle)
 				if err := s.alive(); err != nil {
 					return nil, err
 				}
@@ -196,10 +199,14 @@ func run(ctx context.Context, o options) (err error) {
 		}
 		return out, nil
 	}
-	if res.bursts, err = phase("pods", o.rounds); err != nil {
+	// Single pods first, while the nodes' work queues are fresh.
+	if res.singles, err = phase("single", o.singles, 2*time.Second); err != nil {
 		return err
 	}
-	if res.deploys, err = phase("deployment", o.deployRounds); err != nil {
+	if res.bursts, err = phase("pods", o.rounds, o.settle); err != nil {
+		return err
+	}
+	if res.deploys, err = phase("deployment", o.deployRounds, o.settle); err != nil {
 		return err
 	}
 	if o.density > 0 {

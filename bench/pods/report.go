@@ -257,6 +257,53 @@ func renderBursts(sb *strings.Builder, o options, rs []*burstResult, kind string
 	}
 }
 
+// renderSingles shows pods created one at a time: the path's own latency,
+// with no queueing behind other pods.
+func renderSingles(sb *strings.Builder, o options, rs []*burstResult) {
+	pool := func(mode string, f func(*burstResult) []time.Duration) []time.Duration {
+		var ds []time.Duration
+		for _, r := range rs {
+			if r.Mode == mode {
+				ds = append(ds, f(r)...)
+			}
+		}
+		return sorted(ds)
+	}
+	lat := func(r *burstResult) []time.Duration { return r.Lat }
+	rl, fl := pool("real", lat), pool("floor", lat)
+	fmt.Fprintf(sb, "### Pod create → Running, one pod at a time\n\n")
+	fmt.Fprintf(sb, "%d pods per mode, one at a time (each deleted and gone before the next, 2 s apart, modes alternating), before the\n"+
+		"bursts: the path's own latency, with nothing queued.\n\n", len(rl))
+	fmt.Fprintf(sb, "| ms | real node | floor | ratio real ÷ floor |\n|---|---:|---:|---:|\n")
+	for _, p := range []struct {
+		name string
+		q    float64
+	}{{"p50", 0.5}, {"p90", 0.9}, {"max", 1}} {
+		fmt.Fprintf(sb, "| %s | %s | %s | %s |\n", p.name, ms(pct(rl, p.q)), ms(pct(fl, p.q)), ratio(pct(rl, p.q), pct(fl, p.q)))
+	}
+	steps := []struct {
+		name string
+		f    func(*burstResult) []time.Duration
+		real bool
+	}{
+		{"create request sent → pod created", func(r *burstResult) []time.Duration { return r.Created }, false},
+		{"create request sent → scheduled", func(r *burstResult) []time.Duration { return r.ToSched }, false},
+		{"scheduled → Running (watch)", func(r *burstResult) []time.Duration { return r.SchedRun }, false},
+		{"real: scheduled → runtime CreatePod ¹", func(r *burstResult) []time.Duration { return r.SchedAdmit }, true},
+		{"real: runtime CreatePod → process started ¹", func(r *burstResult) []time.Duration { return r.AdmitStart }, true},
+		{"real: process started → Running seen through the watch ¹", func(r *burstResult) []time.Duration { return r.StartRunning }, true},
+	}
+	fmt.Fprintf(sb, "\n| step, p50 (ms) | real | floor |\n|---|---:|---:|\n")
+	for _, st := range steps {
+		f := ms(pct(pool("floor", st.f), 0.5))
+		if st.real {
+			f = "–"
+		}
+		fmt.Fprintf(sb, "| %s | %s | %s |\n", st.name, ms(pct(pool("real", st.f), 0.5)), f)
+	}
+	sb.WriteString("\n")
+}
+
 // renderCPU shows the CPU time each process role used during the bursts,
 // per pod: where the machine's two cores went.
 func renderCPU(sb *strings.Builder, rs []*burstResult) {
@@ -338,7 +385,7 @@ func renderReport(o options, m machine, res *results, extra []string) string {
 	if len(extra) > 0 {
 		flags = fmt.Sprintf(" Servers started with `%s` (room for the density run).", strings.Join(extra, " "))
 	}
-	if len(res.bursts)+len(res.deploys) > 0 {
+	if len(res.singles)+len(res.bursts)+len(res.deploys) > 0 {
 		fmt.Fprintf(&sb, "- Setup: two servers side by side, each on its own data dir and loopback ports, running a private copy of the\n"+
 			"  binary: the **real** node, and the **floor**, the same binary with `--node-instant` (the node marks pods Running\n"+
 			"  without starting anything). The workload is the runtime's test program (`imagetest.ProgSource`, a static Go\n"+
@@ -350,6 +397,9 @@ func renderReport(o options, m machine, res *results, extra []string) string {
 			"  127.0.0.1 and pulled once by a warm-up pod before any timing." + flags + "\n\n")
 	}
 
+	if len(res.singles) > 0 {
+		renderSingles(&sb, o, res.singles)
+	}
 	if len(res.bursts) > 0 {
 		fmt.Fprintf(&sb, "### Pod create → Running, burst of %d pods\n\n", o.pods)
 		renderBursts(&sb, o, res.bursts, "pods", o.rounds)
@@ -358,7 +408,7 @@ func renderReport(o options, m machine, res *results, extra []string) string {
 		fmt.Fprintf(&sb, "### Deployment of %d replicas\n\n", o.pods)
 		renderBursts(&sb, o, res.deploys, "deployment", o.deployRounds)
 	}
-	if len(res.bursts)+len(res.deploys) > 0 {
+	if len(res.singles)+len(res.bursts)+len(res.deploys) > 0 {
 		sb.WriteString("1. From the runtime daemon's `<data>/pods/<uid>/pod.json`: `startTime` (the daemon accepted CreatePod) and the\n" +
 			"   container's `running.startedAt` (the process was started); same machine, same clock.\n" +
 			"2. Delete request (DeleteCollection, or the Deployment with background propagation) → every pod gone from the\n" +
