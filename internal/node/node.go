@@ -28,6 +28,7 @@ import (
 	vknode "github.com/virtual-kubelet/virtual-kubelet/node"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
 	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
+	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -41,6 +42,7 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
 )
 
@@ -150,6 +152,12 @@ func Run(ctx context.Context, cfg Config) error {
 		SecretInformer:            unused.Core().V1().Secrets(),
 		ServiceInformer:           unused.Core().V1().Services(),
 		SkipDownwardAPIResolution: true,
+		// Virtual Kubelet's default queues admit 10 items per second after a
+		// burst of 100, which held a burst of 100 pods' status updates back
+		// for seconds; conflicts retry quickly too.
+		SyncPodsFromKubernetesRateLimiter:    queueLimiter(),
+		DeletePodsFromKubernetesRateLimiter:  queueLimiter(),
+		SyncPodStatusFromProviderRateLimiter: queueLimiter(),
 	})
 	if err != nil {
 		return err
@@ -324,4 +332,13 @@ func serveKubeletAPI(cfg Config, kc kubernetes.Interface, prov *Provider, pods i
 		}
 	}()
 	return srv, nil
+}
+
+// queueLimiter retries a failing item from 5 ms up to 10 s and lets 1000
+// items a second through overall.
+func queueLimiter() workqueue.TypedRateLimiter[any] {
+	return workqueue.NewTypedMaxOfRateLimiter[any](
+		workqueue.NewTypedItemExponentialFailureRateLimiter[any](5*time.Millisecond, 10*time.Second),
+		&workqueue.TypedBucketRateLimiter[any]{Limiter: rate.NewLimiter(rate.Limit(1000), 2000)},
+	)
 }
