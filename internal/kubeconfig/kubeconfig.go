@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
+
 	"go.yaml.in/yaml/v3"
 )
 
@@ -218,42 +220,8 @@ func update(path string, noBackup bool, backup *string, fn func(doc *yaml.Node) 
 	}
 	return writeAtomic(path, out, 0o600)
 }
-
 func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	done := false
-	defer func() {
-		if !done {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if err := f.Chmod(mode); err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	done = true
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-	return nil
+	return atomicfile.WriteFile(path, data, mode)
 }
 
 func newDoc() *yaml.Node {

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
+
 	"go.yaml.in/yaml/v3"
 )
 
@@ -44,46 +46,9 @@ func Save(path string, c *Config) error {
 	return WriteFileAtomic(path, data, 0o600)
 }
 
-// WriteFileAtomic writes data to a temp file in path's directory, fsyncs it and
-// renames it over path, so readers see the old or the new file, never half.
+// WriteFileAtomic writes data atomically (see internal/atomicfile).
 func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if err := f.Chmod(mode); err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	ok = true
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
-	return nil
+	return atomicfile.WriteFile(path, data, mode)
 }
 
 // EditFunc opens path in an editor and returns when the user is done.

@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
 )
 
 // EnvLines returns the POSIX shell lines `klimax docker-env` prints: they
@@ -185,23 +187,6 @@ func (s ContextStore) setCurrent(decide func(cur string) (next string, change bo
 	}
 	return writeAtomic(filepath.Join(s.Dir, "config.json"), append(data, '\n'), 0o600)
 }
-
 func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
+	return atomicfile.WriteFile(path, data, mode)
 }
