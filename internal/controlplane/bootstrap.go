@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -28,9 +29,6 @@ var requiredBindings = map[string]rbacv1.Subject{
 	"system:kube-controller-manager": {Kind: rbacv1.UserKind, Name: ControllerManagerUser},
 	"system:basic-user":              {Kind: rbacv1.GroupKind, Name: "system:authenticated"},
 }
-
-// Debug, when set, receives retry details of the bootstrap.
-var Debug func(msg string, args ...any)
 
 // KubeletAPIBinding lets the apiserver use node APIs (logs, exec, port-forward).
 const KubeletAPIBinding = "k3sm:kube-apiserver-kubelet-api-admin"
@@ -66,15 +64,16 @@ var accessChecks = []accessCheck{
 // behaves: required roles and bindings exist, and a set of allow and deny
 // decisions come out right. It retries until ctx ends and then fails closed:
 // the caller must not go on serving with an unverified authorizer.
-func BootstrapAuthorization(ctx context.Context, client kubernetes.Interface) error {
+// Failed attempts are logged at debug level to log (which may be nil).
+func BootstrapAuthorization(ctx context.Context, client kubernetes.Interface, log *slog.Logger) error {
 	var last error
 	for attempt := 1; ; attempt++ {
 		last = bootstrapOnce(ctx, client)
 		if last == nil {
 			return nil
 		}
-		if Debug != nil {
-			Debug("authorization bootstrap attempt failed", "attempt", attempt, "err", last)
+		if log != nil {
+			log.Debug("authorization bootstrap attempt failed", "attempt", attempt, "err", last)
 		}
 		select {
 		case <-ctx.Done():

@@ -44,7 +44,7 @@ func correct(s authorizationv1.SubjectAccessReviewSpec) bool {
 
 func TestBootstrapPassesAndCreatesBinding(t *testing.T) {
 	c := fakeCluster(t, correct)
-	if err := BootstrapAuthorization(context.Background(), c); err != nil {
+	if err := BootstrapAuthorization(context.Background(), c, nil); err != nil {
 		t.Fatal(err)
 	}
 	b, err := c.RbacV1().ClusterRoleBindings().Get(context.Background(), KubeletAPIBinding, metav1.GetOptions{})
@@ -58,7 +58,7 @@ func TestBootstrapFailsClosed(t *testing.T) {
 		c := fakeCluster(t, func(authorizationv1.SubjectAccessReviewSpec) bool { return true })
 		ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
 		defer cancel()
-		err := BootstrapAuthorization(ctx, c)
+		err := BootstrapAuthorization(ctx, c, nil)
 		if err == nil || !strings.Contains(err.Error(), "refusing to serve") || !strings.Contains(err.Error(), "may not read arbitrary Secrets") {
 			t.Fatalf("want a fail-closed error naming the check, got %v", err)
 		}
@@ -68,7 +68,7 @@ func TestBootstrapFailsClosed(t *testing.T) {
 		_ = c.RbacV1().ClusterRoles().Delete(context.Background(), "system:node", metav1.DeleteOptions{})
 		ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
 		defer cancel()
-		if err := BootstrapAuthorization(ctx, c); err == nil || !strings.Contains(err.Error(), "system:node") {
+		if err := BootstrapAuthorization(ctx, c, nil); err == nil || !strings.Contains(err.Error(), "system:node") {
 			t.Fatalf("want an error naming the missing role, got %v", err)
 		}
 	})

@@ -100,9 +100,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 		return err
 	}
 	bctx, cancel := context.WithTimeout(ctx, bootstrapTimeout)
-	Debug = log.Debug
 	bstart := time.Now()
-	err = BootstrapAuthorization(bctx, client)
+	err = BootstrapAuthorization(bctx, client, log)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("%w (see %s)", err, sup.LogDir+"/kube-apiserver.log")
