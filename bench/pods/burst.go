@@ -287,6 +287,7 @@ type burstResult struct {
 	N        int
 	Lat      []time.Duration // create sent -> Running and Ready, sorted
 	Span     time.Duration   // first create sent -> last pod Running
+	SpanSeen time.Duration   // the same over the pods that were seen Running
 	Created  []time.Duration // sent -> pod exists (create call returned / first event)
 	ToSched  []time.Duration // sent -> scheduled
 	SchedRun []time.Duration // scheduled -> Running
@@ -366,6 +367,7 @@ func (r *burstResult) fill(pods []podTimes) {
 		}
 	}
 	r.Span = last.Sub(first)
+	r.SpanSeen = r.Span
 	// A pod never seen Running counts as never: the percentiles it
 	// reaches are unbounded.
 	for range missing {

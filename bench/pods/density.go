@@ -114,6 +114,7 @@ type densityResult struct {
 	Lat              []time.Duration // create sent -> Running, sorted
 	Stuck            []string        // pods never seen Running, and why
 	Span             time.Duration   // first create sent -> last Running
+	SpanSeen         time.Duration   // the same over the pods seen Running
 	Before, After    map[string]mem  // k3sm processes by role (median of samples)
 	Shims, Workloads []mem
 	PerPodKB         float64
@@ -252,7 +253,7 @@ func (b *bench) density(ctx context.Context, s *server) (*densityResult, error) 
 	}
 	r := burstResult{N: d.N}
 	r.fill(t.snapshot())
-	d.Lat, d.Span = r.Lat, r.Span
+	d.Lat, d.Span, d.SpanSeen = r.Lat, r.Span, r.SpanSeen
 	stopWatch()
 	fmt.Printf("bench/pods: density: %d pods, all Running after %s\n", d.N, ms(d.Span))
 

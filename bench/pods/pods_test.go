@@ -233,7 +233,7 @@ func TestPodsNeverRunningAreUnbounded(t *testing.T) {
 	}
 	r := burstResult{N: 3} // and one never created
 	r.fill(pods)
-	if len(r.Lat) != 3 || pct(r.Lat, 0.3) != 10*time.Millisecond || pct(r.Lat, 0.5) != never || r.Span != never {
+	if len(r.Lat) != 3 || pct(r.Lat, 0.3) != 10*time.Millisecond || pct(r.Lat, 0.5) != never || r.Span != never || r.SpanSeen != 10*time.Millisecond {
 		t.Errorf("lat %v span %v", r.Lat, r.Span)
 	}
 	if len(r.ToSched) != 2 || len(r.SchedRun) != 1 {
