@@ -93,6 +93,17 @@ func main() {
 	}
 }
 
+func (r *results) anyStuck() bool {
+	for _, rs := range [][]*burstResult{r.singles, r.bursts, r.deploys} {
+		for _, b := range rs {
+			if len(b.Stuck) > 0 {
+				return true
+			}
+		}
+	}
+	return r.density != nil && len(r.density.Stuck) > 0
+}
+
 // results is everything the report shows.
 type results struct {
 	singles []*burstResult
@@ -121,6 +132,7 @@ func run(ctx context.Context, o options) (err error) {
 	b := &bench{o: o, work: work, bin: filepath.Join(work, "bin", "k3sm"), shim: filepath.Join(work, "bin", "k3sm-shim")}
 	fmt.Printf("bench/pods: work dir %s\n", work)
 	var servers []*server
+	var res results
 	defer func() {
 		for _, s := range servers {
 			if serr := s.stop(); serr != nil && err == nil {
@@ -128,7 +140,8 @@ func run(ctx context.Context, o options) (err error) {
 			}
 		}
 		b.killLeftovers()
-		if err == nil && !o.keep {
+		// Logs of a run where a pod got stuck are evidence: keep them.
+		if err == nil && !o.keep && !res.anyStuck() {
 			os.RemoveAll(work)
 		} else {
 			fmt.Printf("bench/pods: logs and data dirs kept in %s\n", work)
@@ -174,7 +187,6 @@ func run(ctx context.Context, o options) (err error) {
 		return err
 	}
 
-	var res results
 	phase := func(kind string, rounds int, settle time.Duration) ([]*burstResult, error) {
 		var out []*burstResult
 		for r := 1; r <= rounds; r++ {
