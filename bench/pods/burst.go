@@ -47,6 +47,7 @@ type podTimes struct {
 	running   time.Time // first watch event with phase Running and Ready=True
 	admitted  time.Time // runtime: CreatePod accepted (pod.json startTime)
 	started   time.Time // runtime: container process started (pod.json)
+	updates   int       // writes to the pod seen through the watch until it was Running
 }
 
 // tracker follows pods through a watch.
@@ -118,6 +119,9 @@ func (t *tracker) observe(typ watch.EventType, pod *corev1.Pod, at time.Time) {
 		}
 	}
 	t.last[pod.Name] = desc
+	if p.running.IsZero() && typ == watch.Modified {
+		p.updates++
+	}
 	if p.running.IsZero() && pod.Status.Phase == corev1.PodRunning && podReady(pod) {
 		p.running = at
 		t.running++
@@ -298,6 +302,8 @@ type burstResult struct {
 	StartRate    float64                  // real: pods started per second, first CreatePod -> last process started
 	TailRate     float64                  // pods seen Running per second over the second half of the burst
 	Stuck        []string                 // pods never seen Running, and why
+	Updates      float64                  // pod writes seen through the watch until Running, per pod
+	Events       map[string]float64       // Events about the pods, per pod, by reason (until they were gone)
 	Delete       time.Duration            // delete sent -> pods gone from the API (and, real: from the node)
 	CPU          map[string]time.Duration // CPU time used by each process role from the first create to the last Running
 	Load         string                   // load average before the round
@@ -368,6 +374,13 @@ func (r *burstResult) fill(pods []podTimes) {
 	}
 	r.Span = last.Sub(first)
 	r.SpanSeen = r.Span
+	if len(pods) > 0 {
+		n := 0
+		for _, p := range pods {
+			n += p.updates
+		}
+		r.Updates = float64(n) / float64(len(pods))
+	}
 	// A pod never seen Running counts as never: the percentiles it
 	// reaches are unbounded.
 	for range missing {
@@ -481,7 +494,30 @@ func (b *bench) burst(ctx context.Context, s *server, kind string, round int) (*
 		return nil, err
 	}
 	r.Delete = time.Since(del)
+	r.Events = eventsPerPod(ctx, s.c, pods)
 	return r, nil
+}
+
+// eventsPerPod counts the Events about pods, by reason, per pod.
+func eventsPerPod(ctx context.Context, c kubernetes.Interface, pods []podTimes) map[string]float64 {
+	if len(pods) == 0 {
+		return nil
+	}
+	names := map[string]bool{}
+	for _, p := range pods {
+		names[p.name] = true
+	}
+	l, err := c.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Pod"})
+	if err != nil {
+		return nil
+	}
+	out := map[string]float64{}
+	for _, e := range l.Items {
+		if names[e.InvolvedObject.Name] {
+			out[e.Reason] += float64(max(e.Count, 1)) / float64(len(pods))
+		}
+	}
+	return out
 }
 
 // waitGone waits until no pod matches sel and, on the real node, no shim,

@@ -236,6 +236,7 @@ func renderBursts(sb *strings.Builder, o options, rs []*burstResult, kind string
 	fmt.Fprintf(sb, "| real: runtime throughput, pods started per second (first CreatePod → last process started) | %s | | – | |\n",
 		rate("real", func(r *burstResult) float64 { return r.StartRate }))
 	renderCPU(sb, rs)
+	renderWrites(sb, rs)
 	fmt.Fprintf(sb, "\nEvery round (ms):\n\n")
 	fmt.Fprintf(sb, "| round | mode | order | p50 | p99 | max | first sent → last Running | created p50 | scheduled p50 | scheduled → Running p50 | delete ² | load before |\n")
 	fmt.Fprintf(sb, "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
@@ -302,6 +303,43 @@ func renderSingles(sb *strings.Builder, o options, rs []*burstResult) {
 		fmt.Fprintf(sb, "| %s | %s | %s |\n", st.name, ms(pct(pool("real", st.f), 0.5)), f)
 	}
 	sb.WriteString("\n")
+}
+
+// renderWrites shows the API writes per pod: status updates seen through
+// the watch, and Events by reason.
+func renderWrites(sb *strings.Builder, rs []*burstResult) {
+	med := func(mode string, f func(*burstResult) (float64, bool)) string {
+		var xs []float64
+		for _, r := range rs {
+			if x, ok := f(r); ok && r.Mode == mode {
+				xs = append(xs, x)
+			}
+		}
+		if len(xs) == 0 {
+			return "–"
+		}
+		sort.Float64s(xs)
+		return fmt.Sprintf("%.1f", xs[len(xs)/2])
+	}
+	reasons := map[string]bool{}
+	for _, r := range rs {
+		for k := range r.Events {
+			reasons[k] = true
+		}
+	}
+	var rl []string
+	for k := range reasons {
+		rl = append(rl, k)
+	}
+	sort.Strings(rl)
+	fmt.Fprintf(sb, "\nWrites per pod (median over rounds): pod updates seen through the watch before it was Running, and\n"+
+		"Events about the pod by reason, counted once the pods were gone:\n\n| writes per pod | real | floor |\n|---|---:|---:|\n")
+	upd := func(r *burstResult) (float64, bool) { return r.Updates, true }
+	fmt.Fprintf(sb, "| pod updates before Running (binding, status) | %s | %s |\n", med("real", upd), med("floor", upd))
+	for _, k := range rl {
+		f := func(r *burstResult) (float64, bool) { return r.Events[k], r.Events != nil }
+		fmt.Fprintf(sb, "| Event %s | %s | %s |\n", k, med("real", f), med("floor", f))
+	}
 }
 
 // renderCPU shows the CPU time each process role used during the bursts,
