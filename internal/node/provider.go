@@ -85,12 +85,11 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	if known {
 		_, err = p.rt.Runtime.UpdatePod(ctx, &runtimev1.UpdatePodRequest{Pod: spec})
 	} else {
-		var resp *runtimev1.CreatePodResponse
-		resp, err = p.rt.Runtime.CreatePod(ctx, &runtimev1.CreatePodRequest{Pod: spec})
+		// The status comes through the watch only: it is ordered, while a
+		// reply can arrive after newer statuses of the same pod.
+		_, err = p.rt.Runtime.CreatePod(ctx, &runtimev1.CreatePodRequest{Pod: spec})
 		if status.Code(err) == codes.AlreadyExists {
 			_, err = p.rt.Runtime.UpdatePod(ctx, &runtimev1.UpdatePodRequest{Pod: spec})
-		} else if err == nil && resp.Status != nil {
-			p.update(resp.Status)
 		}
 	}
 	if err != nil {
@@ -316,7 +315,7 @@ func (p *Provider) publish(uid types.UID, st corev1.PodStatus) {
 func (p *Provider) update(rs *runtimev1.PodStatus) {
 	uid := types.UID(rs.Uid)
 	p.mu.Lock()
-	if rs.Revision != 0 && rs.Revision < p.rev[uid] {
+	if rs.Revision < p.rev[uid] {
 		p.mu.Unlock()
 		return // older than what was applied already
 	}
