@@ -494,7 +494,21 @@ func (b *bench) burst(ctx context.Context, s *server, kind string, round int) (*
 		return nil, err
 	}
 	r.Delete = time.Since(del)
-	r.Events = eventsPerPod(ctx, s.c, pods)
+	// Events are written asynchronously (and the node's client is rate
+	// limited): count once the count stops changing.
+	var last float64 = -1
+	_ = poll(ctx, 30*time.Second, time.Second, func() error {
+		r.Events = eventsPerPod(ctx, s.c, pods)
+		var sum float64
+		for _, v := range r.Events {
+			sum += v
+		}
+		if sum != last {
+			last = sum
+			return fmt.Errorf("events still arriving")
+		}
+		return nil
+	})
 	return r, nil
 }
 

@@ -333,7 +333,7 @@ func renderWrites(sb *strings.Builder, rs []*burstResult) {
 	}
 	sort.Strings(rl)
 	fmt.Fprintf(sb, "\nWrites per pod (median over rounds): pod updates seen through the watch before it was Running, and\n"+
-		"Events about the pod by reason, counted once the pods were gone:\n\n| writes per pod | real | floor |\n|---|---:|---:|\n")
+		"Events about the pod by reason, counted once the pods were gone and no more Events arrived for a second:\n\n| writes per pod | real | floor |\n|---|---:|---:|\n")
 	upd := func(r *burstResult) (float64, bool) { return r.Updates, true }
 	fmt.Fprintf(sb, "| pod updates before Running (binding, status) | %s | %s |\n", med("real", upd), med("floor", upd))
 	for _, k := range rl {
