@@ -2,7 +2,6 @@ package kubeconfig
 
 import (
 	"bytes"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,27 +9,14 @@ import (
 	"sync"
 	"testing"
 
+	goldenfile "github.com/k3sm-dev/k3sm/internal/golden"
+
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-var updateGolden = flag.Bool("update", false, "rewrite testdata/*.golden")
-
 func golden(t *testing.T, name string, got []byte) {
 	t.Helper()
-	path := filepath.Join("testdata", name+".golden")
-	if *updateGolden {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -update)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from golden:\n--- got\n%s\n--- want\n%s", name, got, want)
-	}
+	goldenfile.Check(t, name+".golden", got)
 }
 
 func read(t *testing.T, path string) []byte {

@@ -2,11 +2,12 @@ package cluster
 
 import (
 	"bytes"
-	"flag"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	goldenfile "github.com/k3sm-dev/k3sm/internal/golden"
 
 	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -14,24 +15,9 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/klimax/config"
 )
 
-var updateGolden = flag.Bool("update", false, "rewrite testdata/*.golden")
-
 func golden(t *testing.T, name string, got []byte) {
 	t.Helper()
-	path := filepath.Join("testdata", name+".golden")
-	if *updateGolden {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -update)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from golden:\n--- got\n%s\n--- want\n%s", name, got, want)
-	}
+	goldenfile.Check(t, name+".golden", got)
 }
 
 func TestKindConfigGolden(t *testing.T) {

@@ -3,7 +3,6 @@ package hostnet
 import (
 	"context"
 	"errors"
-	"flag"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -11,26 +10,14 @@ import (
 	"strings"
 	"testing"
 
+	goldenfile "github.com/k3sm-dev/k3sm/internal/golden"
+
 	"github.com/k3sm-dev/k3sm/internal/klimax/vm"
 )
 
-var update = flag.Bool("update", false, "rewrite golden files")
-
 func golden(t *testing.T, name string, got []byte) {
 	t.Helper()
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -update to create it)", err)
-	}
-	if string(got) != string(want) {
-		t.Errorf("%s differs from golden file:\n--- got ---\n%s\n--- want ---\n%s", name, got, want)
-	}
+	goldenfile.Check(t, name, got)
 }
 
 var spec = RuleSpec{BridgeCIDR: netip.MustParsePrefix("172.30.0.0/16"), VMIface: "lima0"}
