@@ -4,6 +4,8 @@ import (
 	"context"
 	"syscall"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
 )
 
 // ProcessSpec is everything needed to start one container attempt. Paths
@@ -23,6 +25,10 @@ type ProcessSpec struct {
 	Stdin, StdinOnce bool
 	// TTY runs the container on a pseudo-terminal (`tty: true`).
 	TTY bool
+	// Mounts are the container's volumes, in the order to mount them
+	// (parents before children). With any, the process gets a mount
+	// namespace of its own (see package mounts).
+	Mounts []mounts.Mount
 }
 
 // Starter starts container processes. It is the single seam through which
