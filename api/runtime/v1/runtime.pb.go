@@ -342,7 +342,7 @@ func (x WatchPodStatusResponse_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchPodStatusResponse_Kind.Descriptor instead.
 func (WatchPodStatusResponse_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{39, 0}
+	return file_runtime_proto_rawDescGZIP(), []int{41, 0}
 }
 
 // PodSpec is what the provider resolved from the Kubernetes Pod.
@@ -366,9 +366,9 @@ type PodSpec struct {
 	Annotations map[string]string `protobuf:"bytes,11,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Empty for native pods. Reserved for the vm RuntimeClass (roadmap).
 	RuntimeClassName string `protobuf:"bytes,12,opt,name=runtime_class_name,json=runtimeClassName,proto3" json:"runtime_class_name,omitempty"`
-	// Issue 4: volumes the provider resolved (configMap / secret / downward
-	// API content materialized as files). Accepted and recorded now; not yet
-	// acted on by the daemon.
+	// The pod's volumes, resolved by the provider (configMap / secret /
+	// downwardAPI / projected content materialized as files, PVCs as the
+	// local directory of their PersistentVolume).
 	Volumes       []*Volume `protobuf:"bytes,20,rep,name=volumes,proto3" json:"volumes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -515,7 +515,7 @@ type ContainerSpec struct {
 	StdinOnce     bool                   `protobuf:"varint,11,opt,name=stdin_once,json=stdinOnce,proto3" json:"stdin_once,omitempty"`
 	Tty           bool                   `protobuf:"varint,12,opt,name=tty,proto3" json:"tty,omitempty"`
 	Ports         []*ContainerPort       `protobuf:"bytes,13,rep,name=ports,proto3" json:"ports,omitempty"`
-	// Issue 4: volume mounts are accepted and recorded; not yet acted on.
+	// Volume mounts, visible at mount_path to this container only.
 	VolumeMounts []*VolumeMount `protobuf:"bytes,20,rep,name=volume_mounts,json=volumeMounts,proto3" json:"volume_mounts,omitempty"`
 	// Probes and hooks run as the kubelet runs them. Ports are numbers (the
 	// provider resolves named ports); an empty host is 127.0.0.1 (pods share
@@ -989,10 +989,13 @@ func (*Volume_HostPath) isVolume_Source() {}
 func (*Volume_LocalPath) isVolume_Source() {}
 
 type EmptyDirVolume struct {
-	state          protoimpl.MessageState `protogen:"open.v1"`
-	SizeLimitBytes int64                  `protobuf:"varint,1,opt,name=size_limit_bytes,json=sizeLimitBytes,proto3" json:"size_limit_bytes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Usage above the limit evicts the pod, as the kubelet does.
+	SizeLimitBytes int64 `protobuf:"varint,1,opt,name=size_limit_bytes,json=sizeLimitBytes,proto3" json:"size_limit_bytes,omitempty"`
+	// medium: Memory.
+	Memory        bool `protobuf:"varint,2,opt,name=memory,proto3" json:"memory,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EmptyDirVolume) Reset() {
@@ -1030,6 +1033,13 @@ func (x *EmptyDirVolume) GetSizeLimitBytes() int64 {
 		return x.SizeLimitBytes
 	}
 	return 0
+}
+
+func (x *EmptyDirVolume) GetMemory() bool {
+	if x != nil {
+		return x.Memory
+	}
+	return false
 }
 
 // FilesVolume is a configMap, secret, downwardAPI or projected volume whose
@@ -1235,11 +1245,13 @@ func (x *LocalPathVolume) GetPath() string {
 }
 
 type VolumeMount struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	MountPath     string                 `protobuf:"bytes,2,opt,name=mount_path,json=mountPath,proto3" json:"mount_path,omitempty"`
-	ReadOnly      bool                   `protobuf:"varint,3,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
-	SubPath       string                 `protobuf:"bytes,4,opt,name=sub_path,json=subPath,proto3" json:"sub_path,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	MountPath string                 `protobuf:"bytes,2,opt,name=mount_path,json=mountPath,proto3" json:"mount_path,omitempty"`
+	ReadOnly  bool                   `protobuf:"varint,3,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	SubPath   string                 `protobuf:"bytes,4,opt,name=sub_path,json=subPath,proto3" json:"sub_path,omitempty"`
+	// subPathExpr: $(VAR) references expand from the container's environment.
+	SubPathExpr   string `protobuf:"bytes,5,opt,name=sub_path_expr,json=subPathExpr,proto3" json:"sub_path_expr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1302,6 +1314,110 @@ func (x *VolumeMount) GetSubPath() string {
 	return ""
 }
 
+func (x *VolumeMount) GetSubPathExpr() string {
+	if x != nil {
+		return x.SubPathExpr
+	}
+	return ""
+}
+
+type UpdatePodVolumesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Uid           string                 `protobuf:"bytes,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	Volumes       []*Volume              `protobuf:"bytes,2,rep,name=volumes,proto3" json:"volumes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdatePodVolumesRequest) Reset() {
+	*x = UpdatePodVolumesRequest{}
+	mi := &file_runtime_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdatePodVolumesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdatePodVolumesRequest) ProtoMessage() {}
+
+func (x *UpdatePodVolumesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_runtime_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdatePodVolumesRequest.ProtoReflect.Descriptor instead.
+func (*UpdatePodVolumesRequest) Descriptor() ([]byte, []int) {
+	return file_runtime_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *UpdatePodVolumesRequest) GetUid() string {
+	if x != nil {
+		return x.Uid
+	}
+	return ""
+}
+
+func (x *UpdatePodVolumesRequest) GetVolumes() []*Volume {
+	if x != nil {
+		return x.Volumes
+	}
+	return nil
+}
+
+type UpdatePodVolumesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Names of the volumes whose content changed.
+	Changed       []string `protobuf:"bytes,1,rep,name=changed,proto3" json:"changed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdatePodVolumesResponse) Reset() {
+	*x = UpdatePodVolumesResponse{}
+	mi := &file_runtime_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdatePodVolumesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdatePodVolumesResponse) ProtoMessage() {}
+
+func (x *UpdatePodVolumesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_runtime_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdatePodVolumesResponse.ProtoReflect.Descriptor instead.
+func (*UpdatePodVolumesResponse) Descriptor() ([]byte, []int) {
+	return file_runtime_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *UpdatePodVolumesResponse) GetChanged() []string {
+	if x != nil {
+		return x.Changed
+	}
+	return nil
+}
+
 type Probe struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Handler:
@@ -1322,7 +1438,7 @@ type Probe struct {
 
 func (x *Probe) Reset() {
 	*x = Probe{}
-	mi := &file_runtime_proto_msgTypes[12]
+	mi := &file_runtime_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1334,7 +1450,7 @@ func (x *Probe) String() string {
 func (*Probe) ProtoMessage() {}
 
 func (x *Probe) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[12]
+	mi := &file_runtime_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1347,7 +1463,7 @@ func (x *Probe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Probe.ProtoReflect.Descriptor instead.
 func (*Probe) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{12}
+	return file_runtime_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Probe) GetHandler() isProbe_Handler {
@@ -1465,7 +1581,7 @@ type ExecAction struct {
 
 func (x *ExecAction) Reset() {
 	*x = ExecAction{}
-	mi := &file_runtime_proto_msgTypes[13]
+	mi := &file_runtime_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1477,7 +1593,7 @@ func (x *ExecAction) String() string {
 func (*ExecAction) ProtoMessage() {}
 
 func (x *ExecAction) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[13]
+	mi := &file_runtime_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1490,7 +1606,7 @@ func (x *ExecAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecAction.ProtoReflect.Descriptor instead.
 func (*ExecAction) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{13}
+	return file_runtime_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExecAction) GetCommand() []string {
@@ -1513,7 +1629,7 @@ type HTTPGetAction struct {
 
 func (x *HTTPGetAction) Reset() {
 	*x = HTTPGetAction{}
-	mi := &file_runtime_proto_msgTypes[14]
+	mi := &file_runtime_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1525,7 +1641,7 @@ func (x *HTTPGetAction) String() string {
 func (*HTTPGetAction) ProtoMessage() {}
 
 func (x *HTTPGetAction) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[14]
+	mi := &file_runtime_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1538,7 +1654,7 @@ func (x *HTTPGetAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPGetAction.ProtoReflect.Descriptor instead.
 func (*HTTPGetAction) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{14}
+	return file_runtime_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *HTTPGetAction) GetPath() string {
@@ -1586,7 +1702,7 @@ type TCPSocketAction struct {
 
 func (x *TCPSocketAction) Reset() {
 	*x = TCPSocketAction{}
-	mi := &file_runtime_proto_msgTypes[15]
+	mi := &file_runtime_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1598,7 +1714,7 @@ func (x *TCPSocketAction) String() string {
 func (*TCPSocketAction) ProtoMessage() {}
 
 func (x *TCPSocketAction) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[15]
+	mi := &file_runtime_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1611,7 +1727,7 @@ func (x *TCPSocketAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TCPSocketAction.ProtoReflect.Descriptor instead.
 func (*TCPSocketAction) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{15}
+	return file_runtime_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TCPSocketAction) GetPort() int32 {
@@ -1638,7 +1754,7 @@ type GRPCAction struct {
 
 func (x *GRPCAction) Reset() {
 	*x = GRPCAction{}
-	mi := &file_runtime_proto_msgTypes[16]
+	mi := &file_runtime_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1650,7 +1766,7 @@ func (x *GRPCAction) String() string {
 func (*GRPCAction) ProtoMessage() {}
 
 func (x *GRPCAction) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[16]
+	mi := &file_runtime_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1663,7 +1779,7 @@ func (x *GRPCAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GRPCAction.ProtoReflect.Descriptor instead.
 func (*GRPCAction) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{16}
+	return file_runtime_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GRPCAction) GetPort() int32 {
@@ -1690,7 +1806,7 @@ type Lifecycle struct {
 
 func (x *Lifecycle) Reset() {
 	*x = Lifecycle{}
-	mi := &file_runtime_proto_msgTypes[17]
+	mi := &file_runtime_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1702,7 +1818,7 @@ func (x *Lifecycle) String() string {
 func (*Lifecycle) ProtoMessage() {}
 
 func (x *Lifecycle) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[17]
+	mi := &file_runtime_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1715,7 +1831,7 @@ func (x *Lifecycle) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lifecycle.ProtoReflect.Descriptor instead.
 func (*Lifecycle) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{17}
+	return file_runtime_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Lifecycle) GetPostStart() *LifecycleHandler {
@@ -1747,7 +1863,7 @@ type LifecycleHandler struct {
 
 func (x *LifecycleHandler) Reset() {
 	*x = LifecycleHandler{}
-	mi := &file_runtime_proto_msgTypes[18]
+	mi := &file_runtime_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1759,7 +1875,7 @@ func (x *LifecycleHandler) String() string {
 func (*LifecycleHandler) ProtoMessage() {}
 
 func (x *LifecycleHandler) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[18]
+	mi := &file_runtime_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1772,7 +1888,7 @@ func (x *LifecycleHandler) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LifecycleHandler.ProtoReflect.Descriptor instead.
 func (*LifecycleHandler) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{18}
+	return file_runtime_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LifecycleHandler) GetHandler() isLifecycleHandler_Handler {
@@ -1877,7 +1993,7 @@ type PodStatus struct {
 
 func (x *PodStatus) Reset() {
 	*x = PodStatus{}
-	mi := &file_runtime_proto_msgTypes[19]
+	mi := &file_runtime_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1889,7 +2005,7 @@ func (x *PodStatus) String() string {
 func (*PodStatus) ProtoMessage() {}
 
 func (x *PodStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[19]
+	mi := &file_runtime_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1902,7 +2018,7 @@ func (x *PodStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodStatus.ProtoReflect.Descriptor instead.
 func (*PodStatus) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{19}
+	return file_runtime_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PodStatus) GetUid() string {
@@ -2025,7 +2141,7 @@ type ContainerStatus struct {
 
 func (x *ContainerStatus) Reset() {
 	*x = ContainerStatus{}
-	mi := &file_runtime_proto_msgTypes[20]
+	mi := &file_runtime_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2037,7 +2153,7 @@ func (x *ContainerStatus) String() string {
 func (*ContainerStatus) ProtoMessage() {}
 
 func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[20]
+	mi := &file_runtime_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2050,7 +2166,7 @@ func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatus.ProtoReflect.Descriptor instead.
 func (*ContainerStatus) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{20}
+	return file_runtime_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ContainerStatus) GetName() string {
@@ -2137,7 +2253,7 @@ type ContainerState struct {
 
 func (x *ContainerState) Reset() {
 	*x = ContainerState{}
-	mi := &file_runtime_proto_msgTypes[21]
+	mi := &file_runtime_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2149,7 +2265,7 @@ func (x *ContainerState) String() string {
 func (*ContainerState) ProtoMessage() {}
 
 func (x *ContainerState) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[21]
+	mi := &file_runtime_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2162,7 +2278,7 @@ func (x *ContainerState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerState.ProtoReflect.Descriptor instead.
 func (*ContainerState) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{21}
+	return file_runtime_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ContainerState) GetState() isContainerState_State {
@@ -2233,7 +2349,7 @@ type ContainerStateWaiting struct {
 
 func (x *ContainerStateWaiting) Reset() {
 	*x = ContainerStateWaiting{}
-	mi := &file_runtime_proto_msgTypes[22]
+	mi := &file_runtime_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2245,7 +2361,7 @@ func (x *ContainerStateWaiting) String() string {
 func (*ContainerStateWaiting) ProtoMessage() {}
 
 func (x *ContainerStateWaiting) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[22]
+	mi := &file_runtime_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2258,7 +2374,7 @@ func (x *ContainerStateWaiting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStateWaiting.ProtoReflect.Descriptor instead.
 func (*ContainerStateWaiting) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{22}
+	return file_runtime_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ContainerStateWaiting) GetReason() string {
@@ -2284,7 +2400,7 @@ type ContainerStateRunning struct {
 
 func (x *ContainerStateRunning) Reset() {
 	*x = ContainerStateRunning{}
-	mi := &file_runtime_proto_msgTypes[23]
+	mi := &file_runtime_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2296,7 +2412,7 @@ func (x *ContainerStateRunning) String() string {
 func (*ContainerStateRunning) ProtoMessage() {}
 
 func (x *ContainerStateRunning) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[23]
+	mi := &file_runtime_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2309,7 +2425,7 @@ func (x *ContainerStateRunning) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStateRunning.ProtoReflect.Descriptor instead.
 func (*ContainerStateRunning) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{23}
+	return file_runtime_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ContainerStateRunning) GetStartedAt() *timestamppb.Timestamp {
@@ -2335,7 +2451,7 @@ type ContainerStateTerminated struct {
 
 func (x *ContainerStateTerminated) Reset() {
 	*x = ContainerStateTerminated{}
-	mi := &file_runtime_proto_msgTypes[24]
+	mi := &file_runtime_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2347,7 +2463,7 @@ func (x *ContainerStateTerminated) String() string {
 func (*ContainerStateTerminated) ProtoMessage() {}
 
 func (x *ContainerStateTerminated) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[24]
+	mi := &file_runtime_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2360,7 +2476,7 @@ func (x *ContainerStateTerminated) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStateTerminated.ProtoReflect.Descriptor instead.
 func (*ContainerStateTerminated) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{24}
+	return file_runtime_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ContainerStateTerminated) GetExitCode() int32 {
@@ -2434,7 +2550,7 @@ type PodEvent struct {
 
 func (x *PodEvent) Reset() {
 	*x = PodEvent{}
-	mi := &file_runtime_proto_msgTypes[25]
+	mi := &file_runtime_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2446,7 +2562,7 @@ func (x *PodEvent) String() string {
 func (*PodEvent) ProtoMessage() {}
 
 func (x *PodEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[25]
+	mi := &file_runtime_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2459,7 +2575,7 @@ func (x *PodEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodEvent.ProtoReflect.Descriptor instead.
 func (*PodEvent) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{25}
+	return file_runtime_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *PodEvent) GetPodUid() string {
@@ -2533,7 +2649,7 @@ type GetRuntimeInfoRequest struct {
 
 func (x *GetRuntimeInfoRequest) Reset() {
 	*x = GetRuntimeInfoRequest{}
-	mi := &file_runtime_proto_msgTypes[26]
+	mi := &file_runtime_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2545,7 +2661,7 @@ func (x *GetRuntimeInfoRequest) String() string {
 func (*GetRuntimeInfoRequest) ProtoMessage() {}
 
 func (x *GetRuntimeInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[26]
+	mi := &file_runtime_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2558,7 +2674,7 @@ func (x *GetRuntimeInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRuntimeInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetRuntimeInfoRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{26}
+	return file_runtime_proto_rawDescGZIP(), []int{28}
 }
 
 type GetRuntimeInfoResponse struct {
@@ -2584,7 +2700,7 @@ type GetRuntimeInfoResponse struct {
 
 func (x *GetRuntimeInfoResponse) Reset() {
 	*x = GetRuntimeInfoResponse{}
-	mi := &file_runtime_proto_msgTypes[27]
+	mi := &file_runtime_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2596,7 +2712,7 @@ func (x *GetRuntimeInfoResponse) String() string {
 func (*GetRuntimeInfoResponse) ProtoMessage() {}
 
 func (x *GetRuntimeInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[27]
+	mi := &file_runtime_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2609,7 +2725,7 @@ func (x *GetRuntimeInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRuntimeInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetRuntimeInfoResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{27}
+	return file_runtime_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetRuntimeInfoResponse) GetRuntimeName() string {
@@ -2698,7 +2814,7 @@ type CreatePodRequest struct {
 
 func (x *CreatePodRequest) Reset() {
 	*x = CreatePodRequest{}
-	mi := &file_runtime_proto_msgTypes[28]
+	mi := &file_runtime_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2710,7 +2826,7 @@ func (x *CreatePodRequest) String() string {
 func (*CreatePodRequest) ProtoMessage() {}
 
 func (x *CreatePodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[28]
+	mi := &file_runtime_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2723,7 +2839,7 @@ func (x *CreatePodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePodRequest.ProtoReflect.Descriptor instead.
 func (*CreatePodRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{28}
+	return file_runtime_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CreatePodRequest) GetPod() *PodSpec {
@@ -2742,7 +2858,7 @@ type CreatePodResponse struct {
 
 func (x *CreatePodResponse) Reset() {
 	*x = CreatePodResponse{}
-	mi := &file_runtime_proto_msgTypes[29]
+	mi := &file_runtime_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2754,7 +2870,7 @@ func (x *CreatePodResponse) String() string {
 func (*CreatePodResponse) ProtoMessage() {}
 
 func (x *CreatePodResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[29]
+	mi := &file_runtime_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2767,7 +2883,7 @@ func (x *CreatePodResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePodResponse.ProtoReflect.Descriptor instead.
 func (*CreatePodResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{29}
+	return file_runtime_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CreatePodResponse) GetStatus() *PodStatus {
@@ -2786,7 +2902,7 @@ type UpdatePodRequest struct {
 
 func (x *UpdatePodRequest) Reset() {
 	*x = UpdatePodRequest{}
-	mi := &file_runtime_proto_msgTypes[30]
+	mi := &file_runtime_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2798,7 +2914,7 @@ func (x *UpdatePodRequest) String() string {
 func (*UpdatePodRequest) ProtoMessage() {}
 
 func (x *UpdatePodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[30]
+	mi := &file_runtime_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2811,7 +2927,7 @@ func (x *UpdatePodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePodRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePodRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{30}
+	return file_runtime_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *UpdatePodRequest) GetPod() *PodSpec {
@@ -2830,7 +2946,7 @@ type UpdatePodResponse struct {
 
 func (x *UpdatePodResponse) Reset() {
 	*x = UpdatePodResponse{}
-	mi := &file_runtime_proto_msgTypes[31]
+	mi := &file_runtime_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2842,7 +2958,7 @@ func (x *UpdatePodResponse) String() string {
 func (*UpdatePodResponse) ProtoMessage() {}
 
 func (x *UpdatePodResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[31]
+	mi := &file_runtime_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2855,7 +2971,7 @@ func (x *UpdatePodResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePodResponse.ProtoReflect.Descriptor instead.
 func (*UpdatePodResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{31}
+	return file_runtime_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *UpdatePodResponse) GetStatus() *PodStatus {
@@ -2879,7 +2995,7 @@ type DeletePodRequest struct {
 
 func (x *DeletePodRequest) Reset() {
 	*x = DeletePodRequest{}
-	mi := &file_runtime_proto_msgTypes[32]
+	mi := &file_runtime_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2891,7 +3007,7 @@ func (x *DeletePodRequest) String() string {
 func (*DeletePodRequest) ProtoMessage() {}
 
 func (x *DeletePodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[32]
+	mi := &file_runtime_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2904,7 +3020,7 @@ func (x *DeletePodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePodRequest.ProtoReflect.Descriptor instead.
 func (*DeletePodRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{32}
+	return file_runtime_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeletePodRequest) GetUid() string {
@@ -2936,7 +3052,7 @@ type DeletePodResponse struct {
 
 func (x *DeletePodResponse) Reset() {
 	*x = DeletePodResponse{}
-	mi := &file_runtime_proto_msgTypes[33]
+	mi := &file_runtime_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2948,7 +3064,7 @@ func (x *DeletePodResponse) String() string {
 func (*DeletePodResponse) ProtoMessage() {}
 
 func (x *DeletePodResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[33]
+	mi := &file_runtime_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2961,7 +3077,7 @@ func (x *DeletePodResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePodResponse.ProtoReflect.Descriptor instead.
 func (*DeletePodResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{33}
+	return file_runtime_proto_rawDescGZIP(), []int{35}
 }
 
 type GetPodStatusRequest struct {
@@ -2973,7 +3089,7 @@ type GetPodStatusRequest struct {
 
 func (x *GetPodStatusRequest) Reset() {
 	*x = GetPodStatusRequest{}
-	mi := &file_runtime_proto_msgTypes[34]
+	mi := &file_runtime_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2985,7 +3101,7 @@ func (x *GetPodStatusRequest) String() string {
 func (*GetPodStatusRequest) ProtoMessage() {}
 
 func (x *GetPodStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[34]
+	mi := &file_runtime_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2998,7 +3114,7 @@ func (x *GetPodStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPodStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetPodStatusRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{34}
+	return file_runtime_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetPodStatusRequest) GetUid() string {
@@ -3017,7 +3133,7 @@ type GetPodStatusResponse struct {
 
 func (x *GetPodStatusResponse) Reset() {
 	*x = GetPodStatusResponse{}
-	mi := &file_runtime_proto_msgTypes[35]
+	mi := &file_runtime_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3029,7 +3145,7 @@ func (x *GetPodStatusResponse) String() string {
 func (*GetPodStatusResponse) ProtoMessage() {}
 
 func (x *GetPodStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[35]
+	mi := &file_runtime_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3042,7 +3158,7 @@ func (x *GetPodStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPodStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetPodStatusResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{35}
+	return file_runtime_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetPodStatusResponse) GetStatus() *PodStatus {
@@ -3060,7 +3176,7 @@ type ListPodsRequest struct {
 
 func (x *ListPodsRequest) Reset() {
 	*x = ListPodsRequest{}
-	mi := &file_runtime_proto_msgTypes[36]
+	mi := &file_runtime_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3072,7 +3188,7 @@ func (x *ListPodsRequest) String() string {
 func (*ListPodsRequest) ProtoMessage() {}
 
 func (x *ListPodsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[36]
+	mi := &file_runtime_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3085,7 +3201,7 @@ func (x *ListPodsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodsRequest.ProtoReflect.Descriptor instead.
 func (*ListPodsRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{36}
+	return file_runtime_proto_rawDescGZIP(), []int{38}
 }
 
 type ListPodsResponse struct {
@@ -3099,7 +3215,7 @@ type ListPodsResponse struct {
 
 func (x *ListPodsResponse) Reset() {
 	*x = ListPodsResponse{}
-	mi := &file_runtime_proto_msgTypes[37]
+	mi := &file_runtime_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3111,7 +3227,7 @@ func (x *ListPodsResponse) String() string {
 func (*ListPodsResponse) ProtoMessage() {}
 
 func (x *ListPodsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[37]
+	mi := &file_runtime_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3124,7 +3240,7 @@ func (x *ListPodsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodsResponse.ProtoReflect.Descriptor instead.
 func (*ListPodsResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{37}
+	return file_runtime_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListPodsResponse) GetPods() []*PodStatus {
@@ -3154,7 +3270,7 @@ type WatchPodStatusRequest struct {
 
 func (x *WatchPodStatusRequest) Reset() {
 	*x = WatchPodStatusRequest{}
-	mi := &file_runtime_proto_msgTypes[38]
+	mi := &file_runtime_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3166,7 +3282,7 @@ func (x *WatchPodStatusRequest) String() string {
 func (*WatchPodStatusRequest) ProtoMessage() {}
 
 func (x *WatchPodStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[38]
+	mi := &file_runtime_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3179,7 +3295,7 @@ func (x *WatchPodStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchPodStatusRequest.ProtoReflect.Descriptor instead.
 func (*WatchPodStatusRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{38}
+	return file_runtime_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *WatchPodStatusRequest) GetEventsBootId() string {
@@ -3208,7 +3324,7 @@ type WatchPodStatusResponse struct {
 
 func (x *WatchPodStatusResponse) Reset() {
 	*x = WatchPodStatusResponse{}
-	mi := &file_runtime_proto_msgTypes[39]
+	mi := &file_runtime_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3220,7 +3336,7 @@ func (x *WatchPodStatusResponse) String() string {
 func (*WatchPodStatusResponse) ProtoMessage() {}
 
 func (x *WatchPodStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[39]
+	mi := &file_runtime_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3233,7 +3349,7 @@ func (x *WatchPodStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchPodStatusResponse.ProtoReflect.Descriptor instead.
 func (*WatchPodStatusResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{39}
+	return file_runtime_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *WatchPodStatusResponse) GetKind() WatchPodStatusResponse_Kind {
@@ -3283,7 +3399,7 @@ type GetLogsRequest struct {
 
 func (x *GetLogsRequest) Reset() {
 	*x = GetLogsRequest{}
-	mi := &file_runtime_proto_msgTypes[40]
+	mi := &file_runtime_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3295,7 +3411,7 @@ func (x *GetLogsRequest) String() string {
 func (*GetLogsRequest) ProtoMessage() {}
 
 func (x *GetLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[40]
+	mi := &file_runtime_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3308,7 +3424,7 @@ func (x *GetLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLogsRequest.ProtoReflect.Descriptor instead.
 func (*GetLogsRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{40}
+	return file_runtime_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *GetLogsRequest) GetPodUid() string {
@@ -3378,7 +3494,7 @@ type GetLogsResponse struct {
 
 func (x *GetLogsResponse) Reset() {
 	*x = GetLogsResponse{}
-	mi := &file_runtime_proto_msgTypes[41]
+	mi := &file_runtime_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3390,7 +3506,7 @@ func (x *GetLogsResponse) String() string {
 func (*GetLogsResponse) ProtoMessage() {}
 
 func (x *GetLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[41]
+	mi := &file_runtime_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3403,7 +3519,7 @@ func (x *GetLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLogsResponse.ProtoReflect.Descriptor instead.
 func (*GetLogsResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{41}
+	return file_runtime_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetLogsResponse) GetData() []byte {
@@ -3423,7 +3539,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_runtime_proto_msgTypes[42]
+	mi := &file_runtime_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3435,7 +3551,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[42]
+	mi := &file_runtime_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3448,7 +3564,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{42}
+	return file_runtime_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *TerminalSize) GetWidth() uint32 {
@@ -3479,7 +3595,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_runtime_proto_msgTypes[43]
+	mi := &file_runtime_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3491,7 +3607,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[43]
+	mi := &file_runtime_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3504,7 +3620,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{43}
+	return file_runtime_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ExecStart) GetPodUid() string {
@@ -3564,7 +3680,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_runtime_proto_msgTypes[44]
+	mi := &file_runtime_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3576,7 +3692,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[44]
+	mi := &file_runtime_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3589,7 +3705,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{44}
+	return file_runtime_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -3675,7 +3791,7 @@ type ExitStatus struct {
 
 func (x *ExitStatus) Reset() {
 	*x = ExitStatus{}
-	mi := &file_runtime_proto_msgTypes[45]
+	mi := &file_runtime_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3687,7 +3803,7 @@ func (x *ExitStatus) String() string {
 func (*ExitStatus) ProtoMessage() {}
 
 func (x *ExitStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[45]
+	mi := &file_runtime_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3700,7 +3816,7 @@ func (x *ExitStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExitStatus.ProtoReflect.Descriptor instead.
 func (*ExitStatus) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{45}
+	return file_runtime_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ExitStatus) GetExitCode() int32 {
@@ -3738,7 +3854,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_runtime_proto_msgTypes[46]
+	mi := &file_runtime_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3750,7 +3866,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[46]
+	mi := &file_runtime_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3763,7 +3879,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{46}
+	return file_runtime_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ExecResponse) GetMsg() isExecResponse_Msg {
@@ -3834,7 +3950,7 @@ type AttachStart struct {
 
 func (x *AttachStart) Reset() {
 	*x = AttachStart{}
-	mi := &file_runtime_proto_msgTypes[47]
+	mi := &file_runtime_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3846,7 +3962,7 @@ func (x *AttachStart) String() string {
 func (*AttachStart) ProtoMessage() {}
 
 func (x *AttachStart) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[47]
+	mi := &file_runtime_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3859,7 +3975,7 @@ func (x *AttachStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachStart.ProtoReflect.Descriptor instead.
 func (*AttachStart) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{47}
+	return file_runtime_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *AttachStart) GetPodUid() string {
@@ -3905,7 +4021,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_runtime_proto_msgTypes[48]
+	mi := &file_runtime_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3917,7 +4033,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[48]
+	mi := &file_runtime_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3930,7 +4046,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{48}
+	return file_runtime_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *AttachRequest) GetMsg() isAttachRequest_Msg {
@@ -4018,7 +4134,7 @@ type AttachResponse struct {
 
 func (x *AttachResponse) Reset() {
 	*x = AttachResponse{}
-	mi := &file_runtime_proto_msgTypes[49]
+	mi := &file_runtime_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4030,7 +4146,7 @@ func (x *AttachResponse) String() string {
 func (*AttachResponse) ProtoMessage() {}
 
 func (x *AttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[49]
+	mi := &file_runtime_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4043,7 +4159,7 @@ func (x *AttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachResponse.ProtoReflect.Descriptor instead.
 func (*AttachResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{49}
+	return file_runtime_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *AttachResponse) GetMsg() isAttachResponse_Msg {
@@ -4112,7 +4228,7 @@ type PortForwardStart struct {
 
 func (x *PortForwardStart) Reset() {
 	*x = PortForwardStart{}
-	mi := &file_runtime_proto_msgTypes[50]
+	mi := &file_runtime_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4124,7 +4240,7 @@ func (x *PortForwardStart) String() string {
 func (*PortForwardStart) ProtoMessage() {}
 
 func (x *PortForwardStart) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[50]
+	mi := &file_runtime_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4137,7 +4253,7 @@ func (x *PortForwardStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForwardStart.ProtoReflect.Descriptor instead.
 func (*PortForwardStart) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{50}
+	return file_runtime_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *PortForwardStart) GetPodUid() string {
@@ -4168,7 +4284,7 @@ type PortForwardRequest struct {
 
 func (x *PortForwardRequest) Reset() {
 	*x = PortForwardRequest{}
-	mi := &file_runtime_proto_msgTypes[51]
+	mi := &file_runtime_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4180,7 +4296,7 @@ func (x *PortForwardRequest) String() string {
 func (*PortForwardRequest) ProtoMessage() {}
 
 func (x *PortForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[51]
+	mi := &file_runtime_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4193,7 +4309,7 @@ func (x *PortForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForwardRequest.ProtoReflect.Descriptor instead.
 func (*PortForwardRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{51}
+	return file_runtime_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *PortForwardRequest) GetMsg() isPortForwardRequest_Msg {
@@ -4266,7 +4382,7 @@ type PortForwardResponse struct {
 
 func (x *PortForwardResponse) Reset() {
 	*x = PortForwardResponse{}
-	mi := &file_runtime_proto_msgTypes[52]
+	mi := &file_runtime_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4278,7 +4394,7 @@ func (x *PortForwardResponse) String() string {
 func (*PortForwardResponse) ProtoMessage() {}
 
 func (x *PortForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[52]
+	mi := &file_runtime_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4291,7 +4407,7 @@ func (x *PortForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForwardResponse.ProtoReflect.Descriptor instead.
 func (*PortForwardResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{52}
+	return file_runtime_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *PortForwardResponse) GetMsg() isPortForwardResponse_Msg {
@@ -4346,7 +4462,7 @@ type ListPodStatsRequest struct {
 
 func (x *ListPodStatsRequest) Reset() {
 	*x = ListPodStatsRequest{}
-	mi := &file_runtime_proto_msgTypes[53]
+	mi := &file_runtime_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4358,7 +4474,7 @@ func (x *ListPodStatsRequest) String() string {
 func (*ListPodStatsRequest) ProtoMessage() {}
 
 func (x *ListPodStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[53]
+	mi := &file_runtime_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4371,7 +4487,7 @@ func (x *ListPodStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodStatsRequest.ProtoReflect.Descriptor instead.
 func (*ListPodStatsRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{53}
+	return file_runtime_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListPodStatsRequest) GetPodUid() string {
@@ -4395,7 +4511,7 @@ type ContainerStats struct {
 
 func (x *ContainerStats) Reset() {
 	*x = ContainerStats{}
-	mi := &file_runtime_proto_msgTypes[54]
+	mi := &file_runtime_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4407,7 +4523,7 @@ func (x *ContainerStats) String() string {
 func (*ContainerStats) ProtoMessage() {}
 
 func (x *ContainerStats) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[54]
+	mi := &file_runtime_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4420,7 +4536,7 @@ func (x *ContainerStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStats.ProtoReflect.Descriptor instead.
 func (*ContainerStats) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{54}
+	return file_runtime_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ContainerStats) GetName() string {
@@ -4477,7 +4593,7 @@ type PodStats struct {
 
 func (x *PodStats) Reset() {
 	*x = PodStats{}
-	mi := &file_runtime_proto_msgTypes[55]
+	mi := &file_runtime_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4489,7 +4605,7 @@ func (x *PodStats) String() string {
 func (*PodStats) ProtoMessage() {}
 
 func (x *PodStats) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[55]
+	mi := &file_runtime_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4502,7 +4618,7 @@ func (x *PodStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodStats.ProtoReflect.Descriptor instead.
 func (*PodStats) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{55}
+	return file_runtime_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *PodStats) GetUid() string {
@@ -4542,7 +4658,7 @@ type ListPodStatsResponse struct {
 
 func (x *ListPodStatsResponse) Reset() {
 	*x = ListPodStatsResponse{}
-	mi := &file_runtime_proto_msgTypes[56]
+	mi := &file_runtime_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4554,7 +4670,7 @@ func (x *ListPodStatsResponse) String() string {
 func (*ListPodStatsResponse) ProtoMessage() {}
 
 func (x *ListPodStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[56]
+	mi := &file_runtime_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4567,7 +4683,7 @@ func (x *ListPodStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodStatsResponse.ProtoReflect.Descriptor instead.
 func (*ListPodStatsResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{56}
+	return file_runtime_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ListPodStatsResponse) GetPods() []*PodStats {
@@ -4592,7 +4708,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_runtime_proto_msgTypes[57]
+	mi := &file_runtime_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4604,7 +4720,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[57]
+	mi := &file_runtime_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4617,7 +4733,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{57}
+	return file_runtime_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *Image) GetId() string {
@@ -4670,7 +4786,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_runtime_proto_msgTypes[58]
+	mi := &file_runtime_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4682,7 +4798,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[58]
+	mi := &file_runtime_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4695,7 +4811,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{58}
+	return file_runtime_proto_rawDescGZIP(), []int{60}
 }
 
 type ListImagesResponse struct {
@@ -4707,7 +4823,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_runtime_proto_msgTypes[59]
+	mi := &file_runtime_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4719,7 +4835,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[59]
+	mi := &file_runtime_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4732,7 +4848,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{59}
+	return file_runtime_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -4752,7 +4868,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_runtime_proto_msgTypes[60]
+	mi := &file_runtime_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4764,7 +4880,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[60]
+	mi := &file_runtime_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4777,7 +4893,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{60}
+	return file_runtime_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *PullImageRequest) GetImage() string {
@@ -4803,7 +4919,7 @@ type PullImageResponse struct {
 
 func (x *PullImageResponse) Reset() {
 	*x = PullImageResponse{}
-	mi := &file_runtime_proto_msgTypes[61]
+	mi := &file_runtime_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4815,7 +4931,7 @@ func (x *PullImageResponse) String() string {
 func (*PullImageResponse) ProtoMessage() {}
 
 func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[61]
+	mi := &file_runtime_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4828,7 +4944,7 @@ func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageResponse.ProtoReflect.Descriptor instead.
 func (*PullImageResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{61}
+	return file_runtime_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *PullImageResponse) GetImage() *Image {
@@ -4848,7 +4964,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_runtime_proto_msgTypes[62]
+	mi := &file_runtime_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4860,7 +4976,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[62]
+	mi := &file_runtime_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4873,7 +4989,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{62}
+	return file_runtime_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *RemoveImageRequest) GetImage() string {
@@ -4891,7 +5007,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_runtime_proto_msgTypes[63]
+	mi := &file_runtime_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4903,7 +5019,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[63]
+	mi := &file_runtime_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4916,7 +5032,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{63}
+	return file_runtime_proto_rawDescGZIP(), []int{65}
 }
 
 type ImageFsInfoRequest struct {
@@ -4927,7 +5043,7 @@ type ImageFsInfoRequest struct {
 
 func (x *ImageFsInfoRequest) Reset() {
 	*x = ImageFsInfoRequest{}
-	mi := &file_runtime_proto_msgTypes[64]
+	mi := &file_runtime_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4939,7 +5055,7 @@ func (x *ImageFsInfoRequest) String() string {
 func (*ImageFsInfoRequest) ProtoMessage() {}
 
 func (x *ImageFsInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[64]
+	mi := &file_runtime_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4952,7 +5068,7 @@ func (x *ImageFsInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageFsInfoRequest.ProtoReflect.Descriptor instead.
 func (*ImageFsInfoRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{64}
+	return file_runtime_proto_rawDescGZIP(), []int{66}
 }
 
 type ImageFsInfoResponse struct {
@@ -4968,7 +5084,7 @@ type ImageFsInfoResponse struct {
 
 func (x *ImageFsInfoResponse) Reset() {
 	*x = ImageFsInfoResponse{}
-	mi := &file_runtime_proto_msgTypes[65]
+	mi := &file_runtime_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4980,7 +5096,7 @@ func (x *ImageFsInfoResponse) String() string {
 func (*ImageFsInfoResponse) ProtoMessage() {}
 
 func (x *ImageFsInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[65]
+	mi := &file_runtime_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4993,7 +5109,7 @@ func (x *ImageFsInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageFsInfoResponse.ProtoReflect.Descriptor instead.
 func (*ImageFsInfoResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{65}
+	return file_runtime_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ImageFsInfoResponse) GetMountpoint() string {
@@ -5101,9 +5217,10 @@ const file_runtime_proto_rawDesc = "" +
 	"\thost_path\x18\x04 \x01(\v2\x1f.k3sm.runtime.v1.HostPathVolumeH\x00R\bhostPath\x12A\n" +
 	"\n" +
 	"local_path\x18\x05 \x01(\v2 .k3sm.runtime.v1.LocalPathVolumeH\x00R\tlocalPathB\b\n" +
-	"\x06source\":\n" +
+	"\x06source\"R\n" +
 	"\x0eEmptyDirVolume\x12(\n" +
-	"\x10size_limit_bytes\x18\x01 \x01(\x03R\x0esizeLimitBytes\"@\n" +
+	"\x10size_limit_bytes\x18\x01 \x01(\x03R\x0esizeLimitBytes\x12\x16\n" +
+	"\x06memory\x18\x02 \x01(\bR\x06memory\"@\n" +
 	"\vFilesVolume\x121\n" +
 	"\x05files\x18\x01 \x03(\v2\x1b.k3sm.runtime.v1.VolumeFileR\x05files\"N\n" +
 	"\n" +
@@ -5115,13 +5232,19 @@ const file_runtime_proto_rawDesc = "" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\"%\n" +
 	"\x0fLocalPathVolume\x12\x12\n" +
-	"\x04path\x18\x01 \x01(\tR\x04path\"x\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\"\x9c\x01\n" +
 	"\vVolumeMount\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
 	"mount_path\x18\x02 \x01(\tR\tmountPath\x12\x1b\n" +
 	"\tread_only\x18\x03 \x01(\bR\breadOnly\x12\x19\n" +
-	"\bsub_path\x18\x04 \x01(\tR\asubPath\"\xd6\x03\n" +
+	"\bsub_path\x18\x04 \x01(\tR\asubPath\x12\"\n" +
+	"\rsub_path_expr\x18\x05 \x01(\tR\vsubPathExpr\"^\n" +
+	"\x17UpdatePodVolumesRequest\x12\x10\n" +
+	"\x03uid\x18\x01 \x01(\tR\x03uid\x121\n" +
+	"\avolumes\x18\x02 \x03(\v2\x17.k3sm.runtime.v1.VolumeR\avolumes\"4\n" +
+	"\x18UpdatePodVolumesResponse\x12\x18\n" +
+	"\achanged\x18\x01 \x03(\tR\achanged\"\xd6\x03\n" +
 	"\x05Probe\x121\n" +
 	"\x04exec\x18\x01 \x01(\v2\x1b.k3sm.runtime.v1.ExecActionH\x00R\x04exec\x12;\n" +
 	"\bhttp_get\x18\x02 \x01(\v2\x1e.k3sm.runtime.v1.HTTPGetActionH\x00R\ahttpGet\x12A\n" +
@@ -5423,11 +5546,12 @@ const file_runtime_proto_rawDesc = "" +
 	"\tEventType\x12\x1a\n" +
 	"\x16EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11EVENT_TYPE_NORMAL\x10\x01\x12\x16\n" +
-	"\x12EVENT_TYPE_WARNING\x10\x022\x9e\b\n" +
+	"\x12EVENT_TYPE_WARNING\x10\x022\x87\t\n" +
 	"\aRuntime\x12a\n" +
 	"\x0eGetRuntimeInfo\x12&.k3sm.runtime.v1.GetRuntimeInfoRequest\x1a'.k3sm.runtime.v1.GetRuntimeInfoResponse\x12R\n" +
 	"\tCreatePod\x12!.k3sm.runtime.v1.CreatePodRequest\x1a\".k3sm.runtime.v1.CreatePodResponse\x12R\n" +
-	"\tUpdatePod\x12!.k3sm.runtime.v1.UpdatePodRequest\x1a\".k3sm.runtime.v1.UpdatePodResponse\x12R\n" +
+	"\tUpdatePod\x12!.k3sm.runtime.v1.UpdatePodRequest\x1a\".k3sm.runtime.v1.UpdatePodResponse\x12g\n" +
+	"\x10UpdatePodVolumes\x12(.k3sm.runtime.v1.UpdatePodVolumesRequest\x1a).k3sm.runtime.v1.UpdatePodVolumesResponse\x12R\n" +
 	"\tDeletePod\x12!.k3sm.runtime.v1.DeletePodRequest\x1a\".k3sm.runtime.v1.DeletePodResponse\x12[\n" +
 	"\fGetPodStatus\x12$.k3sm.runtime.v1.GetPodStatusRequest\x1a%.k3sm.runtime.v1.GetPodStatusResponse\x12O\n" +
 	"\bListPods\x12 .k3sm.runtime.v1.ListPodsRequest\x1a!.k3sm.runtime.v1.ListPodsResponse\x12c\n" +
@@ -5457,7 +5581,7 @@ func file_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
+var file_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
 var file_runtime_proto_goTypes = []any{
 	(RestartPolicy)(0),               // 0: k3sm.runtime.v1.RestartPolicy
 	(PullPolicy)(0),                  // 1: k3sm.runtime.v1.PullPolicy
@@ -5477,70 +5601,72 @@ var file_runtime_proto_goTypes = []any{
 	(*HostPathVolume)(nil),           // 15: k3sm.runtime.v1.HostPathVolume
 	(*LocalPathVolume)(nil),          // 16: k3sm.runtime.v1.LocalPathVolume
 	(*VolumeMount)(nil),              // 17: k3sm.runtime.v1.VolumeMount
-	(*Probe)(nil),                    // 18: k3sm.runtime.v1.Probe
-	(*ExecAction)(nil),               // 19: k3sm.runtime.v1.ExecAction
-	(*HTTPGetAction)(nil),            // 20: k3sm.runtime.v1.HTTPGetAction
-	(*TCPSocketAction)(nil),          // 21: k3sm.runtime.v1.TCPSocketAction
-	(*GRPCAction)(nil),               // 22: k3sm.runtime.v1.GRPCAction
-	(*Lifecycle)(nil),                // 23: k3sm.runtime.v1.Lifecycle
-	(*LifecycleHandler)(nil),         // 24: k3sm.runtime.v1.LifecycleHandler
-	(*PodStatus)(nil),                // 25: k3sm.runtime.v1.PodStatus
-	(*ContainerStatus)(nil),          // 26: k3sm.runtime.v1.ContainerStatus
-	(*ContainerState)(nil),           // 27: k3sm.runtime.v1.ContainerState
-	(*ContainerStateWaiting)(nil),    // 28: k3sm.runtime.v1.ContainerStateWaiting
-	(*ContainerStateRunning)(nil),    // 29: k3sm.runtime.v1.ContainerStateRunning
-	(*ContainerStateTerminated)(nil), // 30: k3sm.runtime.v1.ContainerStateTerminated
-	(*PodEvent)(nil),                 // 31: k3sm.runtime.v1.PodEvent
-	(*GetRuntimeInfoRequest)(nil),    // 32: k3sm.runtime.v1.GetRuntimeInfoRequest
-	(*GetRuntimeInfoResponse)(nil),   // 33: k3sm.runtime.v1.GetRuntimeInfoResponse
-	(*CreatePodRequest)(nil),         // 34: k3sm.runtime.v1.CreatePodRequest
-	(*CreatePodResponse)(nil),        // 35: k3sm.runtime.v1.CreatePodResponse
-	(*UpdatePodRequest)(nil),         // 36: k3sm.runtime.v1.UpdatePodRequest
-	(*UpdatePodResponse)(nil),        // 37: k3sm.runtime.v1.UpdatePodResponse
-	(*DeletePodRequest)(nil),         // 38: k3sm.runtime.v1.DeletePodRequest
-	(*DeletePodResponse)(nil),        // 39: k3sm.runtime.v1.DeletePodResponse
-	(*GetPodStatusRequest)(nil),      // 40: k3sm.runtime.v1.GetPodStatusRequest
-	(*GetPodStatusResponse)(nil),     // 41: k3sm.runtime.v1.GetPodStatusResponse
-	(*ListPodsRequest)(nil),          // 42: k3sm.runtime.v1.ListPodsRequest
-	(*ListPodsResponse)(nil),         // 43: k3sm.runtime.v1.ListPodsResponse
-	(*WatchPodStatusRequest)(nil),    // 44: k3sm.runtime.v1.WatchPodStatusRequest
-	(*WatchPodStatusResponse)(nil),   // 45: k3sm.runtime.v1.WatchPodStatusResponse
-	(*GetLogsRequest)(nil),           // 46: k3sm.runtime.v1.GetLogsRequest
-	(*GetLogsResponse)(nil),          // 47: k3sm.runtime.v1.GetLogsResponse
-	(*TerminalSize)(nil),             // 48: k3sm.runtime.v1.TerminalSize
-	(*ExecStart)(nil),                // 49: k3sm.runtime.v1.ExecStart
-	(*ExecRequest)(nil),              // 50: k3sm.runtime.v1.ExecRequest
-	(*ExitStatus)(nil),               // 51: k3sm.runtime.v1.ExitStatus
-	(*ExecResponse)(nil),             // 52: k3sm.runtime.v1.ExecResponse
-	(*AttachStart)(nil),              // 53: k3sm.runtime.v1.AttachStart
-	(*AttachRequest)(nil),            // 54: k3sm.runtime.v1.AttachRequest
-	(*AttachResponse)(nil),           // 55: k3sm.runtime.v1.AttachResponse
-	(*PortForwardStart)(nil),         // 56: k3sm.runtime.v1.PortForwardStart
-	(*PortForwardRequest)(nil),       // 57: k3sm.runtime.v1.PortForwardRequest
-	(*PortForwardResponse)(nil),      // 58: k3sm.runtime.v1.PortForwardResponse
-	(*ListPodStatsRequest)(nil),      // 59: k3sm.runtime.v1.ListPodStatsRequest
-	(*ContainerStats)(nil),           // 60: k3sm.runtime.v1.ContainerStats
-	(*PodStats)(nil),                 // 61: k3sm.runtime.v1.PodStats
-	(*ListPodStatsResponse)(nil),     // 62: k3sm.runtime.v1.ListPodStatsResponse
-	(*Image)(nil),                    // 63: k3sm.runtime.v1.Image
-	(*ListImagesRequest)(nil),        // 64: k3sm.runtime.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),       // 65: k3sm.runtime.v1.ListImagesResponse
-	(*PullImageRequest)(nil),         // 66: k3sm.runtime.v1.PullImageRequest
-	(*PullImageResponse)(nil),        // 67: k3sm.runtime.v1.PullImageResponse
-	(*RemoveImageRequest)(nil),       // 68: k3sm.runtime.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),      // 69: k3sm.runtime.v1.RemoveImageResponse
-	(*ImageFsInfoRequest)(nil),       // 70: k3sm.runtime.v1.ImageFsInfoRequest
-	(*ImageFsInfoResponse)(nil),      // 71: k3sm.runtime.v1.ImageFsInfoResponse
-	nil,                              // 72: k3sm.runtime.v1.PodSpec.LabelsEntry
-	nil,                              // 73: k3sm.runtime.v1.PodSpec.AnnotationsEntry
-	(*timestamppb.Timestamp)(nil),    // 74: google.protobuf.Timestamp
+	(*UpdatePodVolumesRequest)(nil),  // 18: k3sm.runtime.v1.UpdatePodVolumesRequest
+	(*UpdatePodVolumesResponse)(nil), // 19: k3sm.runtime.v1.UpdatePodVolumesResponse
+	(*Probe)(nil),                    // 20: k3sm.runtime.v1.Probe
+	(*ExecAction)(nil),               // 21: k3sm.runtime.v1.ExecAction
+	(*HTTPGetAction)(nil),            // 22: k3sm.runtime.v1.HTTPGetAction
+	(*TCPSocketAction)(nil),          // 23: k3sm.runtime.v1.TCPSocketAction
+	(*GRPCAction)(nil),               // 24: k3sm.runtime.v1.GRPCAction
+	(*Lifecycle)(nil),                // 25: k3sm.runtime.v1.Lifecycle
+	(*LifecycleHandler)(nil),         // 26: k3sm.runtime.v1.LifecycleHandler
+	(*PodStatus)(nil),                // 27: k3sm.runtime.v1.PodStatus
+	(*ContainerStatus)(nil),          // 28: k3sm.runtime.v1.ContainerStatus
+	(*ContainerState)(nil),           // 29: k3sm.runtime.v1.ContainerState
+	(*ContainerStateWaiting)(nil),    // 30: k3sm.runtime.v1.ContainerStateWaiting
+	(*ContainerStateRunning)(nil),    // 31: k3sm.runtime.v1.ContainerStateRunning
+	(*ContainerStateTerminated)(nil), // 32: k3sm.runtime.v1.ContainerStateTerminated
+	(*PodEvent)(nil),                 // 33: k3sm.runtime.v1.PodEvent
+	(*GetRuntimeInfoRequest)(nil),    // 34: k3sm.runtime.v1.GetRuntimeInfoRequest
+	(*GetRuntimeInfoResponse)(nil),   // 35: k3sm.runtime.v1.GetRuntimeInfoResponse
+	(*CreatePodRequest)(nil),         // 36: k3sm.runtime.v1.CreatePodRequest
+	(*CreatePodResponse)(nil),        // 37: k3sm.runtime.v1.CreatePodResponse
+	(*UpdatePodRequest)(nil),         // 38: k3sm.runtime.v1.UpdatePodRequest
+	(*UpdatePodResponse)(nil),        // 39: k3sm.runtime.v1.UpdatePodResponse
+	(*DeletePodRequest)(nil),         // 40: k3sm.runtime.v1.DeletePodRequest
+	(*DeletePodResponse)(nil),        // 41: k3sm.runtime.v1.DeletePodResponse
+	(*GetPodStatusRequest)(nil),      // 42: k3sm.runtime.v1.GetPodStatusRequest
+	(*GetPodStatusResponse)(nil),     // 43: k3sm.runtime.v1.GetPodStatusResponse
+	(*ListPodsRequest)(nil),          // 44: k3sm.runtime.v1.ListPodsRequest
+	(*ListPodsResponse)(nil),         // 45: k3sm.runtime.v1.ListPodsResponse
+	(*WatchPodStatusRequest)(nil),    // 46: k3sm.runtime.v1.WatchPodStatusRequest
+	(*WatchPodStatusResponse)(nil),   // 47: k3sm.runtime.v1.WatchPodStatusResponse
+	(*GetLogsRequest)(nil),           // 48: k3sm.runtime.v1.GetLogsRequest
+	(*GetLogsResponse)(nil),          // 49: k3sm.runtime.v1.GetLogsResponse
+	(*TerminalSize)(nil),             // 50: k3sm.runtime.v1.TerminalSize
+	(*ExecStart)(nil),                // 51: k3sm.runtime.v1.ExecStart
+	(*ExecRequest)(nil),              // 52: k3sm.runtime.v1.ExecRequest
+	(*ExitStatus)(nil),               // 53: k3sm.runtime.v1.ExitStatus
+	(*ExecResponse)(nil),             // 54: k3sm.runtime.v1.ExecResponse
+	(*AttachStart)(nil),              // 55: k3sm.runtime.v1.AttachStart
+	(*AttachRequest)(nil),            // 56: k3sm.runtime.v1.AttachRequest
+	(*AttachResponse)(nil),           // 57: k3sm.runtime.v1.AttachResponse
+	(*PortForwardStart)(nil),         // 58: k3sm.runtime.v1.PortForwardStart
+	(*PortForwardRequest)(nil),       // 59: k3sm.runtime.v1.PortForwardRequest
+	(*PortForwardResponse)(nil),      // 60: k3sm.runtime.v1.PortForwardResponse
+	(*ListPodStatsRequest)(nil),      // 61: k3sm.runtime.v1.ListPodStatsRequest
+	(*ContainerStats)(nil),           // 62: k3sm.runtime.v1.ContainerStats
+	(*PodStats)(nil),                 // 63: k3sm.runtime.v1.PodStats
+	(*ListPodStatsResponse)(nil),     // 64: k3sm.runtime.v1.ListPodStatsResponse
+	(*Image)(nil),                    // 65: k3sm.runtime.v1.Image
+	(*ListImagesRequest)(nil),        // 66: k3sm.runtime.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),       // 67: k3sm.runtime.v1.ListImagesResponse
+	(*PullImageRequest)(nil),         // 68: k3sm.runtime.v1.PullImageRequest
+	(*PullImageResponse)(nil),        // 69: k3sm.runtime.v1.PullImageResponse
+	(*RemoveImageRequest)(nil),       // 70: k3sm.runtime.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),      // 71: k3sm.runtime.v1.RemoveImageResponse
+	(*ImageFsInfoRequest)(nil),       // 72: k3sm.runtime.v1.ImageFsInfoRequest
+	(*ImageFsInfoResponse)(nil),      // 73: k3sm.runtime.v1.ImageFsInfoResponse
+	nil,                              // 74: k3sm.runtime.v1.PodSpec.LabelsEntry
+	nil,                              // 75: k3sm.runtime.v1.PodSpec.AnnotationsEntry
+	(*timestamppb.Timestamp)(nil),    // 76: google.protobuf.Timestamp
 }
 var file_runtime_proto_depIdxs = []int32{
 	0,  // 0: k3sm.runtime.v1.PodSpec.restart_policy:type_name -> k3sm.runtime.v1.RestartPolicy
 	7,  // 1: k3sm.runtime.v1.PodSpec.init_containers:type_name -> k3sm.runtime.v1.ContainerSpec
 	7,  // 2: k3sm.runtime.v1.PodSpec.containers:type_name -> k3sm.runtime.v1.ContainerSpec
-	72, // 3: k3sm.runtime.v1.PodSpec.labels:type_name -> k3sm.runtime.v1.PodSpec.LabelsEntry
-	73, // 4: k3sm.runtime.v1.PodSpec.annotations:type_name -> k3sm.runtime.v1.PodSpec.AnnotationsEntry
+	74, // 3: k3sm.runtime.v1.PodSpec.labels:type_name -> k3sm.runtime.v1.PodSpec.LabelsEntry
+	75, // 4: k3sm.runtime.v1.PodSpec.annotations:type_name -> k3sm.runtime.v1.PodSpec.AnnotationsEntry
 	11, // 5: k3sm.runtime.v1.PodSpec.volumes:type_name -> k3sm.runtime.v1.Volume
 	1,  // 6: k3sm.runtime.v1.ContainerSpec.image_pull_policy:type_name -> k3sm.runtime.v1.PullPolicy
 	8,  // 7: k3sm.runtime.v1.ContainerSpec.env:type_name -> k3sm.runtime.v1.EnvVar
@@ -5548,100 +5674,103 @@ var file_runtime_proto_depIdxs = []int32{
 	10, // 9: k3sm.runtime.v1.ContainerSpec.resources:type_name -> k3sm.runtime.v1.Resources
 	9,  // 10: k3sm.runtime.v1.ContainerSpec.ports:type_name -> k3sm.runtime.v1.ContainerPort
 	17, // 11: k3sm.runtime.v1.ContainerSpec.volume_mounts:type_name -> k3sm.runtime.v1.VolumeMount
-	18, // 12: k3sm.runtime.v1.ContainerSpec.liveness_probe:type_name -> k3sm.runtime.v1.Probe
-	18, // 13: k3sm.runtime.v1.ContainerSpec.readiness_probe:type_name -> k3sm.runtime.v1.Probe
-	18, // 14: k3sm.runtime.v1.ContainerSpec.startup_probe:type_name -> k3sm.runtime.v1.Probe
-	23, // 15: k3sm.runtime.v1.ContainerSpec.lifecycle:type_name -> k3sm.runtime.v1.Lifecycle
+	20, // 12: k3sm.runtime.v1.ContainerSpec.liveness_probe:type_name -> k3sm.runtime.v1.Probe
+	20, // 13: k3sm.runtime.v1.ContainerSpec.readiness_probe:type_name -> k3sm.runtime.v1.Probe
+	20, // 14: k3sm.runtime.v1.ContainerSpec.startup_probe:type_name -> k3sm.runtime.v1.Probe
+	25, // 15: k3sm.runtime.v1.ContainerSpec.lifecycle:type_name -> k3sm.runtime.v1.Lifecycle
 	12, // 16: k3sm.runtime.v1.Volume.empty_dir:type_name -> k3sm.runtime.v1.EmptyDirVolume
 	13, // 17: k3sm.runtime.v1.Volume.files:type_name -> k3sm.runtime.v1.FilesVolume
 	15, // 18: k3sm.runtime.v1.Volume.host_path:type_name -> k3sm.runtime.v1.HostPathVolume
 	16, // 19: k3sm.runtime.v1.Volume.local_path:type_name -> k3sm.runtime.v1.LocalPathVolume
 	14, // 20: k3sm.runtime.v1.FilesVolume.files:type_name -> k3sm.runtime.v1.VolumeFile
-	19, // 21: k3sm.runtime.v1.Probe.exec:type_name -> k3sm.runtime.v1.ExecAction
-	20, // 22: k3sm.runtime.v1.Probe.http_get:type_name -> k3sm.runtime.v1.HTTPGetAction
-	21, // 23: k3sm.runtime.v1.Probe.tcp_socket:type_name -> k3sm.runtime.v1.TCPSocketAction
-	22, // 24: k3sm.runtime.v1.Probe.grpc:type_name -> k3sm.runtime.v1.GRPCAction
-	8,  // 25: k3sm.runtime.v1.HTTPGetAction.headers:type_name -> k3sm.runtime.v1.EnvVar
-	24, // 26: k3sm.runtime.v1.Lifecycle.post_start:type_name -> k3sm.runtime.v1.LifecycleHandler
-	24, // 27: k3sm.runtime.v1.Lifecycle.pre_stop:type_name -> k3sm.runtime.v1.LifecycleHandler
-	19, // 28: k3sm.runtime.v1.LifecycleHandler.exec:type_name -> k3sm.runtime.v1.ExecAction
-	20, // 29: k3sm.runtime.v1.LifecycleHandler.http_get:type_name -> k3sm.runtime.v1.HTTPGetAction
-	21, // 30: k3sm.runtime.v1.LifecycleHandler.tcp_socket:type_name -> k3sm.runtime.v1.TCPSocketAction
-	3,  // 31: k3sm.runtime.v1.PodStatus.phase:type_name -> k3sm.runtime.v1.PodPhase
-	74, // 32: k3sm.runtime.v1.PodStatus.start_time:type_name -> google.protobuf.Timestamp
-	26, // 33: k3sm.runtime.v1.PodStatus.init_container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
-	26, // 34: k3sm.runtime.v1.PodStatus.container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
-	27, // 35: k3sm.runtime.v1.ContainerStatus.state:type_name -> k3sm.runtime.v1.ContainerState
-	27, // 36: k3sm.runtime.v1.ContainerStatus.last_termination_state:type_name -> k3sm.runtime.v1.ContainerState
-	28, // 37: k3sm.runtime.v1.ContainerState.waiting:type_name -> k3sm.runtime.v1.ContainerStateWaiting
-	29, // 38: k3sm.runtime.v1.ContainerState.running:type_name -> k3sm.runtime.v1.ContainerStateRunning
-	30, // 39: k3sm.runtime.v1.ContainerState.terminated:type_name -> k3sm.runtime.v1.ContainerStateTerminated
-	74, // 40: k3sm.runtime.v1.ContainerStateRunning.started_at:type_name -> google.protobuf.Timestamp
-	74, // 41: k3sm.runtime.v1.ContainerStateTerminated.started_at:type_name -> google.protobuf.Timestamp
-	74, // 42: k3sm.runtime.v1.ContainerStateTerminated.finished_at:type_name -> google.protobuf.Timestamp
-	4,  // 43: k3sm.runtime.v1.PodEvent.type:type_name -> k3sm.runtime.v1.EventType
-	74, // 44: k3sm.runtime.v1.PodEvent.time:type_name -> google.protobuf.Timestamp
-	6,  // 45: k3sm.runtime.v1.CreatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
-	25, // 46: k3sm.runtime.v1.CreatePodResponse.status:type_name -> k3sm.runtime.v1.PodStatus
-	6,  // 47: k3sm.runtime.v1.UpdatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
-	25, // 48: k3sm.runtime.v1.UpdatePodResponse.status:type_name -> k3sm.runtime.v1.PodStatus
-	25, // 49: k3sm.runtime.v1.GetPodStatusResponse.status:type_name -> k3sm.runtime.v1.PodStatus
-	25, // 50: k3sm.runtime.v1.ListPodsResponse.pods:type_name -> k3sm.runtime.v1.PodStatus
-	6,  // 51: k3sm.runtime.v1.ListPodsResponse.specs:type_name -> k3sm.runtime.v1.PodSpec
-	5,  // 52: k3sm.runtime.v1.WatchPodStatusResponse.kind:type_name -> k3sm.runtime.v1.WatchPodStatusResponse.Kind
-	25, // 53: k3sm.runtime.v1.WatchPodStatusResponse.status:type_name -> k3sm.runtime.v1.PodStatus
-	31, // 54: k3sm.runtime.v1.WatchPodStatusResponse.event:type_name -> k3sm.runtime.v1.PodEvent
-	74, // 55: k3sm.runtime.v1.GetLogsRequest.since_time:type_name -> google.protobuf.Timestamp
-	48, // 56: k3sm.runtime.v1.ExecStart.initial_size:type_name -> k3sm.runtime.v1.TerminalSize
-	49, // 57: k3sm.runtime.v1.ExecRequest.start:type_name -> k3sm.runtime.v1.ExecStart
-	48, // 58: k3sm.runtime.v1.ExecRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
-	51, // 59: k3sm.runtime.v1.ExecResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
-	53, // 60: k3sm.runtime.v1.AttachRequest.start:type_name -> k3sm.runtime.v1.AttachStart
-	48, // 61: k3sm.runtime.v1.AttachRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
-	51, // 62: k3sm.runtime.v1.AttachResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
-	56, // 63: k3sm.runtime.v1.PortForwardRequest.start:type_name -> k3sm.runtime.v1.PortForwardStart
-	74, // 64: k3sm.runtime.v1.ContainerStats.timestamp:type_name -> google.protobuf.Timestamp
-	60, // 65: k3sm.runtime.v1.PodStats.containers:type_name -> k3sm.runtime.v1.ContainerStats
-	61, // 66: k3sm.runtime.v1.ListPodStatsResponse.pods:type_name -> k3sm.runtime.v1.PodStats
-	63, // 67: k3sm.runtime.v1.ListImagesResponse.images:type_name -> k3sm.runtime.v1.Image
-	63, // 68: k3sm.runtime.v1.PullImageResponse.image:type_name -> k3sm.runtime.v1.Image
-	32, // 69: k3sm.runtime.v1.Runtime.GetRuntimeInfo:input_type -> k3sm.runtime.v1.GetRuntimeInfoRequest
-	34, // 70: k3sm.runtime.v1.Runtime.CreatePod:input_type -> k3sm.runtime.v1.CreatePodRequest
-	36, // 71: k3sm.runtime.v1.Runtime.UpdatePod:input_type -> k3sm.runtime.v1.UpdatePodRequest
-	38, // 72: k3sm.runtime.v1.Runtime.DeletePod:input_type -> k3sm.runtime.v1.DeletePodRequest
-	40, // 73: k3sm.runtime.v1.Runtime.GetPodStatus:input_type -> k3sm.runtime.v1.GetPodStatusRequest
-	42, // 74: k3sm.runtime.v1.Runtime.ListPods:input_type -> k3sm.runtime.v1.ListPodsRequest
-	44, // 75: k3sm.runtime.v1.Runtime.WatchPodStatus:input_type -> k3sm.runtime.v1.WatchPodStatusRequest
-	46, // 76: k3sm.runtime.v1.Runtime.GetLogs:input_type -> k3sm.runtime.v1.GetLogsRequest
-	50, // 77: k3sm.runtime.v1.Runtime.Exec:input_type -> k3sm.runtime.v1.ExecRequest
-	54, // 78: k3sm.runtime.v1.Runtime.Attach:input_type -> k3sm.runtime.v1.AttachRequest
-	57, // 79: k3sm.runtime.v1.Runtime.PortForward:input_type -> k3sm.runtime.v1.PortForwardRequest
-	59, // 80: k3sm.runtime.v1.Runtime.ListPodStats:input_type -> k3sm.runtime.v1.ListPodStatsRequest
-	64, // 81: k3sm.runtime.v1.Images.ListImages:input_type -> k3sm.runtime.v1.ListImagesRequest
-	66, // 82: k3sm.runtime.v1.Images.PullImage:input_type -> k3sm.runtime.v1.PullImageRequest
-	68, // 83: k3sm.runtime.v1.Images.RemoveImage:input_type -> k3sm.runtime.v1.RemoveImageRequest
-	70, // 84: k3sm.runtime.v1.Images.ImageFsInfo:input_type -> k3sm.runtime.v1.ImageFsInfoRequest
-	33, // 85: k3sm.runtime.v1.Runtime.GetRuntimeInfo:output_type -> k3sm.runtime.v1.GetRuntimeInfoResponse
-	35, // 86: k3sm.runtime.v1.Runtime.CreatePod:output_type -> k3sm.runtime.v1.CreatePodResponse
-	37, // 87: k3sm.runtime.v1.Runtime.UpdatePod:output_type -> k3sm.runtime.v1.UpdatePodResponse
-	39, // 88: k3sm.runtime.v1.Runtime.DeletePod:output_type -> k3sm.runtime.v1.DeletePodResponse
-	41, // 89: k3sm.runtime.v1.Runtime.GetPodStatus:output_type -> k3sm.runtime.v1.GetPodStatusResponse
-	43, // 90: k3sm.runtime.v1.Runtime.ListPods:output_type -> k3sm.runtime.v1.ListPodsResponse
-	45, // 91: k3sm.runtime.v1.Runtime.WatchPodStatus:output_type -> k3sm.runtime.v1.WatchPodStatusResponse
-	47, // 92: k3sm.runtime.v1.Runtime.GetLogs:output_type -> k3sm.runtime.v1.GetLogsResponse
-	52, // 93: k3sm.runtime.v1.Runtime.Exec:output_type -> k3sm.runtime.v1.ExecResponse
-	55, // 94: k3sm.runtime.v1.Runtime.Attach:output_type -> k3sm.runtime.v1.AttachResponse
-	58, // 95: k3sm.runtime.v1.Runtime.PortForward:output_type -> k3sm.runtime.v1.PortForwardResponse
-	62, // 96: k3sm.runtime.v1.Runtime.ListPodStats:output_type -> k3sm.runtime.v1.ListPodStatsResponse
-	65, // 97: k3sm.runtime.v1.Images.ListImages:output_type -> k3sm.runtime.v1.ListImagesResponse
-	67, // 98: k3sm.runtime.v1.Images.PullImage:output_type -> k3sm.runtime.v1.PullImageResponse
-	69, // 99: k3sm.runtime.v1.Images.RemoveImage:output_type -> k3sm.runtime.v1.RemoveImageResponse
-	71, // 100: k3sm.runtime.v1.Images.ImageFsInfo:output_type -> k3sm.runtime.v1.ImageFsInfoResponse
-	85, // [85:101] is the sub-list for method output_type
-	69, // [69:85] is the sub-list for method input_type
-	69, // [69:69] is the sub-list for extension type_name
-	69, // [69:69] is the sub-list for extension extendee
-	0,  // [0:69] is the sub-list for field type_name
+	11, // 21: k3sm.runtime.v1.UpdatePodVolumesRequest.volumes:type_name -> k3sm.runtime.v1.Volume
+	21, // 22: k3sm.runtime.v1.Probe.exec:type_name -> k3sm.runtime.v1.ExecAction
+	22, // 23: k3sm.runtime.v1.Probe.http_get:type_name -> k3sm.runtime.v1.HTTPGetAction
+	23, // 24: k3sm.runtime.v1.Probe.tcp_socket:type_name -> k3sm.runtime.v1.TCPSocketAction
+	24, // 25: k3sm.runtime.v1.Probe.grpc:type_name -> k3sm.runtime.v1.GRPCAction
+	8,  // 26: k3sm.runtime.v1.HTTPGetAction.headers:type_name -> k3sm.runtime.v1.EnvVar
+	26, // 27: k3sm.runtime.v1.Lifecycle.post_start:type_name -> k3sm.runtime.v1.LifecycleHandler
+	26, // 28: k3sm.runtime.v1.Lifecycle.pre_stop:type_name -> k3sm.runtime.v1.LifecycleHandler
+	21, // 29: k3sm.runtime.v1.LifecycleHandler.exec:type_name -> k3sm.runtime.v1.ExecAction
+	22, // 30: k3sm.runtime.v1.LifecycleHandler.http_get:type_name -> k3sm.runtime.v1.HTTPGetAction
+	23, // 31: k3sm.runtime.v1.LifecycleHandler.tcp_socket:type_name -> k3sm.runtime.v1.TCPSocketAction
+	3,  // 32: k3sm.runtime.v1.PodStatus.phase:type_name -> k3sm.runtime.v1.PodPhase
+	76, // 33: k3sm.runtime.v1.PodStatus.start_time:type_name -> google.protobuf.Timestamp
+	28, // 34: k3sm.runtime.v1.PodStatus.init_container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
+	28, // 35: k3sm.runtime.v1.PodStatus.container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
+	29, // 36: k3sm.runtime.v1.ContainerStatus.state:type_name -> k3sm.runtime.v1.ContainerState
+	29, // 37: k3sm.runtime.v1.ContainerStatus.last_termination_state:type_name -> k3sm.runtime.v1.ContainerState
+	30, // 38: k3sm.runtime.v1.ContainerState.waiting:type_name -> k3sm.runtime.v1.ContainerStateWaiting
+	31, // 39: k3sm.runtime.v1.ContainerState.running:type_name -> k3sm.runtime.v1.ContainerStateRunning
+	32, // 40: k3sm.runtime.v1.ContainerState.terminated:type_name -> k3sm.runtime.v1.ContainerStateTerminated
+	76, // 41: k3sm.runtime.v1.ContainerStateRunning.started_at:type_name -> google.protobuf.Timestamp
+	76, // 42: k3sm.runtime.v1.ContainerStateTerminated.started_at:type_name -> google.protobuf.Timestamp
+	76, // 43: k3sm.runtime.v1.ContainerStateTerminated.finished_at:type_name -> google.protobuf.Timestamp
+	4,  // 44: k3sm.runtime.v1.PodEvent.type:type_name -> k3sm.runtime.v1.EventType
+	76, // 45: k3sm.runtime.v1.PodEvent.time:type_name -> google.protobuf.Timestamp
+	6,  // 46: k3sm.runtime.v1.CreatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
+	27, // 47: k3sm.runtime.v1.CreatePodResponse.status:type_name -> k3sm.runtime.v1.PodStatus
+	6,  // 48: k3sm.runtime.v1.UpdatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
+	27, // 49: k3sm.runtime.v1.UpdatePodResponse.status:type_name -> k3sm.runtime.v1.PodStatus
+	27, // 50: k3sm.runtime.v1.GetPodStatusResponse.status:type_name -> k3sm.runtime.v1.PodStatus
+	27, // 51: k3sm.runtime.v1.ListPodsResponse.pods:type_name -> k3sm.runtime.v1.PodStatus
+	6,  // 52: k3sm.runtime.v1.ListPodsResponse.specs:type_name -> k3sm.runtime.v1.PodSpec
+	5,  // 53: k3sm.runtime.v1.WatchPodStatusResponse.kind:type_name -> k3sm.runtime.v1.WatchPodStatusResponse.Kind
+	27, // 54: k3sm.runtime.v1.WatchPodStatusResponse.status:type_name -> k3sm.runtime.v1.PodStatus
+	33, // 55: k3sm.runtime.v1.WatchPodStatusResponse.event:type_name -> k3sm.runtime.v1.PodEvent
+	76, // 56: k3sm.runtime.v1.GetLogsRequest.since_time:type_name -> google.protobuf.Timestamp
+	50, // 57: k3sm.runtime.v1.ExecStart.initial_size:type_name -> k3sm.runtime.v1.TerminalSize
+	51, // 58: k3sm.runtime.v1.ExecRequest.start:type_name -> k3sm.runtime.v1.ExecStart
+	50, // 59: k3sm.runtime.v1.ExecRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
+	53, // 60: k3sm.runtime.v1.ExecResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
+	55, // 61: k3sm.runtime.v1.AttachRequest.start:type_name -> k3sm.runtime.v1.AttachStart
+	50, // 62: k3sm.runtime.v1.AttachRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
+	53, // 63: k3sm.runtime.v1.AttachResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
+	58, // 64: k3sm.runtime.v1.PortForwardRequest.start:type_name -> k3sm.runtime.v1.PortForwardStart
+	76, // 65: k3sm.runtime.v1.ContainerStats.timestamp:type_name -> google.protobuf.Timestamp
+	62, // 66: k3sm.runtime.v1.PodStats.containers:type_name -> k3sm.runtime.v1.ContainerStats
+	63, // 67: k3sm.runtime.v1.ListPodStatsResponse.pods:type_name -> k3sm.runtime.v1.PodStats
+	65, // 68: k3sm.runtime.v1.ListImagesResponse.images:type_name -> k3sm.runtime.v1.Image
+	65, // 69: k3sm.runtime.v1.PullImageResponse.image:type_name -> k3sm.runtime.v1.Image
+	34, // 70: k3sm.runtime.v1.Runtime.GetRuntimeInfo:input_type -> k3sm.runtime.v1.GetRuntimeInfoRequest
+	36, // 71: k3sm.runtime.v1.Runtime.CreatePod:input_type -> k3sm.runtime.v1.CreatePodRequest
+	38, // 72: k3sm.runtime.v1.Runtime.UpdatePod:input_type -> k3sm.runtime.v1.UpdatePodRequest
+	18, // 73: k3sm.runtime.v1.Runtime.UpdatePodVolumes:input_type -> k3sm.runtime.v1.UpdatePodVolumesRequest
+	40, // 74: k3sm.runtime.v1.Runtime.DeletePod:input_type -> k3sm.runtime.v1.DeletePodRequest
+	42, // 75: k3sm.runtime.v1.Runtime.GetPodStatus:input_type -> k3sm.runtime.v1.GetPodStatusRequest
+	44, // 76: k3sm.runtime.v1.Runtime.ListPods:input_type -> k3sm.runtime.v1.ListPodsRequest
+	46, // 77: k3sm.runtime.v1.Runtime.WatchPodStatus:input_type -> k3sm.runtime.v1.WatchPodStatusRequest
+	48, // 78: k3sm.runtime.v1.Runtime.GetLogs:input_type -> k3sm.runtime.v1.GetLogsRequest
+	52, // 79: k3sm.runtime.v1.Runtime.Exec:input_type -> k3sm.runtime.v1.ExecRequest
+	56, // 80: k3sm.runtime.v1.Runtime.Attach:input_type -> k3sm.runtime.v1.AttachRequest
+	59, // 81: k3sm.runtime.v1.Runtime.PortForward:input_type -> k3sm.runtime.v1.PortForwardRequest
+	61, // 82: k3sm.runtime.v1.Runtime.ListPodStats:input_type -> k3sm.runtime.v1.ListPodStatsRequest
+	66, // 83: k3sm.runtime.v1.Images.ListImages:input_type -> k3sm.runtime.v1.ListImagesRequest
+	68, // 84: k3sm.runtime.v1.Images.PullImage:input_type -> k3sm.runtime.v1.PullImageRequest
+	70, // 85: k3sm.runtime.v1.Images.RemoveImage:input_type -> k3sm.runtime.v1.RemoveImageRequest
+	72, // 86: k3sm.runtime.v1.Images.ImageFsInfo:input_type -> k3sm.runtime.v1.ImageFsInfoRequest
+	35, // 87: k3sm.runtime.v1.Runtime.GetRuntimeInfo:output_type -> k3sm.runtime.v1.GetRuntimeInfoResponse
+	37, // 88: k3sm.runtime.v1.Runtime.CreatePod:output_type -> k3sm.runtime.v1.CreatePodResponse
+	39, // 89: k3sm.runtime.v1.Runtime.UpdatePod:output_type -> k3sm.runtime.v1.UpdatePodResponse
+	19, // 90: k3sm.runtime.v1.Runtime.UpdatePodVolumes:output_type -> k3sm.runtime.v1.UpdatePodVolumesResponse
+	41, // 91: k3sm.runtime.v1.Runtime.DeletePod:output_type -> k3sm.runtime.v1.DeletePodResponse
+	43, // 92: k3sm.runtime.v1.Runtime.GetPodStatus:output_type -> k3sm.runtime.v1.GetPodStatusResponse
+	45, // 93: k3sm.runtime.v1.Runtime.ListPods:output_type -> k3sm.runtime.v1.ListPodsResponse
+	47, // 94: k3sm.runtime.v1.Runtime.WatchPodStatus:output_type -> k3sm.runtime.v1.WatchPodStatusResponse
+	49, // 95: k3sm.runtime.v1.Runtime.GetLogs:output_type -> k3sm.runtime.v1.GetLogsResponse
+	54, // 96: k3sm.runtime.v1.Runtime.Exec:output_type -> k3sm.runtime.v1.ExecResponse
+	57, // 97: k3sm.runtime.v1.Runtime.Attach:output_type -> k3sm.runtime.v1.AttachResponse
+	60, // 98: k3sm.runtime.v1.Runtime.PortForward:output_type -> k3sm.runtime.v1.PortForwardResponse
+	64, // 99: k3sm.runtime.v1.Runtime.ListPodStats:output_type -> k3sm.runtime.v1.ListPodStatsResponse
+	67, // 100: k3sm.runtime.v1.Images.ListImages:output_type -> k3sm.runtime.v1.ListImagesResponse
+	69, // 101: k3sm.runtime.v1.Images.PullImage:output_type -> k3sm.runtime.v1.PullImageResponse
+	71, // 102: k3sm.runtime.v1.Images.RemoveImage:output_type -> k3sm.runtime.v1.RemoveImageResponse
+	73, // 103: k3sm.runtime.v1.Images.ImageFsInfo:output_type -> k3sm.runtime.v1.ImageFsInfoResponse
+	87, // [87:104] is the sub-list for method output_type
+	70, // [70:87] is the sub-list for method input_type
+	70, // [70:70] is the sub-list for extension type_name
+	70, // [70:70] is the sub-list for extension extendee
+	0,  // [0:70] is the sub-list for field type_name
 }
 
 func init() { file_runtime_proto_init() }
@@ -5656,53 +5785,53 @@ func file_runtime_proto_init() {
 		(*Volume_HostPath)(nil),
 		(*Volume_LocalPath)(nil),
 	}
-	file_runtime_proto_msgTypes[12].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[14].OneofWrappers = []any{
 		(*Probe_Exec)(nil),
 		(*Probe_HttpGet)(nil),
 		(*Probe_TcpSocket)(nil),
 		(*Probe_Grpc)(nil),
 	}
-	file_runtime_proto_msgTypes[18].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[20].OneofWrappers = []any{
 		(*LifecycleHandler_Exec)(nil),
 		(*LifecycleHandler_HttpGet)(nil),
 		(*LifecycleHandler_TcpSocket)(nil),
 		(*LifecycleHandler_SleepSeconds)(nil),
 	}
-	file_runtime_proto_msgTypes[21].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[23].OneofWrappers = []any{
 		(*ContainerState_Waiting)(nil),
 		(*ContainerState_Running)(nil),
 		(*ContainerState_Terminated)(nil),
 	}
-	file_runtime_proto_msgTypes[32].OneofWrappers = []any{}
-	file_runtime_proto_msgTypes[40].OneofWrappers = []any{}
-	file_runtime_proto_msgTypes[44].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[34].OneofWrappers = []any{}
+	file_runtime_proto_msgTypes[42].OneofWrappers = []any{}
+	file_runtime_proto_msgTypes[46].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_Resize)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 	}
-	file_runtime_proto_msgTypes[46].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[48].OneofWrappers = []any{
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_runtime_proto_msgTypes[48].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[50].OneofWrappers = []any{
 		(*AttachRequest_Start)(nil),
 		(*AttachRequest_Stdin)(nil),
 		(*AttachRequest_Resize)(nil),
 		(*AttachRequest_CloseStdin)(nil),
 	}
-	file_runtime_proto_msgTypes[49].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[51].OneofWrappers = []any{
 		(*AttachResponse_Stdout)(nil),
 		(*AttachResponse_Stderr)(nil),
 		(*AttachResponse_Exit)(nil),
 	}
-	file_runtime_proto_msgTypes[51].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[53].OneofWrappers = []any{
 		(*PortForwardRequest_Start)(nil),
 		(*PortForwardRequest_Data)(nil),
 		(*PortForwardRequest_CloseWrite)(nil),
 	}
-	file_runtime_proto_msgTypes[52].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[54].OneofWrappers = []any{
 		(*PortForwardResponse_Data)(nil),
 		(*PortForwardResponse_Error)(nil),
 	}
@@ -5712,7 +5841,7 @@ func file_runtime_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_runtime_proto_rawDesc), len(file_runtime_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   68,
+			NumMessages:   70,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -27,18 +27,19 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Runtime_GetRuntimeInfo_FullMethodName = "/k3sm.runtime.v1.Runtime/GetRuntimeInfo"
-	Runtime_CreatePod_FullMethodName      = "/k3sm.runtime.v1.Runtime/CreatePod"
-	Runtime_UpdatePod_FullMethodName      = "/k3sm.runtime.v1.Runtime/UpdatePod"
-	Runtime_DeletePod_FullMethodName      = "/k3sm.runtime.v1.Runtime/DeletePod"
-	Runtime_GetPodStatus_FullMethodName   = "/k3sm.runtime.v1.Runtime/GetPodStatus"
-	Runtime_ListPods_FullMethodName       = "/k3sm.runtime.v1.Runtime/ListPods"
-	Runtime_WatchPodStatus_FullMethodName = "/k3sm.runtime.v1.Runtime/WatchPodStatus"
-	Runtime_GetLogs_FullMethodName        = "/k3sm.runtime.v1.Runtime/GetLogs"
-	Runtime_Exec_FullMethodName           = "/k3sm.runtime.v1.Runtime/Exec"
-	Runtime_Attach_FullMethodName         = "/k3sm.runtime.v1.Runtime/Attach"
-	Runtime_PortForward_FullMethodName    = "/k3sm.runtime.v1.Runtime/PortForward"
-	Runtime_ListPodStats_FullMethodName   = "/k3sm.runtime.v1.Runtime/ListPodStats"
+	Runtime_GetRuntimeInfo_FullMethodName   = "/k3sm.runtime.v1.Runtime/GetRuntimeInfo"
+	Runtime_CreatePod_FullMethodName        = "/k3sm.runtime.v1.Runtime/CreatePod"
+	Runtime_UpdatePod_FullMethodName        = "/k3sm.runtime.v1.Runtime/UpdatePod"
+	Runtime_UpdatePodVolumes_FullMethodName = "/k3sm.runtime.v1.Runtime/UpdatePodVolumes"
+	Runtime_DeletePod_FullMethodName        = "/k3sm.runtime.v1.Runtime/DeletePod"
+	Runtime_GetPodStatus_FullMethodName     = "/k3sm.runtime.v1.Runtime/GetPodStatus"
+	Runtime_ListPods_FullMethodName         = "/k3sm.runtime.v1.Runtime/ListPods"
+	Runtime_WatchPodStatus_FullMethodName   = "/k3sm.runtime.v1.Runtime/WatchPodStatus"
+	Runtime_GetLogs_FullMethodName          = "/k3sm.runtime.v1.Runtime/GetLogs"
+	Runtime_Exec_FullMethodName             = "/k3sm.runtime.v1.Runtime/Exec"
+	Runtime_Attach_FullMethodName           = "/k3sm.runtime.v1.Runtime/Attach"
+	Runtime_PortForward_FullMethodName      = "/k3sm.runtime.v1.Runtime/PortForward"
+	Runtime_ListPodStats_FullMethodName     = "/k3sm.runtime.v1.Runtime/ListPodStats"
 )
 
 // RuntimeClient is the client API for Runtime service.
@@ -58,6 +59,10 @@ type RuntimeClient interface {
 	// (image, command, args, env, working dir) are stopped and started again,
 	// as the kubelet does; restart_count grows.
 	UpdatePod(ctx context.Context, in *UpdatePodRequest, opts ...grpc.CallOption) (*UpdatePodResponse, error)
+	// UpdatePodVolumes rewrites the content of a pod's files volumes
+	// (configMap, secret, downwardAPI, projected) atomically, as the kubelet's
+	// periodic sync does; nothing is restarted. Other volumes are ignored.
+	UpdatePodVolumes(ctx context.Context, in *UpdatePodVolumesRequest, opts ...grpc.CallOption) (*UpdatePodVolumesResponse, error)
 	// DeletePod stops every container (SIGTERM to its process group, the grace
 	// period, then SIGKILL) and removes everything the pod left on disk.
 	DeletePod(ctx context.Context, in *DeletePodRequest, opts ...grpc.CallOption) (*DeletePodResponse, error)
@@ -114,6 +119,16 @@ func (c *runtimeClient) UpdatePod(ctx context.Context, in *UpdatePodRequest, opt
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(UpdatePodResponse)
 	err := c.cc.Invoke(ctx, Runtime_UpdatePod_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *runtimeClient) UpdatePodVolumes(ctx context.Context, in *UpdatePodVolumesRequest, opts ...grpc.CallOption) (*UpdatePodVolumesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdatePodVolumesResponse)
+	err := c.cc.Invoke(ctx, Runtime_UpdatePodVolumes_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -254,6 +269,10 @@ type RuntimeServer interface {
 	// (image, command, args, env, working dir) are stopped and started again,
 	// as the kubelet does; restart_count grows.
 	UpdatePod(context.Context, *UpdatePodRequest) (*UpdatePodResponse, error)
+	// UpdatePodVolumes rewrites the content of a pod's files volumes
+	// (configMap, secret, downwardAPI, projected) atomically, as the kubelet's
+	// periodic sync does; nothing is restarted. Other volumes are ignored.
+	UpdatePodVolumes(context.Context, *UpdatePodVolumesRequest) (*UpdatePodVolumesResponse, error)
 	// DeletePod stops every container (SIGTERM to its process group, the grace
 	// period, then SIGKILL) and removes everything the pod left on disk.
 	DeletePod(context.Context, *DeletePodRequest) (*DeletePodResponse, error)
@@ -294,6 +313,9 @@ func (UnimplementedRuntimeServer) CreatePod(context.Context, *CreatePodRequest) 
 }
 func (UnimplementedRuntimeServer) UpdatePod(context.Context, *UpdatePodRequest) (*UpdatePodResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method UpdatePod not implemented")
+}
+func (UnimplementedRuntimeServer) UpdatePodVolumes(context.Context, *UpdatePodVolumesRequest) (*UpdatePodVolumesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdatePodVolumes not implemented")
 }
 func (UnimplementedRuntimeServer) DeletePod(context.Context, *DeletePodRequest) (*DeletePodResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeletePod not implemented")
@@ -393,6 +415,24 @@ func _Runtime_UpdatePod_Handler(srv interface{}, ctx context.Context, dec func(i
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(RuntimeServer).UpdatePod(ctx, req.(*UpdatePodRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Runtime_UpdatePodVolumes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdatePodVolumesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RuntimeServer).UpdatePodVolumes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Runtime_UpdatePodVolumes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RuntimeServer).UpdatePodVolumes(ctx, req.(*UpdatePodVolumesRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -530,6 +570,10 @@ var Runtime_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "UpdatePod",
 			Handler:    _Runtime_UpdatePod_Handler,
+		},
+		{
+			MethodName: "UpdatePodVolumes",
+			Handler:    _Runtime_UpdatePodVolumes_Handler,
 		},
 		{
 			MethodName: "DeletePod",
