@@ -1,0 +1,21 @@
+//go:build !linux
+
+package mounts
+
+import "syscall"
+
+// Namespaced is false: there are no mount namespaces here, Targets are
+// paths inside the container's own root directory and Apply links them.
+func Namespaced() bool { return false }
+
+// SysProcAttr returns base unchanged: there is no mount namespace to start
+// the process in (Apply makes symlinks instead).
+func SysProcAttr(base *syscall.SysProcAttr) (*syscall.SysProcAttr, error) { return base, nil }
+
+// EnterArgv returns argv unchanged (there is no namespace to enter); dir is
+// the caller's to apply.
+func EnterArgv(pid int, dir string, argv []string) ([]string, error) { return argv, nil }
+
+// Apply makes a symlink at each Target pointing to its Source (see
+// applySymlinks); stageDir is unused.
+func Apply(ms []Mount, stageDir string) error { return applySymlinks(ms) }
