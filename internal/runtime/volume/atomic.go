@@ -73,7 +73,9 @@ type File struct {
 // visible, and a later call cleans up the leftovers (..data_tmp, orphan
 // payload directories). Nothing is fsynced: this survives the process dying,
 // not the machine. Like the kubelet's, the writer assumes it is the only
-// writer of dir.
+// writer of dir (hidden "..*" directories in it are its own). An error after
+// the switch (creating or removing user-visible symlinks) comes with
+// changed=true: the new payload is already the one readers see.
 func WriteAtomic(dir string, files []File) (changed bool, err error) {
 	want, top, err := validatePayload(files)
 	if err != nil {
