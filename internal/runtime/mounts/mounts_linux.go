@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -57,7 +59,10 @@ func probeUserns() bool {
 // process in a new mount namespace: CLONE_NEWNS when the daemon is root,
 // CLONE_NEWUSER|CLONE_NEWNS with the daemon's own uid and gid mapped to
 // themselves otherwise (setgroups denied, as the kernel requires for an
-// unprivileged gid map).
+// unprivileged gid map). A non-root uid loses its capabilities at execve,
+// even in its own user namespace, so the process also gets CAP_SYS_ADMIN
+// as an ambient capability (in that namespace only) to mount; it must
+// start its own children with StartWithoutCaps.
 func SysProcAttr(base *syscall.SysProcAttr) (*syscall.SysProcAttr, error) {
 	return sysProcAttr(base, os.Geteuid() == 0)
 }
@@ -75,8 +80,22 @@ func sysProcAttr(base *syscall.SysProcAttr, root bool) (*syscall.SysProcAttr, er
 		a.UidMappings = []syscall.SysProcIDMap{{ContainerID: uid, HostID: uid, Size: 1}}
 		a.GidMappings = []syscall.SysProcIDMap{{ContainerID: gid, HostID: gid, Size: 1}}
 		a.GidMappingsEnableSetgroups = false
+		a.AmbientCaps = append(slices.Clone(a.AmbientCaps), unix.CAP_SYS_ADMIN)
 	}
 	return a, nil
+}
+
+// StartWithoutCaps calls start (which forks and execs: exec.Cmd.Start) on
+// an OS thread whose ambient capabilities are cleared, so the child keeps
+// none of the CAP_SYS_ADMIN SysProcAttr gave an unprivileged caller
+// (capabilities are per thread; the fork happens on the calling one).
+func StartWithoutCaps(start func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("clear ambient capabilities: %w", err)
+	}
+	return start()
 }
 
 var (

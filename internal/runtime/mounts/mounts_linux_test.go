@@ -102,6 +102,21 @@ func TestHelperChild(t *testing.T) {
 	if wd, err := os.Getwd(); err != nil || wd != "/" && !strings.HasPrefix(wd, "/") {
 		fail("getwd: %q %v", wd, err)
 	}
+	// Children started with StartWithoutCaps have no capabilities left.
+	var status []byte
+	err := StartWithoutCaps(func() error {
+		var err error
+		status, err = exec.Command("cat", "/proc/self/status").Output()
+		return err
+	})
+	for _, line := range strings.Split(string(status), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && (f[0] == "CapAmb:" || os.Getuid() != 0 && f[0] == "CapEff:") && strings.Trim(f[1], "0") != "" {
+			fail("child started without caps: %s", line)
+		}
+	}
+	if err != nil || !strings.Contains(string(status), "CapAmb:") {
+		fail("status of a child: %v", err)
+	}
 	for _, f := range fails {
 		fmt.Println("FAIL", f)
 	}
@@ -135,7 +150,8 @@ func write(t *testing.T, p, s string) {
 
 func TestApplyRefusesHostNamespace(t *testing.T) {
 	err := Apply([]Mount{{Source: t.TempDir(), Target: filepath.Join(t.TempDir(), "x")}}, t.TempDir())
-	if err == nil || !strings.Contains(err.Error(), "shares its parent's mount namespace") {
+	// Not root, the kernel refuses too (when the parent cannot be read).
+	if err == nil || os.Geteuid() == 0 && !strings.Contains(err.Error(), "shares its parent's mount namespace") {
 		t.Fatalf("Apply in the test's own namespace: %v", err)
 	}
 }
@@ -322,5 +338,42 @@ func TestApplyErrorsNameTheMount(t *testing.T) {
 		if !strings.Contains(string(out), want) || !strings.Contains(string(out), tc.want) {
 			t.Errorf("%+v: %s\nwant %q ... %q", tc.m, out, want, tc.want)
 		}
+	}
+}
+
+// TestApplyUnprivileged runs TestApplyUserNamespace again as nobody when the
+// tests run as root: the daemon's unprivileged case for real (capabilities
+// only through SysProcAttr's ambient CAP_SYS_ADMIN, host files unmapped).
+func TestApplyUnprivileged(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("runs as root and drops to nobody; TestApplyUserNamespace covers a non-root run")
+	}
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	dir, err := os.MkdirTemp("", "k3sm-mounts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o755)
+	bin := filepath.Join(dir, "mounts.test")
+	raw, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, raw, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-test.run=^(TestApplyUserNamespace|TestApplyErrorsNameTheMount)$", "-test.v")
+	cmd.Dir = "/"
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "TMPDIR=" + os.TempDir()}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if strings.Contains(string(out), "SKIP") {
+		t.Skipf("as nobody: %s", out)
+	}
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestApplyUserNamespace") {
+		t.Fatalf("as nobody: %v\n%s", err, out)
 	}
 }
