@@ -27,6 +27,7 @@ import (
 	"github.com/creack/pty"
 
 	"github.com/k3sm-dev/k3sm/internal/runtime/criolog"
+	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
 )
 
 // Files in a shim's state directory.
@@ -35,6 +36,7 @@ const (
 	ExitFile   = "exit.json"   // ExitStatus, written durably by the shim
 	PidFile    = "shim.json"   // State at start (pids), written by the shim
 	LogFile    = "shim.log"    // the shim's own stderr
+	MountStage = "mnt"         // scratch directory of mounts.Apply
 )
 
 // ReadyFD is the descriptor on which the shim reports start-up: one JSON
@@ -58,6 +60,11 @@ type Config struct {
 	// `tty: true`): stdin, stdout and stderr are the terminal, its output
 	// is logged as stdout, attached clients can resize it.
 	TTY bool `json:"tty,omitempty"`
+	// Mounts are the container's volumes. On Linux the daemon starts the
+	// shim in a mount namespace of its own (mounts.SysProcAttr) and the
+	// shim applies them there before it starts the workload, which
+	// inherits the namespace; elsewhere they become symlinks.
+	Mounts []mounts.Mount `json:"mounts,omitempty"`
 }
 
 // Ready is the start-up report on ReadyFD.
@@ -173,6 +180,12 @@ func start(dir string) (*server, error) {
 	if err := os.Chmod(s.cfg.Socket, 0o600); err != nil {
 		return nil, err
 	}
+	if len(s.cfg.Mounts) > 0 {
+		if err := mounts.Apply(s.cfg.Mounts, filepath.Join(dir, MountStage)); err != nil {
+			s.failStart(time.Now(), err)
+			return nil, err
+		}
+	}
 
 	var outR, outW, errR, errW, stdinR *os.File
 	// Its own process group, so the daemon can signal the container (and
@@ -201,27 +214,14 @@ func start(dir string) (*server, error) {
 			return nil, err
 		}
 	}
+	startWorkload := func() error { return s.startWorkload(stdinR, outW, errW, attrs) }
 	var startErr error
-	for try := 0; ; try++ {
-		s.cmd = &exec.Cmd{
-			Path:        s.cfg.Argv[0],
-			Args:        s.cfg.Argv,
-			Env:         s.cfg.Env,
-			Dir:         s.cfg.Dir,
-			Stdin:       stdinR,
-			Stdout:      outW,
-			Stderr:      errW,
-			SysProcAttr: attrs,
-		}
-		s.startedAt = time.Now()
-		startErr = s.cmd.Start()
-		// ETXTBSY: a process forked by the daemon while it was writing
-		// this binary into the pod root still holds the write descriptor
-		// until it execs (golang.org/issue/22315). It lasts milliseconds.
-		if !errors.Is(startErr, syscall.ETXTBSY) || try == 100 {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
+	if len(s.cfg.Mounts) > 0 {
+		// Without the capability an unprivileged daemon's shim mounts
+		// with (mounts.SysProcAttr).
+		startErr = mounts.StartWithoutCaps(startWorkload)
+	} else {
+		startErr = startWorkload()
 	}
 	// With a terminal these are one file: closing it again is harmless.
 	outW.Close()
@@ -233,11 +233,7 @@ func start(dir string) (*server, error) {
 		if errR != nil {
 			errR.Close()
 		}
-		// Record the failure durably too: the daemon may not be listening.
-		msg := startErr.Error()
-		s.log.WriteRecord(criolog.Stderr, false, []byte("k3sm-shim: "+msg))
-		writeExit(dir, &ExitStatus{ExitCode: 128, StartedAt: s.startedAt, FinishedAt: time.Now(), Error: msg})
-		s.ln.Close()
+		s.failStart(s.startedAt, startErr)
 		return nil, startErr
 	}
 	s.pid = s.cmd.Process.Pid
@@ -251,6 +247,40 @@ func start(dir string) (*server, error) {
 		go s.copy(criolog.Stderr, errR, FrameStderr)
 	}
 	return s, nil
+}
+
+// startWorkload starts the container's process (s.cmd).
+func (s *server) startWorkload(stdin, stdout, stderr *os.File, attrs *syscall.SysProcAttr) error {
+	for try := 0; ; try++ {
+		s.cmd = &exec.Cmd{
+			Path:        s.cfg.Argv[0],
+			Args:        s.cfg.Argv,
+			Env:         s.cfg.Env,
+			Dir:         s.cfg.Dir,
+			Stdin:       stdin,
+			Stdout:      stdout,
+			Stderr:      stderr,
+			SysProcAttr: attrs,
+		}
+		s.startedAt = time.Now()
+		err := s.cmd.Start()
+		// ETXTBSY: a process forked by the daemon while it was writing
+		// this binary into the pod root still holds the write descriptor
+		// until it execs (golang.org/issue/22315). It lasts milliseconds.
+		if !errors.Is(err, syscall.ETXTBSY) || try == 100 {
+			return err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// failStart records a start failure durably too (the daemon may not be
+// listening): in the CRI log and as the exit status.
+func (s *server) failStart(started time.Time, err error) {
+	msg := err.Error()
+	s.log.WriteRecord(criolog.Stderr, false, []byte("k3sm-shim: "+msg))
+	writeExit(s.dir, &ExitStatus{ExitCode: 128, StartedAt: started, FinishedAt: time.Now(), Error: msg})
+	s.ln.Close()
 }
 
 // eioIsEOF ends a terminal's output: the master side reads EIO once every

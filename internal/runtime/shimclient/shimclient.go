@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
 	"github.com/k3sm-dev/k3sm/internal/runtime/pod"
 	"github.com/k3sm-dev/k3sm/internal/runtime/shim"
 )
@@ -44,13 +45,15 @@ func (s *Starter) socketPath(id string) string {
 	return filepath.Join(s.SocketDir, hex.EncodeToString(h[:8])+".sock")
 }
 
-// Start writes the shim config into spec.StateDir and starts the shim.
+// Start writes the shim config into spec.StateDir and starts the shim. With
+// spec.Mounts the shim starts in a new mount namespace (see package mounts)
+// and a mount that cannot be made is a *pod.StartError naming it.
 func (s *Starter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process, error) {
 	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
 		return nil, err
 	}
 	cfg := shim.Config{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, LogPath: spec.LogPath, Socket: s.socketPath(spec.ID),
-		Stdin: spec.Stdin, StdinOnce: spec.StdinOnce, TTY: spec.TTY}
+		Stdin: spec.Stdin, StdinOnce: spec.StdinOnce, TTY: spec.TTY, Mounts: spec.Mounts}
 	if len(cfg.Socket) > 100 {
 		return nil, fmt.Errorf("shim socket path %s is %d bytes, over the unix socket limit: use a shorter data dir", cfg.Socket, len(cfg.Socket))
 	}
@@ -79,6 +82,15 @@ func (s *Starter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process,
 	// Own session: no signal aimed at the daemon's group or terminal reaches
 	// the shim, and it outlives the daemon.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if len(spec.Mounts) > 0 {
+		// A mount namespace of its own (Linux), where the shim applies
+		// the mounts before it starts the workload; without mounts the
+		// shim shares the daemon's, as before.
+		if cmd.SysProcAttr, err = mounts.SysProcAttr(cmd.SysProcAttr); err != nil {
+			rw.Close()
+			return nil, err
+		}
+	}
 	if err := cmd.Start(); err != nil {
 		rw.Close()
 		return nil, fmt.Errorf("start shim %s: %w", s.ShimPath, err)
