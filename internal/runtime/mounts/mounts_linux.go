@@ -109,12 +109,23 @@ var (
 // namespace (and user namespace, when it has its own) of process pid, with
 // util-linux's nsenter: a multi-threaded Go process cannot setns(2) into a
 // mount namespace itself. dir is the working directory as seen inside the
-// namespace ("" = the namespace's root). The command runs as the caller's
-// user (--preserve-credentials) and nsenter execs it: same pid, process
-// group, terminal and exit status as running argv directly.
+// namespace ("" = the namespace's root); it may not exist outside, so run
+// the returned command from "/" (cmd.Dir). The command runs as the
+// caller's user (--preserve-credentials) and nsenter execs it: same pid,
+// process group, terminal and exit status as running argv directly.
+//
+// When pid shares the caller's mount namespace (a container without
+// mounts) argv itself is returned, and the caller runs it in dir as before.
 func EnterArgv(pid int, dir string, argv []string) ([]string, error) {
 	if len(argv) == 0 {
 		return nil, errors.New("enter mount namespace: empty command")
+	}
+	theirsMnt, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+	if err != nil {
+		return nil, fmt.Errorf("enter mount namespace of process %d: %w", pid, err)
+	}
+	if oursMnt, err := os.Readlink("/proc/self/ns/mnt"); err == nil && oursMnt == theirsMnt {
+		return argv, nil
 	}
 	nsenterOnce.Do(func() {
 		nsenterPath, nsenterErr = exec.LookPath("nsenter")

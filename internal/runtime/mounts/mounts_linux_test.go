@@ -156,6 +156,17 @@ func TestApplyRefusesHostNamespace(t *testing.T) {
 	}
 }
 
+func TestEnterArgvSameNamespace(t *testing.T) {
+	argv := []string{"/bin/echo", "hi"}
+	got, err := EnterArgv(os.Getpid(), "/tmp", argv)
+	if err != nil || !slices.Equal(got, argv) {
+		t.Fatalf("EnterArgv into our own namespace: %q %v, want argv unchanged", got, err)
+	}
+	if _, err := EnterArgv(-1, "", argv); err == nil {
+		t.Fatal("EnterArgv for no such process: no error")
+	}
+}
+
 func TestApplyAsRoot(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (TestApplyUserNamespace covers the unprivileged case)")

@@ -12,8 +12,9 @@ func Namespaced() bool { return false }
 // the process in (Apply makes symlinks instead).
 func SysProcAttr(base *syscall.SysProcAttr) (*syscall.SysProcAttr, error) { return base, nil }
 
-// EnterArgv returns argv unchanged (there is no namespace to enter); dir is
-// the caller's to apply.
+// EnterArgv returns argv unchanged (there is no namespace to enter): the
+// caller runs it in dir itself, as on Linux for a process that shares the
+// caller's mount namespace.
 func EnterArgv(pid int, dir string, argv []string) ([]string, error) { return argv, nil }
 
 // Apply makes a symlink at each Target pointing to its Source (see
