@@ -127,3 +127,29 @@ func TestShimBadMountIsStartError(t *testing.T) {
 		t.Errorf("log: %s", log)
 	}
 }
+
+func TestShimMountsWithTTY(t *testing.T) {
+	needNamespaces(t)
+	s, dir := newStarter(t)
+	vol := filepath.Join(dir, "vol")
+	os.MkdirAll(vol, 0o755)
+	os.WriteFile(filepath.Join(vol, "file"), []byte("tty volume"), 0o644)
+	top := fmt.Sprintf("/k3sm-shimtest-tty-%d", os.Getpid())
+	sp := spec(dir, "ttymnt", "/bin/sh", "-c", "cat "+top+"/v/file; echo; tty")
+	sp.TTY = true
+	sp.Mounts = []mounts.Mount{{Source: vol, Target: top + "/v"}}
+	p, err := s.Start(context.Background(), sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if es, err := p.Wait(context.Background()); err != nil || es.ExitCode != 0 {
+		t.Fatalf("exit %+v %v", es, err)
+	}
+	log, _ := os.ReadFile(sp.LogPath)
+	if !strings.Contains(string(log), "tty volume") || !strings.Contains(string(log), "/dev/pts/") {
+		t.Errorf("log:\n%s", log)
+	}
+	if _, err := os.Lstat(top); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s exists on the host: %v", top, err)
+	}
+}
