@@ -93,6 +93,10 @@ func TestShimMountsVolumesInItsOwnNamespace(t *testing.T) {
 	if es, err := p.Wait(ctx); err != nil || es.Signal != int(syscall.SIGKILL) {
 		t.Fatalf("exit %+v %v", es, err)
 	}
+	// exit.json was written through the new root, to the host's file.
+	if es, err := shim.ReadExit(sp.StateDir); err != nil || es.Signal != int(syscall.SIGKILL) {
+		t.Errorf("exit file: %+v %v", es, err)
+	}
 }
 
 func TestShimWithoutMountsSharesTheDaemonsNamespace(t *testing.T) {
