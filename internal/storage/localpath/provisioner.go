@@ -247,7 +247,7 @@ func (c *controller) syncClaim(ctx context.Context, ns, name string) error {
 		return err
 	}
 	err = c.provision(ctx, pvc, pvName)
-	if err != nil {
+	if err != nil && ctx.Err() == nil {
 		c.recorder.Eventf(pvc, corev1.EventTypeWarning, "ProvisioningFailed",
 			"failed to provision volume with StorageClass %q: %v", claimClass(pvc), err)
 	}
