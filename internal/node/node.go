@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	goruntime "runtime"
 	"strconv"
@@ -62,7 +63,10 @@ type Config struct {
 	Workers       int
 	Instant       bool                // benchmark floor: mark pods Running, start nothing
 	Metrics       metrics.ServeConfig // the metrics.k8s.io API (off when Addr is empty)
-	Log           *slog.Logger
+	// DataDir is k3sm's data directory: refused as a hostPath (see
+	// hostPathAllowed).
+	DataDir string
+	Log     *slog.Logger
 }
 
 // Run registers the node and serves until ctx ends.
@@ -104,7 +108,11 @@ func Run(ctx context.Context, cfg Config) error {
 	defer eb.Shutdown()
 	recorder := eb.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet", Host: cfg.Name})
 
-	tr := &translator{src: apiSource{kc}, nodeName: cfg.Name, nodeIP: cfg.IP}
+	tr := &translator{src: apiSource{kc}, nodeName: cfg.Name, nodeIP: cfg.IP, tokens: &tokenCache{},
+		serviceEnv: apiServerEnv(rc.Host)}
+	if cfg.DataDir != "" {
+		tr.protectedDirs = []string{cfg.DataDir}
+	}
 	prov := newProvider(rt, tr, cfg.IP, recorder, log, cfg.Instant)
 	prov.remove = func(ns, name string, uid types.UID) {
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -128,6 +136,7 @@ func Run(ctx context.Context, cfg Config) error {
 			prov.update(st)
 		}
 		go prov.watch(ctx)
+		go prov.refreshVolumes(ctx, VolumeRefreshPeriod)
 	}
 
 	nodeSpec := nodeObject(cfg, info)
@@ -341,4 +350,32 @@ func queueLimiter() workqueue.TypedRateLimiter[any] {
 		workqueue.NewTypedItemExponentialFailureRateLimiter[any](5*time.Millisecond, 10*time.Second),
 		&workqueue.TypedBucketRateLimiter[any]{Limiter: rate.NewLimiter(rate.Limit(1000), 2000)},
 	)
+}
+
+// apiServerEnv gives pods the kubelet's KUBERNETES_SERVICE_* variables, so
+// rest.InClusterConfig() works unchanged. Until the Service proxy lands
+// (roadmap) the kubernetes Service's ClusterIP is not reachable from a pod,
+// so they name the API server's own address, the one this node uses; its
+// serving certificate covers it.
+func apiServerEnv(server string) func(ns string) []corev1.EnvVar {
+	u, err := url.Parse(server)
+	if err != nil || u.Hostname() == "" {
+		return nil
+	}
+	host, port := u.Hostname(), u.Port()
+	if port == "" {
+		port = "443"
+	}
+	addr := "tcp://" + net.JoinHostPort(host, port)
+	env := []corev1.EnvVar{
+		{Name: "KUBERNETES_SERVICE_HOST", Value: host},
+		{Name: "KUBERNETES_SERVICE_PORT", Value: port},
+		{Name: "KUBERNETES_SERVICE_PORT_HTTPS", Value: port},
+		{Name: "KUBERNETES_PORT", Value: addr},
+		{Name: "KUBERNETES_PORT_" + port + "_TCP", Value: addr},
+		{Name: "KUBERNETES_PORT_" + port + "_TCP_PROTO", Value: "tcp"},
+		{Name: "KUBERNETES_PORT_" + port + "_TCP_PORT", Value: port},
+		{Name: "KUBERNETES_PORT_" + port + "_TCP_ADDR", Value: host},
+	}
+	return func(string) []corev1.EnvVar { return env }
 }

@@ -54,13 +54,15 @@ type Provider struct {
 	// tells Virtual Kubelet: it always sends the newest status, so
 	// notifications can never arrive out of order.
 	dirty chan types.UID
+	// volHash is the files volumes last sent to the runtime per pod.
+	volHash map[types.UID][32]byte
 }
 
 func newProvider(rt *client.Client, tr *translator, nodeIP string, recorder record.EventRecorder, log *slog.Logger, instant bool) *Provider {
 	return &Provider{rt: rt, tr: tr, nodeIP: nodeIP, recorder: recorder, log: log, instant: instant,
 		pods: map[types.UID]*corev1.Pod{}, byName: map[string]types.UID{}, known: map[types.UID]bool{}, retry: map[types.UID]*time.Timer{},
 		pending: map[types.UID][]*runtimev1.PodEvent{}, rev: map[types.UID]uint64{}, gone: map[types.UID]bool{},
-		dirty: make(chan types.UID, 4096)}
+		dirty: make(chan types.UID, 4096), volHash: map[types.UID][32]byte{}}
 }
 
 func key(ns, name string) string { return ns + "/" + name }
@@ -77,6 +79,11 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	var ce *configError
 	if errors.As(err, &ce) {
 		p.configFailed(pod, ce)
+		return nil
+	}
+	var ve *volumeError
+	if errors.As(err, &ve) {
+		p.mountFailed(pod, ve)
 		return nil
 	}
 	if err != nil {
@@ -98,6 +105,7 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 	p.mu.Lock()
 	p.known[pod.UID] = true
 	p.mu.Unlock()
+	p.sentVolumes(pod.UID, spec.Volumes)
 	return nil
 }
 
@@ -130,6 +138,19 @@ func (p *Provider) adopt(pod *corev1.Pod) (*corev1.Pod, bool) {
 func (p *Provider) configFailed(pod *corev1.Pod, ce *configError) {
 	p.publish(pod.UID, waitingStatus(pod, "CreateContainerConfigError", ce.Error(), ce.container, p.nodeIP))
 	p.event(pod, ce.container, corev1.EventTypeWarning, "Failed", "Error: "+ce.Error())
+	p.retryLater(pod)
+}
+
+// mountFailed is a volume that cannot be set up yet: the pod stays
+// ContainerCreating with a FailedMount event, and the node retries.
+func (p *Provider) mountFailed(pod *corev1.Pod, ve *volumeError) {
+	p.publish(pod.UID, waitingStatus(pod, "ContainerCreating", "", "", p.nodeIP))
+	p.event(pod, "", corev1.EventTypeWarning, "FailedMount", ve.Error())
+	p.retryLater(pod)
+}
+
+// retryLater tries to start the pod again in 10 s.
+func (p *Provider) retryLater(pod *corev1.Pod) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if t := p.retry[pod.UID]; t != nil {
@@ -161,8 +182,12 @@ func (p *Provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 	if err != nil {
 		return nil // keep running what runs; the kubelet does not stop a pod for this
 	}
-	_, err = p.rt.Runtime.UpdatePod(ctx, &runtimev1.UpdatePodRequest{Pod: spec})
-	return err
+	if _, err = p.rt.Runtime.UpdatePod(ctx, &runtimev1.UpdatePodRequest{Pod: spec}); err != nil {
+		return err
+	}
+	// Labels and annotations show in downwardAPI volumes at once.
+	p.refreshPod(ctx, p.tr, pod)
+	return nil
 }
 
 // DeletePod starts a graceful stop; the terminal status follows through the
@@ -179,6 +204,7 @@ func (p *Provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 	}
 	known := p.known[pod.UID]
 	p.mu.Unlock()
+	p.tr.tokens.forget(pod.UID)
 	if p.instant || !known {
 		p.finished(pod.UID)
 		return nil
@@ -247,6 +273,7 @@ func (p *Provider) notifier(ctx context.Context, notify func(*corev1.Pod)) {
 			delete(p.pending, uid)
 			delete(p.rev, uid)
 			delete(p.gone, uid)
+			delete(p.volHash, uid)
 			if p.byName[key(pod.Namespace, pod.Name)] == uid {
 				delete(p.byName, key(pod.Namespace, pod.Name))
 			}

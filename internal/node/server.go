@@ -178,7 +178,7 @@ func (n nodeComponent) Command() supervisor.Command {
 	args := []string{RoleNode, "--node-name=" + cfg.NodeName, "--node-ip=" + cfg.NodeIP,
 		"--kubelet-port=" + strconv.Itoa(cfg.KubeletPort), "--kubeconfig=" + n.f.Kubeconfig(),
 		"--tls-cert-file=" + n.f.ServingCert(), "--tls-private-key-file=" + n.f.ServingKey(),
-		"--client-ca-file=" + n.f.ClientCA(), "--runtime-socket=" + n.f.RuntimeSocket()}
+		"--client-ca-file=" + n.f.ClientCA(), "--runtime-socket=" + n.f.RuntimeSocket(), "--data-dir=" + cfg.DataDir}
 	if cfg.NodeInstant {
 		args = append(args, "--instant")
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -33,6 +34,9 @@ func (e *configError) Error() string { return e.err.Error() }
 type objectSource interface {
 	configMap(ctx context.Context, ns, name string) (*corev1.ConfigMap, error)
 	secret(ctx context.Context, ns, name string) (*corev1.Secret, error)
+	claim(ctx context.Context, ns, name string) (*corev1.PersistentVolumeClaim, error)
+	volume(ctx context.Context, name string) (*corev1.PersistentVolume, error)
+	token(ctx context.Context, ns, serviceAccount string, req *authenticationv1.TokenRequest) (*authenticationv1.TokenRequest, error)
 }
 
 type apiSource struct{ c kubernetes.Interface }
@@ -44,6 +48,22 @@ func (s apiSource) configMap(ctx context.Context, ns, name string) (*corev1.Conf
 }
 func (s apiSource) secret(ctx context.Context, ns, name string) (*corev1.Secret, error) {
 	return getAsNode(ctx, func() (*corev1.Secret, error) { return s.c.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{}) })
+}
+
+func (s apiSource) claim(ctx context.Context, ns, name string) (*corev1.PersistentVolumeClaim, error) {
+	return getAsNode(ctx, func() (*corev1.PersistentVolumeClaim, error) {
+		return s.c.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
+	})
+}
+func (s apiSource) volume(ctx context.Context, name string) (*corev1.PersistentVolume, error) {
+	return getAsNode(ctx, func() (*corev1.PersistentVolume, error) {
+		return s.c.CoreV1().PersistentVolumes().Get(ctx, name, metav1.GetOptions{})
+	})
+}
+func (s apiSource) token(ctx context.Context, ns, sa string, req *authenticationv1.TokenRequest) (*authenticationv1.TokenRequest, error) {
+	return getAsNode(ctx, func() (*authenticationv1.TokenRequest, error) {
+		return s.c.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, req, metav1.CreateOptions{})
+	})
 }
 
 // getAsNode retries Forbidden for a moment: the Node authorizer learns that a
@@ -72,6 +92,10 @@ type translator struct {
 	nodeName   string
 	nodeIP     string
 	serviceEnv func(ns string) []corev1.EnvVar
+	// protectedDirs may not be hostPath volumes (see hostPathAllowed).
+	protectedDirs []string
+	tokens        *tokenCache
+	now           func() time.Time // tests
 }
 
 func (t *translator) podSpec(ctx context.Context, pod *corev1.Pod) (*runtimev1.PodSpec, error) {
@@ -103,6 +127,11 @@ func (t *translator) podSpec(ctx context.Context, pod *corev1.Pod) (*runtimev1.P
 			spec.PullSecrets = append(spec.PullSecrets, cfg)
 		}
 	}
+	vols, err := t.volumes(ctx, pod, false)
+	if err != nil {
+		return nil, err
+	}
+	spec.Volumes = vols
 	for _, c := range pod.Spec.InitContainers {
 		cs, err := t.container(ctx, pod, &c)
 		if err != nil {
@@ -158,6 +187,7 @@ func (t *translator) container(ctx context.Context, pod *corev1.Pod, c *corev1.C
 		Stdin:           c.Stdin,
 		StdinOnce:       c.StdinOnce,
 		Tty:             c.TTY,
+		VolumeMounts:    volumeMounts(pod, c),
 		Resources: &runtimev1.Resources{
 			CpuRequestMillis:   c.Resources.Requests.Cpu().MilliValue(),
 			CpuLimitMillis:     c.Resources.Limits.Cpu().MilliValue(),

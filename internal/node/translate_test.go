@@ -3,8 +3,10 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -16,6 +18,34 @@ import (
 type fakeSource struct {
 	cms     map[string]*corev1.ConfigMap
 	secrets map[string]*corev1.Secret
+	claims  map[string]*corev1.PersistentVolumeClaim
+	pvs     map[string]*corev1.PersistentVolume
+	// tokens counts token requests; each returns "token-<n>".
+	tokens *int
+}
+
+func (f fakeSource) claim(_ context.Context, _, name string) (*corev1.PersistentVolumeClaim, error) {
+	if c, ok := f.claims[name]; ok {
+		return c, nil
+	}
+	return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "persistentvolumeclaims"}, name)
+}
+
+func (f fakeSource) volume(_ context.Context, name string) (*corev1.PersistentVolume, error) {
+	if v, ok := f.pvs[name]; ok {
+		return v, nil
+	}
+	return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "persistentvolumes"}, name)
+}
+
+func (f fakeSource) token(_ context.Context, _, sa string, req *authenticationv1.TokenRequest) (*authenticationv1.TokenRequest, error) {
+	if f.tokens == nil {
+		return nil, apierrors.NewForbidden(schema.GroupResource{Resource: "serviceaccounts/token"}, sa, errors.New("no tokens"))
+	}
+	*f.tokens++
+	out := req.DeepCopy()
+	out.Status.Token = fmt.Sprintf("token-%d", *f.tokens)
+	return out, nil
 }
 
 func (f fakeSource) configMap(_ context.Context, _, name string) (*corev1.ConfigMap, error) {

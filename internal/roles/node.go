@@ -57,6 +57,7 @@ func runNode(args []string) int {
 	fs.StringVar(&cfg.ServingKey, "tls-private-key-file", "", "kubelet API serving key")
 	fs.StringVar(&cfg.ClientCAFile, "client-ca-file", "", "CA of accepted kubelet API clients")
 	fs.StringVar(&cfg.RuntimeSocket, "runtime-socket", "", "runtime daemon socket")
+	fs.StringVar(&cfg.DataDir, "data-dir", "", "k3sm's data directory (never a hostPath volume)")
 	fs.BoolVar(&cfg.Instant, "instant", false, "benchmark floor: mark pods Running without starting them")
 	metrics.AddFlags(fs, &cfg.Metrics)
 	if err := fs.Parse(args); err != nil {

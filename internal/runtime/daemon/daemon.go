@@ -128,7 +128,7 @@ func Run(ctx context.Context, cfg Config) error {
 		ln.Close()
 		return err
 	}
-	starter := &stdinStarter{Starter: &shimclient.Starter{ShimPath: cfg.ShimPath, SocketDir: shimDir}}
+	starter := &shimclient.Starter{ShimPath: cfg.ShimPath, SocketDir: shimDir}
 	mgr, err := pod.NewManager(pod.Config{DataDir: dataDir, Images: store, Starter: starter,
 		CrashLoopBackOffBase: cfg.CrashLoopBackOffBase, CrashLoopBackOffMax: cfg.CrashLoopBackOffMax,
 		BackOffResetAfter: cfg.BackOffResetAfter, ImagePullBackOffBase: cfg.ImagePullBackOffBase,
@@ -137,7 +137,6 @@ func Run(ctx context.Context, cfg Config) error {
 		ln.Close()
 		return err
 	}
-	starter.mgr = mgr
 	mctx, stopPods := context.WithCancel(context.Background())
 	defer stopPods()
 	if err := mgr.Start(mctx); err != nil {

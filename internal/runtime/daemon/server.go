@@ -90,6 +90,14 @@ func (s *server) UpdatePod(ctx context.Context, req *runtimev1.UpdatePodRequest)
 	return &runtimev1.UpdatePodResponse{Status: st}, nil
 }
 
+func (s *server) UpdatePodVolumes(ctx context.Context, req *runtimev1.UpdatePodVolumesRequest) (*runtimev1.UpdatePodVolumesResponse, error) {
+	changed, err := s.mgr.UpdateVolumes(req.GetUid(), req.GetVolumes())
+	if err != nil {
+		return nil, grpcErr(err)
+	}
+	return &runtimev1.UpdatePodVolumesResponse{Changed: changed}, nil
+}
+
 func (s *server) DeletePod(ctx context.Context, req *runtimev1.DeletePodRequest) (*runtimev1.DeletePodResponse, error) {
 	var grace *int64
 	if req.GracePeriodSeconds != nil {

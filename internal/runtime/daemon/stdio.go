@@ -20,29 +20,6 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/runtime/shimclient"
 )
 
-// stdinStarter tells the shim to keep a container's stdin open for attach
-// when its spec says `stdin: true`, and to give it a terminal for `tty: true`. The lifecycle builds ProcessSpec
-// without those fields today, so they are looked up by the attempt id
-// ("<uid>/<container>/<n>"); once the lifecycle fills them this only
-// passes through.
-type stdinStarter struct {
-	pod.Starter
-	mgr *pod.Manager
-}
-
-func (s *stdinStarter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process, error) {
-	if !spec.Stdin && !spec.TTY && s.mgr != nil {
-		if uid, rest, ok := strings.Cut(spec.ID, "/"); ok {
-			if name, _, ok := strings.Cut(rest, "/"); ok {
-				if info, err := s.mgr.Container(uid, name); err == nil {
-					spec.Stdin, spec.StdinOnce, spec.TTY = info.Spec.GetStdin(), info.Spec.GetStdinOnce(), info.Spec.GetTty()
-				}
-			}
-		}
-	}
-	return s.Starter.Start(ctx, spec)
-}
-
 // ------------------------------------------------------------------ exec
 
 // Exec runs a command in the container's context: its root, env and working

@@ -501,7 +501,8 @@ func (m *Manager) ResolveExec(info ContainerInfo, command []string) (argv, env [
 	if err != nil {
 		return nil, nil, "", err
 	}
-	return r.Argv, r.Env, r.Dir, nil
+	argv, dir, err = inContainerMounts(info.Pid, r.Dir, r.Argv)
+	return argv, r.Env, dir, err
 }
 
 // ---------------------------------------------------------------- state
@@ -616,6 +617,11 @@ type podRT struct {
 
 	saveMu  sync.Mutex
 	written uint64 // newest snapshot on disk (under saveMu)
+
+	// volMu serializes volume set-up and content updates; volReady: the
+	// volumes exist on disk.
+	volMu    sync.Mutex
+	volReady bool
 
 	deleteCh chan struct{} // closed when deletion starts
 	done     chan struct{} // closed when the worker returned

@@ -69,6 +69,11 @@ func (p *podRT) execIn(ctx context.Context, c *ctr, command []string) (string, i
 	cs := proto.Clone(c.spec).(*runtimev1.ContainerSpec)
 	root := p.rootDir(c)
 	digest := c.imageDigest
+	pid := 0
+	if c.proc != nil && c.state.Terminated == nil {
+		// Running, or still in its postStart hook.
+		pid = c.proc.Pid()
+	}
 	p.mu.Unlock()
 	cs.Command, cs.Args = command, nil
 	img, _ := p.m.cfg.Images.Get(digest)
@@ -79,8 +84,12 @@ func (p *podRT) execIn(ctx context.Context, c *ctr, command []string) (string, i
 	if err != nil {
 		return "", -1, err
 	}
-	cmd := exec.Command(res.Argv[0], res.Argv[1:]...)
-	cmd.Env, cmd.Dir = res.Env, res.Dir
+	argv, dir, err := inContainerMounts(pid, res.Dir, res.Argv)
+	if err != nil {
+		return "", -1, err
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env, cmd.Dir = res.Env, dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out := &limitedBuffer{max: maxProbeOutput}
 	cmd.Stdout, cmd.Stderr = out, out

@@ -314,8 +314,13 @@ func (p *podRT) runOnce(ctx context.Context, c *ctr) outcome {
 	if err != nil {
 		return fail(err.Error())
 	}
+	ms, err := p.containerMounts(cspec, root, res.Env)
+	if err != nil {
+		return fail(err.Error())
+	}
 	proc, err := p.m.cfg.Starter.Start(ctx, ProcessSpec{ID: attempt, Argv: res.Argv, Env: res.Env, Dir: res.Dir,
-		LogPath: filepath.Join(p.logDir(), name, strconv.Itoa(int(n))+".log"), StateDir: c.stateDir})
+		LogPath: filepath.Join(p.logDir(), name, strconv.Itoa(int(n))+".log"), StateDir: c.stateDir,
+		Stdin: cspec.GetStdin(), StdinOnce: cspec.GetStdinOnce(), TTY: cspec.GetTty(), Mounts: ms})
 	release()
 	if err != nil {
 		return fail(err.Error())

@@ -1,0 +1,141 @@
+package node
+
+import (
+	"context"
+	"crypto/sha256"
+	"sync"
+	"time"
+
+	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"google.golang.org/protobuf/proto"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// VolumeRefreshPeriod is how often the node re-reads what its pods' files
+// volumes (configMap, secret, downwardAPI, projected) show, so that updates
+// reach running pods. The kubelet's sync period is a minute; k3sm is quicker
+// because one round costs one GET per distinct object, not per pod.
+const VolumeRefreshPeriod = 10 * time.Second
+
+// refreshVolumes rewrites changed files volumes every period, atomically
+// through the runtime; nothing is restarted.
+func (p *Provider) refreshVolumes(ctx context.Context, period time.Duration) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		p.mu.Lock()
+		var pods []*corev1.Pod
+		for uid, pod := range p.pods {
+			if p.known[uid] && !p.gone[uid] && pod.DeletionTimestamp == nil && hasFilesVolumes(pod) {
+				pods = append(pods, pod.DeepCopy())
+			}
+		}
+		p.mu.Unlock()
+		// One round reads each referenced object once.
+		tr := *p.tr
+		tr.src = &memoSource{objectSource: p.tr.src}
+		for _, pod := range pods {
+			if ctx.Err() != nil {
+				return
+			}
+			p.refreshPod(ctx, &tr, pod)
+		}
+	}
+}
+
+// refreshPod sends a pod's files volumes to the runtime when they differ from
+// what was sent last.
+func (p *Provider) refreshPod(ctx context.Context, tr *translator, pod *corev1.Pod) {
+	vols, err := tr.volumes(ctx, pod, true)
+	if err != nil {
+		// The pod keeps what it has, as with the kubelet.
+		p.log.Debug("refreshing volumes", "pod", key(pod.Namespace, pod.Name), "err", err)
+		return
+	}
+	h := volumesHash(vols)
+	p.mu.Lock()
+	same := p.volHash[pod.UID] == h
+	p.mu.Unlock()
+	if same {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := p.rt.Runtime.UpdatePodVolumes(cctx, &runtimev1.UpdatePodVolumesRequest{Uid: string(pod.UID), Volumes: vols}); err != nil {
+		p.log.Warn("updating volumes", "pod", key(pod.Namespace, pod.Name), "err", err)
+		return
+	}
+	p.mu.Lock()
+	if p.known[pod.UID] {
+		p.volHash[pod.UID] = h
+	}
+	p.mu.Unlock()
+}
+
+// sentVolumes records the files volumes sent with a pod's spec.
+func (p *Provider) sentVolumes(uid types.UID, vols []*runtimev1.Volume) {
+	var files []*runtimev1.Volume
+	for _, v := range vols {
+		if v.GetFiles() != nil {
+			files = append(files, v)
+		}
+	}
+	p.mu.Lock()
+	p.volHash[uid] = volumesHash(files)
+	p.mu.Unlock()
+}
+
+func volumesHash(vols []*runtimev1.Volume) [32]byte {
+	h := sha256.New()
+	for _, v := range vols {
+		b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(v)
+		h.Write(b)
+	}
+	var sum [32]byte
+	copy(sum[:], h.Sum(nil))
+	return sum
+}
+
+// memoSource reads each ConfigMap, Secret, claim and volume once.
+type memoSource struct {
+	objectSource
+	mu sync.Mutex
+	m  map[string]memoEntry
+}
+
+type memoEntry struct {
+	v   any
+	err error
+}
+
+func memo[T any](s *memoSource, key string, get func() (T, error)) (T, error) {
+	s.mu.Lock()
+	if e, ok := s.m[key]; ok {
+		s.mu.Unlock()
+		v, _ := e.v.(T)
+		return v, e.err
+	}
+	s.mu.Unlock()
+	v, err := get()
+	s.mu.Lock()
+	if s.m == nil {
+		s.m = map[string]memoEntry{}
+	}
+	s.m[key] = memoEntry{v, err}
+	s.mu.Unlock()
+	return v, err
+}
+
+func (s *memoSource) configMap(ctx context.Context, ns, name string) (*corev1.ConfigMap, error) {
+	return memo(s, "cm/"+ns+"/"+name, func() (*corev1.ConfigMap, error) { return s.objectSource.configMap(ctx, ns, name) })
+}
+
+func (s *memoSource) secret(ctx context.Context, ns, name string) (*corev1.Secret, error) {
+	return memo(s, "secret/"+ns+"/"+name, func() (*corev1.Secret, error) { return s.objectSource.secret(ctx, ns, name) })
+}

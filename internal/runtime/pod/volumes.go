@@ -1,0 +1,200 @@
+package pod
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
+	"github.com/k3sm-dev/k3sm/internal/runtime/volume"
+	"google.golang.org/protobuf/proto"
+)
+
+// Volumes live in <pod>/volumes/<name>: emptyDir and files volumes are
+// directories there; hostPath and local volumes are the host's own paths.
+func (p *podRT) volumeDir(name string) string { return filepath.Join(p.dir, "volumes", name) }
+
+// setupVolumes creates the pod's volumes once; files volumes are (re)written
+// only when their content differs, so it is cheap to call again.
+func (p *podRT) setupVolumes() error {
+	p.volMu.Lock()
+	defer p.volMu.Unlock()
+	if p.volReady {
+		return nil
+	}
+	p.mu.Lock()
+	vols := p.spec.GetVolumes()
+	p.mu.Unlock()
+	for _, v := range vols {
+		if err := p.setupVolume(v); err != nil {
+			return fmt.Errorf("volume %q: %w", v.GetName(), err)
+		}
+	}
+	p.volReady = true
+	return nil
+}
+
+func (p *podRT) setupVolume(v *runtimev1.Volume) error {
+	dir := p.volumeDir(v.GetName())
+	switch {
+	case v.GetEmptyDir() != nil:
+		// World-writable like the kubelet's, so any user the pod runs as
+		// can write; the pod directory above it is private.
+		if err := os.MkdirAll(dir, 0o777); err != nil {
+			return err
+		}
+		return os.Chmod(dir, 0o777)
+	case v.GetFiles() != nil:
+		_, err := volume.WriteAtomic(dir, volumeFiles(v.GetFiles()))
+		return err
+	case v.GetHostPath() != nil:
+		return volume.CheckHostPath(v.GetHostPath().GetPath(), v.GetHostPath().GetType())
+	case v.GetLocalPath() != nil:
+		return volume.CheckHostPath(v.GetLocalPath().GetPath(), volume.HostPathDirectory)
+	}
+	return fmt.Errorf("no source")
+}
+
+func volumeFiles(f *runtimev1.FilesVolume) []volume.File {
+	var out []volume.File
+	for _, x := range f.GetFiles() {
+		out = append(out, volume.File{Path: x.GetPath(), Content: x.GetContent(), Mode: os.FileMode(x.GetMode())})
+	}
+	return out
+}
+
+// volumeSource is the host path a volume's mounts bind from.
+func (p *podRT) volumeSource(v *runtimev1.Volume) string {
+	switch {
+	case v.GetHostPath() != nil:
+		return v.GetHostPath().GetPath()
+	case v.GetLocalPath() != nil:
+		return v.GetLocalPath().GetPath()
+	}
+	return p.volumeDir(v.GetName())
+}
+
+// containerMounts turns a container's volumeMounts into mounts, parents
+// before children. Where mount namespaces exist a mount's target is its
+// mountPath as the container sees it; elsewhere (darwin) it is that path
+// inside the container's root (see docs/runtime.md).
+func (p *podRT) containerMounts(cspec *runtimev1.ContainerSpec, root string, env []string) ([]mounts.Mount, error) {
+	if len(cspec.GetVolumeMounts()) == 0 {
+		return nil, nil
+	}
+	if err := p.setupVolumes(); err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	vols := map[string]*runtimev1.Volume{}
+	for _, v := range p.spec.GetVolumes() {
+		vols[v.GetName()] = v
+	}
+	p.mu.Unlock()
+	vars := map[string]string{}
+	for _, e := range env {
+		k, v, _ := strings.Cut(e, "=")
+		vars[k] = v
+	}
+	var out []mounts.Mount
+	for _, vm := range cspec.GetVolumeMounts() {
+		v, ok := vols[vm.GetName()]
+		if !ok {
+			return nil, fmt.Errorf("volumeMount %q: the pod has no volume of that name", vm.GetName())
+		}
+		src := p.volumeSource(v)
+		sub := vm.GetSubPath()
+		if e := vm.GetSubPathExpr(); e != "" {
+			sub = expand(e, vars)
+		}
+		if sub != "" {
+			// The kubelet creates a missing subPath in writable volumes.
+			s, err := volume.SubPath(src, sub, v.GetFiles() == nil)
+			if err != nil {
+				return nil, fmt.Errorf("volumeMount %q: %w", vm.GetName(), err)
+			}
+			src = s
+		}
+		target := vm.GetMountPath()
+		if !filepath.IsAbs(target) {
+			target = "/" + target
+		}
+		target = filepath.Clean(target)
+		if target == "/" {
+			return nil, fmt.Errorf("volumeMount %q: mountPath / is not allowed", vm.GetName())
+		}
+		if !mounts.Namespaced() {
+			target = filepath.Join(root, target)
+		}
+		// configMap, secret, downwardAPI and projected volumes are always
+		// read-only, as with the kubelet.
+		out = append(out, mounts.Mount{Source: src, Target: target, ReadOnly: vm.GetReadOnly() || v.GetFiles() != nil})
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		return strings.Count(out[i].Target, "/") < strings.Count(out[j].Target, "/")
+	})
+	return out, nil
+}
+
+// UpdateVolumes rewrites the content of a pod's files volumes (configMap,
+// secret, downwardAPI, projected) atomically; running containers see the new
+// files through their mounts. It returns the names of changed volumes.
+func (m *Manager) UpdateVolumes(uid string, vols []*runtimev1.Volume) ([]string, error) {
+	p := m.get(uid)
+	if p == nil {
+		return nil, fmt.Errorf("pod %s: %w", uid, ErrNotFound)
+	}
+	p.volMu.Lock()
+	defer p.volMu.Unlock()
+	var changed []string
+	for _, nv := range vols {
+		if nv.GetFiles() == nil {
+			continue
+		}
+		p.mu.Lock()
+		var cur *runtimev1.Volume
+		for _, v := range p.spec.GetVolumes() {
+			if v.GetName() == nv.GetName() {
+				cur = v
+			}
+		}
+		p.mu.Unlock()
+		if cur == nil || cur.GetFiles() == nil {
+			return changed, &InvalidSpecError{fmt.Sprintf("pod %s: no files volume %q", uid, nv.GetName())}
+		}
+		if p.volReady {
+			ch, err := volume.WriteAtomic(p.volumeDir(nv.GetName()), volumeFiles(nv.GetFiles()))
+			if err != nil {
+				return changed, fmt.Errorf("volume %q: %w", nv.GetName(), err)
+			}
+			if ch {
+				changed = append(changed, nv.GetName())
+			}
+		}
+		p.mu.Lock()
+		cur.Source = proto.Clone(nv).(*runtimev1.Volume).Source
+		p.mu.Unlock()
+	}
+	return changed, p.save()
+}
+
+// inContainerMounts makes a command run in the mount namespace of container
+// process pid, so exec, exec probes and exec hooks see the container's
+// volumes. The returned dir is where to start the command from.
+func inContainerMounts(pid int, dir string, argv []string) ([]string, string, error) {
+	if pid <= 0 {
+		return argv, dir, nil
+	}
+	wrapped, err := mounts.EnterArgv(pid, dir, argv)
+	if err != nil {
+		return nil, "", err
+	}
+	if len(wrapped) != len(argv) {
+		// The working directory may exist only inside the namespace.
+		return wrapped, "/", nil
+	}
+	return wrapped, dir, nil
+}
