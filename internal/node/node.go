@@ -25,6 +25,7 @@ import (
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/metrics"
 	"github.com/k3sm-dev/k3sm/internal/runtime/client"
+	"github.com/k3sm-dev/k3sm/internal/storage/localpath"
 	"github.com/k3sm-dev/k3sm/internal/version"
 	vknode "github.com/virtual-kubelet/virtual-kubelet/node"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
@@ -66,7 +67,12 @@ type Config struct {
 	// DataDir is k3sm's data directory: refused as a hostPath (see
 	// hostPathAllowed).
 	DataDir string
-	Log     *slog.Logger
+	// LocalPathKubeconfig, when set, runs the node's local-path provisioner
+	// (PVCs of the local-path StorageClass scheduled here get a directory
+	// under LocalPathDir).
+	LocalPathKubeconfig string
+	LocalPathDir        string
+	Log                 *slog.Logger
 }
 
 // Run registers the node and serves until ctx ends.
@@ -137,6 +143,11 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		go prov.watch(ctx)
 		go prov.refreshVolumes(ctx, VolumeRefreshPeriod)
+	}
+	if cfg.LocalPathKubeconfig != "" {
+		if err := startLocalPath(ctx, cfg); err != nil {
+			return err
+		}
 	}
 
 	nodeSpec := nodeObject(cfg, info)
@@ -378,4 +389,31 @@ func apiServerEnv(server string) func(ns string) []corev1.EnvVar {
 		{Name: "KUBERNETES_PORT_" + port + "_TCP_ADDR", Value: host},
 	}
 	return func(string) []corev1.EnvVar { return env }
+}
+
+// startLocalPath runs the node's local-path provisioner with its own
+// credential; it logs and keeps trying rather than taking the node down.
+func startLocalPath(ctx context.Context, cfg Config) error {
+	rc, err := clientcmd.BuildConfigFromFlags("", cfg.LocalPathKubeconfig)
+	if err != nil {
+		return fmt.Errorf("local-path kubeconfig: %w", err)
+	}
+	rc.UserAgent = "k3sm-local-path/" + version.Version
+	kc, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	p := &localpath.Provisioner{Client: kc, NodeName: cfg.Name, BaseDir: cfg.LocalPathDir, Log: cfg.Log.With("component", "local-path")}
+	go func() {
+		for ctx.Err() == nil {
+			if err := p.Run(ctx); err != nil {
+				cfg.Log.Error("local-path provisioner", "err", err)
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(5 * time.Second):
+			}
+		}
+	}()
+	return nil
 }

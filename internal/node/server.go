@@ -11,6 +11,7 @@ import (
 
 	"github.com/k3sm-dev/k3sm/internal/controlplane"
 	"github.com/k3sm-dev/k3sm/internal/pki"
+	"github.com/k3sm-dev/k3sm/internal/storage/localpath"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -37,6 +38,16 @@ func (f Files) ServingCert() string   { return filepath.Join(f.Dir(), "tls", "se
 func (f Files) ServingKey() string    { return filepath.Join(f.Dir(), "tls", "serving-kubelet.key") }
 func (f Files) ClientCA() string      { return filepath.Join(f.Dir(), "tls", "client-ca.crt") }
 func (f Files) RuntimeSocket() string { return filepath.Join(f.Root, "run", "runtime.sock") }
+
+// LocalPathKubeconfig is the node's local-path provisioner credential (its
+// own user, bound to localpath.RoleName; never the node's or admin's).
+func (f Files) LocalPathKubeconfig() string { return filepath.Join(f.Dir(), "local-path.kubeconfig") }
+
+// StorageDir holds the local-path PersistentVolumes' directories.
+func (f Files) StorageDir() string { return filepath.Join(f.Root, "storage") }
+
+// localPathUser is the provisioner's user name for a node.
+func localPathUser(node string) string { return "k3sm:local-path-provisioner:" + node }
 
 // ServerAddon joins the server's own machine as a node: it issues the node's
 // credentials and starts the runtime daemon early (they need only the data
@@ -68,6 +79,12 @@ func ServerAddon(extraArgs ...func(*controlplane.Plane) []string) controlplane.A
 			}
 			if err := EnsureOSPolicy(ctx, admin, osOfNodes()); err != nil {
 				return fmt.Errorf("admission policy: %w", err)
+			}
+			if err := localpath.EnsureStorageClass(ctx, admin); err != nil {
+				return fmt.Errorf("local-path storage class: %w", err)
+			}
+			if err := localpath.EnsureRBAC(ctx, admin, localPathUser(p.Cfg.NodeName)); err != nil {
+				return fmt.Errorf("local-path provisioner RBAC: %w", err)
 			}
 			if rt != nil {
 				wctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -132,7 +149,14 @@ func issueCredentials(p *controlplane.Plane, f Files) error {
 	if err := pki.WriteFile(f.ClientCA(), p.Certs.ClientCA.CertPEM()); err != nil {
 		return err
 	}
-	return controlplane.WriteKubeconfig(f.Kubeconfig(), cfg.LocalAPIURL(), p.Certs.ServerCA.CertPEM(), client, "node")
+	if err := controlplane.WriteKubeconfig(f.Kubeconfig(), cfg.LocalAPIURL(), p.Certs.ServerCA.CertPEM(), client, "node"); err != nil {
+		return err
+	}
+	lp, err := p.Certs.ClientCA.Ensure(tlsDir, "client-local-path", pki.LeafSpec{CommonName: localPathUser(cfg.NodeName), Client: true})
+	if err != nil {
+		return err
+	}
+	return controlplane.WriteKubeconfig(f.LocalPathKubeconfig(), cfg.LocalAPIURL(), p.Certs.ServerCA.CertPEM(), lp, "local-path")
 }
 
 func uniq(xs ...string) []string {
@@ -178,7 +202,8 @@ func (n nodeComponent) Command() supervisor.Command {
 	args := []string{RoleNode, "--node-name=" + cfg.NodeName, "--node-ip=" + cfg.NodeIP,
 		"--kubelet-port=" + strconv.Itoa(cfg.KubeletPort), "--kubeconfig=" + n.f.Kubeconfig(),
 		"--tls-cert-file=" + n.f.ServingCert(), "--tls-private-key-file=" + n.f.ServingKey(),
-		"--client-ca-file=" + n.f.ClientCA(), "--runtime-socket=" + n.f.RuntimeSocket(), "--data-dir=" + cfg.DataDir}
+		"--client-ca-file=" + n.f.ClientCA(), "--runtime-socket=" + n.f.RuntimeSocket(), "--data-dir=" + cfg.DataDir,
+		"--local-path-kubeconfig=" + n.f.LocalPathKubeconfig(), "--local-path-dir=" + n.f.StorageDir()}
 	if cfg.NodeInstant {
 		args = append(args, "--instant")
 	}

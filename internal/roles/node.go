@@ -58,6 +58,8 @@ func runNode(args []string) int {
 	fs.StringVar(&cfg.ClientCAFile, "client-ca-file", "", "CA of accepted kubelet API clients")
 	fs.StringVar(&cfg.RuntimeSocket, "runtime-socket", "", "runtime daemon socket")
 	fs.StringVar(&cfg.DataDir, "data-dir", "", "k3sm's data directory (never a hostPath volume)")
+	fs.StringVar(&cfg.LocalPathKubeconfig, "local-path-kubeconfig", "", "the local-path provisioner's kubeconfig (off when empty)")
+	fs.StringVar(&cfg.LocalPathDir, "local-path-dir", "", "where local-path volumes are made")
 	fs.BoolVar(&cfg.Instant, "instant", false, "benchmark floor: mark pods Running without starting them")
 	metrics.AddFlags(fs, &cfg.Metrics)
 	if err := fs.Parse(args); err != nil {
