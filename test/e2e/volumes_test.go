@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
