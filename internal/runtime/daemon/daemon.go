@@ -51,6 +51,8 @@ type Config struct {
 	BackOffResetAfter    time.Duration
 	ImagePullBackOffBase time.Duration
 	ImagePullBackOffMax  time.Duration
+	// EmptyDirCheckInterval: how often emptyDir sizeLimits are checked (10 s).
+	EmptyDirCheckInterval time.Duration
 	// Version is reported by GetRuntimeInfo.
 	Version string
 	Logger  *slog.Logger
@@ -132,7 +134,7 @@ func Run(ctx context.Context, cfg Config) error {
 	mgr, err := pod.NewManager(pod.Config{DataDir: dataDir, Images: store, Starter: starter,
 		CrashLoopBackOffBase: cfg.CrashLoopBackOffBase, CrashLoopBackOffMax: cfg.CrashLoopBackOffMax,
 		BackOffResetAfter: cfg.BackOffResetAfter, ImagePullBackOffBase: cfg.ImagePullBackOffBase,
-		ImagePullBackOffMax: cfg.ImagePullBackOffMax, Logger: log})
+		ImagePullBackOffMax: cfg.ImagePullBackOffMax, EmptyDirCheckInterval: cfg.EmptyDirCheckInterval, Logger: log})
 	if err != nil {
 		ln.Close()
 		return err

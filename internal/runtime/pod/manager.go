@@ -50,7 +50,10 @@ type Config struct {
 	// ImagePullBackOff: Base doubling to Max.
 	ImagePullBackOffBase time.Duration // 10 s
 	ImagePullBackOffMax  time.Duration // 300 s
-	Logger               *slog.Logger
+	// EmptyDirCheckInterval is how often emptyDir usage is measured against
+	// sizeLimit (10 s; the kubelet's eviction manager also runs every 10 s).
+	EmptyDirCheckInterval time.Duration
+	Logger                *slog.Logger
 }
 
 // ErrNotFound is returned for an unknown pod or container.
@@ -151,6 +154,7 @@ func (m *Manager) Start(ctx context.Context) error {
 			go m.finishDelete(p)
 		}
 	}
+	go m.enforceEmptyDirLimits(ctx)
 	return nil
 }
 
@@ -325,7 +329,7 @@ func (m *Manager) Delete(ctx context.Context, uid string, grace *int64, wait boo
 		}
 		p.grace = time.Duration(g) * time.Second
 		p.graceEnd = time.Now().Add(p.grace)
-		close(p.deleteCh)
+		p.stopAll()
 	}
 	p.mu.Unlock()
 	if first {
@@ -593,6 +597,7 @@ type persistedPod struct {
 	StartTime    time.Time       `json:"startTime"`
 	Terminating  bool            `json:"terminating,omitempty"`
 	GraceSeconds int64           `json:"graceSeconds,omitempty"`
+	Evicted      string          `json:"evicted,omitempty"`
 	Containers   []persistedCtr  `json:"containers"`
 }
 
@@ -623,12 +628,19 @@ type podRT struct {
 	volMu    sync.Mutex
 	volReady bool
 
-	deleteCh chan struct{} // closed when deletion starts
+	// evicted is the eviction message (the kubelet's "Evicted" reason): the
+	// containers are stopped, the pod stays Failed until it is deleted.
+	evicted  string
+	stopOnce sync.Once
+	deleteCh chan struct{} // closed when deletion (or eviction) starts
 	done     chan struct{} // closed when the worker returned
 	removed  chan struct{} // closed when the pod is gone
 }
 
 func (p *podRT) key() string { return p.namespace + "/" + p.name }
+
+// stopAll makes the worker stop every container (deletion or eviction).
+func (p *podRT) stopAll() { p.stopOnce.Do(func() { close(p.deleteCh) }) }
 
 func (p *podRT) all() []*ctr { return append(append([]*ctr{}, p.init...), p.main...) }
 
@@ -671,7 +683,7 @@ func (p *podRT) snapshotLocked() ([]byte, uint64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	pp := persistedPod{Spec: spec, StartTime: p.startTime, Terminating: p.terminating, GraceSeconds: int64(p.grace / time.Second)}
+	pp := persistedPod{Spec: spec, StartTime: p.startTime, Terminating: p.terminating, GraceSeconds: int64(p.grace / time.Second), Evicted: p.evicted}
 	for _, c := range p.all() {
 		pp.Containers = append(pp.Containers, persistedCtr{Name: c.spec.GetName(), RestartCount: c.restartCount, HasRun: c.hasRun,
 			StateDir: c.stateDir, ContainerID: c.containerID, State: c.state, Last: c.last, ImageID: c.imageID,
@@ -708,8 +720,9 @@ func (m *Manager) load(uid string) (*podRT, int, error) {
 	p.terminating = pp.Terminating
 	p.grace = time.Duration(pp.GraceSeconds) * time.Second
 	p.graceEnd = time.Now().Add(p.grace)
-	if p.terminating {
-		close(p.deleteCh)
+	p.evicted = pp.Evicted
+	if p.terminating || p.evicted != "" {
+		p.stopAll()
 	}
 	byName := map[string]persistedCtr{}
 	for _, pc := range pp.Containers {
@@ -810,6 +823,9 @@ func (p *podRT) statusLocked() *runtimev1.PodStatus {
 		}
 	}
 	st.Phase = computePhase(p.spec.GetRestartPolicy(), st.InitContainerStatuses, st.ContainerStatuses, sidecars, mainRan)
+	if p.evicted != "" {
+		st.Phase, st.Reason, st.Message = runtimev1.PodPhase_POD_PHASE_FAILED, "Evicted", p.evicted
+	}
 	return st
 }
 

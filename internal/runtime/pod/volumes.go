@@ -1,11 +1,13 @@
 package pod
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
@@ -197,4 +199,95 @@ func inContainerMounts(pid int, dir string, argv []string) ([]string, string, er
 		return wrapped, "/", nil
 	}
 	return wrapped, dir, nil
+}
+
+// enforceEmptyDirLimits evicts a pod whose emptyDir uses more than its
+// sizeLimit, as the kubelet's eviction manager does (no grace period).
+func (m *Manager) enforceEmptyDirLimits(ctx context.Context) {
+	every := m.cfg.EmptyDirCheckInterval
+	if every <= 0 {
+		every = 10 * time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		m.mu.Lock()
+		pods := make([]*podRT, 0, len(m.pods))
+		for _, p := range m.pods {
+			pods = append(pods, p)
+		}
+		m.mu.Unlock()
+		for _, p := range pods {
+			if msg := p.emptyDirOverLimit(); msg != "" {
+				m.evict(p, msg)
+			}
+		}
+	}
+}
+
+// emptyDirOverLimit returns the kubelet's eviction message for the first
+// emptyDir above its sizeLimit, or "".
+func (p *podRT) emptyDirOverLimit() string {
+	p.mu.Lock()
+	if p.terminating || p.evicted != "" {
+		p.mu.Unlock()
+		return ""
+	}
+	vols := p.spec.GetVolumes()
+	p.mu.Unlock()
+	p.volMu.Lock()
+	ready := p.volReady
+	p.volMu.Unlock()
+	if !ready {
+		return ""
+	}
+	for _, v := range vols {
+		limit := v.GetEmptyDir().GetSizeLimitBytes()
+		if limit <= 0 {
+			continue
+		}
+		used, err := volume.Usage(p.volumeDir(v.GetName()))
+		if err == nil && used > limit {
+			return fmt.Sprintf("Usage of EmptyDir volume %q exceeds the limit %q. ", v.GetName(), quantity(limit))
+		}
+	}
+	return ""
+}
+
+// evict stops every container at once and leaves the pod Failed with reason
+// Evicted until it is deleted.
+func (m *Manager) evict(p *podRT, msg string) {
+	p.mu.Lock()
+	if p.terminating || p.evicted != "" {
+		p.mu.Unlock()
+		return
+	}
+	p.evicted = msg
+	p.grace = 0
+	p.mu.Unlock()
+	m.log.Info("evicting pod", "pod", p.key(), "reason", msg)
+	p.event(runtimev1.EventType_EVENT_TYPE_WARNING, "Evicted", "", msg)
+	p.stopAll()
+	p.changedNotify()
+	if err := p.save(); err != nil {
+		m.log.Error("save evicted pod", "pod", p.key(), "err", err)
+	}
+}
+
+// quantity renders bytes as Kubernetes does for binary-suffixed values.
+func quantity(b int64) string {
+	for _, u := range []struct {
+		suffix string
+		n      int64
+	}{{"Ei", 1 << 60}, {"Pi", 1 << 50}, {"Ti", 1 << 40}, {"Gi", 1 << 30}, {"Mi", 1 << 20}, {"Ki", 1 << 10}} {
+		if b >= u.n && b%u.n == 0 {
+			return fmt.Sprintf("%d%s", b/u.n, u.suffix)
+		}
+	}
+	return fmt.Sprint(b)
 }

@@ -456,7 +456,7 @@ func (p *podRT) stop(c *ctr, proc Process, ch chan waitResult, msg string) {
 		// the pod's grace period (at least the kubelet's minimum).
 		grace = max(time.Until(p.graceEnd), minimumGracePeriod)
 	}
-	if !p.terminating {
+	if !p.terminating && p.evicted == "" {
 		grace = 30 * time.Second
 		if p.spec.TerminationGracePeriodSeconds != nil {
 			grace = time.Duration(p.spec.GetTerminationGracePeriodSeconds()) * time.Second
