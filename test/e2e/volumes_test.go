@@ -90,7 +90,8 @@ func TestVolumes(t *testing.T) {
 		p := nativePod("vols", imgs.prog, "forever")
 		p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{
 			{Name: "config", MountPath: cfgDir}, {Name: "secret", MountPath: secDir},
-			{Name: "info", MountPath: infoDir}, {Name: "scratch", MountPath: scratch}}
+			{Name: "info", MountPath: infoDir}, {Name: "scratch", MountPath: scratch},
+			{Name: "config", MountPath: "/etc/k3sm-e2e-app.conf", SubPath: "greeting.txt"}}
 		p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "second", Image: imgs.prog, Args: []string{"forever"},
 			VolumeMounts: []corev1.VolumeMount{{Name: "scratch", MountPath: "/data/shared"}}})
 		p.Spec.Volumes = []corev1.Volume{
@@ -108,6 +109,9 @@ func TestVolumes(t *testing.T) {
 
 		if got := mustExec(t, p.Name, "main", "cat", cfgDir+"/greeting.txt"); got != "hello v1" {
 			t.Errorf("configMap file: %q", got)
+		}
+		if got := mustExec(t, p.Name, "main", "cat", "/etc/k3sm-e2e-app.conf"); got != "hello v1" {
+			t.Errorf("subPath file mount: %q", got)
 		}
 		if got := mustExec(t, p.Name, "main", "stat", "-L", "-c", "%a", cfgDir+"/greeting.txt"); strings.TrimSpace(got) != "440" {
 			t.Errorf("defaultMode: %q", got)
@@ -137,7 +141,7 @@ func TestVolumes(t *testing.T) {
 			t.Errorf("emptyDir in the second container: %q", got)
 		}
 		// Nothing on the host; and a container without the mount does not see it.
-		for _, h := range []string{"/etc/k3sm-e2e", secDir, "/var/run/k3sm-e2e", scratch, "/data/shared"} {
+		for _, h := range []string{"/etc/k3sm-e2e", "/etc/k3sm-e2e-app.conf", secDir, "/var/run/k3sm-e2e", scratch, "/data/shared"} {
 			if _, err := os.Stat(h); err == nil {
 				t.Errorf("%s exists on the host", h)
 			}
@@ -172,6 +176,31 @@ func TestVolumes(t *testing.T) {
 			}
 			return nil
 		})
+		del(t, p.Name)
+	})
+
+	// An emptyDir above its sizeLimit gets the pod evicted, as with the
+	// kubelet: Failed, reason Evicted, containers stopped.
+	t.Run("emptyDir sizeLimit", func(t *testing.T) {
+		p := nativePod("evict-me", "native")
+		p.Spec.Containers[0].Command = []string{"/bin/sh", "-c", "dd if=/dev/zero of=/cache/big bs=1024 count=2048 2>/dev/null; sleep 600"}
+		p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "cache", MountPath: "/cache"}}
+		p.Spec.Volumes = []corev1.Volume{{Name: "cache", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{
+			SizeLimit: ptr.To(resource.MustParse("1Mi"))}}}}
+		create(t, p)
+		pod := waitPod(t, c, p.Name, time.Minute, func(p *corev1.Pod) error {
+			if p.Status.Phase != corev1.PodFailed || p.Status.Reason != "Evicted" {
+				return fmt.Errorf("phase %s reason %q", p.Status.Phase, p.Status.Reason)
+			}
+			if cs := ctrStatus(p, "main"); cs == nil || cs.State.Terminated == nil {
+				return fmt.Errorf("container still %+v", cs)
+			}
+			return nil
+		})
+		if want := `Usage of EmptyDir volume "cache" exceeds the limit "1Mi". `; pod.Status.Message != want {
+			t.Errorf("message %q, want %q", pod.Status.Message, want)
+		}
+		waitEvent(t, c, p.Name, "Evicted", "exceeds the limit")
 		del(t, p.Name)
 	})
 

@@ -824,7 +824,17 @@ func (p *podRT) statusLocked() *runtimev1.PodStatus {
 	}
 	st.Phase = computePhase(p.spec.GetRestartPolicy(), st.InitContainerStatuses, st.ContainerStatuses, sidecars, mainRan)
 	if p.evicted != "" {
-		st.Phase, st.Reason, st.Message = runtimev1.PodPhase_POD_PHASE_FAILED, "Evicted", p.evicted
+		// Failed once every container stopped, as the kubelet reports it.
+		st.Reason, st.Message = "Evicted", p.evicted
+		stopped := true
+		for _, cs := range append(append([]*runtimev1.ContainerStatus{}, st.InitContainerStatuses...), st.ContainerStatuses...) {
+			if cs.GetState().GetRunning() != nil {
+				stopped = false
+			}
+		}
+		if stopped {
+			st.Phase = runtimev1.PodPhase_POD_PHASE_FAILED
+		}
 	}
 	return st
 }
