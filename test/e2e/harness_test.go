@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -236,4 +237,22 @@ func killLeftovers(dir string) int {
 		}
 	}
 	return n
+}
+
+// createPod creates a pod in the default namespace.
+func (s *server) createPod(t *testing.T, p *corev1.Pod) {
+	t.Helper()
+	if _, err := s.client().CoreV1().Pods("default").Create(ctx(t), p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// deletePod deletes a pod with the given grace period and waits until it is gone.
+func (s *server) deletePod(t *testing.T, name string, grace int64) {
+	t.Helper()
+	c := s.client()
+	if err := c.CoreV1().Pods("default").Delete(ctx(t), name, metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, c, name, time.Minute)
 }

@@ -78,19 +78,7 @@ func TestProbesHooksSidecars(t *testing.T) {
 	s := newServer(t)
 	s.start()
 	c := s.client()
-	create := func(t *testing.T, p *corev1.Pod) {
-		t.Helper()
-		if _, err := c.CoreV1().Pods("default").Create(ctx(t), p, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	del := func(t *testing.T, name string, grace int64) {
-		t.Helper()
-		if err := c.CoreV1().Pods("default").Delete(ctx(t), name, metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil {
-			t.Fatal(err)
-		}
-		waitGone(t, c, name, time.Minute)
-	}
+	create, del := s.createPod, s.deletePod
 
 	// Readiness with each probe kind drives the Ready condition; each kind
 	// fails as specified (Unhealthy events with the kubelet's words).

@@ -51,19 +51,8 @@ func TestVolumes(t *testing.T) {
 	s := newServer(t)
 	s.start()
 	c := s.client()
-	create := func(t *testing.T, p *corev1.Pod) {
-		t.Helper()
-		if _, err := c.CoreV1().Pods("default").Create(ctx(t), p, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	del := func(t *testing.T, name string) {
-		t.Helper()
-		if err := c.CoreV1().Pods("default").Delete(ctx(t), name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
-			t.Fatal(err)
-		}
-		waitGone(t, c, name, time.Minute)
-	}
+	create := s.createPod
+	del := func(t *testing.T, name string) { t.Helper(); s.deletePod(t, name, 0) }
 	mustExec := func(t *testing.T, pod, ctr string, cmd ...string) string {
 		t.Helper()
 		out, err := s.execIn(pod, ctr, cmd...)
