@@ -159,6 +159,14 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	podFactory := informers.NewSharedInformerFactoryWithOptions(kc, time.Minute, nodeutil.PodInformerFilter(cfg.Name))
+	podLister := podFactory.Core().V1().Pods().Lister()
+	prov.apiUID = func(ns, name string) (types.UID, bool) {
+		pod, err := podLister.Pods(ns).Get(name)
+		if err != nil {
+			return "", false
+		}
+		return pod.UID, true
+	}
 	// The pod controller wants these informers, but with our own env
 	// resolution they are never started: a node may not list Secrets and
 	// ConfigMaps cluster-wide, only GET those its pods reference.

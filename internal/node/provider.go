@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/tools/reference"
+	"k8s.io/utils/ptr"
 )
 
 // Provider runs the node's pods through the runtime daemon. It is the
@@ -56,6 +57,9 @@ type Provider struct {
 	dirty chan types.UID
 	// volHash is the files volumes last sent to the runtime per pod.
 	volHash map[types.UID][32]byte
+	// apiUID is the uid of the API's pod of that name (the informer's
+	// view): Virtual Kubelet looks pods up by name, the node by uid.
+	apiUID func(ns, name string) (types.UID, bool)
 }
 
 func newProvider(rt *client.Client, tr *translator, nodeIP string, recorder record.EventRecorder, log *slog.Logger, instant bool) *Provider {
@@ -117,6 +121,14 @@ func (p *Provider) adopt(pod *corev1.Pod) (*corev1.Pod, bool) {
 	if old, ok := p.pods[pod.UID]; ok {
 		pod.Status = old.Status
 	}
+	// A pod of the same name with another uid left the API (a name is
+	// unique at any time): stop it, as the kubelet does by uid.
+	var replaced *corev1.Pod
+	if prev, ok := p.byName[key(pod.Namespace, pod.Name)]; ok && prev != pod.UID && !p.gone[prev] {
+		if old, ok := p.pods[prev]; ok {
+			replaced = old.DeepCopy()
+		}
+	}
 	p.pods[pod.UID] = pod
 	p.byName[key(pod.Namespace, pod.Name)] = pod.UID
 	known := p.known[pod.UID]
@@ -125,6 +137,20 @@ func (p *Provider) adopt(pod *corev1.Pod) (*corev1.Pod, bool) {
 	p.mu.Unlock()
 	for _, e := range pending {
 		p.runtimeEvent(pod, e)
+	}
+	if replaced != nil {
+		if replaced.DeletionTimestamp == nil {
+			now := metav1.Now()
+			replaced.DeletionTimestamp = &now
+		}
+		if replaced.DeletionGracePeriodSeconds == nil {
+			replaced.DeletionGracePeriodSeconds = ptr.To[int64](0)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if err := p.DeletePod(ctx, replaced); err != nil {
+			p.log.Warn("stopping a pod replaced by one of the same name", "pod", key(pod.Namespace, pod.Name), "uid", replaced.UID, "err", err)
+		}
+		cancel()
 	}
 	if known {
 		// Re-adopted after a restart: report what the runtime last said.
@@ -305,7 +331,14 @@ func (p *Provider) notifier(ctx context.Context, notify func(*corev1.Pod)) {
 func (p *Provider) GetPod(_ context.Context, ns, name string) (*corev1.Pod, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if pod, ok := p.pods[p.byName[key(ns, name)]]; ok {
+	uid := p.byName[key(ns, name)]
+	if pod, ok := p.pods[uid]; ok {
+		if p.apiUID != nil {
+			if cur, found := p.apiUID(ns, name); found && cur != uid {
+				// The API has a new pod of this name: this one is not it.
+				return nil, errdefs.NotFoundf("pod %s/%s (uid %s) is not known to this node", ns, name, cur)
+			}
+		}
 		return pod.DeepCopy(), nil
 	}
 	return nil, errdefs.NotFoundf("pod %s/%s is not known to this node", ns, name)

@@ -268,6 +268,14 @@ func TestVolumes(t *testing.T) {
 		if got := mustExec(t, "pvc-user", "main", "cat", "/var/lib/k3sm-e2e-data/file"); got != "persisted\n" {
 			t.Errorf("data after the pod was recreated: %q", got)
 		}
+		// The same name and spec right after a force delete: the old pod's
+		// process is gone, only the new one runs.
+		waitFor(t, 30*time.Second, "one workload process", func() error {
+			if pids := s.workloadPids(); len(pids) != 1 {
+				return fmt.Errorf("workload processes %v", pids)
+			}
+			return nil
+		})
 		del(t, "pvc-user")
 		if err := c.CoreV1().PersistentVolumeClaims("default").Delete(ctx(t), "data", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
