@@ -201,19 +201,7 @@ func (p *Provider) retryLater(pod *corev1.Pod) {
 // UpdatePod passes spec changes (e.g. a new image) to the runtime.
 func (p *Provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 	pod, known := p.adopt(pod)
-	if !known {
-		// Virtual Kubelet finds pods by name, so a pod that reuses the name
-		// of one just deleted arrives here as an "update": start it, unless
-		// a start is already scheduled for it.
-		p.mu.Lock()
-		scheduled := p.retry[pod.UID] != nil
-		p.mu.Unlock()
-		if scheduled || pod.DeletionTimestamp != nil {
-			return nil
-		}
-		return p.CreatePod(ctx, pod)
-	}
-	if p.instant {
+	if p.instant || !known {
 		return nil
 	}
 	spec, err := p.tr.podSpec(ctx, pod)

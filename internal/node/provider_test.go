@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 type recorder struct {
@@ -99,5 +101,27 @@ func TestPodStatusConditions(t *testing.T) {
 	again := podStatus(pod, running("u", 2), "10.0.0.1")
 	if !again.Conditions[3].LastTransitionTime.Equal(&st.Conditions[3].LastTransitionTime) {
 		t.Fatal("Ready's transition time moved without a transition")
+	}
+}
+
+// Virtual Kubelet looks pods up by name: a pod that reuses a deleted pod's
+// name must not be answered with the old one, or it is never started.
+func TestGetPodAnswersForTheAPIsUID(t *testing.T) {
+	p := newProvider(nil, &translator{}, "192.0.2.1", nil, slog.New(slog.DiscardHandler), false)
+	api := map[string]types.UID{}
+	p.apiUID = func(ns, name string) (types.UID, bool) { uid, ok := api[name]; return uid, ok }
+	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "p", UID: "old"}}
+	p.adopt(old)
+	api["p"] = "old"
+	if got, err := p.GetPod(context.Background(), "default", "p"); err != nil || got.UID != "old" {
+		t.Fatalf("same uid: %v %v", got, err)
+	}
+	api["p"] = "new"
+	if got, err := p.GetPod(context.Background(), "default", "p"); err == nil || got != nil {
+		t.Fatalf("a new pod of the same name was answered with the old one: %v", got)
+	}
+	delete(api, "p") // gone from the API: Virtual Kubelet deletes it through GetPod
+	if got, err := p.GetPod(context.Background(), "default", "p"); err != nil || got.UID != "old" {
+		t.Fatalf("pod gone from the API: %v %v", got, err)
 	}
 }
