@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // VolumeRefreshPeriod is how often the node re-reads what its pods' files
@@ -21,31 +22,27 @@ const VolumeRefreshPeriod = 10 * time.Second
 // refreshVolumes rewrites changed files volumes every period, atomically
 // through the runtime; nothing is restarted.
 func (p *Provider) refreshVolumes(ctx context.Context, period time.Duration) {
-	t := time.NewTicker(period)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
+	wait.UntilWithContext(ctx, p.refreshRound, period)
+}
+
+// refreshRound refreshes every running pod's files volumes once, reading each
+// referenced object once.
+func (p *Provider) refreshRound(ctx context.Context) {
+	p.mu.Lock()
+	var pods []*corev1.Pod
+	for uid, pod := range p.pods {
+		if p.known[uid] && !p.gone[uid] && pod.DeletionTimestamp == nil && hasFilesVolumes(pod) {
+			pods = append(pods, pod.DeepCopy())
+		}
+	}
+	p.mu.Unlock()
+	tr := *p.tr
+	tr.src = &memoSource{objectSource: p.tr.src}
+	for _, pod := range pods {
+		if ctx.Err() != nil {
 			return
-		case <-t.C:
 		}
-		p.mu.Lock()
-		var pods []*corev1.Pod
-		for uid, pod := range p.pods {
-			if p.known[uid] && !p.gone[uid] && pod.DeletionTimestamp == nil && hasFilesVolumes(pod) {
-				pods = append(pods, pod.DeepCopy())
-			}
-		}
-		p.mu.Unlock()
-		// One round reads each referenced object once.
-		tr := *p.tr
-		tr.src = &memoSource{objectSource: p.tr.src}
-		for _, pod := range pods {
-			if ctx.Err() != nil {
-				return
-			}
-			p.refreshPod(ctx, &tr, pod)
-		}
+		p.refreshPod(ctx, &tr, pod)
 	}
 }
 

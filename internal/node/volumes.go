@@ -39,15 +39,19 @@ func (t *translator) hostPathAllowed(path string) error {
 	if !filepath.IsAbs(path) {
 		return fmt.Errorf("hostPath %q is not an absolute path", path)
 	}
-	p := filepath.Clean(path)
 	for _, d := range t.protectedDirs {
-		d = filepath.Clean(d)
-		if p == d || strings.HasPrefix(p, d+string(filepath.Separator)) || strings.HasPrefix(d, p+string(filepath.Separator)) || p == "/" {
+		if within(path, d) || within(d, path) {
 			return fmt.Errorf("hostPath %s is refused: it is or contains k3sm's data directory %s (the cluster's database, keys and other pods' files); "+
 				"use a path outside it, or a PersistentVolumeClaim (storageClassName local-path)", path, d)
 		}
 	}
 	return nil
+}
+
+// within reports whether path is dir or below it.
+func within(path, dir string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }
 
 // volumes resolves the pod's volumes. With filesOnly only configMap, secret,

@@ -49,7 +49,7 @@ func probeUserns() bool {
 	if err != nil {
 		return true
 	}
-	attr, _ := sysProcAttr(nil, false)
+	attr := sysProcAttr(nil, false)
 	cmd := exec.Command(truePath)
 	cmd.SysProcAttr = attr
 	return cmd.Run() == nil
@@ -63,11 +63,11 @@ func probeUserns() bool {
 // even in its own user namespace, so the process also gets CAP_SYS_ADMIN
 // as an ambient capability (in that namespace only) to mount; it must
 // start its own children with StartWithoutCaps.
-func SysProcAttr(base *syscall.SysProcAttr) (*syscall.SysProcAttr, error) {
+func SysProcAttr(base *syscall.SysProcAttr) *syscall.SysProcAttr {
 	return sysProcAttr(base, os.Geteuid() == 0)
 }
 
-func sysProcAttr(base *syscall.SysProcAttr, root bool) (*syscall.SysProcAttr, error) {
+func sysProcAttr(base *syscall.SysProcAttr, root bool) *syscall.SysProcAttr {
 	a := &syscall.SysProcAttr{}
 	if base != nil {
 		c := *base
@@ -82,7 +82,7 @@ func sysProcAttr(base *syscall.SysProcAttr, root bool) (*syscall.SysProcAttr, er
 		a.GidMappingsEnableSetgroups = false
 		a.AmbientCaps = append(slices.Clone(a.AmbientCaps), unix.CAP_SYS_ADMIN)
 	}
-	return a, nil
+	return a
 }
 
 // StartWithoutCaps calls start (which forks and execs: exec.Cmd.Start) on

@@ -250,10 +250,7 @@ func testApply(t *testing.T, root bool) {
 		Links:    map[string]string{filepath.Join(mir, "l"): "f"},
 	}
 	raw, _ := json.Marshal(plan)
-	attr, err := sysProcAttr(nil, root)
-	if err != nil {
-		t.Fatal(err)
-	}
+	attr := sysProcAttr(nil, root)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperChild$", "-test.v")
 	cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
 	cmd.SysProcAttr = attr
@@ -340,7 +337,7 @@ func TestApplyErrorsNameTheMount(t *testing.T) {
 		{Mount{Source: tmp, Target: "rel"}, "not an absolute path"},
 	} {
 		raw, _ := json.Marshal(childPlan{Mounts: []Mount{tc.m}, Stage: filepath.Join(tmp, "stage")})
-		attr, _ := SysProcAttr(nil)
+		attr := SysProcAttr(nil)
 		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperChild$")
 		cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
 		cmd.SysProcAttr = attr

@@ -10,7 +10,7 @@ func Namespaced() bool { return false }
 
 // SysProcAttr returns base unchanged: there is no mount namespace to start
 // the process in (Apply makes symlinks instead).
-func SysProcAttr(base *syscall.SysProcAttr) (*syscall.SysProcAttr, error) { return base, nil }
+func SysProcAttr(base *syscall.SysProcAttr) *syscall.SysProcAttr { return base }
 
 // EnterArgv returns argv unchanged (there is no namespace to enter): the
 // caller runs it in dir itself, as on Linux for a process that shares the

@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -826,13 +827,7 @@ func (p *podRT) statusLocked() *runtimev1.PodStatus {
 	if p.evicted != "" {
 		// Failed once every container stopped, as the kubelet reports it.
 		st.Reason, st.Message = "Evicted", p.evicted
-		stopped := true
-		for _, cs := range append(append([]*runtimev1.ContainerStatus{}, st.InitContainerStatuses...), st.ContainerStatuses...) {
-			if cs.GetState().GetRunning() != nil {
-				stopped = false
-			}
-		}
-		if stopped {
+		if !slices.ContainsFunc(p.all(), func(c *ctr) bool { return c.state.Running != nil }) {
 			st.Phase = runtimev1.PodPhase_POD_PHASE_FAILED
 		}
 	}

@@ -86,10 +86,7 @@ func (s *Starter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process,
 		// A mount namespace of its own (Linux), where the shim applies
 		// the mounts before it starts the workload; without mounts the
 		// shim shares the daemon's, as before.
-		if cmd.SysProcAttr, err = mounts.SysProcAttr(cmd.SysProcAttr); err != nil {
-			rw.Close()
-			return nil, err
-		}
+		cmd.SysProcAttr = mounts.SysProcAttr(cmd.SysProcAttr)
 	}
 	if err := cmd.Start(); err != nil {
 		rw.Close()
