@@ -211,8 +211,9 @@ func (p *Provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 	if _, err = p.rt.Runtime.UpdatePod(ctx, &runtimev1.UpdatePodRequest{Pod: spec}); err != nil {
 		return err
 	}
-	// Labels and annotations show in downwardAPI volumes at once.
-	p.refreshPod(ctx, p.tr, pod)
+	// Labels and annotations show in downwardAPI volumes at once: the spec
+	// just resolved carries them.
+	p.sendVolumes(ctx, pod, spec.Volumes)
 	return nil
 }
 

@@ -55,6 +55,13 @@ func (p *Provider) refreshPod(ctx context.Context, tr *translator, pod *corev1.P
 		p.log.Debug("refreshing volumes", "pod", key(pod.Namespace, pod.Name), "err", err)
 		return
 	}
+	p.sendVolumes(ctx, pod, vols)
+}
+
+// sendVolumes passes a pod's files volumes to the runtime unless they are
+// what was sent last.
+func (p *Provider) sendVolumes(ctx context.Context, pod *corev1.Pod, vols []*runtimev1.Volume) {
+	vols = filesVolumes(vols)
 	h := volumesHash(vols)
 	p.mu.Lock()
 	same := p.volHash[pod.UID] == h
@@ -77,15 +84,21 @@ func (p *Provider) refreshPod(ctx context.Context, tr *translator, pod *corev1.P
 
 // sentVolumes records the files volumes sent with a pod's spec.
 func (p *Provider) sentVolumes(uid types.UID, vols []*runtimev1.Volume) {
+	h := volumesHash(filesVolumes(vols))
+	p.mu.Lock()
+	p.volHash[uid] = h
+	p.mu.Unlock()
+}
+
+// filesVolumes keeps the volumes whose content the node refreshes.
+func filesVolumes(vols []*runtimev1.Volume) []*runtimev1.Volume {
 	var files []*runtimev1.Volume
 	for _, v := range vols {
 		if v.GetFiles() != nil {
 			files = append(files, v)
 		}
 	}
-	p.mu.Lock()
-	p.volHash[uid] = volumesHash(files)
-	p.mu.Unlock()
+	return files
 }
 
 func volumesHash(vols []*runtimev1.Volume) [32]byte {
