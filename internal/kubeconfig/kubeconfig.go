@@ -39,8 +39,8 @@ type MergeOptions struct {
 // BackupPath is where Merge and Remove keep the previous version of path.
 func BackupPath(path string) string { return path + ".bak" }
 
-// process-wide lock in addition to the file lock (flock is per open file
-// description, so two goroutines of one process also need this).
+// mu serialises writers within one process, so they queue here instead of
+// polling for each other's lock file.
 var mu sync.Mutex
 
 // Merge adds every cluster, user and context of kubeconfigYAML to the
@@ -185,7 +185,7 @@ func update(path string, noBackup bool, backup *string, fn func(doc *yaml.Node) 
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	unlock, err := lockFile(path + ".lock")
+	unlock, err := lockFile(path)
 	if err != nil {
 		return err
 	}
