@@ -7,6 +7,7 @@ import (
 	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -72,4 +73,36 @@ func TestBootstrapFailsClosed(t *testing.T) {
 			t.Fatalf("want an error naming the missing role, got %v", err)
 		}
 	})
+}
+
+func TestWaitUsable(t *testing.T) {
+	client := fake.NewClientset()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	err := WaitUsable(ctx, client)
+	cancel()
+	if err == nil || !strings.Contains(err.Error(), "ServiceAccount default/default") {
+		t.Fatalf("with nothing created: %v, want an error naming the ServiceAccount", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- WaitUsable(context.Background(), client) }()
+	bg := context.Background()
+	if _, err := client.CoreV1().ServiceAccounts("default").Create(bg, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("returned (%v) before kube-root-ca.crt exists", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if _, err := client.CoreV1().ConfigMaps("default").Create(bg, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kube-root-ca.crt"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("still waiting after both objects exist")
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -129,11 +130,44 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 			}
 		}
 	}
+	// "Up" means a user can create a pod in default at once: admission
+	// refuses pods until the default ServiceAccount exists, and a pod's
+	// service-account volume needs kube-root-ca.crt.
+	wctx, wcancel := context.WithTimeout(ctx, componentReadyTimeout)
+	err = WaitUsable(wctx, client)
+	wcancel()
+	if err != nil {
+		return fmt.Errorf("%w (see %s)", err, sup.LogDir+"/kube-controller-manager.log")
+	}
 	log.Info(fmt.Sprintf("k3sm is up in %s: API %s, kubeconfig %s, data %s, logs %s",
 		time.Since(start).Round(time.Millisecond), cfg.LocalAPIURL(), p.Layout.AdminKubeconfig(), cfg.DataDir, p.Layout.LogDir()))
 	<-ctx.Done()
 	log.Info("stopping", "reason", context.Cause(ctx).Error())
 	return nil
+}
+
+// WaitUsable waits until the controller-manager has made what a first pod
+// in the default namespace needs: the default ServiceAccount (admission
+// refuses pods without it) and the kube-root-ca.crt ConfigMap (the
+// service-account volume of every pod projects it).
+func WaitUsable(ctx context.Context, client kubernetes.Interface) error {
+	missing := ""
+	for {
+		missing = ""
+		if _, err := client.CoreV1().ServiceAccounts(metav1.NamespaceDefault).Get(ctx, "default", metav1.GetOptions{}); err != nil {
+			missing = "ServiceAccount default/default: " + err.Error()
+		} else if _, err := client.CoreV1().ConfigMaps(metav1.NamespaceDefault).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{}); err != nil {
+			missing = "ConfigMap default/kube-root-ca.crt: " + err.Error()
+		}
+		if missing == "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the controller-manager has not created %s", missing)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 func startAndWait(ctx context.Context, sup *supervisor.Supervisor, c supervisor.Component, timeout time.Duration) error {

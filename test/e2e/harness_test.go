@@ -113,12 +113,15 @@ func (s *server) start() {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	// The service-account controller creates "default" a moment after start;
-	// pods created before it are refused by admission, as upstream.
-	waitFor(s.t, time.Minute, "default service account", func() error {
-		_, err := s.client().CoreV1().ServiceAccounts("default").Get(context.Background(), "default", metav1.GetOptions{})
-		return err
-	})
+	// "Up" means usable at once: a first pod in default needs the default
+	// ServiceAccount and kube-root-ca.crt, and is refused without them. No
+	// waiting here, so every e2e test checks it.
+	if _, err := s.client().CoreV1().ServiceAccounts("default").Get(context.Background(), "default", metav1.GetOptions{}); err != nil {
+		s.t.Fatalf("server said it is up, but a pod cannot be created yet: %v", err)
+	}
+	if _, err := s.client().CoreV1().ConfigMaps("default").Get(context.Background(), "kube-root-ca.crt", metav1.GetOptions{}); err != nil {
+		s.t.Fatalf("server said it is up, but kube-root-ca.crt is missing: %v", err)
+	}
 }
 
 // stop sends SIGTERM and waits for the server to exit.
