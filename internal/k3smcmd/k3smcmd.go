@@ -20,8 +20,9 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// Kubectl runs the embedded kubectl; cmd/k3sm wires it to internal/roles so
-// that this package stays free of the control plane's imports.
+// Kubectl runs the embedded kubectl with args and, unless kubeconfig is
+// empty, $KUBECONFIG set to it; cmd/k3sm wires it to internal/roles so that
+// this package stays free of the control plane's imports.
 type Kubectl func(args []string, defaultKubeconfig string) int
 
 // Addons returns what `k3sm server` starts after the control plane is verified.
@@ -154,7 +155,16 @@ func newKubectl(run Kubectl) *cobra.Command {
 		Short:              "Run the embedded kubectl (uses the admin kubeconfig unless told otherwise)",
 		DisableFlagParsing: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			os.Exit(run(args, controlplane.Layout{Root: controlplane.DefaultDataDir()}.AdminKubeconfig()))
+			home, _ := os.UserHomeDir()
+			rest, kc, note, err := kubectlTarget(args, os.Getenv, home)
+			if err != nil {
+				fmt.Fprintln(cmd.ErrOrStderr(), err)
+				os.Exit(1)
+			}
+			if note != "" {
+				fmt.Fprintln(cmd.ErrOrStderr(), note)
+			}
+			os.Exit(run(rest, kc))
 			return nil
 		},
 	}

@@ -106,13 +106,12 @@ func runKine(args []string) int {
 	return 0
 }
 
-// Kubectl runs the embedded kubectl with args (without the leading "kubectl").
-// Without --kubeconfig or $KUBECONFIG it uses the server's admin kubeconfig.
-func Kubectl(args []string, defaultKubeconfig string) int {
-	if os.Getenv("KUBECONFIG") == "" && !hasKubeconfigFlag(args) {
-		if _, err := os.Stat(defaultKubeconfig); err == nil {
-			os.Setenv("KUBECONFIG", defaultKubeconfig)
-		}
+// Kubectl runs the embedded kubectl with args (without the leading
+// "kubectl"), with $KUBECONFIG set to kubeconfig unless that is empty
+// (k3smcmd decides which one).
+func Kubectl(args []string, kubeconfig string) int {
+	if kubeconfig != "" {
+		os.Setenv("KUBECONFIG", kubeconfig)
 	}
 	os.Args = append([]string{"kubectl"}, args...)
 	logs.GlogSetter(kubectlcmd.GetLogVerbosity(os.Args)) //nolint:errcheck
@@ -121,13 +120,4 @@ func Kubectl(args []string, defaultKubeconfig string) int {
 		kubectlutil.CheckErr(err)
 	}
 	return 0
-}
-
-func hasKubeconfigFlag(args []string) bool {
-	for _, a := range args {
-		if a == "--kubeconfig" || len(a) > 13 && a[:13] == "--kubeconfig=" {
-			return true
-		}
-	}
-	return false
 }

@@ -277,6 +277,20 @@ func TestServerAPI(t *testing.T) {
 		if out, err := cmd.CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "namespace/default" {
 			t.Fatalf("default kubeconfig: %v\n%s", err, out)
 		}
+		cmd = exec.Command(k3smBin, "kubectl", "--data-dir", s.dataDir, "get", "ns", "default", "-o", "name")
+		cmd.Env = append(os.Environ(), "KUBECONFIG=")
+		if out, err := cmd.CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "namespace/default" {
+			t.Fatalf("k3sm kubectl --data-dir: %v\n%s", err, out)
+		}
+		// A data dir with no server says where it looked and how to point
+		// elsewhere, instead of kubectl's localhost:8080.
+		nowhere := t.TempDir()
+		cmd = exec.Command(k3smBin, "kubectl", "get", "pods")
+		cmd.Env = append(os.Environ(), "K3SM_DATA_DIR="+nowhere, "KUBECONFIG=", "HOME="+t.TempDir())
+		out, err = func() (string, error) { b, err := cmd.CombinedOutput(); return string(b), err }()
+		if err == nil || strings.Contains(out, "8080") || !strings.Contains(out, filepath.Join(nowhere, "admin.kubeconfig")) || !strings.Contains(out, "--data-dir DIR") {
+			t.Fatalf("kubectl with no cluster in K3SM_DATA_DIR: %v\n%s", err, out)
+		}
 		printed, err := exec.Command(k3smBin, "kubeconfig", "--data-dir", s.dataDir).Output()
 		if err != nil || !strings.Contains(string(printed), fmt.Sprintf("https://127.0.0.1:%d", s.port)) {
 			t.Fatalf("k3sm kubeconfig: %v\n%s", err, printed)
