@@ -305,9 +305,10 @@ func (n *nodeProvider) Ping(ctx context.Context) error {
 
 func (n *nodeProvider) NotifyNodeStatus(context.Context, func(*corev1.Node)) {}
 
-// serveKubeletAPI starts the TLS kubelet API. Clients must present a
-// certificate from the client CA (the apiserver does); every request is
-// authorized through SubjectAccessReview as the kubelet does.
+// serveKubeletAPI starts the TLS kubelet API. As the kubelet in webhook
+// mode, clients authenticate with a certificate from the client CA (the
+// apiserver does) or a bearer token (TokenReview), never anonymously, and
+// every request is authorized through SubjectAccessReview.
 func serveKubeletAPI(cfg Config, kc kubernetes.Interface, prov *Provider, pods informers.SharedInformerFactory) (*http.Server, error) {
 	caPEM, err := os.ReadFile(cfg.ClientCAFile)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -162,6 +163,68 @@ func TestMetricsAPI(t *testing.T) {
 				t.Fatalf("%s: no %q in:\n%s", resp.Status, want, body)
 			}
 		}
+	})
+
+	t.Run("kubelet API: client certificate or bearer token, then nodes/* authorization", func(t *testing.T) {
+		// As the kubelet: a client-CA certificate or a bearer token checked
+		// with TokenReview; no credentials is 401; an identity without
+		// nodes/proxy (the subresource of /pods) is 403.
+		caPEM, err := os.ReadFile(filepath.Join(s.dataDir, "server", "tls", "server-ca.crt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		roots := x509.NewCertPool()
+		roots.AppendCertsFromPEM(caPEM)
+		hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+		get := func(token string) (int, string) {
+			t.Helper()
+			req, _ := http.NewRequest(http.MethodGet, fmt.Sprintf("https://127.0.0.1:%d/pods", s.ports[3]), nil)
+			if token != "" {
+				req.Header.Set("Authorization", "Bearer "+token)
+			}
+			resp, err := hc.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b)
+		}
+		if code, body := get(""); code != http.StatusUnauthorized {
+			t.Fatalf("no credentials: %d %s, want 401", code, body)
+		}
+		if code, body := get("not-a-token"); code != http.StatusUnauthorized {
+			t.Fatalf("a bad token: %d %s, want 401", code, body)
+		}
+		if _, err := c.CoreV1().ServiceAccounts("default").Create(ctx(t), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "kubelet-reader"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		tr, err := c.CoreV1().ServiceAccounts("default").CreateToken(ctx(t), "kubelet-reader", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		token := tr.Status.Token
+		if code, body := get(token); code != http.StatusForbidden {
+			t.Fatalf("a valid token without nodes/proxy: %d %s, want 403", code, body)
+		}
+		cr := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "kubelet-reader"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes/proxy"}, Verbs: []string{"get"}}}}
+		if _, err := c.RbacV1().ClusterRoles().Create(ctx(t), cr, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		crb := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "kubelet-reader"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "kubelet-reader"},
+			Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "kubelet-reader", Namespace: "default"}}}
+		if _, err := c.RbacV1().ClusterRoleBindings().Create(ctx(t), crb, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// A denial is cached for 30 s, as in the kubelet.
+		waitFor(t, 2*time.Minute, "the token to be allowed once bound", func() error {
+			if code, body := get(token); code != http.StatusOK || !strings.Contains(body, `"busy"`) {
+				return fmt.Errorf("%d %.200s", code, body)
+			}
+			return nil
+		})
 	})
 
 	t.Run("RBAC: view reads metrics, others may not", func(t *testing.T) {
