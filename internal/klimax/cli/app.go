@@ -20,9 +20,6 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/klimax/vm"
 )
 
-// Version is set at build time with -ldflags "-X .../cli.Version=v1.2.3".
-var Version = "dev"
-
 // Platform is what the CLI needs from the platform facade; *platform.Platform
 // implements it and tests substitute a fake.
 type Platform interface {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/k3sm-dev/k3sm/internal/version"
 	"os"
 	"path/filepath"
 	"strings"
@@ -348,5 +349,17 @@ func TestConfigEditThroughCLI(t *testing.T) {
 	}
 	if out, _, _ := h.run("", false, "config", "view"); !strings.Contains(out, "cpus: 2") {
 		t.Error("invalid edit changed the config")
+	}
+}
+
+// TestVersionIsTheLinkedOne: the Makefile links the version into
+// internal/version (for both binaries); `klimax version` must print it.
+func TestVersionIsTheLinkedOne(t *testing.T) {
+	old := version.Version
+	version.Version = "v1.2.3-test"
+	t.Cleanup(func() { version.Version = old })
+	h := newHarness(t)
+	if out, _, _ := h.run("", false, "version"); strings.TrimSpace(out) != "klimax v1.2.3-test" {
+		t.Fatalf("klimax version printed %q, want the linked version v1.2.3-test", out)
 	}
 }

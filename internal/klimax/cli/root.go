@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/k3sm-dev/k3sm/internal/version"
 	"io"
 	"os"
 	"os/signal"
@@ -89,7 +90,7 @@ func versionCmd(app *App) *cobra.Command {
 		Short: "Print the klimax version",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fmt.Fprintf(app.Out, "klimax %s\n", Version)
+			fmt.Fprintf(app.Out, "klimax %s\n", version.Version)
 			return nil
 		},
 	}
