@@ -174,6 +174,10 @@ func TestDoctorExitCodeAndJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &checks); err != nil || code != 1 || checks[len(checks)-1].Fix == "" {
 		t.Errorf("json: %v %d %s", err, code, out)
 	}
+	out, _, code = h.run("", false, "doctor", "-o", "yaml")
+	if code != 1 || !strings.Contains(out, "fix: run `klimax up`") || !strings.Contains(out, "status: FAIL") {
+		t.Errorf("yaml: %d %s", code, out)
+	}
 	os.MkdirAll(filepath.Join(h.home, ".klimax"), 0o700)
 	os.WriteFile(filepath.Join(h.home, ".klimax", "config.yaml"), []byte("vm:\n  cpus: 0\n"), 0o600)
 	out, _, code = h.run("", false, "doctor")
@@ -323,8 +327,11 @@ func TestVMCommandsAndCompletion(t *testing.T) {
 		}
 	}
 	out, _, _ := h.run("", false, "status", "-o", "json")
-	if !strings.Contains(out, `"clusters"`) {
-		t.Errorf("status json %s", out)
+	var st struct {
+		Clusters *[]json.RawMessage `json:"clusters"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil || st.Clusters == nil {
+		t.Errorf("status json: clusters must be a list, even empty (%v): %s", err, out)
 	}
 }
 

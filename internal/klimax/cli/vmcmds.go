@@ -157,10 +157,13 @@ func statusCmd(app *App) *cobra.Command {
 				*platform.Status
 				Clusters []cluster.Info `json:"clusters"`
 			}
-			out := full{Status: st}
+			// An empty list, not null, when there are none (or no engine).
+			out := full{Status: st, Clusters: []cluster.Info{}}
 			if st.Engine.Reachable {
 				if m, err := app.Clusters(); err == nil {
-					out.Clusters, _ = m.List(cmd.Context(), "")
+					if l, _ := m.List(cmd.Context(), ""); l != nil {
+						out.Clusters = l
+					}
 				}
 			}
 			return output(app.Out, format, out, func() {
@@ -216,8 +219,8 @@ func doctorCmd(app *App) *cobra.Command {
 		Short: "Check everything klimax set up; prints PASS/WARN/FAIL with fixes and exits non-zero on FAIL",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if format != "text" && format != "json" {
-				return fmt.Errorf("unknown output format %q (use text or json)", format)
+			if format != "text" && format != "json" && format != "yaml" {
+				return fmt.Errorf("unknown output format %q (use text, json or yaml)", format)
 			}
 			var checks []platform.Check
 			cfg, err := app.Config()
@@ -254,7 +257,7 @@ func doctorCmd(app *App) *cobra.Command {
 			return nil
 		},
 	}
-	c.Flags().StringVarP(&format, "output", "o", "text", "output format: text or json")
+	c.Flags().StringVarP(&format, "output", "o", "text", "output format: text, json or yaml")
 	return c
 }
 
