@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"github.com/k3sm-dev/k3sm/internal/version"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -45,6 +46,10 @@ func (f *fakePlatform) Status(ctx context.Context) (*platform.Status, error) {
 func (f *fakePlatform) Doctor(ctx context.Context) []platform.Check { return f.checks }
 func (f *fakePlatform) Shell(ctx context.Context, args []string) error {
 	f.calls = append(f.calls, "shell "+strings.Join(args, " "))
+	if len(args) > 0 && args[0] == "sh" {
+		// What the host driver does: run it here.
+		return exec.CommandContext(ctx, args[0], args[1:]...).Run()
+	}
 	return nil
 }
 func (f *fakePlatform) DockerEnv(unset bool) string {
@@ -368,5 +373,18 @@ func TestVersionIsTheLinkedOne(t *testing.T) {
 	h := newHarness(t)
 	if out, _, _ := h.run("", false, "version"); strings.TrimSpace(out) != "klimax v1.2.3-test" {
 		t.Fatalf("klimax version printed %q, want the linked version v1.2.3-test", out)
+	}
+}
+
+// TestShellExitCode: `klimax shell -- cmd` exits with cmd's status and adds
+// no error line of its own.
+func TestShellExitCode(t *testing.T) {
+	h := newHarness(t)
+	_, errOut, code := h.run("", false, "shell", "--", "sh", "-c", "exit 3")
+	if code != 3 || strings.Contains(errOut, "Error") {
+		t.Fatalf("exit %d, stderr %q; want 3 and no error line", code, errOut)
+	}
+	if _, _, code := h.run("", false, "shell", "--", "sh", "-c", "exit 0"); code != 0 {
+		t.Fatalf("exit %d, want 0", code)
 	}
 }

@@ -1,8 +1,10 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
@@ -298,7 +300,14 @@ func shellCmd(app *App) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return p.Shell(cmd.Context(), args)
+			err = p.Shell(cmd.Context(), args)
+			// The command's own exit status is klimax's, as with ssh; the
+			// command already said what went wrong.
+			var xe *exec.ExitError
+			if errors.As(err, &xe) && xe.ExitCode() > 0 {
+				return &ExitError{Code: xe.ExitCode()}
+			}
+			return err
 		},
 	}
 }
