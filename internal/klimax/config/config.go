@@ -278,6 +278,9 @@ func (c *Config) Validate() error {
 	} else if p.Overlaps(netip.MustParsePrefix("10.0.0.0/8")) {
 		add("network.kindBridgeCIDR", fmt.Sprintf("%s overlaps 10.0.0.0/8, used by cluster service and pod subnets", p),
 			"choose a range outside 10.0.0.0/8, e.g. 172.30.0.0/16")
+	} else if kind := specialRange(p); kind != "" {
+		add("network.kindBridgeCIDR", fmt.Sprintf("%s is %s, which a bridge network cannot use", p, kind),
+			"choose a private range such as 172.30.0.0/16 or 192.168.0.0/16")
 	}
 
 	if !versionRe.MatchString(c.Kind.NodeVersion) {
@@ -379,4 +382,22 @@ func (c *Config) MirrorNames() []string {
 		out = append(out, m.Name)
 	}
 	return out
+}
+
+// specialRange names the kind of IPv4 range p falls in when it cannot carry
+// a routed bridge (loopback, link-local, multicast, reserved, "this
+// network"), or "" when it can.
+func specialRange(p netip.Prefix) string {
+	for _, r := range []struct{ cidr, kind string }{
+		{"0.0.0.0/8", "\"this network\" (0.0.0.0/8)"},
+		{"127.0.0.0/8", "loopback (127.0.0.0/8)"},
+		{"169.254.0.0/16", "link-local (169.254.0.0/16)"},
+		{"224.0.0.0/4", "multicast (224.0.0.0/4)"},
+		{"240.0.0.0/4", "reserved (240.0.0.0/4)"},
+	} {
+		if p.Overlaps(netip.MustParsePrefix(r.cidr)) {
+			return r.kind
+		}
+	}
+	return ""
 }

@@ -98,7 +98,7 @@ func TestValidateNamesFieldAndFix(t *testing.T) {
 		{"network:\n  kindBridgeCIDR: 172.30.0.0/24\n", "network.kindBridgeCIDR"},
 		{"network:\n  kindBridgeCIDR: 172.30.1.0/16\n", "network.kindBridgeCIDR"},
 		{"network:\n  kindBridgeCIDR: 10.200.0.0/16\n", "network.kindBridgeCIDR"},
-		{"kind:\n  nodeVersion: latest\n", "kind.nodeVersion"},
+												{"kind:\n  nodeVersion: latest\n", "kind.nodeVersion"},
 		{"kind:\n  metalLBVersion: main\n", "kind.metalLBVersion"},
 		{"kind:\n  customDnsResolvers:\n  - domain: 'x;reboot'\n", "kind.customDnsResolvers[0].domain"},
 		{"kind:\n  customDnsResolvers:\n  - domain: a.dev\n  - domain: a.dev\n", "kind.customDnsResolvers[1].domain"},
@@ -252,4 +252,19 @@ func assertNoTemps(t *testing.T, dir string, want int) string {
 		}
 	}
 	return ""
+}
+
+// TestBridgeCIDRSpecialRanges: loopback, link-local, multicast, reserved and
+// "this network" ranges cannot carry a bridge and are refused by name.
+func TestBridgeCIDRSpecialRanges(t *testing.T) {
+	for cidr, want := range map[string]string{"127.0.0.0/16": "loopback", "169.254.0.0/16": "link-local",
+		"239.1.0.0/16": "multicast", "250.1.0.0/16": "reserved", "0.0.0.0/16": "this network"} {
+		_, err := Parse([]byte("network:\n  kindBridgeCIDR: " + cidr + "\n"))
+		if err == nil || !strings.Contains(err.Error(), "network.kindBridgeCIDR") || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error naming network.kindBridgeCIDR and %q", cidr, err, want)
+		}
+	}
+	if _, err := Parse([]byte("network:\n  kindBridgeCIDR: 192.168.0.0/16\n")); err != nil {
+		t.Errorf("192.168.0.0/16 refused: %v", err)
+	}
 }
