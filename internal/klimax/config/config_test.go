@@ -98,7 +98,7 @@ func TestValidateNamesFieldAndFix(t *testing.T) {
 		{"network:\n  kindBridgeCIDR: 172.30.0.0/24\n", "network.kindBridgeCIDR"},
 		{"network:\n  kindBridgeCIDR: 172.30.1.0/16\n", "network.kindBridgeCIDR"},
 		{"network:\n  kindBridgeCIDR: 10.200.0.0/16\n", "network.kindBridgeCIDR"},
-												{"kind:\n  nodeVersion: latest\n", "kind.nodeVersion"},
+		{"kind:\n  nodeVersion: latest\n", "kind.nodeVersion"},
 		{"kind:\n  metalLBVersion: main\n", "kind.metalLBVersion"},
 		{"kind:\n  customDnsResolvers:\n  - domain: 'x;reboot'\n", "kind.customDnsResolvers[0].domain"},
 		{"kind:\n  customDnsResolvers:\n  - domain: a.dev\n  - domain: a.dev\n", "kind.customDnsResolvers[1].domain"},

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/klimax/docker"
+	"github.com/k3sm-dev/k3sm/internal/klimax/guest"
 	"github.com/k3sm-dev/k3sm/internal/klimax/hostnet"
 	"github.com/k3sm-dev/k3sm/internal/klimax/vm"
 )
@@ -157,6 +159,11 @@ func (p *Platform) Doctor(ctx context.Context) []Check {
 		add("machine", Fail, fmt.Sprintf("%s %s is %s", st.Driver, st.Machine.Name, st.Machine.Phase), "run `klimax up`")
 		return out
 	}
+	if p.driver.Name() == "host" {
+		// In the VM klimax installs the pinned kind; on the host it is the
+		// user's, and every cluster command needs it.
+		out = append(out, KindCheck(ctx, p.driver, guest.DefaultKind.Version))
+	}
 	if !st.Engine.Reachable {
 		add("docker engine", Fail, st.Engine.Error, fixFor(p.driver.Name()))
 		return out
@@ -220,4 +227,24 @@ func fixFor(driver string) string {
 		return "start the local Docker engine (e.g. `sudo systemctl start docker`, or hack/start-docker.sh)"
 	}
 	return "run `klimax up`; if it keeps failing, `klimax up --show-vm-logs`"
+}
+
+// KindCheck runs `kind version` where clusters are made: FAIL when kind is
+// missing or does not run, WARN when it is not the version klimax pins (its
+// node images and config fields are those of that version).
+func KindCheck(ctx context.Context, r vm.Runner, want string) Check {
+	install := "install kind " + want + ": `go install sigs.k8s.io/kind@" + want + "` (puts it in $(go env GOPATH)/bin; add that to PATH)"
+	res, err := r.Run(ctx, []string{"kind", "version"}, vm.RunOptions{Timeout: 20 * time.Second})
+	if err != nil {
+		return Check{Name: "kind", Status: Fail, Detail: "`kind version` failed: " + err.Error(), Fix: install}
+	}
+	// "kind v0.31.0 go1.25.5 linux/amd64"
+	f := strings.Fields(string(res.Stdout))
+	if len(f) < 2 || f[0] != "kind" {
+		return Check{Name: "kind", Status: Fail, Detail: fmt.Sprintf("`kind version` printed %q", strings.TrimSpace(string(res.Stdout))), Fix: install}
+	}
+	if f[1] != want {
+		return Check{Name: "kind", Status: Warn, Detail: fmt.Sprintf("kind %s; klimax is tested with %s", f[1], want), Fix: install}
+	}
+	return Check{Name: "kind", Status: Pass, Detail: "kind " + f[1]}
 }
