@@ -227,7 +227,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 	}
 	var kubeconfigData []byte
 	if err := m.step(prefix+"write kubeconfig "+m.KubeconfigPath(o.Name), func() error {
-		kubeconfigData, err = m.fetchKubeconfig(ctx, o.Name, apiHost, s)
+		kubeconfigData, err = m.fetchKubeconfig(ctx, o.Name, apiHost, s, true)
 		return err
 	}); err != nil {
 		return nil, leftover(err)
@@ -320,7 +320,7 @@ func (m *Manager) writeHostsFiles(ctx context.Context, node string, mirrors []co
 	return nil
 }
 
-func (m *Manager) fetchKubeconfig(ctx context.Context, name, apiHost string, s slot.Slot) ([]byte, error) {
+func (m *Manager) fetchKubeconfig(ctx context.Context, name, apiHost string, s slot.Slot, save bool) ([]byte, error) {
 	raw, err := m.run(ctx, ShortTimeout, nil, "kind", "get", "kubeconfig", "--name", name)
 	if err != nil {
 		return nil, err
@@ -328,6 +328,9 @@ func (m *Manager) fetchKubeconfig(ctx context.Context, name, apiHost string, s s
 	kc, err := kubeconfig.RewriteServer(raw, fmt.Sprintf("https://%s:%d", apiHost, s.APIPort()))
 	if err != nil {
 		return nil, err
+	}
+	if !save {
+		return kc, nil
 	}
 	if err := os.MkdirAll(m.KubeDir, 0o700); err != nil {
 		return nil, err
@@ -372,6 +375,13 @@ func ConfigureCoreDNS(ctx context.Context, kube Kube, resolvers []config.DNSReso
 // Kubeconfig returns the cluster's kubeconfig, re-fetching it from kind when
 // the file is missing (e.g. deleted by hand).
 func (m *Manager) Kubeconfig(ctx context.Context, name string) ([]byte, error) {
+	return m.kubeconfig(ctx, name, true)
+}
+
+// kubeconfig reads the per-cluster kubeconfig, or fetches it from kind,
+// writing it to its file only when save is set: a read-only command
+// (cluster list) must not create files.
+func (m *Manager) kubeconfig(ctx context.Context, name string, save bool) ([]byte, error) {
 	if err := ValidateName(name); err != nil {
 		return nil, err
 	}
@@ -395,7 +405,7 @@ func (m *Manager) Kubeconfig(ctx context.Context, name string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return m.fetchKubeconfig(ctx, name, apiHost, s)
+	return m.fetchKubeconfig(ctx, name, apiHost, s, save)
 }
 
 // ErrNotFound is returned for an unknown cluster.
@@ -505,12 +515,11 @@ func (m *Manager) describe(ctx context.Context, n NodeContainer) Info {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	kc, err := m.Kubeconfig(ctx, n.Cluster)
+	kc, err := m.kubeconfig(ctx, n.Cluster, false)
 	if err != nil {
 		in.Error = err.Error()
 		return in
 	}
-	in.Kubeconfig = m.KubeconfigPath(n.Cluster)
 	in.Server, _ = kubeconfig.Server(kc, "")
 	kube, err := m.NewKube(kc)
 	if err != nil {

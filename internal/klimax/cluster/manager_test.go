@@ -235,10 +235,20 @@ func TestListAndLabel(t *testing.T) {
 	if err := e.M.Label(ctx, "a", map[string]string{cluster.LabelFleet: "x"}, nil, false); err == nil {
 		t.Error("reserved label set")
 	}
-	// A missing per-cluster kubeconfig is re-fetched from kind.
+	// A missing per-cluster kubeconfig is re-fetched from kind, and list,
+	// a read-only command, does not write it back.
 	os.Remove(e.M.KubeconfigPath("a"))
-	if l, _ := e.M.List(ctx, ""); !l[0].Reachable {
-		t.Errorf("not re-fetched: %+v", l[0])
+	if l, _ := e.M.List(ctx, ""); !l[0].Reachable || l[0].Kubeconfig != "" {
+		t.Errorf("not re-fetched, or a kubeconfig file reported: %+v", l[0])
+	}
+	if _, err := os.Stat(e.M.KubeconfigPath("a")); !os.IsNotExist(err) {
+		t.Errorf("cluster list wrote %s (stat: %v)", e.M.KubeconfigPath("a"), err)
+	}
+	if _, err := e.M.Kubeconfig(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(e.M.KubeconfigPath("a")); err != nil {
+		t.Errorf("kubeconfig path/use must still write the file: %v", err)
 	}
 	if err := e.M.Label(ctx, "zzz", map[string]string{"a": "b"}, nil, false); err == nil {
 		t.Error("label on missing cluster")
