@@ -16,6 +16,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/klimax/config"
 	"github.com/k3sm-dev/k3sm/internal/klimax/platform"
 	"github.com/k3sm-dev/k3sm/internal/klimax/vm"
+	"github.com/k3sm-dev/k3sm/internal/kubeconfig"
 )
 
 // fakePlatform stands in for the VM/Docker facade (tested by its own
@@ -288,6 +289,13 @@ func TestKubeconfigCommands(t *testing.T) {
 func TestDestroyRemovesEverythingAndNeedsConfirmation(t *testing.T) {
 	h := newHarness(t)
 	h.run("", false, "cluster", "create", "dev")
+	// The user's own kind cluster on the same engine (kind picks a random
+	// API port, never a klimax slot port) and its context.
+	h.env.Kind.Clusters["mine"] = cluster.NodeContainer{Cluster: "mine", Container: "mine-control-plane", State: "running", APIPort: 43121}
+	mineCtx := "apiVersion: v1\nkind: Config\nclusters:\n- name: kind-mine\n  cluster: {server: 'https://127.0.0.1:43121'}\nusers:\n- name: kind-mine\n  user: {token: t}\ncontexts:\n- name: kind-mine\n  context: {cluster: kind-mine, user: kind-mine}\n"
+	if _, err := kubeconfig.Merge(filepath.Join(h.home, ".kube", "config"), []byte(mineCtx), kubeconfig.MergeOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	if _, errs, code := h.run("", false, "destroy"); code == 0 || !strings.Contains(errs, "--yes") {
 		t.Errorf("destroy without --yes: %s", errs)
 	}
@@ -300,10 +308,16 @@ func TestDestroyRemovesEverythingAndNeedsConfirmation(t *testing.T) {
 	if h.plat.calls[len(h.plat.calls)-1] != "destroy" {
 		t.Errorf("calls %v", h.plat.calls)
 	}
-	if len(h.env.Kind.Clusters) != 0 {
-		t.Error("host driver destroy left clusters")
+	if _, ok := h.env.Kind.Clusters["dev"]; ok {
+		t.Error("host driver destroy left klimax's cluster")
+	}
+	if _, ok := h.env.Kind.Clusters["mine"]; !ok || len(h.env.Kind.Clusters) != 1 {
+		t.Errorf("destroy deleted a kind cluster klimax did not create: %v", h.env.Kind.Clusters)
 	}
 	b, _ := os.ReadFile(filepath.Join(h.home, ".kube", "config"))
+	if !strings.Contains(string(b), "kind-mine") {
+		t.Errorf("destroy removed the user's own kind-mine context:\n%s", b)
+	}
 	files, _ := filepath.Glob(filepath.Join(h.home, ".kube", "klimax", "*"))
 	if strings.Contains(string(b), "kind-dev") || len(files) != 0 {
 		t.Errorf("leftovers: %v\n%s", files, b)

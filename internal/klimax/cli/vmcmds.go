@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"text/tabwriter"
 
@@ -83,14 +84,25 @@ func destroyCmd(app *App) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			// The host driver has no VM to take the clusters with it: delete them first.
+			// The host driver has no VM to take the clusters with it: delete
+			// klimax's first. Only klimax's: on a host the user's own kind
+			// clusters (and their kind-<name> contexts) share the engine.
 			if !p.Driver().NeedsRoute() {
 				if m, err := app.Clusters(); err == nil {
 					if existing, err := m.Existing(cmd.Context()); err == nil {
-						for name := range existing {
+						var kept []string
+						for name, n := range existing {
+							if _, ours := n.Slot(); !ours {
+								kept = append(kept, name)
+								continue
+							}
 							if err := m.Delete(cmd.Context(), name); err != nil {
 								return err
 							}
+						}
+						if len(kept) > 0 {
+							sort.Strings(kept)
+							fmt.Fprintf(app.Out, "kept kind cluster(s) klimax did not create: %s\n", strings.Join(kept, ", "))
 						}
 					}
 				}
