@@ -196,15 +196,18 @@ func TestMetricsAPI(t *testing.T) {
 		if code, body := get("not-a-token"); code != http.StatusUnauthorized {
 			t.Fatalf("a bad token: %d %s, want 401", code, body)
 		}
-		if _, err := c.CoreV1().ServiceAccounts("default").Create(ctx(t), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "kubelet-reader"}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
+		token := func(sa string) string {
+			t.Helper()
+			if _, err := c.CoreV1().ServiceAccounts("default").Create(ctx(t), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			tr, err := c.CoreV1().ServiceAccounts("default").CreateToken(ctx(t), sa, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return tr.Status.Token
 		}
-		tr, err := c.CoreV1().ServiceAccounts("default").CreateToken(ctx(t), "kubelet-reader", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		token := tr.Status.Token
-		if code, body := get(token); code != http.StatusForbidden {
+		if code, body := get(token("no-rights")); code != http.StatusForbidden {
 			t.Fatalf("a valid token without nodes/proxy: %d %s, want 403", code, body)
 		}
 		cr := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "kubelet-reader"},
@@ -218,9 +221,9 @@ func TestMetricsAPI(t *testing.T) {
 		if _, err := c.RbacV1().ClusterRoleBindings().Create(ctx(t), crb, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		// A denial is cached for 30 s, as in the kubelet.
-		waitFor(t, 2*time.Minute, "the token to be allowed once bound", func() error {
-			if code, body := get(token); code != http.StatusOK || !strings.Contains(body, `"busy"`) {
+		reader := token("kubelet-reader")
+		waitFor(t, time.Minute, "a token with nodes/proxy to be allowed", func() error {
+			if code, body := get(reader); code != http.StatusOK || !strings.Contains(body, `"busy"`) {
 				return fmt.Errorf("%d %.200s", code, body)
 			}
 			return nil
