@@ -502,7 +502,7 @@ func (m *Manager) ResolveExec(info ContainerInfo, command []string) (argv, env [
 	if cs.GetImage() != NativeImage && info.Image == nil {
 		return nil, nil, "", errors.New("container has not started yet")
 	}
-	r, err := resolveProcess(info.Pod, cs, info.Image, info.Root)
+	r, err := resolveArgv(info.Pod, cs, info.Image, info.Root, false)
 	if err != nil {
 		return nil, nil, "", err
 	}

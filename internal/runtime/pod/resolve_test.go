@@ -91,3 +91,44 @@ func TestResolveProcess(t *testing.T) {
 		t.Errorf("native missing workingDir: %v", err)
 	}
 }
+
+// TestResolveVerbatimEnv: verbatim variables (a current provider's) reach the
+// process byte for byte; command and args still expand from them. Variables
+// without the flag (an older provider's) expand as before.
+func TestResolveVerbatimEnv(t *testing.T) {
+	root := t.TempDir()
+	pod := &runtimev1.PodSpec{Name: "web", Namespace: "ns"}
+	img := &image.Image{Config: v1.Config{Entrypoint: []string{"/bin/echo", "$(PW)"}}}
+	c := &runtimev1.ContainerSpec{Name: "c", Command: []string{"/bin/echo", "$(PW)", "$$(PW)"}, Args: []string{"$(LIT)", "$(NOPE)"},
+		Env: []*runtimev1.EnvVar{
+			{Name: "PW", Value: "pa$$w0rd", Verbatim: true},
+			{Name: "HOMEX", Value: "$(HOME)x", Verbatim: true},
+			{Name: "OTHER", Value: "$(PW)", Verbatim: true},
+			{Name: "LIT", Value: "v-$", Verbatim: true},
+			{Name: "OLD", Value: "$(LIT)$$"},
+		}}
+	r, err := resolveProcess(pod, c, img, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := "\n" + strings.Join(r.Env, "\n") + "\n"
+	for _, want := range []string{"PW=pa$$w0rd", "HOMEX=$(HOME)x", "OTHER=$(PW)", "LIT=v-$", "OLD=v-$$"} {
+		if !strings.Contains(env, "\n"+want+"\n") {
+			t.Errorf("env lacks %q:%s", want, env)
+		}
+	}
+	if got := strings.Join(r.Argv, " "); got != "/bin/echo pa$$w0rd $(PW) v-$ $(NOPE)" {
+		t.Errorf("argv %q", got)
+	}
+	// The image's Entrypoint and Cmd are not expanded (the kubelet expands
+	// only the container's command and args).
+	c.Command = nil
+	if r, err = resolveProcess(pod, c, img, root); err != nil || strings.Join(r.Argv, " ") != "/bin/echo $(PW) v-$ $(NOPE)" {
+		t.Errorf("entrypoint + args: %q %v", r.Argv, err)
+	}
+	// Exec commands are not expanded at all.
+	c.Command, c.Args = []string{"/bin/echo", "$(PW)", "$$"}, nil
+	if r, err = resolveArgv(pod, c, img, root, false); err != nil || strings.Join(r.Argv, " ") != "/bin/echo $(PW) $$" {
+		t.Errorf("exec argv: %q %v", r.Argv, err)
+	}
+}
