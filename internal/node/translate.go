@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	kubecontainer "k8s.io/kubernetes/pkg/kubelet/container"
 	"k8s.io/kubernetes/third_party/forked/golang/expansion"
 )
 
@@ -195,6 +196,7 @@ func (t *translator) container(ctx context.Context, pod *corev1.Pod, c *corev1.C
 			MemoryRequestBytes: c.Resources.Requests.Memory().Value(),
 			MemoryLimitBytes:   c.Resources.Limits.Memory().Value(),
 		},
+		DefinitionHash: definitionHash(c),
 	}
 	if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
 		cs.RestartPolicy = runtimev1.ContainerRestartPolicy_CONTAINER_RESTART_POLICY_ALWAYS
@@ -206,6 +208,16 @@ func (t *translator) container(ctx context.Context, pod *corev1.Pod, c *corev1.C
 		return nil, &configError{container: c.Name, err: err}
 	}
 	return cs, nil
+}
+
+// definitionHash is the kubelet's container hash (HashContainer), over the
+// API container spec: the runtime restarts a running container only when it
+// changes, as the kubelet does. It covers what the API lets change on a
+// running pod (the image), not what the node resolves (env from labels,
+// annotations, ConfigMaps and Secrets), which a container only picks up
+// when it starts again.
+func definitionHash(c *corev1.Container) string {
+	return strconv.FormatUint(kubecontainer.HashContainer(c), 16)
 }
 
 // env resolves a container's environment in the kubelet's order: service

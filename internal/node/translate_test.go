@@ -182,3 +182,37 @@ func TestEnvExpansionAsKubelet(t *testing.T) {
 		}
 	}
 }
+
+// TestDefinitionHashIsTheKubelets: the hash covers the API container spec
+// (the image), not the env the node resolves from labels or ConfigMaps.
+func TestDefinitionHashIsTheKubelets(t *testing.T) {
+	src := fakeSource{cms: map[string]*corev1.ConfigMap{"cm": {Data: map[string]string{"k": "1"}}}}
+	tr := &translator{src: src, nodeName: "n1", nodeIP: "127.0.0.1"}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "u", Labels: map[string]string{"v": "1"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox:1", Env: []corev1.EnvVar{
+			{Name: "L", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels['v']"}}},
+			{Name: "K", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "cm"}, Key: "k"}}},
+		}}}}}
+	hash := func() (string, string) {
+		spec, err := tr.podSpec(context.Background(), pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := spec.Containers[0]
+		return c.DefinitionHash, c.Env[0].Value + c.Env[1].Value
+	}
+	h1, env1 := hash()
+	if h1 == "" {
+		t.Fatal("no definition hash")
+	}
+	pod.Labels["v"] = "2"
+	src.cms["cm"].Data["k"] = "2"
+	h2, env2 := hash()
+	if env1 == env2 || h1 != h2 {
+		t.Fatalf("label/ConfigMap change: env %q -> %q, hash %s -> %s (want the env to change, the hash not)", env1, env2, h1, h2)
+	}
+	pod.Spec.Containers[0].Image = "busybox:2"
+	if h3, _ := hash(); h3 == h1 {
+		t.Fatal("a new image must change the hash")
+	}
+}

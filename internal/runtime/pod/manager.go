@@ -258,7 +258,9 @@ func newCtr(c *runtimev1.ContainerSpec, init bool, deleteCh chan struct{}) *ctr 
 	return x
 }
 
-// Update replaces the pod's spec; changed containers restart.
+// Update replaces the pod's spec; containers whose definition changed (see
+// definitionChanged) restart. Every container takes the new spec, so a
+// refreshed env is what its next start uses.
 func (m *Manager) Update(spec *runtimev1.PodSpec) (*runtimev1.PodStatus, error) {
 	if err := validate(spec); err != nil {
 		return nil, err
@@ -297,14 +299,35 @@ func (m *Manager) Update(spec *runtimev1.PodSpec) (*runtimev1.PodStatus, error) 
 	return p.status(), nil
 }
 
-// definitionChanged compares what the kubelet hashes into a container: a
-// change means stop and start again.
+// definitionChanged reports that a running container must stop and start
+// again for the new spec b. The kubelet decides that from its container
+// hash, over the API spec; a provider that sends it (definition_hash)
+// gets exactly that: a change of what the provider resolves (env from
+// labels, annotations, ConfigMaps, Secrets) restarts nothing, and only
+// reaches the container when it starts again. Without a hash (an older
+// provider) the resolved fields are compared, as v1 always did; a running
+// container from before the provider sent hashes is compared without env,
+// whose resolution changed meaning with the hash (verbatim values).
 func definitionChanged(a, b *runtimev1.ContainerSpec) bool {
-	strip := func(c *runtimev1.ContainerSpec) *runtimev1.ContainerSpec {
-		return &runtimev1.ContainerSpec{Name: c.GetName(), Image: c.GetImage(), ImagePullPolicy: c.GetImagePullPolicy(),
-			Command: c.GetCommand(), Args: c.GetArgs(), Env: c.GetEnv(), WorkingDir: c.GetWorkingDir()}
+	ha, hb := a.GetDefinitionHash(), b.GetDefinitionHash()
+	switch {
+	case ha != "" && hb != "":
+		return ha != hb
+	case hb != "":
+		return !proto.Equal(stripDefinition(a, false), stripDefinition(b, false))
 	}
-	return !proto.Equal(strip(a), strip(b))
+	return !proto.Equal(stripDefinition(a, true), stripDefinition(b, true))
+}
+
+// stripDefinition keeps the fields whose change restarts a container of an
+// older provider (one that sends no definition_hash).
+func stripDefinition(c *runtimev1.ContainerSpec, env bool) *runtimev1.ContainerSpec {
+	s := &runtimev1.ContainerSpec{Name: c.GetName(), Image: c.GetImage(), ImagePullPolicy: c.GetImagePullPolicy(),
+		Command: c.GetCommand(), Args: c.GetArgs(), WorkingDir: c.GetWorkingDir()}
+	if env {
+		s.Env = c.GetEnv()
+	}
+	return s
 }
 
 // Delete stops the pod's containers (SIGTERM, grace, SIGKILL) and removes

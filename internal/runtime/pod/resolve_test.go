@@ -132,3 +132,31 @@ func TestResolveVerbatimEnv(t *testing.T) {
 		t.Errorf("exec argv: %q %v", r.Argv, err)
 	}
 }
+
+// TestDefinitionChanged: with hashes, only the hash decides; without, the
+// resolved fields as before.
+func TestDefinitionChanged(t *testing.T) {
+	env := func(v string, verbatim bool) []*runtimev1.EnvVar {
+		return []*runtimev1.EnvVar{{Name: "L", Value: v, Verbatim: verbatim}}
+	}
+	spec := func(img, hash string, e []*runtimev1.EnvVar) *runtimev1.ContainerSpec {
+		return &runtimev1.ContainerSpec{Name: "c", Image: img, DefinitionHash: hash, Env: e, Command: []string{"/bin/sleep"}}
+	}
+	for _, tc := range []struct {
+		name string
+		a, b *runtimev1.ContainerSpec
+		want bool
+	}{
+		{"env only, same hash", spec("i:1", "h1", env("1", true)), spec("i:1", "h1", env("2", true)), false},
+		{"new image, new hash", spec("i:1", "h1", env("1", true)), spec("i:2", "h2", env("1", true)), true},
+		{"old client: env", spec("i:1", "", env("1", false)), spec("i:1", "", env("2", false)), true},
+		{"old client: same", spec("i:1", "", env("1", false)), spec("i:1", "", env("1", false)), false},
+		{"old client: image", spec("i:1", "", env("1", false)), spec("i:2", "", env("1", false)), true},
+		{"adopted from an old client: env", spec("i:1", "", env("1", false)), spec("i:1", "h1", env("2", true)), false},
+		{"adopted from an old client: image", spec("i:1", "", env("1", false)), spec("i:2", "h2", env("1", true)), true},
+	} {
+		if got := definitionChanged(tc.a, tc.b); got != tc.want {
+			t.Errorf("%s: definitionChanged = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
