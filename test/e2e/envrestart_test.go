@@ -124,16 +124,33 @@ func TestEnvValuesAndRestarts(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitPod(t, c, "restarts", 2*time.Minute, running)
-		pid := readPid(t, pidFile)
 		waitLogs(t, s, "restarts", "LBL=1\nK=first\nIMAGE_VERSION=\n")
 
-		// unchanged checks, for a while after the node passed an update to
-		// the runtime, that the first attempt still runs.
-		unchanged := func(what string, updates int) {
+		// current waits for a running attempt and returns its restart
+		// count and pid.
+		current := func() (int32, int) {
 			t.Helper()
+			var restarts int32
+			waitPod(t, c, "restarts", time.Minute, func(p *corev1.Pod) error {
+				if err := running(p); err != nil {
+					return err
+				}
+				restarts = p.Status.ContainerStatuses[0].RestartCount
+				return nil
+			})
+			return restarts, readPid(t, pidFile)
+		}
+		// unchanged checks, for a while after the node passed an update on
+		// to the runtime, that the attempt running before still runs. Each
+		// step is judged on its own: a failure is reported, and the next
+		// step starts from whatever runs then.
+		unchanged := func(what string, before int, change func()) {
+			t.Helper()
+			restarts, pid := current()
+			change()
 			waitFor(t, time.Minute, what+": node passed the update on", func() error {
-				if n := providerUpdates(t, c, "restarts"); n < updates {
-					return fmt.Errorf("%d ProviderUpdateSuccess events, want %d", n, updates)
+				if n := providerUpdates(t, c, "restarts"); n <= before {
+					return fmt.Errorf("%d ProviderUpdateSuccess events, want more than %d", n, before)
 				}
 				return nil
 			})
@@ -142,66 +159,67 @@ func TestEnvValuesAndRestarts(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if st := pod.Status.ContainerStatuses; len(st) != 1 || st[0].RestartCount != 0 || st[0].State.Running == nil {
-					t.Fatalf("%s restarted the container: %+v", what, st)
-				}
-				if got := readPid(t, pidFile); got != pid {
-					t.Fatalf("%s: pid %d, want %d", what, got, pid)
+				if st := pod.Status.ContainerStatuses; len(st) != 1 || st[0].RestartCount != restarts || st[0].State.Running == nil {
+					t.Errorf("%s restarted the container (restartCount was %d): %+v", what, restarts, st)
+					return
 				}
 				if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
-					t.Fatalf("%s: process %d is gone", what, pid)
+					t.Errorf("%s: process %d is gone", what, pid)
+					return
+				}
+				if got := readPid(t, pidFile); got != pid {
+					t.Errorf("%s: pid %d, want %d", what, got, pid)
+					return
 				}
 			}
 		}
 
-		n := providerUpdates(t, c, "restarts")
-		if out, err := s.kubectl("label", "pod", "restarts", "v=2", "--overwrite"); err != nil {
-			t.Fatalf("kubectl label: %v: %s", err, out)
-		}
-		unchanged("kubectl label", n+1)
-
+		unchanged("kubectl label", providerUpdates(t, c, "restarts"), func() {
+			if out, err := s.kubectl("label", "pod", "restarts", "v=2", "--overwrite"); err != nil {
+				t.Fatalf("kubectl label: %v: %s", err, out)
+			}
+		})
 		// The node reads ConfigMaps when it passes a pod on; an annotation
 		// makes it do that.
-		cm.Data["k"] = "second"
-		if _, err := c.CoreV1().ConfigMaps("default").Update(cx, cm, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		n = providerUpdates(t, c, "restarts")
-		if out, err := s.kubectl("annotate", "pod", "restarts", "touched=yes"); err != nil {
-			t.Fatalf("kubectl annotate: %v: %s", err, out)
-		}
-		unchanged("ConfigMap change", n+1)
+		unchanged("ConfigMap change", providerUpdates(t, c, "restarts"), func() {
+			cm.Data["k"] = "second"
+			if _, err := c.CoreV1().ConfigMaps("default").Update(cx, cm, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := s.kubectl("annotate", "pod", "restarts", "touched=yes"); err != nil {
+				t.Fatalf("kubectl annotate: %v: %s", err, out)
+			}
+		})
 
 		// A new image restarts the container, once, with the image's
 		// config and the env resolved anew (as the kubelet resolves it at
 		// each start).
+		restarts, pid := current()
 		if out, err := s.kubectl("set", "image", "pod/restarts", "main="+ref2); err != nil {
 			t.Fatalf("kubectl set image: %v: %s", err, out)
 		}
 		waitPod(t, c, "restarts", 2*time.Minute, func(p *corev1.Pod) error {
 			st := p.Status.ContainerStatuses
-			if len(st) != 1 || st[0].RestartCount != 1 || st[0].State.Running == nil || st[0].Image != ref2 {
+			if len(st) != 1 || st[0].RestartCount != restarts+1 || st[0].State.Running == nil || st[0].Image != ref2 {
 				return fmt.Errorf("statuses %+v", st)
 			}
 			return nil
 		})
 		waitLogs(t, s, "restarts", "LBL=2\nK=second\nIMAGE_VERSION=two\n")
-		newPid := readPid(t, pidFile)
+		_, newPid := current()
 		if newPid == pid {
 			t.Fatalf("pid %d unchanged after the image change", pid)
 		}
 		time.Sleep(5 * time.Second)
-		pod, err := c.CoreV1().Pods("default").Get(cx, "restarts", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st := pod.Status.ContainerStatuses; st[0].RestartCount != 1 || readPid(t, pidFile) != newPid {
-			t.Fatalf("restarted more than once: %+v", st)
+		if r, p := current(); r != restarts+1 || p != newPid {
+			t.Fatalf("restarted more than once: restartCount %d (want %d), pid %d (want %d)", r, restarts+1, p, newPid)
 		}
 	})
 }
 
-// readPid reads a pid the test program wrote with "pid:<file>".
+// readPid reads the pid of a live process that the test program wrote with
+// "pid:<file>" (after a restart, the file names the dead process until the
+// new one writes it).
 func readPid(t *testing.T, file string) int {
 	t.Helper()
 	var pid int
@@ -210,7 +228,10 @@ func readPid(t *testing.T, file string) int {
 		if err != nil {
 			return err
 		}
-		pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
+		if pid, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
+			return err
+		}
+		_, err = os.Stat(fmt.Sprintf("/proc/%d", pid))
 		return err
 	})
 	return pid
