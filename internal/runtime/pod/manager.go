@@ -525,7 +525,7 @@ func (m *Manager) ResolveExec(info ContainerInfo, command []string) (argv, env [
 	if cs.GetImage() != NativeImage && info.Image == nil {
 		return nil, nil, "", errors.New("container has not started yet")
 	}
-	r, err := resolveArgv(info.Pod, cs, info.Image, info.Root, false)
+	r, err := resolveProcess(info.Pod, cs, info.Image, info.Root)
 	if err != nil {
 		return nil, nil, "", err
 	}

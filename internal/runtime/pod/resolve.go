@@ -43,12 +43,6 @@ type resolved struct {
 //   - image "native": no root; the command must resolve on the host and
 //     workingDir is a host path (default: the container's private dir).
 func resolveProcess(spec *runtimev1.PodSpec, c *runtimev1.ContainerSpec, img *image.Image, root string) (resolved, error) {
-	return resolveArgv(spec, c, img, root, true)
-}
-
-// resolveArgv is resolveProcess; expandArgv false leaves command and args as
-// given (exec commands, which the kubelet does not expand).
-func resolveArgv(spec *runtimev1.PodSpec, c *runtimev1.ContainerSpec, img *image.Image, root string, expandArgv bool) (resolved, error) {
 	native := img == nil
 	var entrypoint, cmd, imgEnv []string
 	imgDir := ""
@@ -99,14 +93,12 @@ func resolveArgv(spec *runtimev1.PodSpec, c *runtimev1.ContainerSpec, img *image
 
 	// Command and args, Kubernetes' merge rules. As with the kubelet, only
 	// the container's own command and args are $(VAR)-expanded, from the
-	// container's env (not the image's Entrypoint/Cmd, nor exec commands).
+	// container's env, not the image's Entrypoint/Cmd. (Exec commands come
+	// with every $ escaped as $$, see daemon/stdio.go.)
 	expandAll := func(in []string) []string {
 		out := make([]string, len(in))
 		for i, a := range in {
-			out[i] = a
-			if expandArgv {
-				out[i] = expand(a, containerVars)
-			}
+			out[i] = expand(a, containerVars)
 		}
 		return out
 	}

@@ -126,11 +126,6 @@ func TestResolveVerbatimEnv(t *testing.T) {
 	if r, err = resolveProcess(pod, c, img, root); err != nil || strings.Join(r.Argv, " ") != "/bin/echo $(PW) v-$ $(NOPE)" {
 		t.Errorf("entrypoint + args: %q %v", r.Argv, err)
 	}
-	// Exec commands are not expanded at all.
-	c.Command, c.Args = []string{"/bin/echo", "$(PW)", "$$"}, nil
-	if r, err = resolveArgv(pod, c, img, root, false); err != nil || strings.Join(r.Argv, " ") != "/bin/echo $(PW) $$" {
-		t.Errorf("exec argv: %q %v", r.Argv, err)
-	}
 }
 
 // TestDefinitionChanged: with hashes, only the hash decides; without, the
