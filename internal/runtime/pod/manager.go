@@ -285,6 +285,15 @@ func (m *Manager) Update(spec *runtimev1.PodSpec) (*runtimev1.PodStatus, error) 
 			continue
 		}
 		changed := definitionChanged(c.spec, nc)
+		c.nextEnv, c.envPending = nil, false
+		if !changed && !proto.Equal(&runtimev1.ContainerSpec{Env: c.spec.GetEnv()}, &runtimev1.ContainerSpec{Env: nc.GetEnv()}) {
+			// The env a container was started with stays in its spec
+			// (exec, probes and pod.json see what its process has); the
+			// new env is for its next start (applyNextEnv), where the
+			// kubelet would resolve it.
+			c.nextEnv, c.envPending = nc.GetEnv(), true
+			nc.Env = c.spec.GetEnv()
+		}
 		c.spec = nc
 		if changed && !(c.init && c.succeeded()) {
 			c.changed = true
@@ -317,6 +326,31 @@ func definitionChanged(a, b *runtimev1.ContainerSpec) bool {
 		return !proto.Equal(stripDefinition(a, false), stripDefinition(b, false))
 	}
 	return !proto.Equal(stripDefinition(a, true), stripDefinition(b, true))
+}
+
+// applyNextEnv gives c the env of the last update, for the attempt about to
+// start. Caller holds p.mu. The pod spec is replaced, not changed in place:
+// readers outside the lock keep the one they took.
+func (p *podRT) applyNextEnv(c *ctr) {
+	spec := proto.Clone(p.spec).(*runtimev1.PodSpec)
+	byName := map[string]*runtimev1.ContainerSpec{}
+	for _, x := range append(append([]*runtimev1.ContainerSpec{}, spec.GetInitContainers()...), spec.GetContainers()...) {
+		byName[x.GetName()] = x
+	}
+	for _, x := range p.all() {
+		if s, ok := byName[x.name]; ok {
+			x.spec = s
+		}
+	}
+	if s, ok := byName[c.name]; ok {
+		s.Env = c.nextEnv
+	} else {
+		cs := proto.Clone(c.spec).(*runtimev1.ContainerSpec)
+		cs.Env = c.nextEnv
+		c.spec = cs
+	}
+	p.spec = spec
+	c.nextEnv, c.envPending = nil, false
 }
 
 // stripDefinition keeps the fields whose change restarts a container of an
@@ -577,6 +611,12 @@ type ctr struct {
 	imageDigest  string
 	rootImage    string
 	changed      bool // spec changed: restart without back-off
+	// nextEnv is the env of an update that did not restart the container:
+	// its next attempt starts with it (envPending). Not persisted: after a
+	// daemon restart the next attempt has the env it ran with until the
+	// provider updates the pod again.
+	nextEnv    []*runtimev1.EnvVar
+	envPending bool
 
 	proc Process
 	wake chan struct{}
