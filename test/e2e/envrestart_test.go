@@ -179,6 +179,11 @@ func TestEnvValuesAndRestarts(t *testing.T) {
 				t.Fatalf("kubectl label: %v: %s", err, out)
 			}
 		})
+		// Exec runs with the env the process has (the new value is for the
+		// container's next start).
+		if out, err := s.kubectl("exec", "restarts", "--", "/app/prog", "env:LBL"); err != nil || out != "LBL=1\n" {
+			t.Errorf("exec after the label change: %v: %q, want the running process's LBL=1", err, out)
+		}
 		// The node reads ConfigMaps when it passes a pod on; an annotation
 		// makes it do that.
 		unchanged("ConfigMap change", providerUpdates(t, c, "restarts"), func() {
