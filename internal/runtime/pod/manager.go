@@ -259,8 +259,8 @@ func newCtr(c *runtimev1.ContainerSpec, init bool, deleteCh chan struct{}) *ctr 
 }
 
 // Update replaces the pod's spec; containers whose definition changed (see
-// definitionChanged) restart. Every container takes the new spec, so a
-// refreshed env is what its next start uses.
+// definitionChanged) restart with it. A container that does not restart
+// keeps the env it runs with and starts next time with the new one.
 func (m *Manager) Update(spec *runtimev1.PodSpec) (*runtimev1.PodStatus, error) {
 	if err := validate(spec); err != nil {
 		return nil, err
