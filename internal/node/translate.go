@@ -17,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	kubecontainer "k8s.io/kubernetes/pkg/kubelet/container"
+	"k8s.io/kubernetes/third_party/forked/golang/expansion"
 )
 
 // configError is a pod the node cannot start because something it references
@@ -194,6 +196,7 @@ func (t *translator) container(ctx context.Context, pod *corev1.Pod, c *corev1.C
 			MemoryRequestBytes: c.Resources.Requests.Memory().Value(),
 			MemoryLimitBytes:   c.Resources.Limits.Memory().Value(),
 		},
+		DefinitionHash: definitionHash(c),
 	}
 	if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
 		cs.RestartPolicy = runtimev1.ContainerRestartPolicy_CONTAINER_RESTART_POLICY_ALWAYS
@@ -207,22 +210,50 @@ func (t *translator) container(ctx context.Context, pod *corev1.Pod, c *corev1.C
 	return cs, nil
 }
 
+// definitionHash is the kubelet's container hash (HashContainer), over the
+// API container spec: the runtime restarts a running container only when it
+// changes, as the kubelet does. It covers what the API lets change on a
+// running pod (the image), not what the node resolves (env from labels,
+// annotations, ConfigMaps and Secrets), which a container only picks up
+// when it starts again.
+func definitionHash(c *corev1.Container) string {
+	return strconv.FormatUint(kubecontainer.HashContainer(c), 16)
+}
+
 // env resolves a container's environment in the kubelet's order: service
 // links first, then envFrom sources, then env entries (later wins).
+//
+// Values are final, as the kubelet's makeEnvironmentVariables makes them:
+// only a literal `value` is $(VAR)-expanded (with the kubelet's own
+// expansion package), from the envFrom variables and the env entries before
+// it, then the service links; `$$` is a literal `$` and an unknown reference
+// stays as written. Values from Secrets, ConfigMaps and the downward API are
+// never expanded. Every variable goes out marked verbatim so the daemon uses
+// it byte for byte (the contract's default, for older providers, is that the
+// daemon expands; see EnvVar.verbatim).
 func (t *translator) env(ctx context.Context, pod *corev1.Pod, c *corev1.Container) ([]*runtimev1.EnvVar, error) {
 	var out []*runtimev1.EnvVar
 	index := map[string]int{}
-	set := func(name, value string) {
+	put := func(name, value string) {
 		if i, ok := index[name]; ok {
 			out[i].Value = value
 			return
 		}
 		index[name] = len(out)
-		out = append(out, &runtimev1.EnvVar{Name: name, Value: value})
+		out = append(out, &runtimev1.EnvVar{Name: name, Value: value, Verbatim: true})
 	}
+	// declared holds envFrom and env variables (the kubelet's tmpEnv),
+	// services the service links; expansion looks in that order.
+	declared, services := map[string]string{}, map[string]string{}
+	set := func(name, value string) {
+		declared[name] = value
+		put(name, value)
+	}
+	mapping := expansion.MappingFuncFor(declared, services)
 	if t.serviceEnv != nil {
 		for _, e := range t.serviceEnv(pod.Namespace) {
-			set(e.Name, e.Value)
+			services[e.Name] = e.Value
+			put(e.Name, e.Value)
 		}
 	}
 	for _, from := range c.EnvFrom {
@@ -252,8 +283,8 @@ func (t *translator) env(ctx context.Context, pod *corev1.Pod, c *corev1.Contain
 		}
 	}
 	for _, e := range c.Env {
-		if e.ValueFrom == nil {
-			set(e.Name, e.Value)
+		if e.Value != "" || e.ValueFrom == nil {
+			set(e.Name, expansion.Expand(e.Value, mapping))
 			continue
 		}
 		v, skip, err := t.valueFrom(ctx, pod, c, e.ValueFrom)

@@ -124,3 +124,95 @@ func TestDockerConfigFromLegacySecret(t *testing.T) {
 		t.Fatalf("%s %v", b, ok)
 	}
 }
+
+// TestEnvExpansionAsKubelet: only literal values are $(VAR)-expanded (from
+// envFrom, earlier env entries, then the service links); values from
+// Secrets, ConfigMaps and the downward API reach the runtime byte for byte,
+// marked verbatim so the daemon does not expand them again.
+func TestEnvExpansionAsKubelet(t *testing.T) {
+	src := fakeSource{
+		cms: map[string]*corev1.ConfigMap{"cm": {Data: map[string]string{"A": "from-cm", "REF": "$(A)"}}},
+		secrets: map[string]*corev1.Secret{"s": {Data: map[string][]byte{
+			"pw": []byte("pa$$w0rd"), "home": []byte("$(HOME)x"), "other": []byte("$(A)")}}},
+	}
+	svc := func(string) []corev1.EnvVar {
+		return []corev1.EnvVar{{Name: "KUBERNETES_PORT", Value: "tcp://127.0.0.1:6443"}, {Name: "A", Value: "svc"}}
+	}
+	tr := &translator{src: src, nodeName: "n1", nodeIP: "127.0.0.1", serviceEnv: svc}
+	secretRef := func(k string) *corev1.EnvVarSource {
+		return &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "s"}, Key: k}}
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "u", Annotations: map[string]string{"note": "$(A)$$"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name:    "c",
+			EnvFrom: []corev1.EnvFromSource{{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cm"}}}},
+			Env: []corev1.EnvVar{
+				{Name: "PW", ValueFrom: secretRef("pw")},
+				{Name: "HOMEX", ValueFrom: secretRef("home")},
+				{Name: "OTHER", ValueFrom: secretRef("other")},
+				{Name: "CMREF", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "cm"}, Key: "REF"}}},
+				{Name: "NOTE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['note']"}}},
+				{Name: "LIT", Value: "$(A)-$$"},
+				{Name: "CHAIN", Value: "$(LIT)/$(PW)/$(KUBERNETES_PORT)/$(LATER)/$(NOPE)/$$(A)"},
+				{Name: "LATER", Value: "l"},
+				{Name: "EMPTY"},
+			},
+		}}}}
+	spec, err := tr.podSpec(context.Background(), pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, e := range spec.Containers[0].Env {
+		if !e.Verbatim {
+			t.Errorf("%s not marked verbatim", e.Name)
+		}
+		got[e.Name] = e.Value
+	}
+	want := map[string]string{
+		"PW": "pa$$w0rd", "HOMEX": "$(HOME)x", "OTHER": "$(A)", "REF": "$(A)", "CMREF": "$(A)", "NOTE": "$(A)$$",
+		// The configMap's A (envFrom) wins over the service link's A.
+		"LIT":   "from-cm-$",
+		"CHAIN": "from-cm-$/pa$$w0rd/tcp://127.0.0.1:6443/$(LATER)/$(NOPE)/$(A)",
+		"LATER": "l", "EMPTY": "", "A": "from-cm", "KUBERNETES_PORT": "tcp://127.0.0.1:6443",
+	}
+	for k, v := range want {
+		if g, ok := got[k]; !ok || g != v {
+			t.Errorf("%s = %q, want %q", k, g, v)
+		}
+	}
+}
+
+// TestDefinitionHashIsTheKubelets: the hash covers the API container spec
+// (the image), not the env the node resolves from labels or ConfigMaps.
+func TestDefinitionHashIsTheKubelets(t *testing.T) {
+	src := fakeSource{cms: map[string]*corev1.ConfigMap{"cm": {Data: map[string]string{"k": "1"}}}}
+	tr := &translator{src: src, nodeName: "n1", nodeIP: "127.0.0.1"}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "u", Labels: map[string]string{"v": "1"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox:1", Env: []corev1.EnvVar{
+			{Name: "L", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels['v']"}}},
+			{Name: "K", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "cm"}, Key: "k"}}},
+		}}}}}
+	hash := func() (string, string) {
+		spec, err := tr.podSpec(context.Background(), pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := spec.Containers[0]
+		return c.DefinitionHash, c.Env[0].Value + c.Env[1].Value
+	}
+	h1, env1 := hash()
+	if h1 == "" {
+		t.Fatal("no definition hash")
+	}
+	pod.Labels["v"] = "2"
+	src.cms["cm"].Data["k"] = "2"
+	h2, env2 := hash()
+	if env1 == env2 || h1 != h2 {
+		t.Fatalf("label/ConfigMap change: env %q -> %q, hash %s -> %s (want the env to change, the hash not)", env1, env2, h1, h2)
+	}
+	pod.Spec.Containers[0].Image = "busybox:2"
+	if h3, _ := hash(); h3 == h1 {
+		t.Fatal("a new image must change the hash")
+	}
+}

@@ -504,8 +504,8 @@ type ContainerSpec struct {
 	Command         []string   `protobuf:"bytes,4,rep,name=command,proto3" json:"command,omitempty"`
 	Args            []string   `protobuf:"bytes,5,rep,name=args,proto3" json:"args,omitempty"`
 	// Fully resolved environment, in order (valueFrom already resolved by the
-	// provider; $(VAR) references are expanded by the daemon as the kubelet
-	// does).
+	// provider). The daemon expands $(VAR) references in each value as the
+	// kubelet does, unless the variable is marked EnvVar.verbatim.
 	Env        []*EnvVar `protobuf:"bytes,6,rep,name=env,proto3" json:"env,omitempty"`
 	WorkingDir string    `protobuf:"bytes,7,opt,name=working_dir,json=workingDir,proto3" json:"working_dir,omitempty"`
 	// For init containers: ALWAYS makes a native sidecar (issue 4).
@@ -524,6 +524,14 @@ type ContainerSpec struct {
 	ReadinessProbe *Probe     `protobuf:"bytes,22,opt,name=readiness_probe,json=readinessProbe,proto3" json:"readiness_probe,omitempty"`
 	StartupProbe   *Probe     `protobuf:"bytes,23,opt,name=startup_probe,json=startupProbe,proto3" json:"startup_probe,omitempty"`
 	Lifecycle      *Lifecycle `protobuf:"bytes,24,opt,name=lifecycle,proto3" json:"lifecycle,omitempty"`
+	// definition_hash identifies the API definition of the container (the
+	// provider sends the kubelet's container hash, over the API spec, not
+	// over resolved values such as env). When set, UpdatePod restarts a
+	// running container only when it differs from the hash the container was
+	// started with; env that changed without it is kept for later restarts.
+	// Empty (older providers): UpdatePod compares image, pull policy,
+	// command, args, env and working dir instead.
+	DefinitionHash string `protobuf:"bytes,30,opt,name=definition_hash,json=definitionHash,proto3" json:"definition_hash,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -684,10 +692,23 @@ func (x *ContainerSpec) GetLifecycle() *Lifecycle {
 	return nil
 }
 
+func (x *ContainerSpec) GetDefinitionHash() string {
+	if x != nil {
+		return x.DefinitionHash
+	}
+	return ""
+}
+
 type EnvVar struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Value         string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Value string                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// verbatim: value is the variable's final value and reaches the process
+	// byte for byte (the provider already expanded the literal values as the
+	// kubelet does, and left values from Secrets, ConfigMaps and the downward
+	// API as they are). Unset (older providers): the daemon expands $(VAR)
+	// references in value from the variables before it, $$ being a literal $.
+	Verbatim      bool `protobuf:"varint,3,opt,name=verbatim,proto3" json:"verbatim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -734,6 +755,13 @@ func (x *EnvVar) GetValue() string {
 		return x.Value
 	}
 	return ""
+}
+
+func (x *EnvVar) GetVerbatim() bool {
+	if x != nil {
+		return x.Verbatim
+	}
+	return false
 }
 
 type ContainerPort struct {
@@ -5175,7 +5203,7 @@ const file_runtime_proto_rawDesc = "" +
 	"\x10AnnotationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B#\n" +
-	"!_termination_grace_period_seconds\"\xbd\x06\n" +
+	"!_termination_grace_period_seconds\"\xe6\x06\n" +
 	"\rContainerSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12G\n" +
@@ -5197,10 +5225,12 @@ const file_runtime_proto_rawDesc = "" +
 	"\x0eliveness_probe\x18\x15 \x01(\v2\x16.k3sm.runtime.v1.ProbeR\rlivenessProbe\x12?\n" +
 	"\x0freadiness_probe\x18\x16 \x01(\v2\x16.k3sm.runtime.v1.ProbeR\x0ereadinessProbe\x12;\n" +
 	"\rstartup_probe\x18\x17 \x01(\v2\x16.k3sm.runtime.v1.ProbeR\fstartupProbe\x128\n" +
-	"\tlifecycle\x18\x18 \x01(\v2\x1a.k3sm.runtime.v1.LifecycleR\tlifecycle\"2\n" +
+	"\tlifecycle\x18\x18 \x01(\v2\x1a.k3sm.runtime.v1.LifecycleR\tlifecycle\x12'\n" +
+	"\x0fdefinition_hash\x18\x1e \x01(\tR\x0edefinitionHash\"N\n" +
 	"\x06EnvVar\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value\"f\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\x12\x1a\n" +
+	"\bverbatim\x18\x03 \x01(\bR\bverbatim\"f\n" +
 	"\rContainerPort\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x0econtainer_port\x18\x02 \x01(\x05R\rcontainerPort\x12\x1a\n" +

@@ -56,8 +56,11 @@ type RuntimeClient interface {
 	// and its status returned), so a restarted provider may replay creates.
 	CreatePod(ctx context.Context, in *CreatePodRequest, opts ...grpc.CallOption) (*CreatePodResponse, error)
 	// UpdatePod replaces the pod's spec. Containers whose definition changed
-	// (image, command, args, env, working dir) are stopped and started again,
-	// as the kubelet does; restart_count grows.
+	// are stopped and started again, as the kubelet does; restart_count grows.
+	// A container whose new spec carries ContainerSpec.definition_hash
+	// restarts only when that hash changed; without one (older providers), a
+	// change of image, pull policy, command, args, env or working dir restarts
+	// it. Either way the new spec, env included, is what later restarts use.
 	UpdatePod(ctx context.Context, in *UpdatePodRequest, opts ...grpc.CallOption) (*UpdatePodResponse, error)
 	// UpdatePodVolumes rewrites the content of a pod's files volumes
 	// (configMap, secret, downwardAPI, projected) atomically, as the kubelet's
@@ -266,8 +269,11 @@ type RuntimeServer interface {
 	// and its status returned), so a restarted provider may replay creates.
 	CreatePod(context.Context, *CreatePodRequest) (*CreatePodResponse, error)
 	// UpdatePod replaces the pod's spec. Containers whose definition changed
-	// (image, command, args, env, working dir) are stopped and started again,
-	// as the kubelet does; restart_count grows.
+	// are stopped and started again, as the kubelet does; restart_count grows.
+	// A container whose new spec carries ContainerSpec.definition_hash
+	// restarts only when that hash changed; without one (older providers), a
+	// change of image, pull policy, command, args, env or working dir restarts
+	// it. Either way the new spec, env included, is what later restarts use.
 	UpdatePod(context.Context, *UpdatePodRequest) (*UpdatePodResponse, error)
 	// UpdatePodVolumes rewrites the content of a pod's files volumes
 	// (configMap, secret, downwardAPI, projected) atomically, as the kubelet's

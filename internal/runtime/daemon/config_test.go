@@ -170,3 +170,50 @@ func TestIntegrationUpdateFixesImage(t *testing.T) {
 		t.Errorf("renaming a pod: %v", err)
 	}
 }
+
+// TestIntegrationUpdatePodRestartsOnlyOnHashChange: with definition_hash, an
+// update that only changes the resolved env (a relabelled pod, a changed
+// ConfigMap) leaves the container running as it is, exec included, and the
+// new env is what the next start gets; a new hash restarts it once.
+func TestIntegrationUpdatePodRestartsOnlyOnHashChange(t *testing.T) {
+	e := newEnv(t)
+	spec := e.podSpec("hashed", "env:L", "forever")
+	spec.TerminationGracePeriodSeconds = ptr(int64(1))
+	c := spec.Containers[0]
+	c.DefinitionHash = "h1"
+	c.Env = []*runtimev1.EnvVar{{Name: "L", Value: "one", Verbatim: true}}
+	e.create(spec)
+	st := e.waitFor(spec.Uid, "Running", 30*time.Second, running)
+	id := ctrState(st).GetContainerId()
+	e.waitLog(spec.Uid, "L=one\n")
+
+	c.Env = []*runtimev1.EnvVar{{Name: "L", Value: "two", Verbatim: true}}
+	if _, err := e.c.Runtime.UpdatePod(context.Background(), &runtimev1.UpdatePodRequest{Pod: spec}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	st = e.status(spec.Uid)
+	if !running(st) || ctrState(st).GetRestartCount() != 0 || ctrState(st).GetContainerId() != id {
+		t.Fatalf("an env-only update restarted the container: %s", prettyStatus(st))
+	}
+	// Exec runs with the env the process has.
+	if out := e.exec(spec.Uid, "", "/app/prog", "env:L"); out != "L=one\n" {
+		t.Errorf("exec after an env-only update: %q, want the running attempt's L=one", out)
+	}
+
+	c.DefinitionHash = "h2"
+	if _, err := e.c.Runtime.UpdatePod(context.Background(), &runtimev1.UpdatePodRequest{Pod: spec}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor(spec.Uid, "restarted for the new hash", 30*time.Second, func(st *runtimev1.PodStatus) bool {
+		return running(st) && ctrState(st).GetRestartCount() == 1
+	})
+	e.waitLog(spec.Uid, "L=two\n")
+	if out := e.exec(spec.Uid, "", "/app/prog", "env:L"); out != "L=two\n" {
+		t.Errorf("exec after the restart: %q, want L=two", out)
+	}
+	time.Sleep(2 * time.Second)
+	if n := ctrState(e.status(spec.Uid)).GetRestartCount(); n != 1 {
+		t.Fatalf("restartCount %d after one hash change, want 1", n)
+	}
+}

@@ -258,7 +258,9 @@ func newCtr(c *runtimev1.ContainerSpec, init bool, deleteCh chan struct{}) *ctr 
 	return x
 }
 
-// Update replaces the pod's spec; changed containers restart.
+// Update replaces the pod's spec; containers whose definition changed (see
+// definitionChanged) restart with it. A container that does not restart
+// keeps the env it runs with and starts next time with the new one.
 func (m *Manager) Update(spec *runtimev1.PodSpec) (*runtimev1.PodStatus, error) {
 	if err := validate(spec); err != nil {
 		return nil, err
@@ -283,6 +285,15 @@ func (m *Manager) Update(spec *runtimev1.PodSpec) (*runtimev1.PodStatus, error) 
 			continue
 		}
 		changed := definitionChanged(c.spec, nc)
+		c.nextEnv, c.envPending = nil, false
+		if !changed && !proto.Equal(&runtimev1.ContainerSpec{Env: c.spec.GetEnv()}, &runtimev1.ContainerSpec{Env: nc.GetEnv()}) {
+			// The env a container was started with stays in its spec
+			// (exec, probes and pod.json see what its process has); the
+			// new env is for its next start (applyNextEnv), where the
+			// kubelet would resolve it.
+			c.nextEnv, c.envPending = nc.GetEnv(), true
+			nc.Env = c.spec.GetEnv()
+		}
 		c.spec = nc
 		if changed && !(c.init && c.succeeded()) {
 			c.changed = true
@@ -297,14 +308,60 @@ func (m *Manager) Update(spec *runtimev1.PodSpec) (*runtimev1.PodStatus, error) 
 	return p.status(), nil
 }
 
-// definitionChanged compares what the kubelet hashes into a container: a
-// change means stop and start again.
+// definitionChanged reports that a running container must stop and start
+// again for the new spec b. The kubelet decides that from its container
+// hash, over the API spec; a provider that sends it (definition_hash)
+// gets exactly that: a change of what the provider resolves (env from
+// labels, annotations, ConfigMaps, Secrets) restarts nothing, and only
+// reaches the container when it starts again. Without a hash (an older
+// provider) the resolved fields are compared, as v1 always did; a running
+// container from before the provider sent hashes is compared without env,
+// whose resolution changed meaning with the hash (verbatim values).
 func definitionChanged(a, b *runtimev1.ContainerSpec) bool {
-	strip := func(c *runtimev1.ContainerSpec) *runtimev1.ContainerSpec {
-		return &runtimev1.ContainerSpec{Name: c.GetName(), Image: c.GetImage(), ImagePullPolicy: c.GetImagePullPolicy(),
-			Command: c.GetCommand(), Args: c.GetArgs(), Env: c.GetEnv(), WorkingDir: c.GetWorkingDir()}
+	ha, hb := a.GetDefinitionHash(), b.GetDefinitionHash()
+	switch {
+	case ha != "" && hb != "":
+		return ha != hb
+	case hb != "":
+		return !proto.Equal(stripDefinition(a, false), stripDefinition(b, false))
 	}
-	return !proto.Equal(strip(a), strip(b))
+	return !proto.Equal(stripDefinition(a, true), stripDefinition(b, true))
+}
+
+// applyNextEnv gives c the env of the last update, for the attempt about to
+// start. Caller holds p.mu. The pod spec is replaced, not changed in place:
+// readers outside the lock keep the one they took.
+func (p *podRT) applyNextEnv(c *ctr) {
+	spec := proto.Clone(p.spec).(*runtimev1.PodSpec)
+	byName := map[string]*runtimev1.ContainerSpec{}
+	for _, x := range append(append([]*runtimev1.ContainerSpec{}, spec.GetInitContainers()...), spec.GetContainers()...) {
+		byName[x.GetName()] = x
+	}
+	for _, x := range p.all() {
+		if s, ok := byName[x.name]; ok {
+			x.spec = s
+		}
+	}
+	if s, ok := byName[c.name]; ok {
+		s.Env = c.nextEnv
+	} else {
+		cs := proto.Clone(c.spec).(*runtimev1.ContainerSpec)
+		cs.Env = c.nextEnv
+		c.spec = cs
+	}
+	p.spec = spec
+	c.nextEnv, c.envPending = nil, false
+}
+
+// stripDefinition keeps the fields whose change restarts a container of an
+// older provider (one that sends no definition_hash).
+func stripDefinition(c *runtimev1.ContainerSpec, env bool) *runtimev1.ContainerSpec {
+	s := &runtimev1.ContainerSpec{Name: c.GetName(), Image: c.GetImage(), ImagePullPolicy: c.GetImagePullPolicy(),
+		Command: c.GetCommand(), Args: c.GetArgs(), WorkingDir: c.GetWorkingDir()}
+	if env {
+		s.Env = c.GetEnv()
+	}
+	return s
 }
 
 // Delete stops the pod's containers (SIGTERM, grace, SIGKILL) and removes
@@ -554,6 +611,12 @@ type ctr struct {
 	imageDigest  string
 	rootImage    string
 	changed      bool // spec changed: restart without back-off
+	// nextEnv is the env of an update that did not restart the container:
+	// its next attempt starts with it (envPending). Not persisted: after a
+	// daemon restart the next attempt has the env it ran with until the
+	// provider updates the pod again.
+	nextEnv    []*runtimev1.EnvVar
+	envPending bool
 
 	proc Process
 	wake chan struct{}

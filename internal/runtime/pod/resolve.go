@@ -9,6 +9,7 @@ import (
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/runtime/image"
+	"k8s.io/kubernetes/third_party/forked/golang/expansion"
 )
 
 // NativeImage is the image name that runs a host command with no image.
@@ -29,7 +30,9 @@ type resolved struct {
 // the host and the process sees the host system.
 //
 //   - command/args merge with the image's Entrypoint/Cmd as Kubernetes does;
-//     $(VAR) references expand from the container's env.
+//     $(VAR) references in command/args expand from the container's env;
+//     env values marked verbatim are used as they are, others expand from
+//     the variables before them (older providers).
 //   - An absolute command that exists under the root runs from the root
 //     (/app/server -> <root>/app/server); otherwise the same host path runs.
 //   - A bare command is searched in PATH, which lists the image's PATH
@@ -70,9 +73,14 @@ func resolveProcess(spec *runtimev1.PodSpec, c *runtimev1.ContainerSpec, img *im
 	set("HOSTNAME", hostname)
 	set("HOME", root)
 	set("K3SM_ROOT", root)
+	// A verbatim variable is final (the provider expanded it as the kubelet
+	// does); an older provider's are expanded here, from the ones before.
 	containerVars := map[string]string{}
 	for _, e := range c.GetEnv() {
-		v := expand(e.GetValue(), containerVars)
+		v := e.GetValue()
+		if !e.GetVerbatim() {
+			v = expand(v, containerVars)
+		}
 		containerVars[e.GetName()] = v
 		set(e.GetName(), v)
 	}
@@ -83,19 +91,26 @@ func resolveProcess(spec *runtimev1.PodSpec, c *runtimev1.ContainerSpec, img *im
 		envMap["PATH"] = rootPath(root, envMap["PATH"])
 	}
 
-	// Command and args, Kubernetes' merge rules.
+	// Command and args, Kubernetes' merge rules. As with the kubelet, only
+	// the container's own command and args are $(VAR)-expanded, from the
+	// container's env, not the image's Entrypoint/Cmd. (Exec commands come
+	// with every $ escaped as $$, see daemon/stdio.go.)
+	expandAll := func(in []string) []string {
+		out := make([]string, len(in))
+		for i, a := range in {
+			out[i] = expand(a, containerVars)
+		}
+		return out
+	}
+	command, args := expandAll(c.GetCommand()), expandAll(c.GetArgs())
 	var argv []string
 	switch {
-	case len(c.GetCommand()) > 0:
-		argv = append(argv, c.GetCommand()...)
-		argv = append(argv, c.GetArgs()...)
-	case len(c.GetArgs()) > 0:
-		argv = append(append(argv, entrypoint...), c.GetArgs()...)
+	case len(command) > 0:
+		argv = append(append(argv, command...), args...)
+	case len(args) > 0:
+		argv = append(append(argv, entrypoint...), args...)
 	default:
 		argv = append(append(argv, entrypoint...), cmd...)
-	}
-	for i := range argv {
-		argv[i] = expand(argv[i], containerVars)
 	}
 	if len(argv) == 0 {
 		if native {
@@ -204,38 +219,12 @@ func isExecutable(p string) bool {
 	return err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0
 }
 
-// expand replaces $(VAR) with vars[VAR] as the kubelet does: $$ is a literal
-// $, and a reference to an undefined variable stays as written.
+// expand replaces $(VAR) with vars[VAR] as the kubelet does (its own
+// expansion package): $$ is a literal $, and a reference to an undefined
+// variable stays as written.
 func expand(s string, vars map[string]string) string {
 	if !strings.Contains(s, "$") {
 		return s
 	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] != '$' || i+1 >= len(s) {
-			b.WriteByte(s[i])
-			continue
-		}
-		switch s[i+1] {
-		case '$':
-			b.WriteByte('$')
-			i++
-		case '(':
-			end := strings.IndexByte(s[i+2:], ')')
-			if end < 0 {
-				b.WriteByte(s[i])
-				continue
-			}
-			name := s[i+2 : i+2+end]
-			if v, ok := vars[name]; ok {
-				b.WriteString(v)
-			} else {
-				b.WriteString(s[i : i+3+end])
-			}
-			i += 2 + end
-		default:
-			b.WriteByte(s[i])
-		}
-	}
-	return b.String()
+	return expansion.Expand(s, expansion.MappingFuncFor(vars))
 }

@@ -91,3 +91,67 @@ func TestResolveProcess(t *testing.T) {
 		t.Errorf("native missing workingDir: %v", err)
 	}
 }
+
+// TestResolveVerbatimEnv: verbatim variables (a current provider's) reach the
+// process byte for byte; command and args still expand from them. Variables
+// without the flag (an older provider's) expand as before.
+func TestResolveVerbatimEnv(t *testing.T) {
+	root := t.TempDir()
+	pod := &runtimev1.PodSpec{Name: "web", Namespace: "ns"}
+	img := &image.Image{Config: v1.Config{Entrypoint: []string{"/bin/echo", "$(PW)"}}}
+	c := &runtimev1.ContainerSpec{Name: "c", Command: []string{"/bin/echo", "$(PW)", "$$(PW)"}, Args: []string{"$(LIT)", "$(NOPE)"},
+		Env: []*runtimev1.EnvVar{
+			{Name: "PW", Value: "pa$$w0rd", Verbatim: true},
+			{Name: "HOMEX", Value: "$(HOME)x", Verbatim: true},
+			{Name: "OTHER", Value: "$(PW)", Verbatim: true},
+			{Name: "LIT", Value: "v-$", Verbatim: true},
+			{Name: "OLD", Value: "$(LIT)$$"},
+		}}
+	r, err := resolveProcess(pod, c, img, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := "\n" + strings.Join(r.Env, "\n") + "\n"
+	for _, want := range []string{"PW=pa$$w0rd", "HOMEX=$(HOME)x", "OTHER=$(PW)", "LIT=v-$", "OLD=v-$$"} {
+		if !strings.Contains(env, "\n"+want+"\n") {
+			t.Errorf("env lacks %q:%s", want, env)
+		}
+	}
+	if got := strings.Join(r.Argv, " "); got != "/bin/echo pa$$w0rd $(PW) v-$ $(NOPE)" {
+		t.Errorf("argv %q", got)
+	}
+	// The image's Entrypoint and Cmd are not expanded (the kubelet expands
+	// only the container's command and args).
+	c.Command = nil
+	if r, err = resolveProcess(pod, c, img, root); err != nil || strings.Join(r.Argv, " ") != "/bin/echo $(PW) v-$ $(NOPE)" {
+		t.Errorf("entrypoint + args: %q %v", r.Argv, err)
+	}
+}
+
+// TestDefinitionChanged: with hashes, only the hash decides; without, the
+// resolved fields as before.
+func TestDefinitionChanged(t *testing.T) {
+	env := func(v string, verbatim bool) []*runtimev1.EnvVar {
+		return []*runtimev1.EnvVar{{Name: "L", Value: v, Verbatim: verbatim}}
+	}
+	spec := func(img, hash string, e []*runtimev1.EnvVar) *runtimev1.ContainerSpec {
+		return &runtimev1.ContainerSpec{Name: "c", Image: img, DefinitionHash: hash, Env: e, Command: []string{"/bin/sleep"}}
+	}
+	for _, tc := range []struct {
+		name string
+		a, b *runtimev1.ContainerSpec
+		want bool
+	}{
+		{"env only, same hash", spec("i:1", "h1", env("1", true)), spec("i:1", "h1", env("2", true)), false},
+		{"new image, new hash", spec("i:1", "h1", env("1", true)), spec("i:2", "h2", env("1", true)), true},
+		{"old client: env", spec("i:1", "", env("1", false)), spec("i:1", "", env("2", false)), true},
+		{"old client: same", spec("i:1", "", env("1", false)), spec("i:1", "", env("1", false)), false},
+		{"old client: image", spec("i:1", "", env("1", false)), spec("i:2", "", env("1", false)), true},
+		{"adopted from an old client: env", spec("i:1", "", env("1", false)), spec("i:1", "h1", env("2", true)), false},
+		{"adopted from an old client: image", spec("i:1", "", env("1", false)), spec("i:2", "h2", env("1", true)), true},
+	} {
+		if got := definitionChanged(tc.a, tc.b); got != tc.want {
+			t.Errorf("%s: definitionChanged = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -260,6 +260,9 @@ func (p *podRT) runOnce(ctx context.Context, c *ctr) outcome {
 	if img != nil {
 		c.imageID, c.imageDigest = repoDigestFor(img, c.spec.GetImage()), img.ID
 	}
+	if c.envPending {
+		p.applyNextEnv(c)
+	}
 	spec := p.spec
 	cspec := c.spec
 	root := p.rootDir(c)
