@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
@@ -81,11 +82,50 @@ func TestDiskPressureAndImageGC(t *testing.T) {
 	}
 
 	// Container logs rotate at 16 KiB, 3 files kept, and kubectl logs
-	// reads across them.
+	// reads across them; a follow goes on through the rotations.
 	chatty := nativePod("chatty", "native")
-	chatty.Spec.Containers[0].Command = []string{"/bin/sh", "-c", `i=0; while [ $i -lt 3000 ]; do echo "line $i"; i=$((i+1)); done; sleep 3600`}
+	chatty.Spec.Containers[0].Command = []string{"/bin/sh", "-c",
+		`sleep 2; i=0; while [ $i -lt 3000 ]; do echo "line $i"; i=$((i+1)); [ $((i % 100)) = 0 ] && sleep 0.1; done; sleep 3600`}
 	s.createPod(t, chatty)
 	waitPod(t, c, "chatty", 2*time.Minute, running)
+	follow := exec.Command(k3smBin, "kubectl", "--kubeconfig", s.kubeconfig(), "logs", "-f", "chatty")
+	followOut, err := follow.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	followed := make(chan []string, 1)
+	go func() {
+		var lines []string
+		sc := bufio.NewScanner(followOut)
+		for sc.Scan() {
+			lines = append(lines, sc.Text())
+			if sc.Text() == "line 2999" {
+				break
+			}
+		}
+		followed <- lines
+	}()
+	select {
+	case lines := <-followed:
+		// Consecutive from where it started to the end: nothing lost or
+		// repeated across the rotations.
+		if len(lines) < 2000 {
+			t.Errorf("kubectl logs -f saw %d lines", len(lines))
+		}
+		for i, l := range lines {
+			if want := fmt.Sprintf("line %d", 3000-len(lines)+i); l != want {
+				t.Errorf("kubectl logs -f line %d: %q, want %q", i, l, want)
+				break
+			}
+		}
+	case <-time.After(2 * time.Minute):
+		t.Error("kubectl logs -f did not reach the last line")
+	}
+	follow.Process.Kill()
+	follow.Wait()
 	waitFor(t, time.Minute, "chatty's last line", func() error {
 		out, err := s.kubectl("logs", "chatty", "--tail=2")
 		if err != nil || out != "line 2998\nline 2999\n" {
