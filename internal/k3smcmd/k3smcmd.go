@@ -16,8 +16,10 @@ import (
 
 	"github.com/k3sm-dev/k3sm/internal/controlplane"
 	"github.com/k3sm-dev/k3sm/internal/kubeconfig"
+	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	"github.com/k3sm-dev/k3sm/internal/version"
 	"github.com/spf13/cobra"
+	"gopkg.in/natefinch/lumberjack.v2"
 )
 
 // Kubectl runs the embedded kubectl; cmd/k3sm wires it to internal/roles so
@@ -66,10 +68,9 @@ func newServer(addons Addons) *cobra.Command {
 				return &controlplane.FieldError{Flag: "data-dir", Value: cfg.DataDir, Problem: "not writable: " + err.Error(),
 					Fix: "run as root for /var/lib/k3sm or pass --data-dir under your home"}
 			}
-			logf, err := os.OpenFile(filepath.Join(cfg.DataDir, "logs", "k3sm.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-			if err != nil {
-				return err
-			}
+			// Rotated as the components' logs are (supervisor.DefaultLogMaxSizeMB).
+			logf := &lumberjack.Logger{Filename: filepath.Join(cfg.DataDir, "logs", "k3sm.log"),
+				MaxSize: supervisor.DefaultLogMaxSizeMB, MaxBackups: supervisor.DefaultLogMaxBackups, Compress: true}
 			defer logf.Close()
 			log := slog.New(slog.NewTextHandler(io.MultiWriter(os.Stderr, logf), &slog.HandlerOptions{Level: logLevel()}))
 			var extra []controlplane.Addon
