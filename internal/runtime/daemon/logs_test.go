@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -117,7 +118,9 @@ func TestGetLogsFollowAcrossRotations(t *testing.T) {
 		w.WriteRecord(criolog.Stdout, false, fmt.Appendf(nil, "line %d", i))
 	}
 	var done atomic.Bool
+	tailSent := make(chan struct{})
 	go func() {
+		<-tailSent // the tail was read: the rest comes during the follow
 		for i := 100; i < lines; i++ {
 			w.WriteRecord(criolog.Stdout, false, fmt.Appendf(nil, "line %d", i))
 			if i%50 == 0 {
@@ -134,6 +137,7 @@ func TestGetLogsFollowAcrossRotations(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	st := &logStream{ctx: ctx}
+	st.onSend = sync.OnceFunc(func() { close(tailSent) })
 	err = sendLogs(ctx, path, files, logOptions{tail: 10, follow: true}, &logWriter{stream: st, limit: -1}, func() bool { return !done.Load() })
 	if err != nil {
 		t.Fatal(err)
