@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"os"
+	"time"
 )
 
 // OpenFiles opens the log at path and its rotated files (see
@@ -12,6 +13,12 @@ import (
 // and its new name is not listed twice. A missing live file is the error.
 func OpenFiles(path string) ([]*os.File, error) {
 	live, err := os.Open(path)
+	// Between the rename and the new file of a rotation the path is
+	// briefly missing.
+	for try := 0; os.IsNotExist(err) && try < 5 && len(Rotated(path)) > 0; try++ {
+		time.Sleep(2 * time.Millisecond)
+		live, err = os.Open(path)
+	}
 	if err != nil {
 		return nil, err
 	}
