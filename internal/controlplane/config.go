@@ -35,6 +35,8 @@ type Config struct {
 	// NodeInstant makes the node mark pods Running without starting them:
 	// the floor of the pod-start benchmark, never for real use.
 	NodeInstant bool
+	// Disk: container log rotation, image GC, DiskPressure (disk.go).
+	Disk DiskConfig
 
 	// Ports of the scheduler's and controller-manager's health endpoints (loopback only).
 	SchedulerPort         int
@@ -78,6 +80,7 @@ func Defaults() Config {
 		MaxPods:               110,
 		SchedulerPort:         10259,
 		ControllerManagerPort: 10257,
+		Disk:                  DefaultDisk(),
 	}
 }
 
@@ -170,6 +173,7 @@ func (c *Config) Validate() error {
 	if c.NodeName == "" || len(c.NodeName) > 253 || strings.Trim(strings.ToLower(c.NodeName), "abcdefghijklmnopqrstuvwxyz0123456789.-") != "" {
 		add("node-name", c.NodeName, "not a valid Kubernetes node name", "use lower-case letters, digits, '-' and '.'")
 	}
+	c.Disk.validate(add)
 	return errors.Join(errs...)
 }
 

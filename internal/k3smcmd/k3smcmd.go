@@ -16,8 +16,10 @@ import (
 
 	"github.com/k3sm-dev/k3sm/internal/controlplane"
 	"github.com/k3sm-dev/k3sm/internal/kubeconfig"
+	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	"github.com/k3sm-dev/k3sm/internal/version"
 	"github.com/spf13/cobra"
+	"gopkg.in/natefinch/lumberjack.v2"
 )
 
 // Kubectl runs the embedded kubectl with args and, unless kubeconfig is
@@ -67,10 +69,9 @@ func newServer(addons Addons) *cobra.Command {
 				return &controlplane.FieldError{Flag: "data-dir", Value: cfg.DataDir, Problem: "not writable: " + err.Error(),
 					Fix: "run as root for /var/lib/k3sm or pass --data-dir under your home"}
 			}
-			logf, err := os.OpenFile(filepath.Join(cfg.DataDir, "logs", "k3sm.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-			if err != nil {
-				return err
-			}
+			// Rotated as the components' logs are (supervisor.DefaultLogMaxSizeMB).
+			logf := &lumberjack.Logger{Filename: filepath.Join(cfg.DataDir, "logs", "k3sm.log"),
+				MaxSize: supervisor.DefaultLogMaxSizeMB, MaxBackups: supervisor.DefaultLogMaxBackups, Compress: true}
 			defer logf.Close()
 			log := slog.New(slog.NewTextHandler(io.MultiWriter(os.Stderr, logf), &slog.HandlerOptions{Level: logLevel()}))
 			var extra []controlplane.Addon
@@ -95,6 +96,7 @@ func newServer(addons Addons) *cobra.Command {
 	f.IntVar(&cfg.KubeletPort, "kubelet-port", cfg.KubeletPort, "port of this node's kubelet API")
 	f.IntVar(&cfg.MaxPods, "max-pods", cfg.MaxPods, "pods this node runs at most (the kubelet's --max-pods)")
 	f.StringVar(&cfg.RegistriesConfig, "registries-config", "", "registries.yaml with mirrors, plain-HTTP endpoints and auth (default <data-dir>/registries.yaml)")
+	addDiskFlags(f, &cfg.Disk)
 	f.BoolVar(&cfg.NodeInstant, "node-instant", false, "benchmark floor: the node marks pods Running without starting anything")
 	_ = f.MarkHidden("node-instant")
 	f.IntVar(&cfg.SchedulerPort, "scheduler-port", cfg.SchedulerPort, "loopback port of the scheduler's health endpoint")

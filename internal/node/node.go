@@ -23,6 +23,7 @@ import (
 	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/controlplane"
 	"github.com/k3sm-dev/k3sm/internal/metrics"
 	"github.com/k3sm-dev/k3sm/internal/runtime/client"
 	"github.com/k3sm-dev/k3sm/internal/storage/localpath"
@@ -72,7 +73,10 @@ type Config struct {
 	// under LocalPathDir).
 	LocalPathKubeconfig string
 	LocalPathDir        string
-	Log                 *slog.Logger
+	// Disk: image GC and the DiskPressure condition (disk.go); measured on
+	// DataDir's filesystem and its images/ store.
+	Disk controlplane.DiskConfig
+	Log  *slog.Logger
 }
 
 // Run registers the node and serves until ctx ends.
@@ -152,6 +156,12 @@ func Run(ctx context.Context, cfg Config) error {
 
 	nodeSpec := nodeObject(cfg, info)
 	np := &nodeProvider{rt: rt, instant: cfg.Instant}
+	if !cfg.Instant && cfg.DataDir != "" {
+		if np.disk, err = newDiskManager(cfg.Disk, cfg.DataDir, cfg.Name, grpcDiskRuntime{rt.Runtime, rt.Images}, recorder, log); err != nil {
+			return err
+		}
+		np.disk.setNode(nodeSpec, nil)
+	}
 	nc, err := vknode.NewNodeController(np, nodeSpec, kc.CoreV1().Nodes(),
 		vknode.WithNodeEnableLeaseV1(nodeutil.NodeLeaseV1Client(kc), vknode.DefaultLeaseDuration))
 	if err != nil {
@@ -213,6 +223,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return nil
 	}
 	go func() { errc <- pc.Run(ctx, cfg.Workers) }()
+	if np.disk != nil {
+		go np.disk.run(ctx)
+	}
 	log.Info("node registered", "node", cfg.Name, "ip", cfg.IP, "kubeletPort", cfg.KubeletPort, "runtime", info.RuntimeName+" "+info.RuntimeVersion)
 	select {
 	case <-ctx.Done():
@@ -264,7 +277,7 @@ func nodeObject(cfg Config, info *runtimev1.GetRuntimeInfoResponse) *corev1.Node
 			Conditions: []corev1.NodeCondition{
 				cond(corev1.NodeReady, corev1.ConditionTrue, "KubeletReady", "k3sm node is posting ready status"),
 				cond(corev1.NodeMemoryPressure, corev1.ConditionFalse, "KubeletHasSufficientMemory", "node has sufficient memory available"),
-				cond(corev1.NodeDiskPressure, corev1.ConditionFalse, "KubeletHasNoDiskPressure", "node has no disk pressure"),
+				cond(corev1.NodeDiskPressure, corev1.ConditionFalse, reasonNoDiskPressure, messageNoDiskPressure),
 				cond(corev1.NodePIDPressure, corev1.ConditionFalse, "KubeletHasSufficientPID", "node has sufficient PID available"),
 				cond(corev1.NodeNetworkUnavailable, corev1.ConditionFalse, "RouteCreated", "pods use the host network"),
 			},
@@ -291,6 +304,7 @@ func osImage() string {
 type nodeProvider struct {
 	rt      *client.Client
 	instant bool
+	disk    *diskManager // reports DiskPressure changes; nil with Instant
 }
 
 func (n *nodeProvider) Ping(ctx context.Context) error {
@@ -303,7 +317,13 @@ func (n *nodeProvider) Ping(ctx context.Context) error {
 	return err
 }
 
-func (n *nodeProvider) NotifyNodeStatus(context.Context, func(*corev1.Node)) {}
+func (n *nodeProvider) NotifyNodeStatus(_ context.Context, cb func(*corev1.Node)) {
+	if n.disk != nil {
+		n.disk.mu.Lock()
+		n.disk.notify = cb
+		n.disk.mu.Unlock()
+	}
+}
 
 // serveKubeletAPI starts the TLS kubelet API. As the kubelet in webhook
 // mode, clients authenticate with a certificate from the client CA (the

@@ -178,8 +178,8 @@ type runtimeComponent struct {
 
 func (r runtimeComponent) Name() string { return "runtimed" }
 func (r runtimeComponent) Command() supervisor.Command {
-	return supervisor.Command{Path: r.p.Cfg.Executable, Dir: r.p.Cfg.DataDir, Args: []string{RoleRuntime,
-		"--data-dir=" + r.p.Cfg.DataDir, "--socket=" + r.f.RuntimeSocket(), "--registries-config=" + r.p.Cfg.RegistriesConfig, "--max-pods=" + strconv.Itoa(r.p.Cfg.MaxPods)}}
+	return supervisor.Command{Path: r.p.Cfg.Executable, Dir: r.p.Cfg.DataDir, Args: append([]string{RoleRuntime,
+		"--data-dir=" + r.p.Cfg.DataDir, "--socket=" + r.f.RuntimeSocket(), "--registries-config=" + r.p.Cfg.RegistriesConfig, "--max-pods=" + strconv.Itoa(r.p.Cfg.MaxPods)}, r.p.Cfg.Disk.RuntimeArgs()...)}
 }
 func (r runtimeComponent) Ready(ctx context.Context) error {
 	c, err := (&net.Dialer{}).DialContext(ctx, "unix", r.f.RuntimeSocket())
@@ -207,6 +207,7 @@ func (n nodeComponent) Command() supervisor.Command {
 	if cfg.NodeInstant {
 		args = append(args, "--instant")
 	}
+	args = append(args, cfg.Disk.NodeArgs()...)
 	args = append(args, n.extra...)
 	return supervisor.Command{Path: cfg.Executable, Dir: cfg.DataDir, Args: args}
 }

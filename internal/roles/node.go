@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/k3sm-dev/k3sm/internal/controlplane"
 	"github.com/k3sm-dev/k3sm/internal/metrics"
 	"github.com/k3sm-dev/k3sm/internal/node"
 	"github.com/k3sm-dev/k3sm/internal/runtime/daemon"
@@ -29,6 +30,8 @@ func runRuntimed(args []string) int {
 	socket := fs.String("socket", "", "gRPC socket")
 	registries := fs.String("registries-config", "", "registries.yaml")
 	maxPods := fs.Int64("max-pods", 110, "pods this node runs at most")
+	logMaxSize := fs.Int64("container-log-max-size", 0, "rotate a container log at this many bytes (0: 10 MiB, negative: never)")
+	logMaxFiles := fs.Int("container-log-max-files", 0, "container log files kept, the live one included (0: 5)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -36,6 +39,7 @@ func runRuntimed(args []string) int {
 	defer stop()
 	err := daemon.Run(ctx, daemon.Config{
 		DataDir: *dataDir, Socket: *socket, RegistriesFile: *registries, MaxPods: *maxPods, Version: version.Version,
+		ContainerLogMaxSize: *logMaxSize, ContainerLogMaxFiles: *logMaxFiles,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
 	})
 	if err != nil {
@@ -62,6 +66,14 @@ func runNode(args []string) int {
 	fs.StringVar(&cfg.LocalPathDir, "local-path-dir", "", "where local-path volumes are made")
 	fs.BoolVar(&cfg.Instant, "instant", false, "benchmark floor: mark pods Running without starting them")
 	metrics.AddFlags(fs, &cfg.Metrics)
+	cfg.Disk = controlplane.DefaultDisk()
+	fs.IntVar(&cfg.Disk.ImageGCHighThresholdPercent, "image-gc-high-threshold", cfg.Disk.ImageGCHighThresholdPercent, "image GC starts above this percent of the image filesystem in use")
+	fs.IntVar(&cfg.Disk.ImageGCLowThresholdPercent, "image-gc-low-threshold", cfg.Disk.ImageGCLowThresholdPercent, "image GC frees down to this percent")
+	fs.DurationVar(&cfg.Disk.ImageMinimumGCAge, "image-minimum-gc-age", cfg.Disk.ImageMinimumGCAge, "minimum age of an image GC removes")
+	fs.DurationVar(&cfg.Disk.ImageGCPeriod, "image-gc-period", cfg.Disk.ImageGCPeriod, "how often image GC runs")
+	fs.StringVar(&cfg.Disk.EvictionHard, "eviction-hard", cfg.Disk.EvictionHard, "disk thresholds of DiskPressure")
+	fs.DurationVar(&cfg.Disk.EvictionPressureTransitionPeriod, "eviction-pressure-transition-period", cfg.Disk.EvictionPressureTransitionPeriod, "DiskPressure stays True this long after the last crossing")
+	fs.DurationVar(&cfg.Disk.HousekeepingInterval, "housekeeping-interval", cfg.Disk.HousekeepingInterval, "how often the disk is measured")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}

@@ -21,6 +21,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"gopkg.in/natefinch/lumberjack.v2"
 )
 
 // Component is one supervised piece of the server.
@@ -62,6 +64,11 @@ type Supervisor struct {
 	Log         *slog.Logger
 	Backoff     Backoff
 	StopTimeout time.Duration
+	// LogMaxSizeMB and LogMaxBackups rotate each child's log (lumberjack:
+	// <name>.log is renamed <name>-<time>.log.gz at the size, the oldest
+	// beyond the count removed). Set before Start.
+	LogMaxSizeMB  int
+	LogMaxBackups int
 
 	mu       sync.Mutex
 	children []*Child
@@ -78,14 +85,22 @@ func New(logDir string, log *slog.Logger) (*Supervisor, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Supervisor{LogDir: logDir, Log: log, Backoff: DefaultBackoff, StopTimeout: 15 * time.Second, pipeR: r, pipeW: w}, nil
+	return &Supervisor{LogDir: logDir, Log: log, Backoff: DefaultBackoff, StopTimeout: 15 * time.Second, pipeR: r, pipeW: w,
+		LogMaxSizeMB: DefaultLogMaxSizeMB, LogMaxBackups: DefaultLogMaxBackups}, nil
 }
+
+// Component logs rotate at 50 MB, 3 compressed backups kept.
+const (
+	DefaultLogMaxSizeMB  = 50
+	DefaultLogMaxBackups = 3
+)
 
 // Child is a running, supervised component.
 type Child struct {
 	c     Component
 	s     *Supervisor
 	ready chan struct{}
+	logw  *lumberjack.Logger // the child's log, across its restarts
 
 	mu       sync.Mutex
 	cmd      *exec.Cmd
@@ -100,6 +115,7 @@ type Child struct {
 // process has been started; use WaitReady to wait for health.
 func (s *Supervisor) Start(ctx context.Context, c Component) (*Child, error) {
 	ch := &Child{c: c, s: s, ready: make(chan struct{}), done: make(chan struct{}), stopCh: make(chan struct{})}
+	ch.logw = &lumberjack.Logger{Filename: ch.LogPath(), MaxSize: max(s.LogMaxSizeMB, 1), MaxBackups: s.LogMaxBackups, Compress: true}
 	if err := ch.spawn(); err != nil {
 		return nil, err
 	}
@@ -165,23 +181,22 @@ func (ch *Child) probeReady(ctx context.Context) {
 
 func (ch *Child) spawn() error {
 	spec := ch.c.Command()
-	logf, err := os.OpenFile(ch.LogPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("%s: open log: %w", ch.c.Name(), err)
-	}
+	// Through a pipe to the rotating writer (a file the child held would
+	// grow forever). The same writer for both: exec copies with one
+	// goroutine at a time.
 	cmd := exec.Command(spec.Path, spec.Args...)
 	cmd.Dir = spec.Dir
-	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Stdout, cmd.Stderr = ch.logw, ch.logw
+	// A descendant keeping the pipe open must not hold up Wait.
+	cmd.WaitDelay = 2 * time.Second
 	cmd.Env = append(append(os.Environ(), spec.Env...), ParentFDEnv+"=3")
 	cmd.ExtraFiles = []*os.File{ch.s.pipeR}
 	// Own process group: a terminal's Ctrl-C reaches only the supervisor,
 	// which then stops the children in order.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		logf.Close()
 		return fmt.Errorf("%s: start: %w", ch.c.Name(), err)
 	}
-	logf.Close()
 	ch.mu.Lock()
 	ch.cmd, ch.exited = cmd, make(chan struct{})
 	stopping := ch.stopping
@@ -205,6 +220,7 @@ func (ch *Child) sleep(d time.Duration) bool {
 
 func (ch *Child) supervise() {
 	defer close(ch.done)
+	defer ch.logw.Close()
 	delay := ch.s.Backoff.Initial
 	for {
 		ch.mu.Lock()

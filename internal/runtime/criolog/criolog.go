@@ -14,6 +14,9 @@ import (
 	"errors"
 	"io"
 	"os"
+	"path/filepath"
+	"sort"
+	"strings"
 	"sync"
 	"time"
 )
@@ -36,6 +39,11 @@ type Writer struct {
 	f    *os.File
 	now  func() time.Time
 	buf  []byte
+	size int64 // of the live file
+
+	// Rotation (SetRotation); zero maxSize: never rotate.
+	maxSize  int64
+	maxFiles int
 }
 
 // Create opens (appending) the log file at path.
@@ -44,20 +52,102 @@ func Create(path string) (*Writer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Writer{path: path, f: f, now: time.Now}, nil
+	w := &Writer{path: path, f: f, now: time.Now}
+	if fi, err := f.Stat(); err == nil {
+		w.size = fi.Size()
+	}
+	return w, nil
 }
+
+// SetRotation makes the writer rotate its file as the kubelet's container
+// log manager does (containerLogMaxSize, containerLogMaxFiles): once the
+// live file reaches maxSize bytes it is renamed to <path>.<timestamp>
+// (RotatedSuffix), a new file is opened at path, and the oldest rotated
+// files are removed so that at most maxFiles files (the live one included)
+// remain. maxSize 0 turns rotation off; maxFiles below 2 counts as 2.
+func (w *Writer) SetRotation(maxSize int64, maxFiles int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.maxSize, w.maxFiles = maxSize, max(maxFiles, 2)
+}
+
+// RotatedSuffix is the time layout appended to a rotated file's name (the
+// kubelet's "20060102-150405" with microseconds, so that two rotations in
+// one second sort and do not collide).
+const RotatedSuffix = "20060102-150405.000000"
 
 // Reopen closes and reopens the file at the same path (after a rotation).
 func (w *Writer) Reopen() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	return w.reopenLocked()
+}
+
+func (w *Writer) reopenLocked() error {
 	f, err := os.OpenFile(w.path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
 	if err != nil {
 		return err
 	}
 	old := w.f
 	w.f = f
+	w.size = 0
+	if fi, err := f.Stat(); err == nil {
+		w.size = fi.Size()
+	}
 	return old.Close()
+}
+
+// rotateLocked renames the live file aside, opens a new one and prunes.
+func (w *Writer) rotateLocked() error {
+	rotated := w.path + "." + w.now().UTC().Format(RotatedSuffix)
+	if _, err := os.Lstat(rotated); err == nil {
+		return nil // same microsecond: rotate on the next write
+	}
+	if err := os.Rename(w.path, rotated); err != nil {
+		return err
+	}
+	if err := w.reopenLocked(); err != nil {
+		return err
+	}
+	old := Rotated(w.path)
+	for len(old) > w.maxFiles-1 {
+		os.Remove(old[0])
+		old = old[1:]
+	}
+	return nil
+}
+
+// Rotated lists the rotated files of the log at path, oldest first.
+func Rotated(path string) []string {
+	dir, base := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range ents {
+		suffix, ok := strings.CutPrefix(e.Name(), base+".")
+		if !ok || len(suffix) != len(RotatedSuffix) {
+			continue
+		}
+		if _, err := time.Parse(RotatedSuffix, suffix); err != nil {
+			continue
+		}
+		out = append(out, filepath.Join(dir, e.Name()))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// RemoveAll removes the log at path and its rotated files.
+func RemoveAll(path string) {
+	for _, p := range Rotated(path) {
+		os.Remove(p)
+	}
+	os.Remove(path)
 }
 
 // Close closes the file.
@@ -83,7 +173,13 @@ func (w *Writer) WriteRecord(stream string, partial bool, content []byte) error 
 	b = append(b, content...)
 	b = append(b, '\n')
 	w.buf = b
-	_, err := w.f.Write(b)
+	n, err := w.f.Write(b)
+	w.size += int64(n)
+	if err == nil && w.maxSize > 0 && w.size >= w.maxSize {
+		// A rotation that fails (disk full, ...) must not stop the
+		// container's output: keep appending and try again next record.
+		w.rotateLocked()
+	}
 	return err
 }
 
@@ -169,6 +265,10 @@ type Reader struct {
 func NewReader(r io.Reader) *Reader {
 	return &Reader{br: bufio.NewReaderSize(r, 64*1024), pending: map[string]*Record{}}
 }
+
+// Reset continues reading from r (the next file of a rotated log): lines a
+// previous file left partial are completed from it.
+func (r *Reader) Reset(rd io.Reader) { r.br.Reset(rd) }
 
 // Next returns the next complete record. It returns io.EOF when no complete
 // record is available yet; a follower may call Next again after the file

@@ -53,12 +53,26 @@ type Config struct {
 	ImagePullBackOffMax  time.Duration
 	// EmptyDirCheckInterval: how often emptyDir sizeLimits are checked (10 s).
 	EmptyDirCheckInterval time.Duration
+	// ContainerLogMaxSize and ContainerLogMaxFiles rotate container logs as
+	// the kubelet's containerLogMaxSize / containerLogMaxFiles do: each
+	// container's shim renames its live log to <n>.log.<timestamp> once it
+	// reaches the size and keeps at most that many files (the live one
+	// included). Zero takes the kubelet's 10 MiB and 5; a negative size
+	// never rotates.
+	ContainerLogMaxSize  int64
+	ContainerLogMaxFiles int
 	// Version is reported by GetRuntimeInfo.
 	Version string
 	Logger  *slog.Logger
 	// OnReady, if set, is called once the socket accepts calls.
 	OnReady func()
 }
+
+// The kubelet's containerLogMaxSize and containerLogMaxFiles.
+const (
+	DefaultContainerLogMaxSize  = 10 << 20
+	DefaultContainerLogMaxFiles = 5
+)
 
 // DefaultSocket is the socket path for a data dir.
 func DefaultSocket(dataDir string) string { return filepath.Join(dataDir, "run", "runtime.sock") }
@@ -85,6 +99,15 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if cfg.MaxPods <= 0 {
 		cfg.MaxPods = 110
+	}
+	switch {
+	case cfg.ContainerLogMaxSize == 0:
+		cfg.ContainerLogMaxSize = DefaultContainerLogMaxSize
+	case cfg.ContainerLogMaxSize < 0:
+		cfg.ContainerLogMaxSize = 0
+	}
+	if cfg.ContainerLogMaxFiles <= 0 {
+		cfg.ContainerLogMaxFiles = DefaultContainerLogMaxFiles
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -134,7 +157,8 @@ func Run(ctx context.Context, cfg Config) error {
 	mgr, err := pod.NewManager(pod.Config{DataDir: dataDir, Images: store, Starter: starter,
 		CrashLoopBackOffBase: cfg.CrashLoopBackOffBase, CrashLoopBackOffMax: cfg.CrashLoopBackOffMax,
 		BackOffResetAfter: cfg.BackOffResetAfter, ImagePullBackOffBase: cfg.ImagePullBackOffBase,
-		ImagePullBackOffMax: cfg.ImagePullBackOffMax, EmptyDirCheckInterval: cfg.EmptyDirCheckInterval, Logger: log})
+		ImagePullBackOffMax: cfg.ImagePullBackOffMax, EmptyDirCheckInterval: cfg.EmptyDirCheckInterval,
+		ContainerLogMaxSize: cfg.ContainerLogMaxSize, ContainerLogMaxFiles: cfg.ContainerLogMaxFiles, Logger: log})
 	if err != nil {
 		ln.Close()
 		return err

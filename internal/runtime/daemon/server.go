@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -224,7 +225,7 @@ func (s *server) GetLogs(req *runtimev1.GetLogsRequest, stream runtimev1.Runtime
 		}
 	}
 	path := filepath.Join(info.LogDir, strconv.Itoa(int(n))+".log")
-	f, err := os.Open(path)
+	files, err := criolog.OpenFiles(path)
 	if os.IsNotExist(err) {
 		st, _ := s.mgr.Status(req.GetPodUid())
 		reason := "ContainerCreating"
@@ -238,70 +239,95 @@ func (s *server) GetLogs(req *runtimev1.GetLogsRequest, stream runtimev1.Runtime
 	if err != nil {
 		return status.Error(codes.Internal, err.Error())
 	}
-	defer f.Close()
 	w := &logWriter{stream: stream, limit: -1, timestamps: req.GetTimestamps()}
 	if req.LimitBytes != nil {
 		w.limit = req.GetLimitBytes()
 	}
-	var since time.Time
+	o := logOptions{tail: -1, follow: req.GetFollow() && !req.GetPrevious()}
 	if req.GetSinceTime() != nil {
-		since = req.GetSinceTime().AsTime()
+		o.since = req.GetSinceTime().AsTime()
 	}
-	r := criolog.NewReader(f)
-	// Everything present now, then the tail of it.
-	var recs []criolog.Record
-	tail := int64(-1)
 	if req.TailLines != nil {
-		tail = req.GetTailLines()
+		o.tail = req.GetTailLines()
 	}
+	running := func() bool { return s.mgr.AttemptRunning(req.GetPodUid(), name, n) }
+	return sendLogs(stream.Context(), path, files, o, w, running)
+}
+
+type logOptions struct {
+	since  time.Time
+	tail   int64 // lines; -1 all
+	follow bool
+}
+
+// sendLogs streams the log at path (files: its rotated files and the live
+// one, as criolog.OpenFiles returns them; closed here) to w: from the start
+// of the last o.tail lines (found reading backwards), through the rotated
+// files into the live one, and with o.follow on into the files that replace
+// it as it is rotated, until running reports the attempt ended. Nothing is
+// held beyond one record and w's send buffer.
+func sendLogs(ctx context.Context, path string, files []*os.File, o logOptions, w *logWriter, running func() bool) error {
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	cur := 0
+	var off int64
+	if o.tail >= 0 {
+		var err error
+		if cur, off, err = criolog.TailStart(files, o.tail); err != nil {
+			return status.Error(codes.Internal, err.Error())
+		}
+	}
+	if _, err := files[cur].Seek(off, io.SeekStart); err != nil {
+		return status.Error(codes.Internal, err.Error())
+	}
+	r := criolog.NewReader(files[cur])
+	// next reads across files: at the end of one it goes on in the next.
+	next := func() (criolog.Record, error) {
+		for {
+			rec, err := r.Next()
+			if err == io.EOF && cur < len(files)-1 {
+				cur++
+				r.Reset(files[cur])
+				continue
+			}
+			return rec, err
+		}
+	}
+	exited := false
 	for {
-		rec, err := r.Next()
-		if err != nil {
-			break
-		}
-		if rec.Time.Before(since) {
-			continue
-		}
-		recs = append(recs, rec)
-		if tail >= 0 && int64(len(recs)) > tail {
-			recs = recs[1:]
-		}
-	}
-	for _, rec := range recs {
-		if done, err := w.write(rec); done || err != nil {
-			return w.flush(err)
-		}
-	}
-	if err := w.flush(nil); err != nil || !req.GetFollow() || req.GetPrevious() {
-		return err
-	}
-	for {
-		rec, err := r.Next()
+		rec, err := next()
 		if err == nil {
-			if !rec.Time.Before(since) {
-				if done, err := w.write(rec); done || err != nil {
-					return w.flush(err)
-				}
+			if rec.Time.Before(o.since) {
+				continue
+			}
+			if done, err := w.write(rec); done || err != nil {
+				return w.flush(err)
 			}
 			continue
 		}
-		if err := w.flush(nil); err != nil {
+		if err := w.flush(nil); err != nil || !o.follow {
 			return err
 		}
-		if !s.mgr.AttemptRunning(req.GetPodUid(), name, n) {
-			// One last read: the shim may have written before exiting.
-			for {
-				rec, err := r.Next()
-				if err != nil {
-					return w.flush(nil)
-				}
-				if done, err := w.write(rec); done || err != nil {
-					return w.flush(err)
-				}
-			}
+		// At the end of the live file: if it was rotated, finish it and go
+		// on in the new one.
+		if nf := criolog.Replaced(path, files[len(files)-1]); len(nf) > 0 {
+			files = append(files, nf...)
+			continue
+		}
+		if exited {
+			return nil
+		}
+		if !running() {
+			// One last pass: the shim may have written (or rotated)
+			// before exiting.
+			exited = true
+			continue
 		}
 		select {
-		case <-stream.Context().Done():
+		case <-ctx.Done():
 			return nil
 		case <-time.After(100 * time.Millisecond):
 		}

@@ -54,7 +54,11 @@ type Config struct {
 	// EmptyDirCheckInterval is how often emptyDir usage is measured against
 	// sizeLimit (10 s; the kubelet's eviction manager also runs every 10 s).
 	EmptyDirCheckInterval time.Duration
-	Logger                *slog.Logger
+	// ContainerLogMaxSize and ContainerLogMaxFiles rotate container logs
+	// (the shim rotates its own); zero size: never.
+	ContainerLogMaxSize  int64
+	ContainerLogMaxFiles int
+	Logger               *slog.Logger
 }
 
 // ErrNotFound is returned for an unknown pod or container.

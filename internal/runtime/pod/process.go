@@ -17,6 +17,9 @@ type ProcessSpec struct {
 	Env     []string
 	Dir     string
 	LogPath string
+	// LogMaxSize and LogMaxFiles rotate the log (0: never).
+	LogMaxSize  int64
+	LogMaxFiles int
 	// StateDir is a directory private to this attempt where the starter may
 	// keep its files (the shim's config, exit status, socket).
 	StateDir string

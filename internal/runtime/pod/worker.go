@@ -15,6 +15,7 @@ import (
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/runtime/clone"
+	"github.com/k3sm-dev/k3sm/internal/runtime/criolog"
 	"github.com/k3sm-dev/k3sm/internal/runtime/image"
 )
 
@@ -274,7 +275,7 @@ func (p *podRT) runOnce(ctx context.Context, c *ctr) outcome {
 	// the previous log for --previous).
 	if n >= 2 {
 		os.RemoveAll(filepath.Join(p.dir, "attempts", name, strconv.Itoa(int(n-2))))
-		os.Remove(filepath.Join(p.logDir(), name, strconv.Itoa(int(n-2))+".log"))
+		criolog.RemoveAll(filepath.Join(p.logDir(), name, strconv.Itoa(int(n-2))+".log"))
 	}
 
 	fail := func(msg string) outcome {
@@ -322,7 +323,8 @@ func (p *podRT) runOnce(ctx context.Context, c *ctr) outcome {
 		return fail(err.Error())
 	}
 	proc, err := p.m.cfg.Starter.Start(ctx, ProcessSpec{ID: attempt, Argv: res.Argv, Env: res.Env, Dir: res.Dir,
-		LogPath: filepath.Join(p.logDir(), name, strconv.Itoa(int(n))+".log"), StateDir: c.stateDir,
+		LogPath:    filepath.Join(p.logDir(), name, strconv.Itoa(int(n))+".log"),
+		LogMaxSize: p.m.cfg.ContainerLogMaxSize, LogMaxFiles: p.m.cfg.ContainerLogMaxFiles, StateDir: c.stateDir,
 		Stdin: cspec.GetStdin(), StdinOnce: cspec.GetStdinOnce(), TTY: cspec.GetTty(), Mounts: ms})
 	release()
 	if err != nil {

@@ -65,6 +65,11 @@ type Config struct {
 	// shim applies them there before it starts the workload, which
 	// inherits the namespace; elsewhere they become symlinks.
 	Mounts []mounts.Mount `json:"mounts,omitempty"`
+	// LogMaxSize and LogMaxFiles rotate the log (criolog.Writer.SetRotation:
+	// the kubelet's containerLogMaxSize / containerLogMaxFiles); zero size
+	// never rotates.
+	LogMaxSize  int64 `json:"logMaxSize,omitempty"`
+	LogMaxFiles int   `json:"logMaxFiles,omitempty"`
 }
 
 // Ready is the start-up report on ReadyFD.
@@ -171,6 +176,7 @@ func start(dir string) (*server, error) {
 	if s.log, err = criolog.Create(s.cfg.LogPath); err != nil {
 		return nil, err
 	}
+	s.log.SetRotation(s.cfg.LogMaxSize, s.cfg.LogMaxFiles)
 	os.Remove(s.cfg.Socket)
 	s.ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: s.cfg.Socket, Net: "unix"})
 	if err != nil {

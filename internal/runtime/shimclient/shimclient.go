@@ -52,7 +52,8 @@ func (s *Starter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process,
 	if err := os.MkdirAll(spec.StateDir, 0o700); err != nil {
 		return nil, err
 	}
-	cfg := shim.Config{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, LogPath: spec.LogPath, Socket: s.socketPath(spec.ID),
+	cfg := shim.Config{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, LogPath: spec.LogPath,
+		LogMaxSize: spec.LogMaxSize, LogMaxFiles: spec.LogMaxFiles, Socket: s.socketPath(spec.ID),
 		Stdin: spec.Stdin, StdinOnce: spec.StdinOnce, TTY: spec.TTY, Mounts: spec.Mounts}
 	if len(cfg.Socket) > 100 {
 		return nil, fmt.Errorf("shim socket path %s is %d bytes, over the unix socket limit: use a shorter data dir", cfg.Socket, len(cfg.Socket))

@@ -1,0 +1,152 @@
+package controlplane
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+)
+
+// DiskConfig is how the node keeps its disk in check, with the kubelet's
+// defaults: container log rotation (done by the runtime daemon's shims),
+// image garbage collection and the DiskPressure condition (done by the
+// node).
+type DiskConfig struct {
+	// ContainerLogMaxSize (a quantity, "10Mi") and ContainerLogMaxFiles:
+	// the kubelet's containerLogMaxSize / containerLogMaxFiles.
+	ContainerLogMaxSize  string
+	ContainerLogMaxFiles int
+	// Image GC: above High percent of the image filesystem in use, unused
+	// images are removed, least recently used first, until usage is below
+	// Low; never an image younger than MinimumAge (imageGCHighThreshold-
+	// Percent 85, imageGCLowThresholdPercent 80, imageMinimumGCAge 2m).
+	// GCPeriod is how often it runs (the kubelet's 5 m).
+	ImageGCHighThresholdPercent int
+	ImageGCLowThresholdPercent  int
+	ImageMinimumGCAge           time.Duration
+	ImageGCPeriod               time.Duration
+	// EvictionHard is the kubelet's --eviction-hard for the disk signals
+	// (nodefs.available, nodefs.inodesFree, imagefs.available): DiskPressure
+	// is True while one is below its threshold, and stays True for
+	// EvictionPressureTransitionPeriod after the last time one was.
+	EvictionHard                     string
+	EvictionPressureTransitionPeriod time.Duration
+	// HousekeepingInterval is how often the disk is measured (10 s).
+	HousekeepingInterval time.Duration
+}
+
+// DefaultDisk is the kubelet's defaults.
+func DefaultDisk() DiskConfig {
+	return DiskConfig{
+		ContainerLogMaxSize: "10Mi", ContainerLogMaxFiles: 5,
+		ImageGCHighThresholdPercent: 85, ImageGCLowThresholdPercent: 80, ImageMinimumGCAge: 2 * time.Minute, ImageGCPeriod: 5 * time.Minute,
+		EvictionHard:                     "nodefs.available<10%,imagefs.available<15%,nodefs.inodesFree<5%",
+		EvictionPressureTransitionPeriod: 5 * time.Minute,
+		HousekeepingInterval:             10 * time.Second,
+	}
+}
+
+// ContainerLogMaxBytes is ContainerLogMaxSize in bytes.
+func (d DiskConfig) ContainerLogMaxBytes() (int64, error) {
+	q, err := resource.ParseQuantity(d.ContainerLogMaxSize)
+	if err != nil {
+		return 0, err
+	}
+	return q.Value(), nil
+}
+
+// EvictionThresholds parses EvictionHard: signal -> a percentage (0-100) or
+// an absolute quantity in bytes/inodes.
+type EvictionThreshold struct {
+	Signal  string
+	Percent float64 // when set
+	Value   int64   // when Percent is 0
+}
+
+// ParseEvictionHard parses "signal<quantity|percent%,...".
+func ParseEvictionHard(s string) ([]EvictionThreshold, error) {
+	var out []EvictionThreshold
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		sig, val, ok := strings.Cut(part, "<")
+		if !ok {
+			return nil, fmt.Errorf("%q: want signal<value, e.g. nodefs.available<10%%", part)
+		}
+		switch sig {
+		case "nodefs.available", "nodefs.inodesFree", "imagefs.available", "imagefs.inodesFree":
+		default:
+			return nil, fmt.Errorf("%q: unknown signal %q (k3sm reports disk pressure from nodefs.available, nodefs.inodesFree, imagefs.available, imagefs.inodesFree)", part, sig)
+		}
+		t := EvictionThreshold{Signal: sig}
+		if p, ok := strings.CutSuffix(val, "%"); ok {
+			f, err := strconv.ParseFloat(p, 64)
+			if err != nil || f <= 0 || f > 100 {
+				return nil, fmt.Errorf("%q: percentage must be in (0, 100]", part)
+			}
+			t.Percent = f
+		} else {
+			q, err := resource.ParseQuantity(val)
+			if err != nil {
+				return nil, fmt.Errorf("%q: %v", part, err)
+			}
+			t.Value = q.Value()
+		}
+		out = append(out, t)
+	}
+	return out, nil
+}
+
+func (d *DiskConfig) validate(add func(flag, value, problem, fix string)) {
+	if n, err := d.ContainerLogMaxBytes(); err != nil || n < 0 {
+		add("container-log-max-size", d.ContainerLogMaxSize, "not a size", "use a quantity such as 10Mi (0 turns rotation off)")
+	}
+	if d.ContainerLogMaxFiles < 2 {
+		add("container-log-max-files", fmt.Sprint(d.ContainerLogMaxFiles), "must be at least 2", "use e.g. 5 (the live file and 4 rotated ones)")
+	}
+	h, l := d.ImageGCHighThresholdPercent, d.ImageGCLowThresholdPercent
+	if h < 0 || h > 100 {
+		add("image-gc-high-threshold", fmt.Sprint(h), "must be a percentage from 0 to 100", "use e.g. 85 (100 turns image GC off)")
+	}
+	if l < 0 || l > 100 || l > h {
+		add("image-gc-low-threshold", fmt.Sprint(l), "must be a percentage from 0 to --image-gc-high-threshold", "use e.g. 80")
+	}
+	if d.ImageMinimumGCAge < 0 {
+		add("image-minimum-gc-age", d.ImageMinimumGCAge.String(), "must not be negative", "use e.g. 2m")
+	}
+	if _, err := ParseEvictionHard(d.EvictionHard); err != nil {
+		add("eviction-hard", d.EvictionHard, err.Error(), "use e.g. nodefs.available<10%,imagefs.available<15%,nodefs.inodesFree<5%")
+	}
+	if d.ImageGCPeriod <= 0 {
+		d.ImageGCPeriod = 5 * time.Minute
+	}
+	if d.HousekeepingInterval <= 0 {
+		d.HousekeepingInterval = 10 * time.Second
+	}
+}
+
+// RuntimeArgs are the runtime daemon's flags for it.
+func (d DiskConfig) RuntimeArgs() []string {
+	n, _ := d.ContainerLogMaxBytes()
+	if n == 0 {
+		n = -1 // off
+	}
+	return []string{"--container-log-max-size=" + strconv.FormatInt(n, 10), "--container-log-max-files=" + strconv.Itoa(d.ContainerLogMaxFiles)}
+}
+
+// NodeArgs are the node's flags for it.
+func (d DiskConfig) NodeArgs() []string {
+	return []string{
+		"--image-gc-high-threshold=" + strconv.Itoa(d.ImageGCHighThresholdPercent),
+		"--image-gc-low-threshold=" + strconv.Itoa(d.ImageGCLowThresholdPercent),
+		"--image-minimum-gc-age=" + d.ImageMinimumGCAge.String(),
+		"--image-gc-period=" + d.ImageGCPeriod.String(),
+		"--eviction-hard=" + d.EvictionHard,
+		"--eviction-pressure-transition-period=" + d.EvictionPressureTransitionPeriod.String(),
+		"--housekeeping-interval=" + d.HousekeepingInterval.String(),
+	}
+}
