@@ -101,6 +101,9 @@ func TestIntegrationEphemeralContainers(t *testing.T) {
 		return ephStatus(st, "sleeper").GetState().GetRunning() != nil
 	})
 	before := ephStatus(st, "sleeper")
+	if before.GetReady() || !st.GetContainersReady() {
+		t.Fatalf("a running ephemeral container is never ready, and does not count:\n%s", prettyStatus(st))
+	}
 	e.waitLog2(spec.Uid, "sleeper", "up\n")
 	e.stop()
 	e.startInProcess()

@@ -908,9 +908,7 @@ func (p *podRT) statusLocked() *runtimev1.PodStatus {
 		}
 	}
 	for _, c := range p.eph {
-		cs := c.apiStatus()
-		cs.Ready = false
-		st.EphemeralContainerStatuses = append(st.EphemeralContainerStatuses, cs)
+		st.EphemeralContainerStatuses = append(st.EphemeralContainerStatuses, c.apiStatus())
 	}
 	st.Phase = computePhase(p.spec.GetRestartPolicy(), st.InitContainerStatuses, st.ContainerStatuses, sidecars, mainRan)
 	if p.evicted != "" {
@@ -941,9 +939,9 @@ func (c *ctr) apiStatus() *runtimev1.ContainerStatus {
 			StartedAt: timestamppb.New(c.state.Running.StartedAt)}}}
 		// Started once postStart completed and the startup probe passed;
 		// ready while the readiness probe passes (regular init containers
-		// are never ready).
+		// and ephemeral containers are never ready).
 		cs.Started = c.probeStarted
-		cs.Ready = c.probeStarted && c.probeReady && (!c.init || c.sidecar())
+		cs.Ready = c.probeStarted && c.probeReady && (!c.init || c.sidecar()) && !c.ephemeral
 	case c.state.Terminated != nil:
 		cs.State = termProto(c.state.Terminated)
 	default:
