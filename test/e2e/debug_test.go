@@ -3,10 +3,13 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/creack/pty"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -25,7 +28,8 @@ func ephemeralStatus(p *corev1.Pod, name string) *corev1.ContainerStatus {
 // TestKubectlDebug runs `kubectl debug` against a running pod: the
 // ephemeral container starts (once), runs in the target container's mount
 // namespace so it sees the target's volume, and reports its output, exit
-// code and events; `kubectl debug -i` attaches to its stdin.
+// code and events; `kubectl debug -i` attaches to its stdin, `-it` to its
+// terminal.
 func TestKubectlDebug(t *testing.T) {
 	imgs := buildImages(t)
 	s := newServer(t)
@@ -137,5 +141,35 @@ func TestKubectlDebug(t *testing.T) {
 		if n := len(pod.Status.EphemeralContainerStatuses); n != 2 {
 			t.Fatalf("%d ephemeral statuses, want 2: %+v", n, pod.Status.EphemeralContainerStatuses)
 		}
+	})
+
+	t.Run("interactive -it through a pty", func(t *testing.T) {
+		cmd := s.kubectlCmd("debug", "-it", "web", "--image="+imgs.prog, "--target=main", "-c", "term", "--", "sh")
+		cmd.Env = append(os.Environ(), "TERM=xterm")
+		term, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 24, Cols: 80})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer term.Close()
+		out := &outBuf{}
+		go io.Copy(out, term)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		defer cmd.Process.Kill()
+		out.waitFor(t, "If you don't see a command prompt", 2*time.Minute)
+		io.WriteString(term, "test -t 0 && echo IS-$((6*7))-TTY; cat /data/note; exit 4\r")
+		out.waitFor(t, "IS-42-TTY", 30*time.Second)
+		out.waitFor(t, "written-by-target", 10*time.Second)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("kubectl debug -it did not end after exit; output %q", out.String())
+		}
+		waitPod(t, c, "web", time.Minute, func(p *corev1.Pod) error {
+			if cs := ephemeralStatus(p, "term"); cs == nil || cs.State.Terminated == nil || cs.State.Terminated.ExitCode != 4 {
+				return fmt.Errorf("ephemeral statuses %+v", p.Status.EphemeralContainerStatuses)
+			}
+			return nil
+		})
 	})
 }
