@@ -124,6 +124,10 @@ func Run(ctx context.Context, cfg Config) error {
 		tr.protectedDirs = []string{cfg.DataDir}
 	}
 	prov := newProvider(rt, tr, cfg.IP, recorder, log, cfg.Instant)
+	tr.ephemeralFailed = func(pod *corev1.Pod, container string, err error) {
+		log.Warn("ephemeral container left out", "pod", pod.Namespace+"/"+pod.Name, "container", container, "err", err)
+		prov.event(pod, container, corev1.EventTypeWarning, "Failed", "Error: "+err.Error())
+	}
 	prov.remove = func(ns, name string, uid types.UID) {
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()

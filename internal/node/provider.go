@@ -268,6 +268,7 @@ func (p *Provider) finished(uid types.UID) {
 		}
 		terminate(pod.Status.InitContainerStatuses)
 		terminate(pod.Status.ContainerStatuses)
+		terminate(pod.Status.EphemeralContainerStatuses)
 		if pod.Status.Phase != corev1.PodSucceeded {
 			pod.Status.Phase = corev1.PodFailed
 		}
@@ -415,6 +416,11 @@ func containerFieldPath(pod *corev1.Pod, name string) string {
 	for _, c := range pod.Spec.InitContainers {
 		if c.Name == name {
 			return "spec.initContainers{" + name + "}"
+		}
+	}
+	for _, c := range pod.Spec.EphemeralContainers {
+		if c.Name == name {
+			return "spec.ephemeralContainers{" + name + "}"
 		}
 	}
 	return "spec.containers{" + name + "}"

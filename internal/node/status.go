@@ -41,6 +41,12 @@ func podStatus(pod *corev1.Pod, rs *runtimev1.PodStatus, nodeIP string) corev1.P
 	for _, cs := range rs.ContainerStatuses {
 		st.ContainerStatuses = append(st.ContainerStatuses, containerStatus(cs))
 	}
+	for _, cs := range rs.EphemeralContainerStatuses {
+		ecs := containerStatus(cs)
+		// The kubelet reports neither for ephemeral containers.
+		ecs.Ready, ecs.Started = false, nil
+		st.EphemeralContainerStatuses = append(st.EphemeralContainerStatuses, ecs)
+	}
 	terminal := st.Phase == corev1.PodSucceeded || st.Phase == corev1.PodFailed
 	ready := rs.ContainersReady && !terminal
 	st.Conditions = []corev1.PodCondition{

@@ -98,6 +98,8 @@ type translator struct {
 	protectedDirs []string
 	tokens        *tokenCache
 	now           func() time.Time // tests
+	// ephemeralFailed reports an ephemeral container left out of the spec.
+	ephemeralFailed func(pod *corev1.Pod, container string, err error)
 }
 
 func (t *translator) podSpec(ctx context.Context, pod *corev1.Pod) (*runtimev1.PodSpec, error) {
@@ -148,7 +150,30 @@ func (t *translator) podSpec(ctx context.Context, pod *corev1.Pod) (*runtimev1.P
 		}
 		spec.Containers = append(spec.Containers, cs)
 	}
+	spec.EphemeralContainers = t.ephemeralContainers(ctx, pod)
 	return spec, nil
+}
+
+// ephemeralContainers translates the pod's ephemeral containers (kubectl
+// debug). The API gives them the fields of a container minus probes,
+// lifecycle, ports and resources, so they translate as one. One whose
+// environment cannot be resolved is left out (and reported by
+// ephemeralFailed) instead of failing the whole pod: the pod runs already.
+func (t *translator) ephemeralContainers(ctx context.Context, pod *corev1.Pod) []*runtimev1.EphemeralContainerSpec {
+	var out []*runtimev1.EphemeralContainerSpec
+	for _, ec := range pod.Spec.EphemeralContainers {
+		c := corev1.Container(ec.EphemeralContainerCommon)
+		c.LivenessProbe, c.ReadinessProbe, c.StartupProbe, c.Lifecycle, c.Ports = nil, nil, nil, nil, nil
+		cs, err := t.container(ctx, pod, &c)
+		if err != nil {
+			if t.ephemeralFailed != nil {
+				t.ephemeralFailed(pod, ec.Name, err)
+			}
+			continue
+		}
+		out = append(out, &runtimev1.EphemeralContainerSpec{Container: cs, TargetContainerName: ec.TargetContainerName})
+	}
+	return out
 }
 
 func restartPolicy(p corev1.RestartPolicy) runtimev1.RestartPolicy {

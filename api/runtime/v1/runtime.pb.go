@@ -342,7 +342,7 @@ func (x WatchPodStatusResponse_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchPodStatusResponse_Kind.Descriptor instead.
 func (WatchPodStatusResponse_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{41, 0}
+	return file_runtime_proto_rawDescGZIP(), []int{42, 0}
 }
 
 // PodSpec is what the provider resolved from the Kubernetes Pod.
@@ -369,9 +369,15 @@ type PodSpec struct {
 	// The pod's volumes, resolved by the provider (configMap / secret /
 	// downwardAPI / projected content materialized as files, PVCs as the
 	// local directory of their PersistentVolume).
-	Volumes       []*Volume `protobuf:"bytes,20,rep,name=volumes,proto3" json:"volumes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Volumes []*Volume `protobuf:"bytes,20,rep,name=volumes,proto3" json:"volumes,omitempty"`
+	// Ephemeral containers (kubectl debug), in the order they were added. The
+	// list only grows: an UpdatePod that adds one starts it. Each runs once and
+	// is never restarted (restartPolicy Never, whatever the pod's), takes no
+	// part in the pod's phase or readiness, has no probes, and stops with the
+	// pod.
+	EphemeralContainers []*EphemeralContainerSpec `protobuf:"bytes,21,rep,name=ephemeral_containers,json=ephemeralContainers,proto3" json:"ephemeral_containers,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *PodSpec) Reset() {
@@ -495,6 +501,73 @@ func (x *PodSpec) GetVolumes() []*Volume {
 	return nil
 }
 
+func (x *PodSpec) GetEphemeralContainers() []*EphemeralContainerSpec {
+	if x != nil {
+		return x.EphemeralContainers
+	}
+	return nil
+}
+
+// EphemeralContainerSpec is a debugging container added to a running pod.
+type EphemeralContainerSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Name, image, command, args, env, working dir, stdin/tty and volume
+	// mounts are used as for other containers; probes, lifecycle, ports and
+	// resources are not allowed by the API and ignored.
+	Container *ContainerSpec `protobuf:"bytes,1,opt,name=container,proto3" json:"container,omitempty"`
+	// The container whose namespaces it joins (kubectl debug --target): it
+	// runs in that container's mount namespace, so it sees that container's
+	// volumes. Its own volume mounts apply only when the target has no mount
+	// namespace of its own. The target must be running when it starts.
+	TargetContainerName string `protobuf:"bytes,2,opt,name=target_container_name,json=targetContainerName,proto3" json:"target_container_name,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *EphemeralContainerSpec) Reset() {
+	*x = EphemeralContainerSpec{}
+	mi := &file_runtime_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EphemeralContainerSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EphemeralContainerSpec) ProtoMessage() {}
+
+func (x *EphemeralContainerSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_runtime_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EphemeralContainerSpec.ProtoReflect.Descriptor instead.
+func (*EphemeralContainerSpec) Descriptor() ([]byte, []int) {
+	return file_runtime_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *EphemeralContainerSpec) GetContainer() *ContainerSpec {
+	if x != nil {
+		return x.Container
+	}
+	return nil
+}
+
+func (x *EphemeralContainerSpec) GetTargetContainerName() string {
+	if x != nil {
+		return x.TargetContainerName
+	}
+	return ""
+}
+
 type ContainerSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -538,7 +611,7 @@ type ContainerSpec struct {
 
 func (x *ContainerSpec) Reset() {
 	*x = ContainerSpec{}
-	mi := &file_runtime_proto_msgTypes[1]
+	mi := &file_runtime_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -550,7 +623,7 @@ func (x *ContainerSpec) String() string {
 func (*ContainerSpec) ProtoMessage() {}
 
 func (x *ContainerSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[1]
+	mi := &file_runtime_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -563,7 +636,7 @@ func (x *ContainerSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerSpec.ProtoReflect.Descriptor instead.
 func (*ContainerSpec) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{1}
+	return file_runtime_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ContainerSpec) GetName() string {
@@ -715,7 +788,7 @@ type EnvVar struct {
 
 func (x *EnvVar) Reset() {
 	*x = EnvVar{}
-	mi := &file_runtime_proto_msgTypes[2]
+	mi := &file_runtime_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -727,7 +800,7 @@ func (x *EnvVar) String() string {
 func (*EnvVar) ProtoMessage() {}
 
 func (x *EnvVar) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[2]
+	mi := &file_runtime_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -740,7 +813,7 @@ func (x *EnvVar) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvVar.ProtoReflect.Descriptor instead.
 func (*EnvVar) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{2}
+	return file_runtime_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *EnvVar) GetName() string {
@@ -775,7 +848,7 @@ type ContainerPort struct {
 
 func (x *ContainerPort) Reset() {
 	*x = ContainerPort{}
-	mi := &file_runtime_proto_msgTypes[3]
+	mi := &file_runtime_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -787,7 +860,7 @@ func (x *ContainerPort) String() string {
 func (*ContainerPort) ProtoMessage() {}
 
 func (x *ContainerPort) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[3]
+	mi := &file_runtime_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -800,7 +873,7 @@ func (x *ContainerPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerPort.ProtoReflect.Descriptor instead.
 func (*ContainerPort) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{3}
+	return file_runtime_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ContainerPort) GetName() string {
@@ -838,7 +911,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_runtime_proto_msgTypes[4]
+	mi := &file_runtime_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -850,7 +923,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[4]
+	mi := &file_runtime_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -863,7 +936,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{4}
+	return file_runtime_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Resources) GetCpuRequestMillis() int64 {
@@ -910,7 +983,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_runtime_proto_msgTypes[5]
+	mi := &file_runtime_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -922,7 +995,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[5]
+	mi := &file_runtime_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -935,7 +1008,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{5}
+	return file_runtime_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Volume) GetName() string {
@@ -1028,7 +1101,7 @@ type EmptyDirVolume struct {
 
 func (x *EmptyDirVolume) Reset() {
 	*x = EmptyDirVolume{}
-	mi := &file_runtime_proto_msgTypes[6]
+	mi := &file_runtime_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1040,7 +1113,7 @@ func (x *EmptyDirVolume) String() string {
 func (*EmptyDirVolume) ProtoMessage() {}
 
 func (x *EmptyDirVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[6]
+	mi := &file_runtime_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1053,7 +1126,7 @@ func (x *EmptyDirVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmptyDirVolume.ProtoReflect.Descriptor instead.
 func (*EmptyDirVolume) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{6}
+	return file_runtime_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *EmptyDirVolume) GetSizeLimitBytes() int64 {
@@ -1081,7 +1154,7 @@ type FilesVolume struct {
 
 func (x *FilesVolume) Reset() {
 	*x = FilesVolume{}
-	mi := &file_runtime_proto_msgTypes[7]
+	mi := &file_runtime_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1093,7 +1166,7 @@ func (x *FilesVolume) String() string {
 func (*FilesVolume) ProtoMessage() {}
 
 func (x *FilesVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[7]
+	mi := &file_runtime_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1106,7 +1179,7 @@ func (x *FilesVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FilesVolume.ProtoReflect.Descriptor instead.
 func (*FilesVolume) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{7}
+	return file_runtime_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *FilesVolume) GetFiles() []*VolumeFile {
@@ -1127,7 +1200,7 @@ type VolumeFile struct {
 
 func (x *VolumeFile) Reset() {
 	*x = VolumeFile{}
-	mi := &file_runtime_proto_msgTypes[8]
+	mi := &file_runtime_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1139,7 +1212,7 @@ func (x *VolumeFile) String() string {
 func (*VolumeFile) ProtoMessage() {}
 
 func (x *VolumeFile) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[8]
+	mi := &file_runtime_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1152,7 +1225,7 @@ func (x *VolumeFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeFile.ProtoReflect.Descriptor instead.
 func (*VolumeFile) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{8}
+	return file_runtime_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *VolumeFile) GetPath() string {
@@ -1186,7 +1259,7 @@ type HostPathVolume struct {
 
 func (x *HostPathVolume) Reset() {
 	*x = HostPathVolume{}
-	mi := &file_runtime_proto_msgTypes[9]
+	mi := &file_runtime_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1198,7 +1271,7 @@ func (x *HostPathVolume) String() string {
 func (*HostPathVolume) ProtoMessage() {}
 
 func (x *HostPathVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[9]
+	mi := &file_runtime_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1211,7 +1284,7 @@ func (x *HostPathVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostPathVolume.ProtoReflect.Descriptor instead.
 func (*HostPathVolume) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{9}
+	return file_runtime_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HostPathVolume) GetPath() string {
@@ -1237,7 +1310,7 @@ type LocalPathVolume struct {
 
 func (x *LocalPathVolume) Reset() {
 	*x = LocalPathVolume{}
-	mi := &file_runtime_proto_msgTypes[10]
+	mi := &file_runtime_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1249,7 +1322,7 @@ func (x *LocalPathVolume) String() string {
 func (*LocalPathVolume) ProtoMessage() {}
 
 func (x *LocalPathVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[10]
+	mi := &file_runtime_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1262,7 +1335,7 @@ func (x *LocalPathVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LocalPathVolume.ProtoReflect.Descriptor instead.
 func (*LocalPathVolume) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{10}
+	return file_runtime_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LocalPathVolume) GetPath() string {
@@ -1286,7 +1359,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_runtime_proto_msgTypes[11]
+	mi := &file_runtime_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1298,7 +1371,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[11]
+	mi := &file_runtime_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1311,7 +1384,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{11}
+	return file_runtime_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *VolumeMount) GetName() string {
@@ -1359,7 +1432,7 @@ type UpdatePodVolumesRequest struct {
 
 func (x *UpdatePodVolumesRequest) Reset() {
 	*x = UpdatePodVolumesRequest{}
-	mi := &file_runtime_proto_msgTypes[12]
+	mi := &file_runtime_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1371,7 +1444,7 @@ func (x *UpdatePodVolumesRequest) String() string {
 func (*UpdatePodVolumesRequest) ProtoMessage() {}
 
 func (x *UpdatePodVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[12]
+	mi := &file_runtime_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1384,7 +1457,7 @@ func (x *UpdatePodVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePodVolumesRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePodVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{12}
+	return file_runtime_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *UpdatePodVolumesRequest) GetUid() string {
@@ -1411,7 +1484,7 @@ type UpdatePodVolumesResponse struct {
 
 func (x *UpdatePodVolumesResponse) Reset() {
 	*x = UpdatePodVolumesResponse{}
-	mi := &file_runtime_proto_msgTypes[13]
+	mi := &file_runtime_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1423,7 +1496,7 @@ func (x *UpdatePodVolumesResponse) String() string {
 func (*UpdatePodVolumesResponse) ProtoMessage() {}
 
 func (x *UpdatePodVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[13]
+	mi := &file_runtime_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1436,7 +1509,7 @@ func (x *UpdatePodVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePodVolumesResponse.ProtoReflect.Descriptor instead.
 func (*UpdatePodVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{13}
+	return file_runtime_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *UpdatePodVolumesResponse) GetChanged() []string {
@@ -1466,7 +1539,7 @@ type Probe struct {
 
 func (x *Probe) Reset() {
 	*x = Probe{}
-	mi := &file_runtime_proto_msgTypes[14]
+	mi := &file_runtime_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1478,7 +1551,7 @@ func (x *Probe) String() string {
 func (*Probe) ProtoMessage() {}
 
 func (x *Probe) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[14]
+	mi := &file_runtime_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1491,7 +1564,7 @@ func (x *Probe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Probe.ProtoReflect.Descriptor instead.
 func (*Probe) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{14}
+	return file_runtime_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Probe) GetHandler() isProbe_Handler {
@@ -1609,7 +1682,7 @@ type ExecAction struct {
 
 func (x *ExecAction) Reset() {
 	*x = ExecAction{}
-	mi := &file_runtime_proto_msgTypes[15]
+	mi := &file_runtime_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1621,7 +1694,7 @@ func (x *ExecAction) String() string {
 func (*ExecAction) ProtoMessage() {}
 
 func (x *ExecAction) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[15]
+	mi := &file_runtime_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1634,7 +1707,7 @@ func (x *ExecAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecAction.ProtoReflect.Descriptor instead.
 func (*ExecAction) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{15}
+	return file_runtime_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ExecAction) GetCommand() []string {
@@ -1657,7 +1730,7 @@ type HTTPGetAction struct {
 
 func (x *HTTPGetAction) Reset() {
 	*x = HTTPGetAction{}
-	mi := &file_runtime_proto_msgTypes[16]
+	mi := &file_runtime_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1669,7 +1742,7 @@ func (x *HTTPGetAction) String() string {
 func (*HTTPGetAction) ProtoMessage() {}
 
 func (x *HTTPGetAction) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[16]
+	mi := &file_runtime_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1682,7 +1755,7 @@ func (x *HTTPGetAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPGetAction.ProtoReflect.Descriptor instead.
 func (*HTTPGetAction) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{16}
+	return file_runtime_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HTTPGetAction) GetPath() string {
@@ -1730,7 +1803,7 @@ type TCPSocketAction struct {
 
 func (x *TCPSocketAction) Reset() {
 	*x = TCPSocketAction{}
-	mi := &file_runtime_proto_msgTypes[17]
+	mi := &file_runtime_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1742,7 +1815,7 @@ func (x *TCPSocketAction) String() string {
 func (*TCPSocketAction) ProtoMessage() {}
 
 func (x *TCPSocketAction) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[17]
+	mi := &file_runtime_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1755,7 +1828,7 @@ func (x *TCPSocketAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TCPSocketAction.ProtoReflect.Descriptor instead.
 func (*TCPSocketAction) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{17}
+	return file_runtime_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TCPSocketAction) GetPort() int32 {
@@ -1782,7 +1855,7 @@ type GRPCAction struct {
 
 func (x *GRPCAction) Reset() {
 	*x = GRPCAction{}
-	mi := &file_runtime_proto_msgTypes[18]
+	mi := &file_runtime_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1794,7 +1867,7 @@ func (x *GRPCAction) String() string {
 func (*GRPCAction) ProtoMessage() {}
 
 func (x *GRPCAction) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[18]
+	mi := &file_runtime_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1807,7 +1880,7 @@ func (x *GRPCAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GRPCAction.ProtoReflect.Descriptor instead.
 func (*GRPCAction) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{18}
+	return file_runtime_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GRPCAction) GetPort() int32 {
@@ -1834,7 +1907,7 @@ type Lifecycle struct {
 
 func (x *Lifecycle) Reset() {
 	*x = Lifecycle{}
-	mi := &file_runtime_proto_msgTypes[19]
+	mi := &file_runtime_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1846,7 +1919,7 @@ func (x *Lifecycle) String() string {
 func (*Lifecycle) ProtoMessage() {}
 
 func (x *Lifecycle) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[19]
+	mi := &file_runtime_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1859,7 +1932,7 @@ func (x *Lifecycle) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lifecycle.ProtoReflect.Descriptor instead.
 func (*Lifecycle) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{19}
+	return file_runtime_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Lifecycle) GetPostStart() *LifecycleHandler {
@@ -1891,7 +1964,7 @@ type LifecycleHandler struct {
 
 func (x *LifecycleHandler) Reset() {
 	*x = LifecycleHandler{}
-	mi := &file_runtime_proto_msgTypes[20]
+	mi := &file_runtime_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1903,7 +1976,7 @@ func (x *LifecycleHandler) String() string {
 func (*LifecycleHandler) ProtoMessage() {}
 
 func (x *LifecycleHandler) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[20]
+	mi := &file_runtime_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1916,7 +1989,7 @@ func (x *LifecycleHandler) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LifecycleHandler.ProtoReflect.Descriptor instead.
 func (*LifecycleHandler) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{20}
+	return file_runtime_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LifecycleHandler) GetHandler() isLifecycleHandler_Handler {
@@ -2014,14 +2087,17 @@ type PodStatus struct {
 	// namespace). Empty means the pod uses the node's network.
 	PodIp string `protobuf:"bytes,13,opt,name=pod_ip,json=podIp,proto3" json:"pod_ip,omitempty"`
 	// Grows by one with every change of this pod's status.
-	Revision      uint64 `protobuf:"varint,14,opt,name=revision,proto3" json:"revision,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Revision uint64 `protobuf:"varint,14,opt,name=revision,proto3" json:"revision,omitempty"`
+	// One per ephemeral container of the spec, in the same order (never ready,
+	// restart_count 0).
+	EphemeralContainerStatuses []*ContainerStatus `protobuf:"bytes,15,rep,name=ephemeral_container_statuses,json=ephemeralContainerStatuses,proto3" json:"ephemeral_container_statuses,omitempty"`
+	unknownFields              protoimpl.UnknownFields
+	sizeCache                  protoimpl.SizeCache
 }
 
 func (x *PodStatus) Reset() {
 	*x = PodStatus{}
-	mi := &file_runtime_proto_msgTypes[21]
+	mi := &file_runtime_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2033,7 +2109,7 @@ func (x *PodStatus) String() string {
 func (*PodStatus) ProtoMessage() {}
 
 func (x *PodStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[21]
+	mi := &file_runtime_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2046,7 +2122,7 @@ func (x *PodStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodStatus.ProtoReflect.Descriptor instead.
 func (*PodStatus) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{21}
+	return file_runtime_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *PodStatus) GetUid() string {
@@ -2147,6 +2223,13 @@ func (x *PodStatus) GetRevision() uint64 {
 	return 0
 }
 
+func (x *PodStatus) GetEphemeralContainerStatuses() []*ContainerStatus {
+	if x != nil {
+		return x.EphemeralContainerStatuses
+	}
+	return nil
+}
+
 type ContainerStatus struct {
 	state                protoimpl.MessageState `protogen:"open.v1"`
 	Name                 string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -2169,7 +2252,7 @@ type ContainerStatus struct {
 
 func (x *ContainerStatus) Reset() {
 	*x = ContainerStatus{}
-	mi := &file_runtime_proto_msgTypes[22]
+	mi := &file_runtime_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2181,7 +2264,7 @@ func (x *ContainerStatus) String() string {
 func (*ContainerStatus) ProtoMessage() {}
 
 func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[22]
+	mi := &file_runtime_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2194,7 +2277,7 @@ func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatus.ProtoReflect.Descriptor instead.
 func (*ContainerStatus) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{22}
+	return file_runtime_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ContainerStatus) GetName() string {
@@ -2281,7 +2364,7 @@ type ContainerState struct {
 
 func (x *ContainerState) Reset() {
 	*x = ContainerState{}
-	mi := &file_runtime_proto_msgTypes[23]
+	mi := &file_runtime_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2293,7 +2376,7 @@ func (x *ContainerState) String() string {
 func (*ContainerState) ProtoMessage() {}
 
 func (x *ContainerState) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[23]
+	mi := &file_runtime_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2306,7 +2389,7 @@ func (x *ContainerState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerState.ProtoReflect.Descriptor instead.
 func (*ContainerState) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{23}
+	return file_runtime_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ContainerState) GetState() isContainerState_State {
@@ -2377,7 +2460,7 @@ type ContainerStateWaiting struct {
 
 func (x *ContainerStateWaiting) Reset() {
 	*x = ContainerStateWaiting{}
-	mi := &file_runtime_proto_msgTypes[24]
+	mi := &file_runtime_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2389,7 +2472,7 @@ func (x *ContainerStateWaiting) String() string {
 func (*ContainerStateWaiting) ProtoMessage() {}
 
 func (x *ContainerStateWaiting) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[24]
+	mi := &file_runtime_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2402,7 +2485,7 @@ func (x *ContainerStateWaiting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStateWaiting.ProtoReflect.Descriptor instead.
 func (*ContainerStateWaiting) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{24}
+	return file_runtime_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ContainerStateWaiting) GetReason() string {
@@ -2428,7 +2511,7 @@ type ContainerStateRunning struct {
 
 func (x *ContainerStateRunning) Reset() {
 	*x = ContainerStateRunning{}
-	mi := &file_runtime_proto_msgTypes[25]
+	mi := &file_runtime_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2440,7 +2523,7 @@ func (x *ContainerStateRunning) String() string {
 func (*ContainerStateRunning) ProtoMessage() {}
 
 func (x *ContainerStateRunning) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[25]
+	mi := &file_runtime_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2453,7 +2536,7 @@ func (x *ContainerStateRunning) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStateRunning.ProtoReflect.Descriptor instead.
 func (*ContainerStateRunning) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{25}
+	return file_runtime_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ContainerStateRunning) GetStartedAt() *timestamppb.Timestamp {
@@ -2479,7 +2562,7 @@ type ContainerStateTerminated struct {
 
 func (x *ContainerStateTerminated) Reset() {
 	*x = ContainerStateTerminated{}
-	mi := &file_runtime_proto_msgTypes[26]
+	mi := &file_runtime_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2491,7 +2574,7 @@ func (x *ContainerStateTerminated) String() string {
 func (*ContainerStateTerminated) ProtoMessage() {}
 
 func (x *ContainerStateTerminated) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[26]
+	mi := &file_runtime_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2504,7 +2587,7 @@ func (x *ContainerStateTerminated) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStateTerminated.ProtoReflect.Descriptor instead.
 func (*ContainerStateTerminated) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{26}
+	return file_runtime_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ContainerStateTerminated) GetExitCode() int32 {
@@ -2578,7 +2661,7 @@ type PodEvent struct {
 
 func (x *PodEvent) Reset() {
 	*x = PodEvent{}
-	mi := &file_runtime_proto_msgTypes[27]
+	mi := &file_runtime_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2590,7 +2673,7 @@ func (x *PodEvent) String() string {
 func (*PodEvent) ProtoMessage() {}
 
 func (x *PodEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[27]
+	mi := &file_runtime_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2603,7 +2686,7 @@ func (x *PodEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodEvent.ProtoReflect.Descriptor instead.
 func (*PodEvent) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{27}
+	return file_runtime_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PodEvent) GetPodUid() string {
@@ -2677,7 +2760,7 @@ type GetRuntimeInfoRequest struct {
 
 func (x *GetRuntimeInfoRequest) Reset() {
 	*x = GetRuntimeInfoRequest{}
-	mi := &file_runtime_proto_msgTypes[28]
+	mi := &file_runtime_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2689,7 +2772,7 @@ func (x *GetRuntimeInfoRequest) String() string {
 func (*GetRuntimeInfoRequest) ProtoMessage() {}
 
 func (x *GetRuntimeInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[28]
+	mi := &file_runtime_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2702,7 +2785,7 @@ func (x *GetRuntimeInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRuntimeInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetRuntimeInfoRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{28}
+	return file_runtime_proto_rawDescGZIP(), []int{29}
 }
 
 type GetRuntimeInfoResponse struct {
@@ -2728,7 +2811,7 @@ type GetRuntimeInfoResponse struct {
 
 func (x *GetRuntimeInfoResponse) Reset() {
 	*x = GetRuntimeInfoResponse{}
-	mi := &file_runtime_proto_msgTypes[29]
+	mi := &file_runtime_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2740,7 +2823,7 @@ func (x *GetRuntimeInfoResponse) String() string {
 func (*GetRuntimeInfoResponse) ProtoMessage() {}
 
 func (x *GetRuntimeInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[29]
+	mi := &file_runtime_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2753,7 +2836,7 @@ func (x *GetRuntimeInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRuntimeInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetRuntimeInfoResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{29}
+	return file_runtime_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetRuntimeInfoResponse) GetRuntimeName() string {
@@ -2842,7 +2925,7 @@ type CreatePodRequest struct {
 
 func (x *CreatePodRequest) Reset() {
 	*x = CreatePodRequest{}
-	mi := &file_runtime_proto_msgTypes[30]
+	mi := &file_runtime_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2854,7 +2937,7 @@ func (x *CreatePodRequest) String() string {
 func (*CreatePodRequest) ProtoMessage() {}
 
 func (x *CreatePodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[30]
+	mi := &file_runtime_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2867,7 +2950,7 @@ func (x *CreatePodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePodRequest.ProtoReflect.Descriptor instead.
 func (*CreatePodRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{30}
+	return file_runtime_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CreatePodRequest) GetPod() *PodSpec {
@@ -2886,7 +2969,7 @@ type CreatePodResponse struct {
 
 func (x *CreatePodResponse) Reset() {
 	*x = CreatePodResponse{}
-	mi := &file_runtime_proto_msgTypes[31]
+	mi := &file_runtime_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2898,7 +2981,7 @@ func (x *CreatePodResponse) String() string {
 func (*CreatePodResponse) ProtoMessage() {}
 
 func (x *CreatePodResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[31]
+	mi := &file_runtime_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2911,7 +2994,7 @@ func (x *CreatePodResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePodResponse.ProtoReflect.Descriptor instead.
 func (*CreatePodResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{31}
+	return file_runtime_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CreatePodResponse) GetStatus() *PodStatus {
@@ -2930,7 +3013,7 @@ type UpdatePodRequest struct {
 
 func (x *UpdatePodRequest) Reset() {
 	*x = UpdatePodRequest{}
-	mi := &file_runtime_proto_msgTypes[32]
+	mi := &file_runtime_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2942,7 +3025,7 @@ func (x *UpdatePodRequest) String() string {
 func (*UpdatePodRequest) ProtoMessage() {}
 
 func (x *UpdatePodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[32]
+	mi := &file_runtime_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2955,7 +3038,7 @@ func (x *UpdatePodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePodRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePodRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{32}
+	return file_runtime_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *UpdatePodRequest) GetPod() *PodSpec {
@@ -2974,7 +3057,7 @@ type UpdatePodResponse struct {
 
 func (x *UpdatePodResponse) Reset() {
 	*x = UpdatePodResponse{}
-	mi := &file_runtime_proto_msgTypes[33]
+	mi := &file_runtime_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2986,7 +3069,7 @@ func (x *UpdatePodResponse) String() string {
 func (*UpdatePodResponse) ProtoMessage() {}
 
 func (x *UpdatePodResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[33]
+	mi := &file_runtime_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2999,7 +3082,7 @@ func (x *UpdatePodResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePodResponse.ProtoReflect.Descriptor instead.
 func (*UpdatePodResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{33}
+	return file_runtime_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *UpdatePodResponse) GetStatus() *PodStatus {
@@ -3023,7 +3106,7 @@ type DeletePodRequest struct {
 
 func (x *DeletePodRequest) Reset() {
 	*x = DeletePodRequest{}
-	mi := &file_runtime_proto_msgTypes[34]
+	mi := &file_runtime_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3035,7 +3118,7 @@ func (x *DeletePodRequest) String() string {
 func (*DeletePodRequest) ProtoMessage() {}
 
 func (x *DeletePodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[34]
+	mi := &file_runtime_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3048,7 +3131,7 @@ func (x *DeletePodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePodRequest.ProtoReflect.Descriptor instead.
 func (*DeletePodRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{34}
+	return file_runtime_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DeletePodRequest) GetUid() string {
@@ -3080,7 +3163,7 @@ type DeletePodResponse struct {
 
 func (x *DeletePodResponse) Reset() {
 	*x = DeletePodResponse{}
-	mi := &file_runtime_proto_msgTypes[35]
+	mi := &file_runtime_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3092,7 +3175,7 @@ func (x *DeletePodResponse) String() string {
 func (*DeletePodResponse) ProtoMessage() {}
 
 func (x *DeletePodResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[35]
+	mi := &file_runtime_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3105,7 +3188,7 @@ func (x *DeletePodResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePodResponse.ProtoReflect.Descriptor instead.
 func (*DeletePodResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{35}
+	return file_runtime_proto_rawDescGZIP(), []int{36}
 }
 
 type GetPodStatusRequest struct {
@@ -3117,7 +3200,7 @@ type GetPodStatusRequest struct {
 
 func (x *GetPodStatusRequest) Reset() {
 	*x = GetPodStatusRequest{}
-	mi := &file_runtime_proto_msgTypes[36]
+	mi := &file_runtime_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3129,7 +3212,7 @@ func (x *GetPodStatusRequest) String() string {
 func (*GetPodStatusRequest) ProtoMessage() {}
 
 func (x *GetPodStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[36]
+	mi := &file_runtime_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3142,7 +3225,7 @@ func (x *GetPodStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPodStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetPodStatusRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{36}
+	return file_runtime_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetPodStatusRequest) GetUid() string {
@@ -3161,7 +3244,7 @@ type GetPodStatusResponse struct {
 
 func (x *GetPodStatusResponse) Reset() {
 	*x = GetPodStatusResponse{}
-	mi := &file_runtime_proto_msgTypes[37]
+	mi := &file_runtime_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3173,7 +3256,7 @@ func (x *GetPodStatusResponse) String() string {
 func (*GetPodStatusResponse) ProtoMessage() {}
 
 func (x *GetPodStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[37]
+	mi := &file_runtime_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3186,7 +3269,7 @@ func (x *GetPodStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPodStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetPodStatusResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{37}
+	return file_runtime_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetPodStatusResponse) GetStatus() *PodStatus {
@@ -3204,7 +3287,7 @@ type ListPodsRequest struct {
 
 func (x *ListPodsRequest) Reset() {
 	*x = ListPodsRequest{}
-	mi := &file_runtime_proto_msgTypes[38]
+	mi := &file_runtime_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3216,7 +3299,7 @@ func (x *ListPodsRequest) String() string {
 func (*ListPodsRequest) ProtoMessage() {}
 
 func (x *ListPodsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[38]
+	mi := &file_runtime_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3229,7 +3312,7 @@ func (x *ListPodsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodsRequest.ProtoReflect.Descriptor instead.
 func (*ListPodsRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{38}
+	return file_runtime_proto_rawDescGZIP(), []int{39}
 }
 
 type ListPodsResponse struct {
@@ -3243,7 +3326,7 @@ type ListPodsResponse struct {
 
 func (x *ListPodsResponse) Reset() {
 	*x = ListPodsResponse{}
-	mi := &file_runtime_proto_msgTypes[39]
+	mi := &file_runtime_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3255,7 +3338,7 @@ func (x *ListPodsResponse) String() string {
 func (*ListPodsResponse) ProtoMessage() {}
 
 func (x *ListPodsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[39]
+	mi := &file_runtime_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3268,7 +3351,7 @@ func (x *ListPodsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodsResponse.ProtoReflect.Descriptor instead.
 func (*ListPodsResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{39}
+	return file_runtime_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListPodsResponse) GetPods() []*PodStatus {
@@ -3298,7 +3381,7 @@ type WatchPodStatusRequest struct {
 
 func (x *WatchPodStatusRequest) Reset() {
 	*x = WatchPodStatusRequest{}
-	mi := &file_runtime_proto_msgTypes[40]
+	mi := &file_runtime_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3310,7 +3393,7 @@ func (x *WatchPodStatusRequest) String() string {
 func (*WatchPodStatusRequest) ProtoMessage() {}
 
 func (x *WatchPodStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[40]
+	mi := &file_runtime_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3323,7 +3406,7 @@ func (x *WatchPodStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchPodStatusRequest.ProtoReflect.Descriptor instead.
 func (*WatchPodStatusRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{40}
+	return file_runtime_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *WatchPodStatusRequest) GetEventsBootId() string {
@@ -3352,7 +3435,7 @@ type WatchPodStatusResponse struct {
 
 func (x *WatchPodStatusResponse) Reset() {
 	*x = WatchPodStatusResponse{}
-	mi := &file_runtime_proto_msgTypes[41]
+	mi := &file_runtime_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3364,7 +3447,7 @@ func (x *WatchPodStatusResponse) String() string {
 func (*WatchPodStatusResponse) ProtoMessage() {}
 
 func (x *WatchPodStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[41]
+	mi := &file_runtime_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3377,7 +3460,7 @@ func (x *WatchPodStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchPodStatusResponse.ProtoReflect.Descriptor instead.
 func (*WatchPodStatusResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{41}
+	return file_runtime_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *WatchPodStatusResponse) GetKind() WatchPodStatusResponse_Kind {
@@ -3427,7 +3510,7 @@ type GetLogsRequest struct {
 
 func (x *GetLogsRequest) Reset() {
 	*x = GetLogsRequest{}
-	mi := &file_runtime_proto_msgTypes[42]
+	mi := &file_runtime_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3439,7 +3522,7 @@ func (x *GetLogsRequest) String() string {
 func (*GetLogsRequest) ProtoMessage() {}
 
 func (x *GetLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[42]
+	mi := &file_runtime_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3452,7 +3535,7 @@ func (x *GetLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLogsRequest.ProtoReflect.Descriptor instead.
 func (*GetLogsRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{42}
+	return file_runtime_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetLogsRequest) GetPodUid() string {
@@ -3522,7 +3605,7 @@ type GetLogsResponse struct {
 
 func (x *GetLogsResponse) Reset() {
 	*x = GetLogsResponse{}
-	mi := &file_runtime_proto_msgTypes[43]
+	mi := &file_runtime_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3534,7 +3617,7 @@ func (x *GetLogsResponse) String() string {
 func (*GetLogsResponse) ProtoMessage() {}
 
 func (x *GetLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[43]
+	mi := &file_runtime_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3547,7 +3630,7 @@ func (x *GetLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLogsResponse.ProtoReflect.Descriptor instead.
 func (*GetLogsResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{43}
+	return file_runtime_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *GetLogsResponse) GetData() []byte {
@@ -3567,7 +3650,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_runtime_proto_msgTypes[44]
+	mi := &file_runtime_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3579,7 +3662,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[44]
+	mi := &file_runtime_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3592,7 +3675,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{44}
+	return file_runtime_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *TerminalSize) GetWidth() uint32 {
@@ -3623,7 +3706,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_runtime_proto_msgTypes[45]
+	mi := &file_runtime_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3635,7 +3718,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[45]
+	mi := &file_runtime_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3648,7 +3731,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{45}
+	return file_runtime_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ExecStart) GetPodUid() string {
@@ -3708,7 +3791,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_runtime_proto_msgTypes[46]
+	mi := &file_runtime_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3720,7 +3803,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[46]
+	mi := &file_runtime_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3733,7 +3816,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{46}
+	return file_runtime_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -3819,7 +3902,7 @@ type ExitStatus struct {
 
 func (x *ExitStatus) Reset() {
 	*x = ExitStatus{}
-	mi := &file_runtime_proto_msgTypes[47]
+	mi := &file_runtime_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3831,7 +3914,7 @@ func (x *ExitStatus) String() string {
 func (*ExitStatus) ProtoMessage() {}
 
 func (x *ExitStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[47]
+	mi := &file_runtime_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3844,7 +3927,7 @@ func (x *ExitStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExitStatus.ProtoReflect.Descriptor instead.
 func (*ExitStatus) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{47}
+	return file_runtime_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ExitStatus) GetExitCode() int32 {
@@ -3882,7 +3965,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_runtime_proto_msgTypes[48]
+	mi := &file_runtime_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3894,7 +3977,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[48]
+	mi := &file_runtime_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3907,7 +3990,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{48}
+	return file_runtime_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ExecResponse) GetMsg() isExecResponse_Msg {
@@ -3978,7 +4061,7 @@ type AttachStart struct {
 
 func (x *AttachStart) Reset() {
 	*x = AttachStart{}
-	mi := &file_runtime_proto_msgTypes[49]
+	mi := &file_runtime_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3990,7 +4073,7 @@ func (x *AttachStart) String() string {
 func (*AttachStart) ProtoMessage() {}
 
 func (x *AttachStart) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[49]
+	mi := &file_runtime_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4003,7 +4086,7 @@ func (x *AttachStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachStart.ProtoReflect.Descriptor instead.
 func (*AttachStart) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{49}
+	return file_runtime_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *AttachStart) GetPodUid() string {
@@ -4049,7 +4132,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_runtime_proto_msgTypes[50]
+	mi := &file_runtime_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4061,7 +4144,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[50]
+	mi := &file_runtime_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4074,7 +4157,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{50}
+	return file_runtime_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *AttachRequest) GetMsg() isAttachRequest_Msg {
@@ -4162,7 +4245,7 @@ type AttachResponse struct {
 
 func (x *AttachResponse) Reset() {
 	*x = AttachResponse{}
-	mi := &file_runtime_proto_msgTypes[51]
+	mi := &file_runtime_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4174,7 +4257,7 @@ func (x *AttachResponse) String() string {
 func (*AttachResponse) ProtoMessage() {}
 
 func (x *AttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[51]
+	mi := &file_runtime_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4187,7 +4270,7 @@ func (x *AttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachResponse.ProtoReflect.Descriptor instead.
 func (*AttachResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{51}
+	return file_runtime_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *AttachResponse) GetMsg() isAttachResponse_Msg {
@@ -4256,7 +4339,7 @@ type PortForwardStart struct {
 
 func (x *PortForwardStart) Reset() {
 	*x = PortForwardStart{}
-	mi := &file_runtime_proto_msgTypes[52]
+	mi := &file_runtime_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4268,7 +4351,7 @@ func (x *PortForwardStart) String() string {
 func (*PortForwardStart) ProtoMessage() {}
 
 func (x *PortForwardStart) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[52]
+	mi := &file_runtime_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4281,7 +4364,7 @@ func (x *PortForwardStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForwardStart.ProtoReflect.Descriptor instead.
 func (*PortForwardStart) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{52}
+	return file_runtime_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *PortForwardStart) GetPodUid() string {
@@ -4312,7 +4395,7 @@ type PortForwardRequest struct {
 
 func (x *PortForwardRequest) Reset() {
 	*x = PortForwardRequest{}
-	mi := &file_runtime_proto_msgTypes[53]
+	mi := &file_runtime_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4324,7 +4407,7 @@ func (x *PortForwardRequest) String() string {
 func (*PortForwardRequest) ProtoMessage() {}
 
 func (x *PortForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[53]
+	mi := &file_runtime_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4337,7 +4420,7 @@ func (x *PortForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForwardRequest.ProtoReflect.Descriptor instead.
 func (*PortForwardRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{53}
+	return file_runtime_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *PortForwardRequest) GetMsg() isPortForwardRequest_Msg {
@@ -4410,7 +4493,7 @@ type PortForwardResponse struct {
 
 func (x *PortForwardResponse) Reset() {
 	*x = PortForwardResponse{}
-	mi := &file_runtime_proto_msgTypes[54]
+	mi := &file_runtime_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4422,7 +4505,7 @@ func (x *PortForwardResponse) String() string {
 func (*PortForwardResponse) ProtoMessage() {}
 
 func (x *PortForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[54]
+	mi := &file_runtime_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4435,7 +4518,7 @@ func (x *PortForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForwardResponse.ProtoReflect.Descriptor instead.
 func (*PortForwardResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{54}
+	return file_runtime_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *PortForwardResponse) GetMsg() isPortForwardResponse_Msg {
@@ -4490,7 +4573,7 @@ type ListPodStatsRequest struct {
 
 func (x *ListPodStatsRequest) Reset() {
 	*x = ListPodStatsRequest{}
-	mi := &file_runtime_proto_msgTypes[55]
+	mi := &file_runtime_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4502,7 +4585,7 @@ func (x *ListPodStatsRequest) String() string {
 func (*ListPodStatsRequest) ProtoMessage() {}
 
 func (x *ListPodStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[55]
+	mi := &file_runtime_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4515,7 +4598,7 @@ func (x *ListPodStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodStatsRequest.ProtoReflect.Descriptor instead.
 func (*ListPodStatsRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{55}
+	return file_runtime_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListPodStatsRequest) GetPodUid() string {
@@ -4539,7 +4622,7 @@ type ContainerStats struct {
 
 func (x *ContainerStats) Reset() {
 	*x = ContainerStats{}
-	mi := &file_runtime_proto_msgTypes[56]
+	mi := &file_runtime_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4551,7 +4634,7 @@ func (x *ContainerStats) String() string {
 func (*ContainerStats) ProtoMessage() {}
 
 func (x *ContainerStats) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[56]
+	mi := &file_runtime_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4564,7 +4647,7 @@ func (x *ContainerStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStats.ProtoReflect.Descriptor instead.
 func (*ContainerStats) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{56}
+	return file_runtime_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ContainerStats) GetName() string {
@@ -4621,7 +4704,7 @@ type PodStats struct {
 
 func (x *PodStats) Reset() {
 	*x = PodStats{}
-	mi := &file_runtime_proto_msgTypes[57]
+	mi := &file_runtime_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4633,7 +4716,7 @@ func (x *PodStats) String() string {
 func (*PodStats) ProtoMessage() {}
 
 func (x *PodStats) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[57]
+	mi := &file_runtime_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4646,7 +4729,7 @@ func (x *PodStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodStats.ProtoReflect.Descriptor instead.
 func (*PodStats) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{57}
+	return file_runtime_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *PodStats) GetUid() string {
@@ -4686,7 +4769,7 @@ type ListPodStatsResponse struct {
 
 func (x *ListPodStatsResponse) Reset() {
 	*x = ListPodStatsResponse{}
-	mi := &file_runtime_proto_msgTypes[58]
+	mi := &file_runtime_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4698,7 +4781,7 @@ func (x *ListPodStatsResponse) String() string {
 func (*ListPodStatsResponse) ProtoMessage() {}
 
 func (x *ListPodStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[58]
+	mi := &file_runtime_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4711,7 +4794,7 @@ func (x *ListPodStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodStatsResponse.ProtoReflect.Descriptor instead.
 func (*ListPodStatsResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{58}
+	return file_runtime_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ListPodStatsResponse) GetPods() []*PodStats {
@@ -4736,7 +4819,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_runtime_proto_msgTypes[59]
+	mi := &file_runtime_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4748,7 +4831,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[59]
+	mi := &file_runtime_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4761,7 +4844,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{59}
+	return file_runtime_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *Image) GetId() string {
@@ -4814,7 +4897,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_runtime_proto_msgTypes[60]
+	mi := &file_runtime_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4826,7 +4909,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[60]
+	mi := &file_runtime_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4839,7 +4922,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{60}
+	return file_runtime_proto_rawDescGZIP(), []int{61}
 }
 
 type ListImagesResponse struct {
@@ -4851,7 +4934,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_runtime_proto_msgTypes[61]
+	mi := &file_runtime_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4863,7 +4946,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[61]
+	mi := &file_runtime_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4876,7 +4959,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{61}
+	return file_runtime_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -4896,7 +4979,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_runtime_proto_msgTypes[62]
+	mi := &file_runtime_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4908,7 +4991,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[62]
+	mi := &file_runtime_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4921,7 +5004,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{62}
+	return file_runtime_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *PullImageRequest) GetImage() string {
@@ -4947,7 +5030,7 @@ type PullImageResponse struct {
 
 func (x *PullImageResponse) Reset() {
 	*x = PullImageResponse{}
-	mi := &file_runtime_proto_msgTypes[63]
+	mi := &file_runtime_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4959,7 +5042,7 @@ func (x *PullImageResponse) String() string {
 func (*PullImageResponse) ProtoMessage() {}
 
 func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[63]
+	mi := &file_runtime_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4972,7 +5055,7 @@ func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageResponse.ProtoReflect.Descriptor instead.
 func (*PullImageResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{63}
+	return file_runtime_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *PullImageResponse) GetImage() *Image {
@@ -4992,7 +5075,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_runtime_proto_msgTypes[64]
+	mi := &file_runtime_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5004,7 +5087,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[64]
+	mi := &file_runtime_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5017,7 +5100,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{64}
+	return file_runtime_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *RemoveImageRequest) GetImage() string {
@@ -5035,7 +5118,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_runtime_proto_msgTypes[65]
+	mi := &file_runtime_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5047,7 +5130,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[65]
+	mi := &file_runtime_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5060,7 +5143,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{65}
+	return file_runtime_proto_rawDescGZIP(), []int{66}
 }
 
 type ImageFsInfoRequest struct {
@@ -5071,7 +5154,7 @@ type ImageFsInfoRequest struct {
 
 func (x *ImageFsInfoRequest) Reset() {
 	*x = ImageFsInfoRequest{}
-	mi := &file_runtime_proto_msgTypes[66]
+	mi := &file_runtime_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5083,7 +5166,7 @@ func (x *ImageFsInfoRequest) String() string {
 func (*ImageFsInfoRequest) ProtoMessage() {}
 
 func (x *ImageFsInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[66]
+	mi := &file_runtime_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5096,7 +5179,7 @@ func (x *ImageFsInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageFsInfoRequest.ProtoReflect.Descriptor instead.
 func (*ImageFsInfoRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{66}
+	return file_runtime_proto_rawDescGZIP(), []int{67}
 }
 
 type ImageFsInfoResponse struct {
@@ -5112,7 +5195,7 @@ type ImageFsInfoResponse struct {
 
 func (x *ImageFsInfoResponse) Reset() {
 	*x = ImageFsInfoResponse{}
-	mi := &file_runtime_proto_msgTypes[67]
+	mi := &file_runtime_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5124,7 +5207,7 @@ func (x *ImageFsInfoResponse) String() string {
 func (*ImageFsInfoResponse) ProtoMessage() {}
 
 func (x *ImageFsInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[67]
+	mi := &file_runtime_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5137,7 +5220,7 @@ func (x *ImageFsInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageFsInfoResponse.ProtoReflect.Descriptor instead.
 func (*ImageFsInfoResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{67}
+	return file_runtime_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ImageFsInfoResponse) GetMountpoint() string {
@@ -5179,7 +5262,7 @@ var File_runtime_proto protoreflect.FileDescriptor
 
 const file_runtime_proto_rawDesc = "" +
 	"\n" +
-	"\rruntime.proto\x12\x0fk3sm.runtime.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb6\x06\n" +
+	"\rruntime.proto\x12\x0fk3sm.runtime.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x92\a\n" +
 	"\aPodSpec\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
@@ -5196,14 +5279,18 @@ const file_runtime_proto_rawDesc = "" +
 	" \x03(\v2$.k3sm.runtime.v1.PodSpec.LabelsEntryR\x06labels\x12K\n" +
 	"\vannotations\x18\v \x03(\v2).k3sm.runtime.v1.PodSpec.AnnotationsEntryR\vannotations\x12,\n" +
 	"\x12runtime_class_name\x18\f \x01(\tR\x10runtimeClassName\x121\n" +
-	"\avolumes\x18\x14 \x03(\v2\x17.k3sm.runtime.v1.VolumeR\avolumes\x1a9\n" +
+	"\avolumes\x18\x14 \x03(\v2\x17.k3sm.runtime.v1.VolumeR\avolumes\x12Z\n" +
+	"\x14ephemeral_containers\x18\x15 \x03(\v2'.k3sm.runtime.v1.EphemeralContainerSpecR\x13ephemeralContainers\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a>\n" +
 	"\x10AnnotationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B#\n" +
-	"!_termination_grace_period_seconds\"\xe6\x06\n" +
+	"!_termination_grace_period_seconds\"\x8a\x01\n" +
+	"\x16EphemeralContainerSpec\x12<\n" +
+	"\tcontainer\x18\x01 \x01(\v2\x1e.k3sm.runtime.v1.ContainerSpecR\tcontainer\x122\n" +
+	"\x15target_container_name\x18\x02 \x01(\tR\x13targetContainerName\"\xe6\x06\n" +
 	"\rContainerSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12G\n" +
@@ -5314,7 +5401,7 @@ const file_runtime_proto_rawDesc = "" +
 	"\n" +
 	"tcp_socket\x18\x03 \x01(\v2 .k3sm.runtime.v1.TCPSocketActionH\x00R\ttcpSocket\x12%\n" +
 	"\rsleep_seconds\x18\x04 \x01(\x03H\x00R\fsleepSecondsB\t\n" +
-	"\ahandler\"\xba\x04\n" +
+	"\ahandler\"\x9e\x05\n" +
 	"\tPodStatus\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
@@ -5331,7 +5418,8 @@ const file_runtime_proto_rawDesc = "" +
 	"\x12container_statuses\x18\v \x03(\v2 .k3sm.runtime.v1.ContainerStatusR\x11containerStatuses\x12 \n" +
 	"\vterminating\x18\f \x01(\bR\vterminating\x12\x15\n" +
 	"\x06pod_ip\x18\r \x01(\tR\x05podIp\x12\x1a\n" +
-	"\brevision\x18\x0e \x01(\x04R\brevision\"\xff\x02\n" +
+	"\brevision\x18\x0e \x01(\x04R\brevision\x12b\n" +
+	"\x1cephemeral_container_statuses\x18\x0f \x03(\v2 .k3sm.runtime.v1.ContainerStatusR\x1aephemeralContainerStatuses\"\xff\x02\n" +
 	"\x0fContainerStatus\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x125\n" +
 	"\x05state\x18\x02 \x01(\v2\x1f.k3sm.runtime.v1.ContainerStateR\x05state\x12U\n" +
@@ -5611,7 +5699,7 @@ func file_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
+var file_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
 var file_runtime_proto_goTypes = []any{
 	(RestartPolicy)(0),               // 0: k3sm.runtime.v1.RestartPolicy
 	(PullPolicy)(0),                  // 1: k3sm.runtime.v1.PullPolicy
@@ -5620,187 +5708,191 @@ var file_runtime_proto_goTypes = []any{
 	(EventType)(0),                   // 4: k3sm.runtime.v1.EventType
 	(WatchPodStatusResponse_Kind)(0), // 5: k3sm.runtime.v1.WatchPodStatusResponse.Kind
 	(*PodSpec)(nil),                  // 6: k3sm.runtime.v1.PodSpec
-	(*ContainerSpec)(nil),            // 7: k3sm.runtime.v1.ContainerSpec
-	(*EnvVar)(nil),                   // 8: k3sm.runtime.v1.EnvVar
-	(*ContainerPort)(nil),            // 9: k3sm.runtime.v1.ContainerPort
-	(*Resources)(nil),                // 10: k3sm.runtime.v1.Resources
-	(*Volume)(nil),                   // 11: k3sm.runtime.v1.Volume
-	(*EmptyDirVolume)(nil),           // 12: k3sm.runtime.v1.EmptyDirVolume
-	(*FilesVolume)(nil),              // 13: k3sm.runtime.v1.FilesVolume
-	(*VolumeFile)(nil),               // 14: k3sm.runtime.v1.VolumeFile
-	(*HostPathVolume)(nil),           // 15: k3sm.runtime.v1.HostPathVolume
-	(*LocalPathVolume)(nil),          // 16: k3sm.runtime.v1.LocalPathVolume
-	(*VolumeMount)(nil),              // 17: k3sm.runtime.v1.VolumeMount
-	(*UpdatePodVolumesRequest)(nil),  // 18: k3sm.runtime.v1.UpdatePodVolumesRequest
-	(*UpdatePodVolumesResponse)(nil), // 19: k3sm.runtime.v1.UpdatePodVolumesResponse
-	(*Probe)(nil),                    // 20: k3sm.runtime.v1.Probe
-	(*ExecAction)(nil),               // 21: k3sm.runtime.v1.ExecAction
-	(*HTTPGetAction)(nil),            // 22: k3sm.runtime.v1.HTTPGetAction
-	(*TCPSocketAction)(nil),          // 23: k3sm.runtime.v1.TCPSocketAction
-	(*GRPCAction)(nil),               // 24: k3sm.runtime.v1.GRPCAction
-	(*Lifecycle)(nil),                // 25: k3sm.runtime.v1.Lifecycle
-	(*LifecycleHandler)(nil),         // 26: k3sm.runtime.v1.LifecycleHandler
-	(*PodStatus)(nil),                // 27: k3sm.runtime.v1.PodStatus
-	(*ContainerStatus)(nil),          // 28: k3sm.runtime.v1.ContainerStatus
-	(*ContainerState)(nil),           // 29: k3sm.runtime.v1.ContainerState
-	(*ContainerStateWaiting)(nil),    // 30: k3sm.runtime.v1.ContainerStateWaiting
-	(*ContainerStateRunning)(nil),    // 31: k3sm.runtime.v1.ContainerStateRunning
-	(*ContainerStateTerminated)(nil), // 32: k3sm.runtime.v1.ContainerStateTerminated
-	(*PodEvent)(nil),                 // 33: k3sm.runtime.v1.PodEvent
-	(*GetRuntimeInfoRequest)(nil),    // 34: k3sm.runtime.v1.GetRuntimeInfoRequest
-	(*GetRuntimeInfoResponse)(nil),   // 35: k3sm.runtime.v1.GetRuntimeInfoResponse
-	(*CreatePodRequest)(nil),         // 36: k3sm.runtime.v1.CreatePodRequest
-	(*CreatePodResponse)(nil),        // 37: k3sm.runtime.v1.CreatePodResponse
-	(*UpdatePodRequest)(nil),         // 38: k3sm.runtime.v1.UpdatePodRequest
-	(*UpdatePodResponse)(nil),        // 39: k3sm.runtime.v1.UpdatePodResponse
-	(*DeletePodRequest)(nil),         // 40: k3sm.runtime.v1.DeletePodRequest
-	(*DeletePodResponse)(nil),        // 41: k3sm.runtime.v1.DeletePodResponse
-	(*GetPodStatusRequest)(nil),      // 42: k3sm.runtime.v1.GetPodStatusRequest
-	(*GetPodStatusResponse)(nil),     // 43: k3sm.runtime.v1.GetPodStatusResponse
-	(*ListPodsRequest)(nil),          // 44: k3sm.runtime.v1.ListPodsRequest
-	(*ListPodsResponse)(nil),         // 45: k3sm.runtime.v1.ListPodsResponse
-	(*WatchPodStatusRequest)(nil),    // 46: k3sm.runtime.v1.WatchPodStatusRequest
-	(*WatchPodStatusResponse)(nil),   // 47: k3sm.runtime.v1.WatchPodStatusResponse
-	(*GetLogsRequest)(nil),           // 48: k3sm.runtime.v1.GetLogsRequest
-	(*GetLogsResponse)(nil),          // 49: k3sm.runtime.v1.GetLogsResponse
-	(*TerminalSize)(nil),             // 50: k3sm.runtime.v1.TerminalSize
-	(*ExecStart)(nil),                // 51: k3sm.runtime.v1.ExecStart
-	(*ExecRequest)(nil),              // 52: k3sm.runtime.v1.ExecRequest
-	(*ExitStatus)(nil),               // 53: k3sm.runtime.v1.ExitStatus
-	(*ExecResponse)(nil),             // 54: k3sm.runtime.v1.ExecResponse
-	(*AttachStart)(nil),              // 55: k3sm.runtime.v1.AttachStart
-	(*AttachRequest)(nil),            // 56: k3sm.runtime.v1.AttachRequest
-	(*AttachResponse)(nil),           // 57: k3sm.runtime.v1.AttachResponse
-	(*PortForwardStart)(nil),         // 58: k3sm.runtime.v1.PortForwardStart
-	(*PortForwardRequest)(nil),       // 59: k3sm.runtime.v1.PortForwardRequest
-	(*PortForwardResponse)(nil),      // 60: k3sm.runtime.v1.PortForwardResponse
-	(*ListPodStatsRequest)(nil),      // 61: k3sm.runtime.v1.ListPodStatsRequest
-	(*ContainerStats)(nil),           // 62: k3sm.runtime.v1.ContainerStats
-	(*PodStats)(nil),                 // 63: k3sm.runtime.v1.PodStats
-	(*ListPodStatsResponse)(nil),     // 64: k3sm.runtime.v1.ListPodStatsResponse
-	(*Image)(nil),                    // 65: k3sm.runtime.v1.Image
-	(*ListImagesRequest)(nil),        // 66: k3sm.runtime.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),       // 67: k3sm.runtime.v1.ListImagesResponse
-	(*PullImageRequest)(nil),         // 68: k3sm.runtime.v1.PullImageRequest
-	(*PullImageResponse)(nil),        // 69: k3sm.runtime.v1.PullImageResponse
-	(*RemoveImageRequest)(nil),       // 70: k3sm.runtime.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),      // 71: k3sm.runtime.v1.RemoveImageResponse
-	(*ImageFsInfoRequest)(nil),       // 72: k3sm.runtime.v1.ImageFsInfoRequest
-	(*ImageFsInfoResponse)(nil),      // 73: k3sm.runtime.v1.ImageFsInfoResponse
-	nil,                              // 74: k3sm.runtime.v1.PodSpec.LabelsEntry
-	nil,                              // 75: k3sm.runtime.v1.PodSpec.AnnotationsEntry
-	(*timestamppb.Timestamp)(nil),    // 76: google.protobuf.Timestamp
+	(*EphemeralContainerSpec)(nil),   // 7: k3sm.runtime.v1.EphemeralContainerSpec
+	(*ContainerSpec)(nil),            // 8: k3sm.runtime.v1.ContainerSpec
+	(*EnvVar)(nil),                   // 9: k3sm.runtime.v1.EnvVar
+	(*ContainerPort)(nil),            // 10: k3sm.runtime.v1.ContainerPort
+	(*Resources)(nil),                // 11: k3sm.runtime.v1.Resources
+	(*Volume)(nil),                   // 12: k3sm.runtime.v1.Volume
+	(*EmptyDirVolume)(nil),           // 13: k3sm.runtime.v1.EmptyDirVolume
+	(*FilesVolume)(nil),              // 14: k3sm.runtime.v1.FilesVolume
+	(*VolumeFile)(nil),               // 15: k3sm.runtime.v1.VolumeFile
+	(*HostPathVolume)(nil),           // 16: k3sm.runtime.v1.HostPathVolume
+	(*LocalPathVolume)(nil),          // 17: k3sm.runtime.v1.LocalPathVolume
+	(*VolumeMount)(nil),              // 18: k3sm.runtime.v1.VolumeMount
+	(*UpdatePodVolumesRequest)(nil),  // 19: k3sm.runtime.v1.UpdatePodVolumesRequest
+	(*UpdatePodVolumesResponse)(nil), // 20: k3sm.runtime.v1.UpdatePodVolumesResponse
+	(*Probe)(nil),                    // 21: k3sm.runtime.v1.Probe
+	(*ExecAction)(nil),               // 22: k3sm.runtime.v1.ExecAction
+	(*HTTPGetAction)(nil),            // 23: k3sm.runtime.v1.HTTPGetAction
+	(*TCPSocketAction)(nil),          // 24: k3sm.runtime.v1.TCPSocketAction
+	(*GRPCAction)(nil),               // 25: k3sm.runtime.v1.GRPCAction
+	(*Lifecycle)(nil),                // 26: k3sm.runtime.v1.Lifecycle
+	(*LifecycleHandler)(nil),         // 27: k3sm.runtime.v1.LifecycleHandler
+	(*PodStatus)(nil),                // 28: k3sm.runtime.v1.PodStatus
+	(*ContainerStatus)(nil),          // 29: k3sm.runtime.v1.ContainerStatus
+	(*ContainerState)(nil),           // 30: k3sm.runtime.v1.ContainerState
+	(*ContainerStateWaiting)(nil),    // 31: k3sm.runtime.v1.ContainerStateWaiting
+	(*ContainerStateRunning)(nil),    // 32: k3sm.runtime.v1.ContainerStateRunning
+	(*ContainerStateTerminated)(nil), // 33: k3sm.runtime.v1.ContainerStateTerminated
+	(*PodEvent)(nil),                 // 34: k3sm.runtime.v1.PodEvent
+	(*GetRuntimeInfoRequest)(nil),    // 35: k3sm.runtime.v1.GetRuntimeInfoRequest
+	(*GetRuntimeInfoResponse)(nil),   // 36: k3sm.runtime.v1.GetRuntimeInfoResponse
+	(*CreatePodRequest)(nil),         // 37: k3sm.runtime.v1.CreatePodRequest
+	(*CreatePodResponse)(nil),        // 38: k3sm.runtime.v1.CreatePodResponse
+	(*UpdatePodRequest)(nil),         // 39: k3sm.runtime.v1.UpdatePodRequest
+	(*UpdatePodResponse)(nil),        // 40: k3sm.runtime.v1.UpdatePodResponse
+	(*DeletePodRequest)(nil),         // 41: k3sm.runtime.v1.DeletePodRequest
+	(*DeletePodResponse)(nil),        // 42: k3sm.runtime.v1.DeletePodResponse
+	(*GetPodStatusRequest)(nil),      // 43: k3sm.runtime.v1.GetPodStatusRequest
+	(*GetPodStatusResponse)(nil),     // 44: k3sm.runtime.v1.GetPodStatusResponse
+	(*ListPodsRequest)(nil),          // 45: k3sm.runtime.v1.ListPodsRequest
+	(*ListPodsResponse)(nil),         // 46: k3sm.runtime.v1.ListPodsResponse
+	(*WatchPodStatusRequest)(nil),    // 47: k3sm.runtime.v1.WatchPodStatusRequest
+	(*WatchPodStatusResponse)(nil),   // 48: k3sm.runtime.v1.WatchPodStatusResponse
+	(*GetLogsRequest)(nil),           // 49: k3sm.runtime.v1.GetLogsRequest
+	(*GetLogsResponse)(nil),          // 50: k3sm.runtime.v1.GetLogsResponse
+	(*TerminalSize)(nil),             // 51: k3sm.runtime.v1.TerminalSize
+	(*ExecStart)(nil),                // 52: k3sm.runtime.v1.ExecStart
+	(*ExecRequest)(nil),              // 53: k3sm.runtime.v1.ExecRequest
+	(*ExitStatus)(nil),               // 54: k3sm.runtime.v1.ExitStatus
+	(*ExecResponse)(nil),             // 55: k3sm.runtime.v1.ExecResponse
+	(*AttachStart)(nil),              // 56: k3sm.runtime.v1.AttachStart
+	(*AttachRequest)(nil),            // 57: k3sm.runtime.v1.AttachRequest
+	(*AttachResponse)(nil),           // 58: k3sm.runtime.v1.AttachResponse
+	(*PortForwardStart)(nil),         // 59: k3sm.runtime.v1.PortForwardStart
+	(*PortForwardRequest)(nil),       // 60: k3sm.runtime.v1.PortForwardRequest
+	(*PortForwardResponse)(nil),      // 61: k3sm.runtime.v1.PortForwardResponse
+	(*ListPodStatsRequest)(nil),      // 62: k3sm.runtime.v1.ListPodStatsRequest
+	(*ContainerStats)(nil),           // 63: k3sm.runtime.v1.ContainerStats
+	(*PodStats)(nil),                 // 64: k3sm.runtime.v1.PodStats
+	(*ListPodStatsResponse)(nil),     // 65: k3sm.runtime.v1.ListPodStatsResponse
+	(*Image)(nil),                    // 66: k3sm.runtime.v1.Image
+	(*ListImagesRequest)(nil),        // 67: k3sm.runtime.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),       // 68: k3sm.runtime.v1.ListImagesResponse
+	(*PullImageRequest)(nil),         // 69: k3sm.runtime.v1.PullImageRequest
+	(*PullImageResponse)(nil),        // 70: k3sm.runtime.v1.PullImageResponse
+	(*RemoveImageRequest)(nil),       // 71: k3sm.runtime.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),      // 72: k3sm.runtime.v1.RemoveImageResponse
+	(*ImageFsInfoRequest)(nil),       // 73: k3sm.runtime.v1.ImageFsInfoRequest
+	(*ImageFsInfoResponse)(nil),      // 74: k3sm.runtime.v1.ImageFsInfoResponse
+	nil,                              // 75: k3sm.runtime.v1.PodSpec.LabelsEntry
+	nil,                              // 76: k3sm.runtime.v1.PodSpec.AnnotationsEntry
+	(*timestamppb.Timestamp)(nil),    // 77: google.protobuf.Timestamp
 }
 var file_runtime_proto_depIdxs = []int32{
 	0,  // 0: k3sm.runtime.v1.PodSpec.restart_policy:type_name -> k3sm.runtime.v1.RestartPolicy
-	7,  // 1: k3sm.runtime.v1.PodSpec.init_containers:type_name -> k3sm.runtime.v1.ContainerSpec
-	7,  // 2: k3sm.runtime.v1.PodSpec.containers:type_name -> k3sm.runtime.v1.ContainerSpec
-	74, // 3: k3sm.runtime.v1.PodSpec.labels:type_name -> k3sm.runtime.v1.PodSpec.LabelsEntry
-	75, // 4: k3sm.runtime.v1.PodSpec.annotations:type_name -> k3sm.runtime.v1.PodSpec.AnnotationsEntry
-	11, // 5: k3sm.runtime.v1.PodSpec.volumes:type_name -> k3sm.runtime.v1.Volume
-	1,  // 6: k3sm.runtime.v1.ContainerSpec.image_pull_policy:type_name -> k3sm.runtime.v1.PullPolicy
-	8,  // 7: k3sm.runtime.v1.ContainerSpec.env:type_name -> k3sm.runtime.v1.EnvVar
-	2,  // 8: k3sm.runtime.v1.ContainerSpec.restart_policy:type_name -> k3sm.runtime.v1.ContainerRestartPolicy
-	10, // 9: k3sm.runtime.v1.ContainerSpec.resources:type_name -> k3sm.runtime.v1.Resources
-	9,  // 10: k3sm.runtime.v1.ContainerSpec.ports:type_name -> k3sm.runtime.v1.ContainerPort
-	17, // 11: k3sm.runtime.v1.ContainerSpec.volume_mounts:type_name -> k3sm.runtime.v1.VolumeMount
-	20, // 12: k3sm.runtime.v1.ContainerSpec.liveness_probe:type_name -> k3sm.runtime.v1.Probe
-	20, // 13: k3sm.runtime.v1.ContainerSpec.readiness_probe:type_name -> k3sm.runtime.v1.Probe
-	20, // 14: k3sm.runtime.v1.ContainerSpec.startup_probe:type_name -> k3sm.runtime.v1.Probe
-	25, // 15: k3sm.runtime.v1.ContainerSpec.lifecycle:type_name -> k3sm.runtime.v1.Lifecycle
-	12, // 16: k3sm.runtime.v1.Volume.empty_dir:type_name -> k3sm.runtime.v1.EmptyDirVolume
-	13, // 17: k3sm.runtime.v1.Volume.files:type_name -> k3sm.runtime.v1.FilesVolume
-	15, // 18: k3sm.runtime.v1.Volume.host_path:type_name -> k3sm.runtime.v1.HostPathVolume
-	16, // 19: k3sm.runtime.v1.Volume.local_path:type_name -> k3sm.runtime.v1.LocalPathVolume
-	14, // 20: k3sm.runtime.v1.FilesVolume.files:type_name -> k3sm.runtime.v1.VolumeFile
-	11, // 21: k3sm.runtime.v1.UpdatePodVolumesRequest.volumes:type_name -> k3sm.runtime.v1.Volume
-	21, // 22: k3sm.runtime.v1.Probe.exec:type_name -> k3sm.runtime.v1.ExecAction
-	22, // 23: k3sm.runtime.v1.Probe.http_get:type_name -> k3sm.runtime.v1.HTTPGetAction
-	23, // 24: k3sm.runtime.v1.Probe.tcp_socket:type_name -> k3sm.runtime.v1.TCPSocketAction
-	24, // 25: k3sm.runtime.v1.Probe.grpc:type_name -> k3sm.runtime.v1.GRPCAction
-	8,  // 26: k3sm.runtime.v1.HTTPGetAction.headers:type_name -> k3sm.runtime.v1.EnvVar
-	26, // 27: k3sm.runtime.v1.Lifecycle.post_start:type_name -> k3sm.runtime.v1.LifecycleHandler
-	26, // 28: k3sm.runtime.v1.Lifecycle.pre_stop:type_name -> k3sm.runtime.v1.LifecycleHandler
-	21, // 29: k3sm.runtime.v1.LifecycleHandler.exec:type_name -> k3sm.runtime.v1.ExecAction
-	22, // 30: k3sm.runtime.v1.LifecycleHandler.http_get:type_name -> k3sm.runtime.v1.HTTPGetAction
-	23, // 31: k3sm.runtime.v1.LifecycleHandler.tcp_socket:type_name -> k3sm.runtime.v1.TCPSocketAction
-	3,  // 32: k3sm.runtime.v1.PodStatus.phase:type_name -> k3sm.runtime.v1.PodPhase
-	76, // 33: k3sm.runtime.v1.PodStatus.start_time:type_name -> google.protobuf.Timestamp
-	28, // 34: k3sm.runtime.v1.PodStatus.init_container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
-	28, // 35: k3sm.runtime.v1.PodStatus.container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
-	29, // 36: k3sm.runtime.v1.ContainerStatus.state:type_name -> k3sm.runtime.v1.ContainerState
-	29, // 37: k3sm.runtime.v1.ContainerStatus.last_termination_state:type_name -> k3sm.runtime.v1.ContainerState
-	30, // 38: k3sm.runtime.v1.ContainerState.waiting:type_name -> k3sm.runtime.v1.ContainerStateWaiting
-	31, // 39: k3sm.runtime.v1.ContainerState.running:type_name -> k3sm.runtime.v1.ContainerStateRunning
-	32, // 40: k3sm.runtime.v1.ContainerState.terminated:type_name -> k3sm.runtime.v1.ContainerStateTerminated
-	76, // 41: k3sm.runtime.v1.ContainerStateRunning.started_at:type_name -> google.protobuf.Timestamp
-	76, // 42: k3sm.runtime.v1.ContainerStateTerminated.started_at:type_name -> google.protobuf.Timestamp
-	76, // 43: k3sm.runtime.v1.ContainerStateTerminated.finished_at:type_name -> google.protobuf.Timestamp
-	4,  // 44: k3sm.runtime.v1.PodEvent.type:type_name -> k3sm.runtime.v1.EventType
-	76, // 45: k3sm.runtime.v1.PodEvent.time:type_name -> google.protobuf.Timestamp
-	6,  // 46: k3sm.runtime.v1.CreatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
-	27, // 47: k3sm.runtime.v1.CreatePodResponse.status:type_name -> k3sm.runtime.v1.PodStatus
-	6,  // 48: k3sm.runtime.v1.UpdatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
-	27, // 49: k3sm.runtime.v1.UpdatePodResponse.status:type_name -> k3sm.runtime.v1.PodStatus
-	27, // 50: k3sm.runtime.v1.GetPodStatusResponse.status:type_name -> k3sm.runtime.v1.PodStatus
-	27, // 51: k3sm.runtime.v1.ListPodsResponse.pods:type_name -> k3sm.runtime.v1.PodStatus
-	6,  // 52: k3sm.runtime.v1.ListPodsResponse.specs:type_name -> k3sm.runtime.v1.PodSpec
-	5,  // 53: k3sm.runtime.v1.WatchPodStatusResponse.kind:type_name -> k3sm.runtime.v1.WatchPodStatusResponse.Kind
-	27, // 54: k3sm.runtime.v1.WatchPodStatusResponse.status:type_name -> k3sm.runtime.v1.PodStatus
-	33, // 55: k3sm.runtime.v1.WatchPodStatusResponse.event:type_name -> k3sm.runtime.v1.PodEvent
-	76, // 56: k3sm.runtime.v1.GetLogsRequest.since_time:type_name -> google.protobuf.Timestamp
-	50, // 57: k3sm.runtime.v1.ExecStart.initial_size:type_name -> k3sm.runtime.v1.TerminalSize
-	51, // 58: k3sm.runtime.v1.ExecRequest.start:type_name -> k3sm.runtime.v1.ExecStart
-	50, // 59: k3sm.runtime.v1.ExecRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
-	53, // 60: k3sm.runtime.v1.ExecResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
-	55, // 61: k3sm.runtime.v1.AttachRequest.start:type_name -> k3sm.runtime.v1.AttachStart
-	50, // 62: k3sm.runtime.v1.AttachRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
-	53, // 63: k3sm.runtime.v1.AttachResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
-	58, // 64: k3sm.runtime.v1.PortForwardRequest.start:type_name -> k3sm.runtime.v1.PortForwardStart
-	76, // 65: k3sm.runtime.v1.ContainerStats.timestamp:type_name -> google.protobuf.Timestamp
-	62, // 66: k3sm.runtime.v1.PodStats.containers:type_name -> k3sm.runtime.v1.ContainerStats
-	63, // 67: k3sm.runtime.v1.ListPodStatsResponse.pods:type_name -> k3sm.runtime.v1.PodStats
-	65, // 68: k3sm.runtime.v1.ListImagesResponse.images:type_name -> k3sm.runtime.v1.Image
-	65, // 69: k3sm.runtime.v1.PullImageResponse.image:type_name -> k3sm.runtime.v1.Image
-	34, // 70: k3sm.runtime.v1.Runtime.GetRuntimeInfo:input_type -> k3sm.runtime.v1.GetRuntimeInfoRequest
-	36, // 71: k3sm.runtime.v1.Runtime.CreatePod:input_type -> k3sm.runtime.v1.CreatePodRequest
-	38, // 72: k3sm.runtime.v1.Runtime.UpdatePod:input_type -> k3sm.runtime.v1.UpdatePodRequest
-	18, // 73: k3sm.runtime.v1.Runtime.UpdatePodVolumes:input_type -> k3sm.runtime.v1.UpdatePodVolumesRequest
-	40, // 74: k3sm.runtime.v1.Runtime.DeletePod:input_type -> k3sm.runtime.v1.DeletePodRequest
-	42, // 75: k3sm.runtime.v1.Runtime.GetPodStatus:input_type -> k3sm.runtime.v1.GetPodStatusRequest
-	44, // 76: k3sm.runtime.v1.Runtime.ListPods:input_type -> k3sm.runtime.v1.ListPodsRequest
-	46, // 77: k3sm.runtime.v1.Runtime.WatchPodStatus:input_type -> k3sm.runtime.v1.WatchPodStatusRequest
-	48, // 78: k3sm.runtime.v1.Runtime.GetLogs:input_type -> k3sm.runtime.v1.GetLogsRequest
-	52, // 79: k3sm.runtime.v1.Runtime.Exec:input_type -> k3sm.runtime.v1.ExecRequest
-	56, // 80: k3sm.runtime.v1.Runtime.Attach:input_type -> k3sm.runtime.v1.AttachRequest
-	59, // 81: k3sm.runtime.v1.Runtime.PortForward:input_type -> k3sm.runtime.v1.PortForwardRequest
-	61, // 82: k3sm.runtime.v1.Runtime.ListPodStats:input_type -> k3sm.runtime.v1.ListPodStatsRequest
-	66, // 83: k3sm.runtime.v1.Images.ListImages:input_type -> k3sm.runtime.v1.ListImagesRequest
-	68, // 84: k3sm.runtime.v1.Images.PullImage:input_type -> k3sm.runtime.v1.PullImageRequest
-	70, // 85: k3sm.runtime.v1.Images.RemoveImage:input_type -> k3sm.runtime.v1.RemoveImageRequest
-	72, // 86: k3sm.runtime.v1.Images.ImageFsInfo:input_type -> k3sm.runtime.v1.ImageFsInfoRequest
-	35, // 87: k3sm.runtime.v1.Runtime.GetRuntimeInfo:output_type -> k3sm.runtime.v1.GetRuntimeInfoResponse
-	37, // 88: k3sm.runtime.v1.Runtime.CreatePod:output_type -> k3sm.runtime.v1.CreatePodResponse
-	39, // 89: k3sm.runtime.v1.Runtime.UpdatePod:output_type -> k3sm.runtime.v1.UpdatePodResponse
-	19, // 90: k3sm.runtime.v1.Runtime.UpdatePodVolumes:output_type -> k3sm.runtime.v1.UpdatePodVolumesResponse
-	41, // 91: k3sm.runtime.v1.Runtime.DeletePod:output_type -> k3sm.runtime.v1.DeletePodResponse
-	43, // 92: k3sm.runtime.v1.Runtime.GetPodStatus:output_type -> k3sm.runtime.v1.GetPodStatusResponse
-	45, // 93: k3sm.runtime.v1.Runtime.ListPods:output_type -> k3sm.runtime.v1.ListPodsResponse
-	47, // 94: k3sm.runtime.v1.Runtime.WatchPodStatus:output_type -> k3sm.runtime.v1.WatchPodStatusResponse
-	49, // 95: k3sm.runtime.v1.Runtime.GetLogs:output_type -> k3sm.runtime.v1.GetLogsResponse
-	54, // 96: k3sm.runtime.v1.Runtime.Exec:output_type -> k3sm.runtime.v1.ExecResponse
-	57, // 97: k3sm.runtime.v1.Runtime.Attach:output_type -> k3sm.runtime.v1.AttachResponse
-	60, // 98: k3sm.runtime.v1.Runtime.PortForward:output_type -> k3sm.runtime.v1.PortForwardResponse
-	64, // 99: k3sm.runtime.v1.Runtime.ListPodStats:output_type -> k3sm.runtime.v1.ListPodStatsResponse
-	67, // 100: k3sm.runtime.v1.Images.ListImages:output_type -> k3sm.runtime.v1.ListImagesResponse
-	69, // 101: k3sm.runtime.v1.Images.PullImage:output_type -> k3sm.runtime.v1.PullImageResponse
-	71, // 102: k3sm.runtime.v1.Images.RemoveImage:output_type -> k3sm.runtime.v1.RemoveImageResponse
-	73, // 103: k3sm.runtime.v1.Images.ImageFsInfo:output_type -> k3sm.runtime.v1.ImageFsInfoResponse
-	87, // [87:104] is the sub-list for method output_type
-	70, // [70:87] is the sub-list for method input_type
-	70, // [70:70] is the sub-list for extension type_name
-	70, // [70:70] is the sub-list for extension extendee
-	0,  // [0:70] is the sub-list for field type_name
+	8,  // 1: k3sm.runtime.v1.PodSpec.init_containers:type_name -> k3sm.runtime.v1.ContainerSpec
+	8,  // 2: k3sm.runtime.v1.PodSpec.containers:type_name -> k3sm.runtime.v1.ContainerSpec
+	75, // 3: k3sm.runtime.v1.PodSpec.labels:type_name -> k3sm.runtime.v1.PodSpec.LabelsEntry
+	76, // 4: k3sm.runtime.v1.PodSpec.annotations:type_name -> k3sm.runtime.v1.PodSpec.AnnotationsEntry
+	12, // 5: k3sm.runtime.v1.PodSpec.volumes:type_name -> k3sm.runtime.v1.Volume
+	7,  // 6: k3sm.runtime.v1.PodSpec.ephemeral_containers:type_name -> k3sm.runtime.v1.EphemeralContainerSpec
+	8,  // 7: k3sm.runtime.v1.EphemeralContainerSpec.container:type_name -> k3sm.runtime.v1.ContainerSpec
+	1,  // 8: k3sm.runtime.v1.ContainerSpec.image_pull_policy:type_name -> k3sm.runtime.v1.PullPolicy
+	9,  // 9: k3sm.runtime.v1.ContainerSpec.env:type_name -> k3sm.runtime.v1.EnvVar
+	2,  // 10: k3sm.runtime.v1.ContainerSpec.restart_policy:type_name -> k3sm.runtime.v1.ContainerRestartPolicy
+	11, // 11: k3sm.runtime.v1.ContainerSpec.resources:type_name -> k3sm.runtime.v1.Resources
+	10, // 12: k3sm.runtime.v1.ContainerSpec.ports:type_name -> k3sm.runtime.v1.ContainerPort
+	18, // 13: k3sm.runtime.v1.ContainerSpec.volume_mounts:type_name -> k3sm.runtime.v1.VolumeMount
+	21, // 14: k3sm.runtime.v1.ContainerSpec.liveness_probe:type_name -> k3sm.runtime.v1.Probe
+	21, // 15: k3sm.runtime.v1.ContainerSpec.readiness_probe:type_name -> k3sm.runtime.v1.Probe
+	21, // 16: k3sm.runtime.v1.ContainerSpec.startup_probe:type_name -> k3sm.runtime.v1.Probe
+	26, // 17: k3sm.runtime.v1.ContainerSpec.lifecycle:type_name -> k3sm.runtime.v1.Lifecycle
+	13, // 18: k3sm.runtime.v1.Volume.empty_dir:type_name -> k3sm.runtime.v1.EmptyDirVolume
+	14, // 19: k3sm.runtime.v1.Volume.files:type_name -> k3sm.runtime.v1.FilesVolume
+	16, // 20: k3sm.runtime.v1.Volume.host_path:type_name -> k3sm.runtime.v1.HostPathVolume
+	17, // 21: k3sm.runtime.v1.Volume.local_path:type_name -> k3sm.runtime.v1.LocalPathVolume
+	15, // 22: k3sm.runtime.v1.FilesVolume.files:type_name -> k3sm.runtime.v1.VolumeFile
+	12, // 23: k3sm.runtime.v1.UpdatePodVolumesRequest.volumes:type_name -> k3sm.runtime.v1.Volume
+	22, // 24: k3sm.runtime.v1.Probe.exec:type_name -> k3sm.runtime.v1.ExecAction
+	23, // 25: k3sm.runtime.v1.Probe.http_get:type_name -> k3sm.runtime.v1.HTTPGetAction
+	24, // 26: k3sm.runtime.v1.Probe.tcp_socket:type_name -> k3sm.runtime.v1.TCPSocketAction
+	25, // 27: k3sm.runtime.v1.Probe.grpc:type_name -> k3sm.runtime.v1.GRPCAction
+	9,  // 28: k3sm.runtime.v1.HTTPGetAction.headers:type_name -> k3sm.runtime.v1.EnvVar
+	27, // 29: k3sm.runtime.v1.Lifecycle.post_start:type_name -> k3sm.runtime.v1.LifecycleHandler
+	27, // 30: k3sm.runtime.v1.Lifecycle.pre_stop:type_name -> k3sm.runtime.v1.LifecycleHandler
+	22, // 31: k3sm.runtime.v1.LifecycleHandler.exec:type_name -> k3sm.runtime.v1.ExecAction
+	23, // 32: k3sm.runtime.v1.LifecycleHandler.http_get:type_name -> k3sm.runtime.v1.HTTPGetAction
+	24, // 33: k3sm.runtime.v1.LifecycleHandler.tcp_socket:type_name -> k3sm.runtime.v1.TCPSocketAction
+	3,  // 34: k3sm.runtime.v1.PodStatus.phase:type_name -> k3sm.runtime.v1.PodPhase
+	77, // 35: k3sm.runtime.v1.PodStatus.start_time:type_name -> google.protobuf.Timestamp
+	29, // 36: k3sm.runtime.v1.PodStatus.init_container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
+	29, // 37: k3sm.runtime.v1.PodStatus.container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
+	29, // 38: k3sm.runtime.v1.PodStatus.ephemeral_container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
+	30, // 39: k3sm.runtime.v1.ContainerStatus.state:type_name -> k3sm.runtime.v1.ContainerState
+	30, // 40: k3sm.runtime.v1.ContainerStatus.last_termination_state:type_name -> k3sm.runtime.v1.ContainerState
+	31, // 41: k3sm.runtime.v1.ContainerState.waiting:type_name -> k3sm.runtime.v1.ContainerStateWaiting
+	32, // 42: k3sm.runtime.v1.ContainerState.running:type_name -> k3sm.runtime.v1.ContainerStateRunning
+	33, // 43: k3sm.runtime.v1.ContainerState.terminated:type_name -> k3sm.runtime.v1.ContainerStateTerminated
+	77, // 44: k3sm.runtime.v1.ContainerStateRunning.started_at:type_name -> google.protobuf.Timestamp
+	77, // 45: k3sm.runtime.v1.ContainerStateTerminated.started_at:type_name -> google.protobuf.Timestamp
+	77, // 46: k3sm.runtime.v1.ContainerStateTerminated.finished_at:type_name -> google.protobuf.Timestamp
+	4,  // 47: k3sm.runtime.v1.PodEvent.type:type_name -> k3sm.runtime.v1.EventType
+	77, // 48: k3sm.runtime.v1.PodEvent.time:type_name -> google.protobuf.Timestamp
+	6,  // 49: k3sm.runtime.v1.CreatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
+	28, // 50: k3sm.runtime.v1.CreatePodResponse.status:type_name -> k3sm.runtime.v1.PodStatus
+	6,  // 51: k3sm.runtime.v1.UpdatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
+	28, // 52: k3sm.runtime.v1.UpdatePodResponse.status:type_name -> k3sm.runtime.v1.PodStatus
+	28, // 53: k3sm.runtime.v1.GetPodStatusResponse.status:type_name -> k3sm.runtime.v1.PodStatus
+	28, // 54: k3sm.runtime.v1.ListPodsResponse.pods:type_name -> k3sm.runtime.v1.PodStatus
+	6,  // 55: k3sm.runtime.v1.ListPodsResponse.specs:type_name -> k3sm.runtime.v1.PodSpec
+	5,  // 56: k3sm.runtime.v1.WatchPodStatusResponse.kind:type_name -> k3sm.runtime.v1.WatchPodStatusResponse.Kind
+	28, // 57: k3sm.runtime.v1.WatchPodStatusResponse.status:type_name -> k3sm.runtime.v1.PodStatus
+	34, // 58: k3sm.runtime.v1.WatchPodStatusResponse.event:type_name -> k3sm.runtime.v1.PodEvent
+	77, // 59: k3sm.runtime.v1.GetLogsRequest.since_time:type_name -> google.protobuf.Timestamp
+	51, // 60: k3sm.runtime.v1.ExecStart.initial_size:type_name -> k3sm.runtime.v1.TerminalSize
+	52, // 61: k3sm.runtime.v1.ExecRequest.start:type_name -> k3sm.runtime.v1.ExecStart
+	51, // 62: k3sm.runtime.v1.ExecRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
+	54, // 63: k3sm.runtime.v1.ExecResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
+	56, // 64: k3sm.runtime.v1.AttachRequest.start:type_name -> k3sm.runtime.v1.AttachStart
+	51, // 65: k3sm.runtime.v1.AttachRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
+	54, // 66: k3sm.runtime.v1.AttachResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
+	59, // 67: k3sm.runtime.v1.PortForwardRequest.start:type_name -> k3sm.runtime.v1.PortForwardStart
+	77, // 68: k3sm.runtime.v1.ContainerStats.timestamp:type_name -> google.protobuf.Timestamp
+	63, // 69: k3sm.runtime.v1.PodStats.containers:type_name -> k3sm.runtime.v1.ContainerStats
+	64, // 70: k3sm.runtime.v1.ListPodStatsResponse.pods:type_name -> k3sm.runtime.v1.PodStats
+	66, // 71: k3sm.runtime.v1.ListImagesResponse.images:type_name -> k3sm.runtime.v1.Image
+	66, // 72: k3sm.runtime.v1.PullImageResponse.image:type_name -> k3sm.runtime.v1.Image
+	35, // 73: k3sm.runtime.v1.Runtime.GetRuntimeInfo:input_type -> k3sm.runtime.v1.GetRuntimeInfoRequest
+	37, // 74: k3sm.runtime.v1.Runtime.CreatePod:input_type -> k3sm.runtime.v1.CreatePodRequest
+	39, // 75: k3sm.runtime.v1.Runtime.UpdatePod:input_type -> k3sm.runtime.v1.UpdatePodRequest
+	19, // 76: k3sm.runtime.v1.Runtime.UpdatePodVolumes:input_type -> k3sm.runtime.v1.UpdatePodVolumesRequest
+	41, // 77: k3sm.runtime.v1.Runtime.DeletePod:input_type -> k3sm.runtime.v1.DeletePodRequest
+	43, // 78: k3sm.runtime.v1.Runtime.GetPodStatus:input_type -> k3sm.runtime.v1.GetPodStatusRequest
+	45, // 79: k3sm.runtime.v1.Runtime.ListPods:input_type -> k3sm.runtime.v1.ListPodsRequest
+	47, // 80: k3sm.runtime.v1.Runtime.WatchPodStatus:input_type -> k3sm.runtime.v1.WatchPodStatusRequest
+	49, // 81: k3sm.runtime.v1.Runtime.GetLogs:input_type -> k3sm.runtime.v1.GetLogsRequest
+	53, // 82: k3sm.runtime.v1.Runtime.Exec:input_type -> k3sm.runtime.v1.ExecRequest
+	57, // 83: k3sm.runtime.v1.Runtime.Attach:input_type -> k3sm.runtime.v1.AttachRequest
+	60, // 84: k3sm.runtime.v1.Runtime.PortForward:input_type -> k3sm.runtime.v1.PortForwardRequest
+	62, // 85: k3sm.runtime.v1.Runtime.ListPodStats:input_type -> k3sm.runtime.v1.ListPodStatsRequest
+	67, // 86: k3sm.runtime.v1.Images.ListImages:input_type -> k3sm.runtime.v1.ListImagesRequest
+	69, // 87: k3sm.runtime.v1.Images.PullImage:input_type -> k3sm.runtime.v1.PullImageRequest
+	71, // 88: k3sm.runtime.v1.Images.RemoveImage:input_type -> k3sm.runtime.v1.RemoveImageRequest
+	73, // 89: k3sm.runtime.v1.Images.ImageFsInfo:input_type -> k3sm.runtime.v1.ImageFsInfoRequest
+	36, // 90: k3sm.runtime.v1.Runtime.GetRuntimeInfo:output_type -> k3sm.runtime.v1.GetRuntimeInfoResponse
+	38, // 91: k3sm.runtime.v1.Runtime.CreatePod:output_type -> k3sm.runtime.v1.CreatePodResponse
+	40, // 92: k3sm.runtime.v1.Runtime.UpdatePod:output_type -> k3sm.runtime.v1.UpdatePodResponse
+	20, // 93: k3sm.runtime.v1.Runtime.UpdatePodVolumes:output_type -> k3sm.runtime.v1.UpdatePodVolumesResponse
+	42, // 94: k3sm.runtime.v1.Runtime.DeletePod:output_type -> k3sm.runtime.v1.DeletePodResponse
+	44, // 95: k3sm.runtime.v1.Runtime.GetPodStatus:output_type -> k3sm.runtime.v1.GetPodStatusResponse
+	46, // 96: k3sm.runtime.v1.Runtime.ListPods:output_type -> k3sm.runtime.v1.ListPodsResponse
+	48, // 97: k3sm.runtime.v1.Runtime.WatchPodStatus:output_type -> k3sm.runtime.v1.WatchPodStatusResponse
+	50, // 98: k3sm.runtime.v1.Runtime.GetLogs:output_type -> k3sm.runtime.v1.GetLogsResponse
+	55, // 99: k3sm.runtime.v1.Runtime.Exec:output_type -> k3sm.runtime.v1.ExecResponse
+	58, // 100: k3sm.runtime.v1.Runtime.Attach:output_type -> k3sm.runtime.v1.AttachResponse
+	61, // 101: k3sm.runtime.v1.Runtime.PortForward:output_type -> k3sm.runtime.v1.PortForwardResponse
+	65, // 102: k3sm.runtime.v1.Runtime.ListPodStats:output_type -> k3sm.runtime.v1.ListPodStatsResponse
+	68, // 103: k3sm.runtime.v1.Images.ListImages:output_type -> k3sm.runtime.v1.ListImagesResponse
+	70, // 104: k3sm.runtime.v1.Images.PullImage:output_type -> k3sm.runtime.v1.PullImageResponse
+	72, // 105: k3sm.runtime.v1.Images.RemoveImage:output_type -> k3sm.runtime.v1.RemoveImageResponse
+	74, // 106: k3sm.runtime.v1.Images.ImageFsInfo:output_type -> k3sm.runtime.v1.ImageFsInfoResponse
+	90, // [90:107] is the sub-list for method output_type
+	73, // [73:90] is the sub-list for method input_type
+	73, // [73:73] is the sub-list for extension type_name
+	73, // [73:73] is the sub-list for extension extendee
+	0,  // [0:73] is the sub-list for field type_name
 }
 
 func init() { file_runtime_proto_init() }
@@ -5809,59 +5901,59 @@ func file_runtime_proto_init() {
 		return
 	}
 	file_runtime_proto_msgTypes[0].OneofWrappers = []any{}
-	file_runtime_proto_msgTypes[5].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[6].OneofWrappers = []any{
 		(*Volume_EmptyDir)(nil),
 		(*Volume_Files)(nil),
 		(*Volume_HostPath)(nil),
 		(*Volume_LocalPath)(nil),
 	}
-	file_runtime_proto_msgTypes[14].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[15].OneofWrappers = []any{
 		(*Probe_Exec)(nil),
 		(*Probe_HttpGet)(nil),
 		(*Probe_TcpSocket)(nil),
 		(*Probe_Grpc)(nil),
 	}
-	file_runtime_proto_msgTypes[20].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[21].OneofWrappers = []any{
 		(*LifecycleHandler_Exec)(nil),
 		(*LifecycleHandler_HttpGet)(nil),
 		(*LifecycleHandler_TcpSocket)(nil),
 		(*LifecycleHandler_SleepSeconds)(nil),
 	}
-	file_runtime_proto_msgTypes[23].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[24].OneofWrappers = []any{
 		(*ContainerState_Waiting)(nil),
 		(*ContainerState_Running)(nil),
 		(*ContainerState_Terminated)(nil),
 	}
-	file_runtime_proto_msgTypes[34].OneofWrappers = []any{}
-	file_runtime_proto_msgTypes[42].OneofWrappers = []any{}
-	file_runtime_proto_msgTypes[46].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[35].OneofWrappers = []any{}
+	file_runtime_proto_msgTypes[43].OneofWrappers = []any{}
+	file_runtime_proto_msgTypes[47].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_Resize)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 	}
-	file_runtime_proto_msgTypes[48].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[49].OneofWrappers = []any{
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_runtime_proto_msgTypes[50].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[51].OneofWrappers = []any{
 		(*AttachRequest_Start)(nil),
 		(*AttachRequest_Stdin)(nil),
 		(*AttachRequest_Resize)(nil),
 		(*AttachRequest_CloseStdin)(nil),
 	}
-	file_runtime_proto_msgTypes[51].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[52].OneofWrappers = []any{
 		(*AttachResponse_Stdout)(nil),
 		(*AttachResponse_Stderr)(nil),
 		(*AttachResponse_Exit)(nil),
 	}
-	file_runtime_proto_msgTypes[53].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[54].OneofWrappers = []any{
 		(*PortForwardRequest_Start)(nil),
 		(*PortForwardRequest_Data)(nil),
 		(*PortForwardRequest_CloseWrite)(nil),
 	}
-	file_runtime_proto_msgTypes[54].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[55].OneofWrappers = []any{
 		(*PortForwardResponse_Data)(nil),
 		(*PortForwardResponse_Error)(nil),
 	}
@@ -5871,7 +5963,7 @@ func file_runtime_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_runtime_proto_rawDesc), len(file_runtime_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   70,
+			NumMessages:   71,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -184,7 +184,11 @@ func (s *server) ListPodStats(ctx context.Context, req *runtimev1.ListPodStatsRe
 			continue
 		}
 		resp.Pods = append(resp.Pods, &runtimev1.PodStats{Uid: sp.GetUid(), Namespace: sp.GetNamespace(), Name: sp.GetName()})
-		for _, c := range append(append([]*runtimev1.ContainerSpec{}, sp.GetInitContainers()...), sp.GetContainers()...) {
+		ctrs := append(append([]*runtimev1.ContainerSpec{}, sp.GetInitContainers()...), sp.GetContainers()...)
+		for _, ec := range sp.GetEphemeralContainers() {
+			ctrs = append(ctrs, ec.GetContainer())
+		}
+		for _, c := range ctrs {
 			info, err := s.mgr.Container(sp.GetUid(), c.GetName())
 			if err != nil || info.Pid == 0 {
 				continue

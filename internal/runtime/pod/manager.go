@@ -155,6 +155,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		p.event(runtimev1.EventType_EVENT_TYPE_NORMAL, "PodReattached", "",
 			fmt.Sprintf("Runtime daemon restarted: re-attached to %d running container(s) without restarting them", running))
 		m.startWorker(p)
+		p.startEphemeral()
 		if p.terminating {
 			go m.finishDelete(p)
 		}
@@ -189,7 +190,7 @@ func validate(spec *runtimev1.PodSpec) error {
 		return &InvalidSpecError{"pod.containers: at least one container is required"}
 	}
 	seen := map[string]bool{}
-	for _, c := range append(append([]*runtimev1.ContainerSpec{}, spec.GetInitContainers()...), spec.GetContainers()...) {
+	for _, c := range allSpecs(spec) {
 		if c.GetName() == "" || filepath.Base(c.GetName()) != c.GetName() || c.GetName() == "." || c.GetName() == ".." {
 			return &InvalidSpecError{fmt.Sprintf("container name %q: must be a DNS label", c.GetName())}
 		}
@@ -201,7 +202,25 @@ func validate(spec *runtimev1.PodSpec) error {
 			return &InvalidSpecError{fmt.Sprintf("container %q: image is required (an OCI reference, or %q with an absolute command)", c.GetName(), NativeImage)}
 		}
 	}
+	for _, ec := range spec.GetEphemeralContainers() {
+		if ec.GetContainer() == nil {
+			return &InvalidSpecError{"pod.ephemeral_containers: container is required"}
+		}
+		if t := ec.GetTargetContainerName(); t != "" && !slices.ContainsFunc(append(slices.Clone(spec.GetInitContainers()), spec.GetContainers()...),
+			func(c *runtimev1.ContainerSpec) bool { return c.GetName() == t }) {
+			return &InvalidSpecError{fmt.Sprintf("ephemeral container %q: target container %q is not a container of the pod", ec.GetContainer().GetName(), t)}
+		}
+	}
 	return nil
+}
+
+// allSpecs lists the init, regular and ephemeral containers of spec.
+func allSpecs(spec *runtimev1.PodSpec) []*runtimev1.ContainerSpec {
+	out := append(slices.Clone(spec.GetInitContainers()), spec.GetContainers()...)
+	for _, ec := range spec.GetEphemeralContainers() {
+		out = append(out, ec.GetContainer())
+	}
+	return out
 }
 
 // Create admits a pod and starts its worker. An existing uid is returned as
@@ -236,19 +255,31 @@ func (m *Manager) Create(spec *runtimev1.PodSpec) (*runtimev1.PodStatus, error) 
 	}
 	m.hub.changed(p.uid)
 	m.startWorker(p)
+	p.startEphemeral()
 	return p.status(), nil
 }
 
 func (m *Manager) newPod(spec *runtimev1.PodSpec) *podRT {
 	p := &podRT{m: m, uid: spec.GetUid(), name: spec.GetName(), namespace: spec.GetNamespace(), dir: m.podDir(spec.GetUid()), spec: spec,
-		deleteCh: make(chan struct{}), done: make(chan struct{}), removed: make(chan struct{})}
+		deleteCh: make(chan struct{}), done: make(chan struct{}), removed: make(chan struct{}), ephStop: make(chan struct{})}
 	for _, c := range spec.GetInitContainers() {
 		p.init = append(p.init, newCtr(c, true, p.deleteCh))
 	}
 	for _, c := range spec.GetContainers() {
 		p.main = append(p.main, newCtr(c, false, p.deleteCh))
 	}
+	for _, ec := range spec.GetEphemeralContainers() {
+		p.eph = append(p.eph, p.newEphemeral(ec))
+	}
 	return p
+}
+
+// newEphemeral is an ephemeral container: it stops when the pod is deleted
+// or its worker finished (see run).
+func (p *podRT) newEphemeral(ec *runtimev1.EphemeralContainerSpec) *ctr {
+	c := newCtr(ec.GetContainer(), false, p.ephStop)
+	c.ephemeral, c.target = true, ec.GetTargetContainerName()
+	return c
 }
 
 func newCtr(c *runtimev1.ContainerSpec, init bool, deleteCh chan struct{}) *ctr {
@@ -278,6 +309,7 @@ func (m *Manager) Update(spec *runtimev1.PodSpec) (*runtimev1.PodStatus, error) 
 	}
 	spec = proto.Clone(spec).(*runtimev1.PodSpec)
 	p.mu.Lock()
+	added := p.mergeEphemeralLocked(spec)
 	p.spec = spec
 	byName := map[string]*runtimev1.ContainerSpec{}
 	for _, c := range append(append([]*runtimev1.ContainerSpec{}, spec.GetInitContainers()...), spec.GetContainers()...) {
@@ -308,8 +340,48 @@ func (m *Manager) Update(spec *runtimev1.PodSpec) (*runtimev1.PodStatus, error) 
 		}
 	}
 	p.mu.Unlock()
+	if added {
+		p.startEphemeral()
+	}
 	p.changedNotify()
 	return p.status(), nil
+}
+
+// mergeEphemeralLocked adds the ephemeral containers spec names for the
+// first time. Ephemeral containers cannot change or be removed (the API
+// refuses both): a known one keeps its spec, and one missing from spec is
+// kept in it, so pod.json always describes every container that ran.
+// Caller holds p.mu.
+func (p *podRT) mergeEphemeralLocked(spec *runtimev1.PodSpec) (added bool) {
+	known := map[string]*ctr{}
+	for _, c := range p.eph {
+		known[c.name] = c
+	}
+	listed := map[string]bool{}
+	for i, ec := range spec.GetEphemeralContainers() {
+		name := ec.GetContainer().GetName()
+		listed[name] = true
+		if c, ok := known[name]; ok {
+			spec.EphemeralContainers[i] = &runtimev1.EphemeralContainerSpec{Container: c.spec, TargetContainerName: c.target}
+			continue
+		}
+		p.eph = append(p.eph, p.newEphemeral(ec))
+		added = true
+	}
+	for _, c := range p.eph {
+		if !listed[c.name] {
+			spec.EphemeralContainers = append(spec.EphemeralContainers, &runtimev1.EphemeralContainerSpec{Container: c.spec, TargetContainerName: c.target})
+		}
+	}
+	// Keep the order the containers were added in.
+	order := map[string]int{}
+	for i, c := range p.eph {
+		order[c.name] = i
+	}
+	slices.SortStableFunc(spec.EphemeralContainers, func(a, b *runtimev1.EphemeralContainerSpec) int {
+		return order[a.GetContainer().GetName()] - order[b.GetContainer().GetName()]
+	})
+	return added
 }
 
 // definitionChanged reports that a running container must stop and start
@@ -604,6 +676,11 @@ type ctr struct {
 	spec *runtimev1.ContainerSpec // replaced by Update, under the pod's mu
 	name string                   // immutable
 	init bool
+	// ephemeral: an ephemeral container (kubectl debug), run once; target
+	// is the container whose mount namespace it joins (may be empty).
+	ephemeral bool
+	target    string
+	launched  bool // its goroutine was started (under the pod's mu)
 
 	restartCount int32
 	hasRun       bool
@@ -681,6 +758,7 @@ type podRT struct {
 	mu          sync.Mutex
 	spec        *runtimev1.PodSpec
 	init, main  []*ctr
+	eph         []*ctr // ephemeral containers, in the order they were added
 	startTime   time.Time
 	terminating bool
 	grace       time.Duration
@@ -701,8 +779,14 @@ type podRT struct {
 	evicted  string
 	stopOnce sync.Once
 	deleteCh chan struct{} // closed when deletion (or eviction) starts
-	done     chan struct{} // closed when the worker returned
-	removed  chan struct{} // closed when the pod is gone
+	// ephStop is the ephemeral containers' stop channel: closed when
+	// deletion starts or the worker finished (the pod is terminal).
+	ephStop     chan struct{}
+	ephStopOnce sync.Once
+	ephWG       sync.WaitGroup // goroutines of ephemeral containers
+	ephClosed   bool           // the worker ended: start no more (under mu)
+	done        chan struct{}  // closed when the worker returned
+	removed     chan struct{}  // closed when the pod is gone
 }
 
 func (p *podRT) key() string { return p.namespace + "/" + p.name }
@@ -710,7 +794,7 @@ func (p *podRT) key() string { return p.namespace + "/" + p.name }
 // stopAll makes the worker stop every container (deletion or eviction).
 func (p *podRT) stopAll() { p.stopOnce.Do(func() { close(p.deleteCh) }) }
 
-func (p *podRT) all() []*ctr { return append(append([]*ctr{}, p.init...), p.main...) }
+func (p *podRT) all() []*ctr { return append(append(append([]*ctr{}, p.init...), p.main...), p.eph...) }
 
 func (p *podRT) rootDir(c *ctr) string { return filepath.Join(p.dir, "roots", c.name) }
 
@@ -890,6 +974,9 @@ func (p *podRT) statusLocked() *runtimev1.PodStatus {
 			st.ContainersReady = false
 		}
 	}
+	for _, c := range p.eph {
+		st.EphemeralContainerStatuses = append(st.EphemeralContainerStatuses, c.apiStatus())
+	}
 	st.Phase = computePhase(p.spec.GetRestartPolicy(), st.InitContainerStatuses, st.ContainerStatuses, sidecars, mainRan)
 	if p.evicted != "" {
 		// Failed once every container stopped, as the kubelet reports it.
@@ -919,9 +1006,9 @@ func (c *ctr) apiStatus() *runtimev1.ContainerStatus {
 			StartedAt: timestamppb.New(c.state.Running.StartedAt)}}}
 		// Started once postStart completed and the startup probe passed;
 		// ready while the readiness probe passes (regular init containers
-		// are never ready).
+		// and ephemeral containers are never ready).
 		cs.Started = c.probeStarted
-		cs.Ready = c.probeStarted && c.probeReady && (!c.init || c.sidecar())
+		cs.Ready = c.probeStarted && c.probeReady && (!c.init || c.sidecar()) && !c.ephemeral
 	case c.state.Terminated != nil:
 		cs.State = termProto(c.state.Terminated)
 	default:

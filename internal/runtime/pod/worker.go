@@ -17,6 +17,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/runtime/clone"
 	"github.com/k3sm-dev/k3sm/internal/runtime/criolog"
 	"github.com/k3sm-dev/k3sm/internal/runtime/image"
+	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
 )
 
 type outcome int
@@ -39,6 +40,29 @@ const (
 // after the main containers, in reverse order.
 func (p *podRT) run(ctx context.Context) {
 	defer close(p.done)
+	// Ephemeral containers run beside all this and stop when the pod is
+	// deleted or once the worker is done (the pod is terminal); when the
+	// daemon stops they detach, as every container does.
+	finished := make(chan struct{})
+	go func() {
+		select {
+		case <-p.deleteCh:
+		case <-finished:
+			if ctx.Err() != nil {
+				return
+			}
+		case <-ctx.Done():
+			return
+		}
+		p.ephStopOnce.Do(func() { close(p.ephStop) })
+	}()
+	defer func() {
+		p.mu.Lock()
+		p.ephClosed = true
+		p.mu.Unlock()
+		close(finished)
+		p.ephWG.Wait()
+	}()
 	p.mu.Lock()
 	policy := p.spec.GetRestartPolicy()
 	p.mu.Unlock()
@@ -102,6 +126,54 @@ func (p *podRT) run(ctx context.Context) {
 		}(c)
 	}
 	wg.Wait()
+}
+
+// startEphemeral starts the goroutine of every ephemeral container that has
+// none yet. Each runs once, under restartPolicy Never whatever the pod's
+// (the kubelet never restarts them); a re-attached one is waited for.
+func (p *podRT) startEphemeral() {
+	p.m.mu.Lock()
+	ctx := p.m.ctx
+	p.m.mu.Unlock()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ephClosed || ctx == nil {
+		return
+	}
+	for _, c := range p.eph {
+		if c.launched {
+			continue
+		}
+		c.launched = true
+		p.ephWG.Add(1)
+		go func() {
+			defer p.ephWG.Done()
+			p.loop(ctx, c, runtimev1.RestartPolicy_RESTART_POLICY_NEVER)
+		}()
+	}
+}
+
+// enterTarget makes an ephemeral container's command run in the mount
+// namespace of its target container (kubectl debug --target), the way exec
+// enters a container. It reports whether it did: then the ephemeral
+// container's own volume mounts are not applied.
+func (p *podRT) enterTarget(c *ctr, argv []string, dir string) ([]string, string, bool, error) {
+	p.mu.Lock()
+	pid := 0
+	for _, t := range append(append([]*ctr{}, p.init...), p.main...) {
+		if t.name == c.target && t.proc != nil && t.state.Running != nil {
+			pid = t.proc.Pid()
+		}
+	}
+	p.mu.Unlock()
+	if pid == 0 {
+		return nil, "", false, fmt.Errorf("target container %q is not running", c.target)
+	}
+	wrapped, wdir, err := inContainerMounts(pid, dir, argv)
+	if err != nil {
+		return nil, "", false, err
+	}
+	return wrapped, wdir, len(wrapped) != len(argv), nil
 }
 
 // loop runs c's attempts under policy until it stops for good.
@@ -318,9 +390,17 @@ func (p *podRT) runOnce(ctx context.Context, c *ctr) outcome {
 	if err != nil {
 		return fail(err.Error())
 	}
-	ms, err := p.containerMounts(cspec, root, res.Env)
-	if err != nil {
-		return fail(err.Error())
+	entered := false
+	if c.target != "" {
+		if res.Argv, res.Dir, entered, err = p.enterTarget(c, res.Argv, res.Dir); err != nil {
+			return fail(err.Error())
+		}
+	}
+	var ms []mounts.Mount
+	if !entered {
+		if ms, err = p.containerMounts(cspec, root, res.Env); err != nil {
+			return fail(err.Error())
+		}
 	}
 	proc, err := p.m.cfg.Starter.Start(ctx, ProcessSpec{ID: attempt, Argv: res.Argv, Env: res.Env, Dir: res.Dir,
 		LogPath:    filepath.Join(p.logDir(), name, strconv.Itoa(int(n))+".log"),

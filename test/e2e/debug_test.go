@@ -1,0 +1,175 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/creack/pty"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+)
+
+// ephemeralStatus returns the pod's status of ephemeral container name.
+func ephemeralStatus(p *corev1.Pod, name string) *corev1.ContainerStatus {
+	for i := range p.Status.EphemeralContainerStatuses {
+		if p.Status.EphemeralContainerStatuses[i].Name == name {
+			return &p.Status.EphemeralContainerStatuses[i]
+		}
+	}
+	return nil
+}
+
+// TestKubectlDebug runs `kubectl debug` against a running pod: the
+// ephemeral container starts (once), runs in the target container's mount
+// namespace so it sees the target's volume, and reports its output, exit
+// code and events; `kubectl debug -i` attaches to its stdin, `-it` to its
+// terminal.
+func TestKubectlDebug(t *testing.T) {
+	imgs := buildImages(t)
+	s := newServer(t)
+	s.start()
+	c := s.client()
+	t.Cleanup(func() {
+		zero := int64(0)
+		_ = c.CoreV1().Pods("default").DeleteCollection(context.Background(), metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
+		deadline := time.Now().Add(time.Minute)
+		for len(s.workloadPids()) > 0 && time.Now().Before(deadline) {
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+
+	// The target writes into an emptyDir that only its own mount namespace
+	// shows at /data.
+	web := nativePod("web", imgs.prog, "append:/data/note:written-by-target", "forever")
+	web.Spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	web.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}
+	s.createPod(t, web)
+	waitPod(t, c, "web", 2*time.Minute, running)
+
+	t.Run("non-interactive with --target", func(t *testing.T) {
+		out, err := s.kubectl("debug", "web", "--image="+imgs.prog, "--target=main", "-c", "debugger", "--",
+			"sh", "-c", "echo debugger-ran; cat /data/note; exit 3")
+		if err != nil {
+			t.Fatalf("kubectl debug: %v\n%s", err, out)
+		}
+		pod := waitPod(t, c, "web", 2*time.Minute, func(p *corev1.Pod) error {
+			cs := ephemeralStatus(p, "debugger")
+			if cs == nil || cs.State.Terminated == nil {
+				return fmt.Errorf("ephemeral statuses %+v", p.Status.EphemeralContainerStatuses)
+			}
+			return nil
+		})
+		cs := ephemeralStatus(pod, "debugger")
+		if term := cs.State.Terminated; term.ExitCode != 3 || term.Reason != "Error" || cs.ContainerID == "" ||
+			cs.Image != imgs.prog || !strings.Contains(cs.ImageID, "@sha256:") {
+			t.Fatalf("ephemeral status %+v", cs)
+		}
+		logs, err := s.kubectl("logs", "web", "-c", "debugger")
+		if err != nil || logs != "debugger-ran\nwritten-by-target\n" {
+			t.Fatalf("kubectl logs -c debugger: %v %q (want the target's /data/note)", err, logs)
+		}
+		// The pod is unaffected: still Running and Ready, nothing restarted.
+		time.Sleep(2 * time.Second)
+		pod, err = c.CoreV1().Pods("default").Get(ctx(t), "web", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pod.Status.Phase != corev1.PodRunning || pod.Status.ContainerStatuses[0].RestartCount != 0 || !pod.Status.ContainerStatuses[0].Ready {
+			t.Fatalf("pod after debug: %s %+v", pod.Status.Phase, pod.Status.ContainerStatuses)
+		}
+		if cs := ephemeralStatus(pod, "debugger"); cs.RestartCount != 0 || cs.State.Terminated == nil {
+			t.Fatalf("the ephemeral container was restarted: %+v", cs)
+		}
+		// Events as for any container.
+		waitFor(t, 30*time.Second, "events of the ephemeral container", func() error {
+			evs, err := c.CoreV1().Events("default").List(ctx(t), metav1.ListOptions{FieldSelector: fields.Set{
+				"involvedObject.name": "web", "involvedObject.fieldPath": "spec.ephemeralContainers{debugger}"}.String()})
+			if err != nil {
+				return err
+			}
+			seen := map[string]bool{}
+			for _, e := range evs.Items {
+				seen[e.Reason] = true
+			}
+			for _, r := range []string{"Pulled", "Created", "Started"} {
+				if !seen[r] {
+					return fmt.Errorf("no %s event; have %v", r, seen)
+				}
+			}
+			return nil
+		})
+	})
+
+	t.Run("interactive -i", func(t *testing.T) {
+		cmd := s.kubectlCmd("debug", "-i", "web", "--image="+imgs.prog, "--target=main", "-c", "interactive", "--",
+			"sh", "-c", `read line; echo "got:$line"; cat /data/note`)
+		cmd.Stdin = strings.NewReader("typed-in\n")
+		out := &outBuf{}
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("kubectl debug -i: %v\n%s", err, out.String())
+			}
+		case <-time.After(3 * time.Minute):
+			cmd.Process.Kill()
+			t.Fatalf("kubectl debug -i did not end; output %q", out.String())
+		}
+		if !strings.Contains(out.String(), "got:typed-in\nwritten-by-target\n") {
+			t.Fatalf("kubectl debug -i output %q", out.String())
+		}
+		pod := waitPod(t, c, "web", time.Minute, func(p *corev1.Pod) error {
+			if cs := ephemeralStatus(p, "interactive"); cs == nil || cs.State.Terminated == nil {
+				return fmt.Errorf("ephemeral statuses %+v", p.Status.EphemeralContainerStatuses)
+			}
+			return nil
+		})
+		if cs := ephemeralStatus(pod, "interactive"); cs.State.Terminated.ExitCode != 0 || cs.State.Terminated.Reason != "Completed" {
+			t.Fatalf("interactive ephemeral status %+v", cs)
+		}
+		if n := len(pod.Status.EphemeralContainerStatuses); n != 2 {
+			t.Fatalf("%d ephemeral statuses, want 2: %+v", n, pod.Status.EphemeralContainerStatuses)
+		}
+	})
+
+	t.Run("interactive -it through a pty", func(t *testing.T) {
+		cmd := s.kubectlCmd("debug", "-it", "web", "--image="+imgs.prog, "--target=main", "-c", "term", "--", "sh")
+		cmd.Env = append(os.Environ(), "TERM=xterm")
+		term, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 24, Cols: 80})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer term.Close()
+		out := &outBuf{}
+		go io.Copy(out, term)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		defer cmd.Process.Kill()
+		out.waitFor(t, "If you don't see a command prompt", 2*time.Minute)
+		io.WriteString(term, "test -t 0 && echo IS-$((6*7))-TTY; cat /data/note; exit 4\r")
+		out.waitFor(t, "IS-42-TTY", 30*time.Second)
+		out.waitFor(t, "written-by-target", 10*time.Second)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("kubectl debug -it did not end after exit; output %q", out.String())
+		}
+		waitPod(t, c, "web", time.Minute, func(p *corev1.Pod) error {
+			if cs := ephemeralStatus(p, "term"); cs == nil || cs.State.Terminated == nil || cs.State.Terminated.ExitCode != 4 {
+				return fmt.Errorf("ephemeral statuses %+v", p.Status.EphemeralContainerStatuses)
+			}
+			return nil
+		})
+	})
+}
