@@ -28,6 +28,7 @@ import (
 
 	"github.com/k3sm-dev/k3sm/internal/runtime/criolog"
 	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
+	"github.com/k3sm-dev/k3sm/internal/runtime/procgroup"
 )
 
 // Files in a shim's state directory.
@@ -72,7 +73,11 @@ type Ready struct {
 	ShimPid   int       `json:"shimPid"`
 	Pid       int       `json:"pid"`
 	StartedAt time.Time `json:"startedAt"`
-	Error     string    `json:"error,omitempty"`
+	// StartTicks is the workload's start time in clock ticks after boot
+	// (Linux /proc/<pid>/stat; 0 elsewhere): with Pid it identifies the
+	// process for a daemon that must end it after the shim died.
+	StartTicks uint64 `json:"startTicks,omitempty"`
+	Error      string `json:"error,omitempty"`
 }
 
 // ExitStatus is how the container's main process ended.
@@ -95,12 +100,13 @@ type Request struct {
 
 // Response answers a Request.
 type Response struct {
-	ShimPid   int         `json:"shimPid"`
-	Pid       int         `json:"pid"`
-	StartedAt time.Time   `json:"startedAt"`
-	Running   bool        `json:"running"`
-	Exit      *ExitStatus `json:"exit,omitempty"`
-	Error     string      `json:"error,omitempty"`
+	ShimPid    int         `json:"shimPid"`
+	Pid        int         `json:"pid"`
+	StartedAt  time.Time   `json:"startedAt"`
+	StartTicks uint64      `json:"startTicks,omitempty"`
+	Running    bool        `json:"running"`
+	Exit       *ExitStatus `json:"exit,omitempty"`
+	Error      string      `json:"error,omitempty"`
 }
 
 // Main runs the shim for the state directory given as the only argument and
@@ -121,7 +127,7 @@ func Main(args []string) int {
 		return 1
 	}
 	if ready != nil {
-		json.NewEncoder(ready).Encode(Ready{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt})
+		json.NewEncoder(ready).Encode(Ready{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt, StartTicks: s.startTicks})
 		ready.Close()
 	}
 	s.run()
@@ -129,15 +135,17 @@ func Main(args []string) int {
 }
 
 type server struct {
-	dir       string
-	cfg       Config
-	cmd       *exec.Cmd
-	pid       int
-	startedAt time.Time
-	log       *criolog.Writer
-	ln        *net.UnixListener
-	copiers   sync.WaitGroup
-	conns     sync.WaitGroup
+	dir        string
+	cfg        Config
+	cmd        *exec.Cmd
+	pid        int
+	group      *procgroup.Group // the workload's group; signals stop once it is reaped
+	startTicks uint64
+	startedAt  time.Time
+	log        *criolog.Writer
+	ln         *net.UnixListener
+	copiers    sync.WaitGroup
+	conns      sync.WaitGroup
 
 	mu     sync.Mutex
 	exit   *ExitStatus
@@ -237,8 +245,14 @@ func start(dir string) (*server, error) {
 		return nil, startErr
 	}
 	s.pid = s.cmd.Process.Pid
-	st, _ := json.Marshal(Response{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt, Running: true})
-	os.WriteFile(filepath.Join(dir, PidFile), st, 0o600)
+	// A terminal's container leads its own session (Setsid): its
+	// background jobs end with it too.
+	s.group = procgroup.New(s.pid, s.cfg.TTY)
+	s.startTicks = procgroup.StartTicks(s.pid) // a child not yet reaped: its own
+	st, _ := json.Marshal(Response{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt, StartTicks: s.startTicks, Running: true})
+	if err := writeDurable(dir, PidFile, st); err != nil {
+		fmt.Fprintln(os.Stderr, "k3sm-shim: write", PidFile+":", err)
+	}
 
 	s.copiers.Add(1)
 	go s.copy(criolog.Stdout, outR, FrameStdout)
@@ -308,7 +322,12 @@ func (s *server) copy(stream string, r *os.File, kind byte) {
 // its answer.
 func (s *server) run() {
 	go s.accept()
-	werr := s.cmd.Wait()
+	// The container ends with its main process, as with a pid namespace:
+	// whatever it left behind in its group goes too, killed while the
+	// exited (not yet reaped) process still holds the group's number.
+	// From then on signals are refused (they could reach a process that
+	// got the number later).
+	werr := s.group.Wait(nil, s.cmd.Wait)
 	finished := time.Now()
 	es := &ExitStatus{StartedAt: s.startedAt, FinishedAt: finished}
 	if ws, ok := s.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
@@ -319,9 +338,6 @@ func (s *server) run() {
 	} else if werr != nil {
 		es.ExitCode, es.Error = 255, werr.Error()
 	}
-	// The container ends with its main process, as with a pid namespace:
-	// whatever it left behind in its group goes too.
-	syscall.Kill(-s.pid, syscall.SIGKILL)
 	done := make(chan struct{})
 	go func() { s.copiers.Wait(); close(done) }()
 	select {
@@ -368,7 +384,7 @@ func (s *server) accept() {
 func (s *server) state() Response {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Response{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt, Running: s.exit == nil, Exit: s.exit}
+	return Response{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt, StartTicks: s.startTicks, Running: s.exit == nil, Exit: s.exit}
 }
 
 func (s *server) serve(c *net.UnixConn) {
@@ -393,7 +409,9 @@ func (s *server) serve(c *net.UnixConn) {
 		case "signal":
 			resp = s.state()
 			if resp.Running {
-				if err := syscall.Kill(-s.pid, syscall.Signal(req.Signal)); err != nil && !errors.Is(err, syscall.ESRCH) {
+				// Refused (os.ErrProcessDone) once the process was reaped,
+				// even while its exit is still being recorded.
+				if err := s.group.Signal(syscall.Signal(req.Signal)); err != nil {
 					resp.Error = err.Error()
 				}
 			}
@@ -418,14 +436,19 @@ func (s *server) serve(c *net.UnixConn) {
 	}
 }
 
-// writeExit stores the exit status durably: temp file, fsync, rename, fsync
-// of the directory.
+// writeExit stores the exit status durably.
 func writeExit(dir string, es *ExitStatus) error {
 	b, err := json.Marshal(es)
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(dir, ExitFile+".tmp")
+	return writeDurable(dir, ExitFile, b)
+}
+
+// writeDurable replaces dir/name with b: temp file, fsync, rename, fsync of
+// the directory.
+func writeDurable(dir, name string, b []byte) error {
+	tmp := filepath.Join(dir, name+".tmp")
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err
@@ -441,14 +464,15 @@ func writeExit(dir string, es *ExitStatus) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, filepath.Join(dir, ExitFile)); err != nil {
+	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
 		return err
 	}
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
 	}
-	return nil
+	defer d.Close()
+	return d.Sync()
 }
 
 // ReadExit returns the exit status recorded in dir, or an error wrapping
