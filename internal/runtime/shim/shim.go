@@ -250,7 +250,9 @@ func start(dir string) (*server, error) {
 	s.group = procgroup.New(s.pid, s.cfg.TTY)
 	s.startTicks = procgroup.StartTicks(s.pid) // a child not yet reaped: its own
 	st, _ := json.Marshal(Response{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt, StartTicks: s.startTicks, Running: true})
-	if err := writeDurable(dir, PidFile, st); err != nil {
+	// Atomic, not fsynced: it describes processes that cannot outlive a
+	// crash of the machine, and it is on every container's start path.
+	if err := writeFile(dir, PidFile, st, false); err != nil {
 		fmt.Fprintln(os.Stderr, "k3sm-shim: write", PidFile+":", err)
 	}
 
@@ -442,12 +444,13 @@ func writeExit(dir string, es *ExitStatus) error {
 	if err != nil {
 		return err
 	}
-	return writeDurable(dir, ExitFile, b)
+	return writeFile(dir, ExitFile, b, true)
 }
 
-// writeDurable replaces dir/name with b: temp file, fsync, rename, fsync of
-// the directory.
-func writeDurable(dir, name string, b []byte) error {
+// writeFile replaces dir/name with b through a temp file and a rename; with
+// durable, the temp file is fsynced before the rename and the directory
+// after.
+func writeFile(dir, name string, b []byte, durable bool) error {
 	tmp := filepath.Join(dir, name+".tmp")
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
@@ -457,15 +460,20 @@ func writeDurable(dir, name string, b []byte) error {
 		f.Close()
 		return err
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
+	if durable {
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return err
+		}
 	}
 	if err := f.Close(); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
 		return err
+	}
+	if !durable {
+		return nil
 	}
 	d, err := os.Open(dir)
 	if err != nil {

@@ -59,8 +59,9 @@ func (s *Starter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process,
 		return nil, fmt.Errorf("shim socket path %s is %d bytes, over the unix socket limit: use a shorter data dir", cfg.Socket, len(cfg.Socket))
 	}
 	b, _ := json.Marshal(cfg)
-	// Durably: a daemon restarted after a crash finds its shims by it.
-	if err := writeDurable(spec.StateDir, shim.ConfigFile, b); err != nil {
+	// Atomically (a restarted daemon finds the shim by it), not fsynced:
+	// the shim it describes cannot outlive a crash of the machine.
+	if err := writeAtomic(spec.StateDir, shim.ConfigFile, b); err != nil {
 		return nil, err
 	}
 	os.Remove(filepath.Join(spec.StateDir, shim.ExitFile))
@@ -264,34 +265,17 @@ func (p *process) killOrphan() {
 	}
 }
 
-// writeDurable replaces dir/name with b: temp file, fsync, rename, fsync of
-// the directory.
-func writeDurable(dir, name string, b []byte) error {
+// writeAtomic replaces dir/name with b through a temp file and a rename.
+func writeAtomic(dir, name string, b []byte) error {
 	tmp := filepath.Join(dir, name+".tmp")
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return err
 	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, name))
-	}
-	if err != nil {
+	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
 		os.Remove(tmp)
 		return err
 	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return nil
 }
 
 func convert(es *shim.ExitStatus) pod.ExitStatus {
