@@ -17,10 +17,7 @@ import (
 // The tests here need a process to get a chosen pid: they re-execute the
 // test binary as pid 1 of a new pid namespace (root only), where nothing
 // else forks and /proc/sys/kernel/ns_last_pid picks the next pid.
-const (
-	pidnsShimEnv  = "K3SM_SHIMCLIENT_TEST_SHIM"
-	pidnsChildEnv = "K3SM_SHIMCLIENT_TEST_PIDNS"
-)
+const pidnsChildEnv = "K3SM_SHIMCLIENT_TEST_PIDNS"
 
 // inPidNamespace runs the calling test in a child process in a new pid
 // namespace; it returns true in that child, where the test body runs.

@@ -19,6 +19,10 @@ import (
 
 var shimBin string
 
+// pidnsShimEnv passes the built shim to a re-executed test binary
+// (pidns_linux_test.go).
+const pidnsShimEnv = "K3SM_SHIMCLIENT_TEST_SHIM"
+
 func TestMain(m *testing.M) {
 	if bin := os.Getenv(pidnsShimEnv); bin != "" {
 		// A re-executed child (pidns_test.go): the parent built the shim.
