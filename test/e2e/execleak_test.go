@@ -55,12 +55,23 @@ func TestExecLeavesNoProcesses(t *testing.T) {
 		"sleep 1001 & echo $!",                            // holds the exec's output
 	} {
 		t0 := time.Now()
-		out, err := s.kubectl("exec", "execleak", "--request-timeout=60s", "--", "sh", "-c", script)
-		if err != nil {
-			t.Fatalf("exec %q: %v %q", script, err, out)
+		cmd := s.kubectlCmd("exec", "execleak", "--", "sh", "-c", script)
+		var buf outBuf
+		cmd.Stdout, cmd.Stderr = &buf, &buf
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
 		}
+		// Bounded: a background child holding the output used to keep
+		// the exec open for as long as it ran.
+		timer := time.AfterFunc(30*time.Second, func() { cmd.Process.Kill() })
+		err := cmd.Wait()
+		timer.Stop()
+		out := buf.String()
 		if d := time.Since(t0); d > 20*time.Second {
 			t.Errorf("exec %q took %s: its background child kept it open", script, d)
+		}
+		if err != nil {
+			t.Errorf("exec %q: %v %q", script, err, out)
 		}
 		pid, err := strconv.Atoi(strings.TrimSpace(out))
 		if err != nil {
