@@ -17,6 +17,7 @@ import (
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/runtime/pod"
+	"github.com/k3sm-dev/k3sm/internal/runtime/procgroup"
 	"github.com/k3sm-dev/k3sm/internal/runtime/shimclient"
 )
 
@@ -146,10 +147,37 @@ func (s *server) Exec(stream runtimev1.Runtime_ExecServer) error {
 		outputs = []io.Reader{stdout, stderr}
 		// Pipes: Wait may only run after the reads finished.
 		drain = wg.Wait
+		if procgroup.WaitsWithoutReaping {
+			// Drained after the command exited and its group was killed:
+			// only a descendant that left the group can still hold the
+			// pipes; give up on it after a moment.
+			drain = func() {
+				done := make(chan struct{})
+				go func() { wg.Wait(); close(done) }()
+				select {
+				case <-done:
+				case <-time.After(2 * time.Second):
+					stdout.Close()
+					stderr.Close()
+					<-done
+				}
+			}
+		}
 	}
-	pgid := cmd.Process.Pid
-	stop := context.AfterFunc(stream.Context(), func() { syscall.Kill(-pgid, syscall.SIGKILL) })
+	// The command's group (with a TTY its session) is killed when the
+	// command exits, when the stream ends, and when the container exits
+	// (its pod deleted or the container restarted), as a pid namespace
+	// would: nothing an exec started outlives it.
+	g := procgroup.New(cmd.Process.Pid, start.GetTty())
+	stop := context.AfterFunc(stream.Context(), func() { g.Signal(syscall.SIGKILL) })
 	defer stop()
+	ctrCtx, ctrGone := context.WithCancel(context.Background())
+	defer ctrGone()
+	go func() {
+		if _, err := info.Proc.Wait(ctrCtx); err == nil {
+			g.Signal(syscall.SIGKILL)
+		}
+	}()
 	go func() {
 		for {
 			m, err := stream.Recv()
@@ -196,11 +224,10 @@ func (s *server) Exec(stream runtimev1.Runtime_ExecServer) error {
 	}
 	var werr error
 	if start.GetTty() {
-		werr = cmd.Wait()
+		werr = g.Wait(nil, cmd.Wait)
 		drain()
 	} else {
-		drain()
-		werr = cmd.Wait()
+		werr = g.Wait(drain, cmd.Wait)
 	}
 	es := &runtimev1.ExitStatus{}
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {

@@ -145,7 +145,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		}
 		p, running, err := m.load(e.Name())
 		if err != nil {
-			m.log.Error("cannot recover pod; its directory is left untouched", "dir", m.podDir(e.Name()), "err", err)
+			m.unreadable(e.Name(), err)
 			continue
 		}
 		m.mu.Lock()
@@ -818,15 +818,41 @@ func (p *podRT) write(b []byte, seq uint64) error {
 	if seq <= p.written {
 		return nil
 	}
-	tmp := filepath.Join(p.dir, stateFile+".tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, filepath.Join(p.dir, stateFile)); err != nil {
+	if err := writeDurable(p.dir, stateFile, b); err != nil {
 		return err
 	}
 	p.written = seq
 	return nil
+}
+
+// writeDurable replaces dir/name with b so that a crash leaves the old
+// or the new content: temp file, fsync, rename, fsync of the directory.
+func writeDurable(dir, name string, b []byte) error {
+	tmp := filepath.Join(dir, name+".tmp")
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, name))
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // snapshotLocked serializes the pod's state. Caller holds p.mu.

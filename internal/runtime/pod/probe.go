@@ -28,6 +28,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/runtime/procgroup"
 )
 
 // probeUserAgent is what the kubelet sends (kube-probe/<major>.<minor>).
@@ -93,21 +94,23 @@ func (p *podRT) execIn(ctx context.Context, c *ctr, command []string) (string, i
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out := &limitedBuffer{max: maxProbeOutput}
 	cmd.Stdout, cmd.Stderr = out, out
+	// A descendant that left the group may hold the output pipe.
+	cmd.WaitDelay = 2 * time.Second
 	if err := cmd.Start(); err != nil {
 		return "", -1, err
 	}
-	pgid := cmd.Process.Pid
+	// Whatever the command left behind in its group goes with it, killed
+	// before the command is reaped (procgroup: no kill of a reused id).
+	g := procgroup.New(cmd.Process.Pid, false)
 	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	go func() { done <- g.Wait(nil, cmd.Wait) }()
 	select {
 	case err = <-done:
 	case <-ctx.Done():
-		syscall.Kill(-pgid, syscall.SIGKILL)
+		g.Signal(syscall.SIGKILL)
 		<-done
 		return out.String(), -1, errExecTimeout
 	}
-	// Whatever the command left behind in its group goes with it.
-	syscall.Kill(-pgid, syscall.SIGKILL)
 	if cmd.ProcessState != nil {
 		return out.String(), cmd.ProcessState.ExitCode(), nil
 	}

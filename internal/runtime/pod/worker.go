@@ -574,7 +574,7 @@ func (p *podRT) stop(c *ctr, proc Process, ch chan waitResult, msg string) {
 	if grace <= 0 {
 		sig = syscall.SIGKILL
 	}
-	if err := proc.Signal(sig); err != nil {
+	if err := proc.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		p.m.log.Warn("signal container", "pod", p.key(), "container", c.name, "err", err)
 	}
 	t := time.NewTimer(grace)

@@ -28,6 +28,7 @@ import (
 
 	"github.com/k3sm-dev/k3sm/internal/runtime/criolog"
 	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
+	"github.com/k3sm-dev/k3sm/internal/runtime/procgroup"
 )
 
 // Files in a shim's state directory.
@@ -77,7 +78,11 @@ type Ready struct {
 	ShimPid   int       `json:"shimPid"`
 	Pid       int       `json:"pid"`
 	StartedAt time.Time `json:"startedAt"`
-	Error     string    `json:"error,omitempty"`
+	// StartTicks is the workload's start time in clock ticks after boot
+	// (Linux /proc/<pid>/stat; 0 elsewhere): with Pid it identifies the
+	// process for a daemon that must end it after the shim died.
+	StartTicks uint64 `json:"startTicks,omitempty"`
+	Error      string `json:"error,omitempty"`
 }
 
 // ExitStatus is how the container's main process ended.
@@ -100,12 +105,13 @@ type Request struct {
 
 // Response answers a Request.
 type Response struct {
-	ShimPid   int         `json:"shimPid"`
-	Pid       int         `json:"pid"`
-	StartedAt time.Time   `json:"startedAt"`
-	Running   bool        `json:"running"`
-	Exit      *ExitStatus `json:"exit,omitempty"`
-	Error     string      `json:"error,omitempty"`
+	ShimPid    int         `json:"shimPid"`
+	Pid        int         `json:"pid"`
+	StartedAt  time.Time   `json:"startedAt"`
+	StartTicks uint64      `json:"startTicks,omitempty"`
+	Running    bool        `json:"running"`
+	Exit       *ExitStatus `json:"exit,omitempty"`
+	Error      string      `json:"error,omitempty"`
 }
 
 // Main runs the shim for the state directory given as the only argument and
@@ -126,7 +132,7 @@ func Main(args []string) int {
 		return 1
 	}
 	if ready != nil {
-		json.NewEncoder(ready).Encode(Ready{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt})
+		json.NewEncoder(ready).Encode(Ready{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt, StartTicks: s.startTicks})
 		ready.Close()
 	}
 	s.run()
@@ -134,15 +140,17 @@ func Main(args []string) int {
 }
 
 type server struct {
-	dir       string
-	cfg       Config
-	cmd       *exec.Cmd
-	pid       int
-	startedAt time.Time
-	log       *criolog.Writer
-	ln        *net.UnixListener
-	copiers   sync.WaitGroup
-	conns     sync.WaitGroup
+	dir        string
+	cfg        Config
+	cmd        *exec.Cmd
+	pid        int
+	group      *procgroup.Group // the workload's group; signals stop once it is reaped
+	startTicks uint64
+	startedAt  time.Time
+	log        *criolog.Writer
+	ln         *net.UnixListener
+	copiers    sync.WaitGroup
+	conns      sync.WaitGroup
 
 	mu     sync.Mutex
 	exit   *ExitStatus
@@ -243,8 +251,16 @@ func start(dir string) (*server, error) {
 		return nil, startErr
 	}
 	s.pid = s.cmd.Process.Pid
-	st, _ := json.Marshal(Response{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt, Running: true})
-	os.WriteFile(filepath.Join(dir, PidFile), st, 0o600)
+	// A terminal's container leads its own session (Setsid): its
+	// background jobs end with it too.
+	s.group = procgroup.New(s.pid, s.cfg.TTY)
+	s.startTicks = procgroup.StartTicks(s.pid) // a child not yet reaped: its own
+	st, _ := json.Marshal(Response{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt, StartTicks: s.startTicks, Running: true})
+	// Atomic, not fsynced: it describes processes that cannot outlive a
+	// crash of the machine, and it is on every container's start path.
+	if err := writeFile(dir, PidFile, st, false); err != nil {
+		fmt.Fprintln(os.Stderr, "k3sm-shim: write", PidFile+":", err)
+	}
 
 	s.copiers.Add(1)
 	go s.copy(criolog.Stdout, outR, FrameStdout)
@@ -314,7 +330,12 @@ func (s *server) copy(stream string, r *os.File, kind byte) {
 // its answer.
 func (s *server) run() {
 	go s.accept()
-	werr := s.cmd.Wait()
+	// The container ends with its main process, as with a pid namespace:
+	// whatever it left behind in its group goes too, killed while the
+	// exited (not yet reaped) process still holds the group's number.
+	// From then on signals are refused (they could reach a process that
+	// got the number later).
+	werr := s.group.Wait(nil, s.cmd.Wait)
 	finished := time.Now()
 	es := &ExitStatus{StartedAt: s.startedAt, FinishedAt: finished}
 	if ws, ok := s.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
@@ -325,9 +346,6 @@ func (s *server) run() {
 	} else if werr != nil {
 		es.ExitCode, es.Error = 255, werr.Error()
 	}
-	// The container ends with its main process, as with a pid namespace:
-	// whatever it left behind in its group goes too.
-	syscall.Kill(-s.pid, syscall.SIGKILL)
 	done := make(chan struct{})
 	go func() { s.copiers.Wait(); close(done) }()
 	select {
@@ -374,7 +392,7 @@ func (s *server) accept() {
 func (s *server) state() Response {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Response{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt, Running: s.exit == nil, Exit: s.exit}
+	return Response{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt, StartTicks: s.startTicks, Running: s.exit == nil, Exit: s.exit}
 }
 
 func (s *server) serve(c *net.UnixConn) {
@@ -399,7 +417,9 @@ func (s *server) serve(c *net.UnixConn) {
 		case "signal":
 			resp = s.state()
 			if resp.Running {
-				if err := syscall.Kill(-s.pid, syscall.Signal(req.Signal)); err != nil && !errors.Is(err, syscall.ESRCH) {
+				// Refused (os.ErrProcessDone) once the process was reaped,
+				// even while its exit is still being recorded.
+				if err := s.group.Signal(syscall.Signal(req.Signal)); err != nil {
 					resp.Error = err.Error()
 				}
 			}
@@ -424,14 +444,20 @@ func (s *server) serve(c *net.UnixConn) {
 	}
 }
 
-// writeExit stores the exit status durably: temp file, fsync, rename, fsync
-// of the directory.
+// writeExit stores the exit status durably.
 func writeExit(dir string, es *ExitStatus) error {
 	b, err := json.Marshal(es)
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(dir, ExitFile+".tmp")
+	return writeFile(dir, ExitFile, b, true)
+}
+
+// writeFile replaces dir/name with b through a temp file and a rename; with
+// durable, the temp file is fsynced before the rename and the directory
+// after.
+func writeFile(dir, name string, b []byte, durable bool) error {
+	tmp := filepath.Join(dir, name+".tmp")
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err
@@ -440,21 +466,27 @@ func writeExit(dir string, es *ExitStatus) error {
 		f.Close()
 		return err
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
+	if durable {
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return err
+		}
 	}
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, filepath.Join(dir, ExitFile)); err != nil {
+	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
 		return err
 	}
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
+	if !durable {
+		return nil
 	}
-	return nil
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // ReadExit returns the exit status recorded in dir, or an error wrapping

@@ -23,6 +23,7 @@ import (
 
 	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
 	"github.com/k3sm-dev/k3sm/internal/runtime/pod"
+	"github.com/k3sm-dev/k3sm/internal/runtime/procgroup"
 	"github.com/k3sm-dev/k3sm/internal/runtime/shim"
 )
 
@@ -59,7 +60,9 @@ func (s *Starter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process,
 		return nil, fmt.Errorf("shim socket path %s is %d bytes, over the unix socket limit: use a shorter data dir", cfg.Socket, len(cfg.Socket))
 	}
 	b, _ := json.Marshal(cfg)
-	if err := os.WriteFile(filepath.Join(spec.StateDir, shim.ConfigFile), b, 0o600); err != nil {
+	// Atomically (a restarted daemon finds the shim by it), not fsynced:
+	// the shim it describes cannot outlive a crash of the machine.
+	if err := writeAtomic(spec.StateDir, shim.ConfigFile, b); err != nil {
 		return nil, err
 	}
 	os.Remove(filepath.Join(spec.StateDir, shim.ExitFile))
@@ -125,7 +128,7 @@ func (s *Starter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process,
 	if res.r.Error != "" {
 		return nil, &pod.StartError{Msg: res.r.Error}
 	}
-	return &process{dir: spec.StateDir, socket: cfg.Socket, pid: res.r.Pid, startedAt: res.r.StartedAt}, nil
+	return &process{dir: spec.StateDir, socket: cfg.Socket, pid: res.r.Pid, startedAt: res.r.StartedAt, startTicks: res.r.StartTicks}, nil
 }
 
 // Attach reconnects to the shim of the attempt in stateDir.
@@ -140,14 +143,14 @@ func (s *Starter) Attach(stateDir string) (pod.Process, bool, error) {
 	}
 	p := &process{dir: stateDir, socket: cfg.Socket}
 	if r, err := p.call(context.Background(), shim.Request{Op: "status"}); err == nil {
-		p.pid, p.startedAt = r.Pid, r.StartedAt
+		p.pid, p.startedAt, p.startTicks = r.Pid, r.StartedAt, r.StartTicks
 		return p, r.Running, nil
 	}
 	// No live shim: the attempt ended (or the shim died).
 	if st, err := os.ReadFile(filepath.Join(stateDir, shim.PidFile)); err == nil {
 		var r shim.Response
 		if json.Unmarshal(st, &r) == nil {
-			p.pid, p.startedAt = r.Pid, r.StartedAt
+			p.pid, p.startedAt, p.startTicks = r.Pid, r.StartedAt, r.StartTicks
 		}
 	}
 	p.dead = true
@@ -159,7 +162,9 @@ type process struct {
 	socket    string
 	pid       int
 	startedAt time.Time
-	dead      bool // no shim answered at attach
+	// startTicks identifies the workload with pid (shim.Ready.StartTicks).
+	startTicks uint64
+	dead       bool // no shim answered at attach
 }
 
 func (p *process) Pid() int             { return p.pid }
@@ -203,6 +208,10 @@ func (p *process) Signal(sig syscall.Signal) error {
 	if err != nil && isGone(err) {
 		return nil // already exited
 	}
+	if err != nil && err.Error() == os.ErrProcessDone.Error() {
+		// The shim reaped the process and refused to signal its number.
+		return os.ErrProcessDone
+	}
 	return err
 }
 
@@ -236,14 +245,38 @@ func (p *process) Wait(ctx context.Context) (pod.ExitStatus, error) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	if !p.dead && p.pid > 0 {
-		// The shim died under a live daemon: its process group is orphaned
-		// and nothing holds its output any more. End it (the pid was ours a
-		// moment ago, so reuse is not a concern here).
-		syscall.Kill(-p.pid, syscall.SIGKILL)
-	}
+	// The shim died without recording an exit: its process group is
+	// orphaned and nothing holds its output any more. End it, but only if
+	// pid is still the workload the shim started (its start time matches):
+	// once the workload exited, init reaped it and the number may be
+	// anyone's.
+	p.killOrphan()
 	return pod.ExitStatus{ExitCode: 255, StartedAt: p.startedAt, FinishedAt: time.Now(), Unknown: true,
 		Message: "the container's shim exited without recording an exit status"}, nil
+}
+
+// KillOrphan ends the workload of a shim that died (see Wait); it signals
+// nothing unless the recorded pid is provably still the workload.
+func (p *process) killOrphan() {
+	if p.pid <= 0 {
+		return
+	}
+	if err := procgroup.KillOrphanGroup(p.pid, p.startTicks); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		fmt.Fprintf(os.Stderr, "k3sm: shim of %s died; not killing process group %d: %v\n", p.dir, p.pid, err)
+	}
+}
+
+// writeAtomic replaces dir/name with b through a temp file and a rename.
+func writeAtomic(dir, name string, b []byte) error {
+	tmp := filepath.Join(dir, name+".tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return nil
 }
 
 func convert(es *shim.ExitStatus) pod.ExitStatus {

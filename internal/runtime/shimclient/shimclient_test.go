@@ -19,7 +19,16 @@ import (
 
 var shimBin string
 
+// pidnsShimEnv passes the built shim to a re-executed test binary
+// (pidns_linux_test.go).
+const pidnsShimEnv = "K3SM_SHIMCLIENT_TEST_SHIM"
+
 func TestMain(m *testing.M) {
+	if bin := os.Getenv(pidnsShimEnv); bin != "" {
+		// A re-executed child (pidns_test.go): the parent built the shim.
+		shimBin = bin
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "k3sm-shimbin")
 	if err != nil {
 		panic(err)
