@@ -188,27 +188,43 @@ func TestFaultAPIServerUnreachable(t *testing.T) {
 	const n = 3
 	for i := range n {
 		s.createPod(t, nativePod(fmt.Sprintf("run-%d", i), imgs.prog))
-		quick := nativePod(fmt.Sprintf("quick-%d", i), imgs.prog, "sleep:2s", "exit:0")
+		quick := nativePod(fmt.Sprintf("quick-%d", i), imgs.prog, "sleep:20s", "exit:0")
 		quick.Spec.RestartPolicy = corev1.RestartPolicyNever
 		s.createPod(t, quick)
-		fail := nativePod(fmt.Sprintf("fail-%d", i), imgs.prog, "sleep:3s", "exit:3")
+		fail := nativePod(fmt.Sprintf("fail-%d", i), imgs.prog, "sleep:22s", "exit:3")
 		fail.Spec.RestartPolicy = corev1.RestartPolicyNever
 		s.createPod(t, fail)
 	}
-	// Stop the apiserver once the pods are bound: the node has seen them
-	// (or sees them on its next list), and they start and exit meanwhile.
-	waitFor(t, time.Minute, "pods bound", func() error {
+	// Stop the apiserver once they all run: the quick and fail pods exit
+	// while it is stopped. Pods created just before it stops ("late") start
+	// meanwhile or after.
+	waitFor(t, 2*time.Minute, "pods running", func() error {
 		list, err := c.CoreV1().Pods("default").List(ctx(t), metav1.ListOptions{})
 		if err != nil {
 			return err
 		}
 		for _, p := range list.Items {
-			if p.Spec.NodeName == "" {
-				return fmt.Errorf("%s not bound", p.Name)
+			if p.Status.Phase == corev1.PodPending || p.Status.Phase == "" {
+				return fmt.Errorf("%s: %s", p.Name, p.Status.Phase)
 			}
 		}
 		if len(list.Items) != 3*n {
 			return fmt.Errorf("%d pods", len(list.Items))
+		}
+		return nil
+	})
+	for i := range n {
+		s.createPod(t, nativePod(fmt.Sprintf("late-%d", i), imgs.prog))
+	}
+	waitFor(t, time.Minute, "late pods bound", func() error {
+		for i := range n {
+			p, err := c.CoreV1().Pods("default").Get(ctx(t), fmt.Sprintf("late-%d", i), metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if p.Spec.NodeName == "" {
+				return fmt.Errorf("%s not bound", p.Name)
+			}
 		}
 		return nil
 	})
@@ -232,7 +248,7 @@ func TestFaultAPIServerUnreachable(t *testing.T) {
 	back = time.Now()
 	want := func(p *corev1.Pod) error {
 		switch {
-		case strings.HasPrefix(p.Name, "run-"):
+		case strings.HasPrefix(p.Name, "run-"), strings.HasPrefix(p.Name, "late-"):
 			if err := running(p); err != nil {
 				return err
 			}
@@ -268,6 +284,13 @@ func TestFaultAPIServerUnreachable(t *testing.T) {
 	t.Logf("statuses right %s after the API answered", time.Since(back).Round(time.Millisecond))
 	for i := range n {
 		p, err := c.CoreV1().Pods("default").Get(ctx(t), fmt.Sprintf("run-%d", i), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rc := p.Status.ContainerStatuses[0].RestartCount; rc != 0 {
+			t.Fatalf("%s restartCount %d", p.Name, rc)
+		}
+		p, err = c.CoreV1().Pods("default").Get(ctx(t), fmt.Sprintf("late-%d", i), metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
