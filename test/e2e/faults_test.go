@@ -312,23 +312,25 @@ func TestFaultRuntimedKilledDuringBurst(t *testing.T) {
 	waitPod(t, c, "warm", 2*time.Minute, running)
 	s.deletePod(t, "warm", 0)
 	const n = 50
+	rt := s.oneChild(t, "runtimed")
+	// Kill it as soon as the first burst pod runs, while the others are
+	// still being created and started.
+	killed := make(chan int, 1)
+	go func() {
+		deadline := time.Now().Add(2 * time.Minute)
+		for len(s.workloadPids()) < 1 && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		r := len(s.workloadPids())
+		syscall.Kill(rt, syscall.SIGKILL)
+		killed <- r
+	}()
 	for i := range n {
 		p := nativePod(fmt.Sprintf("burst-%02d", i), imgs.prog)
 		p.Spec.TerminationGracePeriodSeconds = ptr.To[int64](1)
 		s.createPod(t, p)
 	}
-	// Kill it as soon as the first pods run, while most are still starting.
-	waitFor(t, 2*time.Minute, "first burst pods running", func() error {
-		if r := len(s.workloadPids()); r < 1 {
-			return fmt.Errorf("%d running", r)
-		}
-		return nil
-	})
-	t.Logf("%d of %d processes running when runtimed is killed", len(s.workloadPids()), n)
-	rt := s.oneChild(t, "runtimed")
-	if err := syscall.Kill(rt, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
+	t.Logf("%d of %d processes running when runtimed was killed", <-killed, n)
 	s.waitRestarted(t, "runtimed", rt)
 	waitFor(t, 5*time.Minute, "all burst pods running", func() error {
 		list, err := c.CoreV1().Pods("default").List(ctx(t), metav1.ListOptions{})
