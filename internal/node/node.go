@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	goruntime "runtime"
 	"strconv"
 	"strings"
@@ -149,6 +150,10 @@ func Run(ctx context.Context, cfg Config) error {
 		for _, st := range list.Pods {
 			prov.update(st)
 		}
+		if cfg.DataDir != "" {
+			prov.pos = loadEventPos(filepath.Join(Files{cfg.DataDir}.Dir(), EventPosFile), log)
+			defer prov.pos.flush()
+		}
 		go prov.watch(ctx)
 		go prov.refreshVolumes(ctx, VolumeRefreshPeriod)
 	}
@@ -180,6 +185,14 @@ func Run(ctx context.Context, cfg Config) error {
 			return "", false
 		}
 		return pod.UID, true
+	}
+	prov.apiPod = func(ns, name string) (*corev1.Pod, bool) {
+		pod, err := podLister.Pods(ns).Get(name)
+		return pod, err == nil
+	}
+	prov.writeStatus = func(ctx context.Context, pod *corev1.Pod) error {
+		_, err := kc.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+		return err
 	}
 	// The pod controller wants these informers, but with our own env
 	// resolution they are never started: a node may not list Secrets and
@@ -217,6 +230,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	podFactory.Start(ctx.Done())
+	go prov.reconcileStatuses(ctx, ReconcilePeriod)
 	errc := make(chan error, 2)
 	go func() { errc <- nc.Run(ctx) }()
 	select {

@@ -39,7 +39,20 @@ type Provider struct {
 	pods   map[types.UID]*corev1.Pod // last status per pod, by uid
 	byName map[string]types.UID      // namespace/name -> uid
 	known  map[types.UID]bool        // the runtime has this pod
-	retry  map[types.UID]*time.Timer
+	// retry is the pending start of a pod that could not start yet; a timer
+	// that finds another one (or none) here was cancelled.
+	retry map[types.UID]*retryTimer
+	// attempts counts a pod's starts that failed transiently (backoff).
+	attempts map[types.UID]int
+	// deleting are pods DeletePod was called for: they are never (re)created.
+	deleting map[types.UID]bool
+	// podLocks serializes the runtime calls that create and delete one pod,
+	// so a start (a retry, Virtual Kubelet's create) cannot overtake or race
+	// DeletePod.
+	podLocks keyedMutex
+	// retryDelay is the wait before starting again a pod whose config or
+	// volumes are not there yet (the kubelet's sync period is alike).
+	retryDelay time.Duration
 	// remove deletes a terminated pod from the API (grace 0), as the kubelet
 	// does once every container is gone.
 	remove func(ns, name string, uid types.UID)
@@ -60,11 +73,22 @@ type Provider struct {
 	// apiUID is the uid of the API's pod of that name (the informer's
 	// view): Virtual Kubelet looks pods up by name, the node by uid.
 	apiUID func(ns, name string) (types.UID, bool)
+	// apiPod is the API's pod of that name (the informer's view) and
+	// writeStatus updates a pod's status in the API: the reconcile round
+	// (reconcile.go) uses them to repair statuses lost on the way.
+	apiPod      func(ns, name string) (*corev1.Pod, bool)
+	writeStatus func(ctx context.Context, pod *corev1.Pod) error
+	// stale are pods whose API status differed from the node's in the last
+	// reconcile round.
+	stale map[types.UID]staleStatus
+	// pos keeps where the runtime's event log was read up to (nil: not kept).
+	pos *eventPos
 }
 
 func newProvider(rt *client.Client, tr *translator, nodeIP string, recorder record.EventRecorder, log *slog.Logger, instant bool) *Provider {
 	return &Provider{rt: rt, tr: tr, nodeIP: nodeIP, recorder: recorder, log: log, instant: instant,
-		pods: map[types.UID]*corev1.Pod{}, byName: map[string]types.UID{}, known: map[types.UID]bool{}, retry: map[types.UID]*time.Timer{},
+		pods: map[types.UID]*corev1.Pod{}, byName: map[string]types.UID{}, known: map[types.UID]bool{}, retry: map[types.UID]*retryTimer{},
+		attempts: map[types.UID]int{}, deleting: map[types.UID]bool{}, stale: map[types.UID]staleStatus{}, retryDelay: 10 * time.Second,
 		pending: map[types.UID][]*runtimev1.PodEvent{}, rev: map[types.UID]uint64{}, gone: map[types.UID]bool{},
 		dirty: make(chan types.UID, 4096), volHash: map[types.UID][32]byte{}}
 }
@@ -74,12 +98,36 @@ func key(ns, name string) string { return ns + "/" + name }
 // CreatePod hands a pod to the runtime. A pod the runtime already runs (the
 // node restarted) is re-adopted, not recreated.
 func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
+	unlock := p.podLocks.lock(pod.UID)
+	defer unlock()
+	return p.create(ctx, pod)
+}
+
+// create is CreatePod with the pod's lock held.
+func (p *Provider) create(ctx context.Context, pod *corev1.Pod) error {
+	p.mu.Lock()
+	deleting := p.deleting[pod.UID] || p.gone[pod.UID]
+	p.mu.Unlock()
+	if deleting {
+		return nil // DeletePod came first: never start it again
+	}
 	pod, known := p.adopt(pod)
 	if p.instant {
 		p.publish(pod.UID, instantStatus(pod, p.nodeIP))
 		return nil
 	}
 	spec, err := p.tr.podSpec(ctx, pod)
+	var te *transientError
+	if errors.As(err, &te) {
+		p.apiUnavailable(pod, known, te)
+		return nil
+	}
+	if err != nil && known {
+		// The runtime runs this pod already (the node restarted and
+		// re-adopts it): it keeps running what it runs, as with UpdatePod.
+		p.log.Warn("re-adopted pod: its spec does not translate now; it keeps running as it is", "pod", key(pod.Namespace, pod.Name), "err", err)
+		return nil
+	}
 	var ce *configError
 	if errors.As(err, &ce) {
 		p.configFailed(pod, ce)
@@ -104,10 +152,15 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 		}
 	}
 	if err != nil {
+		if isTransientRuntimeError(err) {
+			p.runtimeUnavailable(pod, known, err)
+			return nil
+		}
 		return fmt.Errorf("runtime: %w", err)
 	}
 	p.mu.Lock()
 	p.known[pod.UID] = true
+	delete(p.attempts, pod.UID)
 	p.mu.Unlock()
 	p.sentVolumes(pod.UID, spec.Volumes)
 	return nil
@@ -124,7 +177,7 @@ func (p *Provider) adopt(pod *corev1.Pod) (*corev1.Pod, bool) {
 	// A pod of the same name with another uid left the API (a name is
 	// unique at any time): stop it, as the kubelet does by uid.
 	var replaced *corev1.Pod
-	if prev, ok := p.byName[key(pod.Namespace, pod.Name)]; ok && prev != pod.UID && !p.gone[prev] {
+	if prev, ok := p.byName[key(pod.Namespace, pod.Name)]; ok && prev != pod.UID && !p.gone[prev] && p.isAPIPod(pod) {
 		if old, ok := p.pods[prev]; ok {
 			replaced = old.DeepCopy()
 		}
@@ -159,12 +212,72 @@ func (p *Provider) adopt(pod *corev1.Pod) (*corev1.Pod, bool) {
 	return pod, known
 }
 
+// apiUnavailable: the API did not answer while the pod's spec was being
+// resolved. A pod the runtime runs keeps its status and gets no event; one
+// not started yet is retried with backoff, with a warning like the kubelet's
+// on its first failure.
+func (p *Provider) apiUnavailable(pod *corev1.Pod, known bool, te *transientError) {
+	if known {
+		p.log.Warn("re-adopted pod: the API did not answer; retrying", "pod", key(pod.Namespace, pod.Name), "err", te)
+		p.retryLater(pod.UID, p.backoff(pod.UID))
+		return
+	}
+	if p.startsWaiting(pod) {
+		p.event(pod, "", corev1.EventTypeWarning, "FailedSync", "Error syncing pod, will retry: "+te.Error())
+	}
+	p.retryLater(pod.UID, p.backoff(pod.UID))
+}
+
+// runtimeUnavailable: the runtime daemon did not take the pod (it is
+// restarting); start it again with backoff. The call is repeated as it was:
+// a pod the daemon did create answers AlreadyExists and is updated.
+func (p *Provider) runtimeUnavailable(pod *corev1.Pod, known bool, err error) {
+	p.log.Warn("runtime did not take the pod; retrying", "pod", key(pod.Namespace, pod.Name), "err", err)
+	if !known {
+		p.startsWaiting(pod)
+	}
+	p.retryLater(pod.UID, p.backoff(pod.UID))
+}
+
+// startsWaiting reports a pod without any status yet as ContainerCreating
+// (it is: nothing has started) and says whether it did.
+func (p *Provider) startsWaiting(pod *corev1.Pod) bool {
+	p.mu.Lock()
+	cur, ok := p.pods[pod.UID]
+	fresh := ok && len(cur.Status.ContainerStatuses) == 0
+	p.mu.Unlock()
+	if fresh {
+		p.publish(pod.UID, waitingStatus(pod, "ContainerCreating", "", "", p.nodeIP))
+	}
+	return fresh
+}
+
+// backoff is the delay before a pod's next start after a transient failure:
+// 1 s, doubling up to 30 s.
+func (p *Provider) backoff(uid types.UID) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := p.attempts[uid]
+	p.attempts[uid] = n + 1
+	return min(time.Second<<min(n, 5), 30*time.Second)
+}
+
+// isAPIPod: the API's pod of pod's name is pod (or the node cannot tell).
+// A late start of a pod the API replaced must not stop its successor.
+func (p *Provider) isAPIPod(pod *corev1.Pod) bool {
+	if p.apiUID == nil {
+		return true
+	}
+	uid, found := p.apiUID(pod.Namespace, pod.Name)
+	return !found || uid == pod.UID
+}
+
 // configFailed reports CreateContainerConfigError and retries, as the kubelet
 // does when a referenced ConfigMap or Secret is missing.
 func (p *Provider) configFailed(pod *corev1.Pod, ce *configError) {
 	p.publish(pod.UID, waitingStatus(pod, "CreateContainerConfigError", ce.Error(), ce.container, p.nodeIP))
 	p.event(pod, ce.container, corev1.EventTypeWarning, "Failed", "Error: "+ce.Error())
-	p.retryLater(pod)
+	p.retryLater(pod.UID, p.retryDelay)
 }
 
 // mountFailed is a volume that cannot be set up yet: the pod stays
@@ -172,30 +285,58 @@ func (p *Provider) configFailed(pod *corev1.Pod, ce *configError) {
 func (p *Provider) mountFailed(pod *corev1.Pod, ve *volumeError) {
 	p.publish(pod.UID, waitingStatus(pod, "ContainerCreating", "", "", p.nodeIP))
 	p.event(pod, "", corev1.EventTypeWarning, "FailedMount", ve.Error())
-	p.retryLater(pod)
+	p.retryLater(pod.UID, p.retryDelay)
 }
 
-// retryLater tries to start the pod again in 10 s.
-func (p *Provider) retryLater(pod *corev1.Pod) {
+// retryTimer is one scheduled start of a pod.
+type retryTimer struct{ t *time.Timer }
+
+// retryLater tries to start the pod again after delay, unless it is deleted
+// meanwhile.
+func (p *Provider) retryLater(uid types.UID, delay time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if t := p.retry[pod.UID]; t != nil {
-		t.Stop()
+	if p.deleting[uid] || p.gone[uid] {
+		return
 	}
-	uid := pod.UID
-	p.retry[uid] = time.AfterFunc(10*time.Second, func() {
-		p.mu.Lock()
-		cur, ok := p.pods[uid]
-		delete(p.retry, uid)
+	if old := p.retry[uid]; old != nil {
+		old.t.Stop()
+	}
+	rt := &retryTimer{}
+	p.retry[uid] = rt
+	rt.t = time.AfterFunc(delay, func() { p.retryStart(uid, rt) })
+}
+
+// retryStart is a retry timer firing: with the pod's lock held (DeletePod
+// waits for it, or it sees what DeletePod did) it starts a copy of the pod
+// as the node has it now, unless the retry was cancelled or the pod is
+// deleted, forgotten or replaced in the API.
+func (p *Provider) retryStart(uid types.UID, rt *retryTimer) {
+	unlock := p.podLocks.lock(uid)
+	defer unlock()
+	p.mu.Lock()
+	if p.retry[uid] != rt {
 		p.mu.Unlock()
-		if ok && cur.DeletionTimestamp == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if err := p.CreatePod(ctx, cur); err != nil {
-				p.log.Warn("retrying pod start", "pod", key(cur.Namespace, cur.Name), "err", err)
-			}
+		return
+	}
+	delete(p.retry, uid)
+	cur, ok := p.pods[uid]
+	if !ok || p.deleting[uid] || p.gone[uid] || cur.DeletionTimestamp != nil || cur.Spec.Containers == nil {
+		p.mu.Unlock()
+		return
+	}
+	pod := cur.DeepCopy()
+	p.mu.Unlock()
+	if p.apiUID != nil {
+		if api, found := p.apiUID(pod.Namespace, pod.Name); !found || api != uid {
+			return // gone from the API: Virtual Kubelet deletes it
 		}
-	})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := p.create(ctx, pod); err != nil {
+		p.log.Warn("retrying pod start", "pod", key(pod.Namespace, pod.Name), "err", err)
+	}
 }
 
 // UpdatePod passes spec changes (e.g. a new image) to the runtime.
@@ -221,10 +362,17 @@ func (p *Provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 // runtime's watch once the pod is torn down.
 func (p *Provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 	p.mu.Lock()
-	if t := p.retry[pod.UID]; t != nil {
-		t.Stop()
+	p.deleting[pod.UID] = true
+	if rt := p.retry[pod.UID]; rt != nil {
+		rt.t.Stop()
 		delete(p.retry, pod.UID)
 	}
+	p.mu.Unlock()
+	// A start under way finishes first: then the pod is known and is
+	// deleted in the runtime too.
+	unlock := p.podLocks.lock(pod.UID)
+	defer unlock()
+	p.mu.Lock()
 	if cur, ok := p.pods[pod.UID]; ok {
 		cur.DeletionTimestamp = pod.DeletionTimestamp
 		cur.DeletionGracePeriodSeconds = pod.DeletionGracePeriodSeconds
@@ -302,6 +450,13 @@ func (p *Provider) notifier(ctx context.Context, notify func(*corev1.Pod)) {
 			delete(p.rev, uid)
 			delete(p.gone, uid)
 			delete(p.volHash, uid)
+			delete(p.attempts, uid)
+			delete(p.deleting, uid)
+			delete(p.stale, uid)
+			if rt := p.retry[uid]; rt != nil {
+				rt.t.Stop()
+				delete(p.retry, uid)
+			}
 			if p.byName[key(pod.Namespace, pod.Name)] == uid {
 				delete(p.byName, key(pod.Namespace, pod.Name))
 			}
@@ -427,10 +582,17 @@ func containerFieldPath(pod *corev1.Pod, name string) string {
 }
 
 // watch follows the runtime's status stream for the life of ctx, reconnecting
-// (and resuming events) when the daemon restarts.
+// (and resuming events) when the daemon restarts. With p.pos it resumes from
+// where the node's previous process stopped reading, so a restarted node does
+// not post the runtime's buffered events again.
 func (p *Provider) watch(ctx context.Context) {
 	var bootID string
 	var seq uint64
+	if p.pos != nil {
+		pos := p.pos.get()
+		bootID, seq = pos.BootID, pos.Seq
+		go p.pos.run(ctx)
+	}
 	delay := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		stream, err := p.rt.Runtime.WatchPodStatus(ctx, &runtimev1.WatchPodStatusRequest{EventsBootId: bootID, EventsAfterSeq: seq})
@@ -443,6 +605,9 @@ func (p *Provider) watch(ctx context.Context) {
 				delay = 100 * time.Millisecond
 				if msg.BootId != "" && msg.BootId != bootID {
 					bootID, seq = msg.BootId, 0
+					if p.pos != nil {
+						p.pos.set(watchPos{BootID: bootID, Seq: seq})
+					}
 					// Revisions count again from zero in a new daemon.
 					p.mu.Lock()
 					clear(p.rev)
@@ -461,6 +626,9 @@ func (p *Provider) watch(ctx context.Context) {
 				case runtimev1.WatchPodStatusResponse_KIND_EVENT:
 					if e := msg.Event; e != nil {
 						seq = e.Seq
+						if p.pos != nil {
+							p.pos.set(watchPos{BootID: bootID, Seq: seq})
+						}
 						uid := types.UID(e.PodUid)
 						p.mu.Lock()
 						pod := p.pods[uid]

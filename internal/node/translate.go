@@ -102,7 +102,21 @@ type translator struct {
 	ephemeralFailed func(pod *corev1.Pod, container string, err error)
 }
 
+// podSpec translates pod. When a read from the API failed transiently on
+// the way, the result is a *transientError (whatever else went wrong may be
+// its consequence: a missing pull secret, a "configmap not found").
 func (t *translator) podSpec(ctx context.Context, pod *corev1.Pod) (*runtimev1.PodSpec, error) {
+	src := &transientSource{objectSource: t.src}
+	tt := *t
+	tt.src = src
+	spec, err := tt.translate(ctx, pod)
+	if first := src.seen(); first != nil {
+		return nil, &transientError{first}
+	}
+	return spec, err
+}
+
+func (t *translator) translate(ctx context.Context, pod *corev1.Pod) (*runtimev1.PodSpec, error) {
 	spec := &runtimev1.PodSpec{
 		Uid:           string(pod.UID),
 		Namespace:     pod.Namespace,
