@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"os"
@@ -35,14 +34,7 @@ func TestKubectlDebug(t *testing.T) {
 	s := newServer(t)
 	s.start()
 	c := s.client()
-	t.Cleanup(func() {
-		zero := int64(0)
-		_ = c.CoreV1().Pods("default").DeleteCollection(context.Background(), metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
-		deadline := time.Now().Add(time.Minute)
-		for len(s.workloadPids()) > 0 && time.Now().Before(deadline) {
-			time.Sleep(200 * time.Millisecond)
-		}
-	})
+	s.deletePodsAtCleanup(t)
 
 	// The target writes into an emptyDir that only its own mount namespace
 	// shows at /data.

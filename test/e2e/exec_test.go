@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -74,15 +73,7 @@ func TestExecAttachPortForwardCp(t *testing.T) {
 	s.start()
 	c := s.client()
 
-	// Pods outlive the server by design: delete them while it runs.
-	t.Cleanup(func() {
-		zero := int64(0)
-		_ = c.CoreV1().Pods("default").DeleteCollection(context.Background(), metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
-		deadline := time.Now().Add(time.Minute)
-		for len(s.workloadPids()) > 0 && time.Now().Before(deadline) {
-			time.Sleep(200 * time.Millisecond)
-		}
-	})
+	s.deletePodsAtCleanup(t)
 
 	shell := nativePod("shell", imgs.prog)
 	if _, err := c.CoreV1().Pods("default").Create(ctx(t), shell, metav1.CreateOptions{}); err != nil {

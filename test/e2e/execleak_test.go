@@ -1,15 +1,12 @@
 package e2e
 
 import (
-	"context"
 	"os"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // pidAlive: the process exists and is not a zombie.
@@ -43,10 +40,7 @@ func TestExecLeavesNoProcesses(t *testing.T) {
 	s := newServer(t)
 	s.start()
 	c := s.client()
-	t.Cleanup(func() {
-		zero := int64(0)
-		_ = c.CoreV1().Pods("default").DeleteCollection(context.Background(), metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
-	})
+	s.deletePodsAtCleanup(t)
 	s.createPod(t, nativePod("execleak", imgs.prog))
 	waitPod(t, c, "execleak", 2*time.Minute, running)
 

@@ -259,3 +259,18 @@ func (s *server) deletePod(t *testing.T, name string, grace int64) {
 	}
 	waitGone(t, c, name, time.Minute)
 }
+
+// deletePodsAtCleanup deletes every pod in default when the test ends, while
+// the server still runs (pods outlive the server by design), and waits up
+// to a minute for their processes to go.
+func (s *server) deletePodsAtCleanup(t *testing.T) {
+	c := s.client()
+	t.Cleanup(func() {
+		zero := int64(0)
+		_ = c.CoreV1().Pods("default").DeleteCollection(context.Background(), metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
+		deadline := time.Now().Add(time.Minute)
+		for len(s.workloadPids()) > 0 && time.Now().Before(deadline) {
+			time.Sleep(200 * time.Millisecond)
+		}
+	})
+}
