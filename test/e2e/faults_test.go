@@ -360,10 +360,18 @@ func TestFaultRuntimedKilledDuringBurst(t *testing.T) {
 			t.Errorf("%s restartCount %d", p.Name, rc)
 		}
 	}
+	// At most one Started event per pod, never a duplicate. Not exactly
+	// one: runtimed keeps its event buffer in memory, and a Started it
+	// emitted just before the SIGKILL, not yet received by the node, is
+	// gone with it (Kubernetes Events are best-effort: a kubelet that
+	// crashes loses them too). An attempt the new runtimed adopts before
+	// the old one recorded it started gets its Started from the new one.
+	// The restartCount, process and shim checks are what "exactly once"
+	// means.
 	events := settledEvents(t, c)
 	for i := range n {
 		name := fmt.Sprintf("burst-%02d", i)
-		if got := events[name+"/Started"]; got != 1 {
+		if got := events[name+"/Started"]; got > 1 {
 			t.Errorf("%s: %d Started events", name, got)
 		}
 	}

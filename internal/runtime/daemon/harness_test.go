@@ -161,9 +161,13 @@ func (e *env) dial() {
 }
 
 // startSubprocess runs the daemon as a child process (this test binary).
-func (e *env) startSubprocess() *exec.Cmd {
+func (e *env) startSubprocess() *exec.Cmd { return e.startSubprocessShim(shimBin) }
+
+// startSubprocessShim runs the daemon as a child process with shim as its
+// k3sm-shim.
+func (e *env) startSubprocessShim(shim string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), subprocessEnv+"="+e.dir, "K3SM_TEST_SHIM="+shimBin)
+	cmd.Env = append(os.Environ(), subprocessEnv+"="+e.dir, "K3SM_TEST_SHIM="+shim)
 	cmd.Stderr = io.Discard
 	if testing.Verbose() {
 		cmd.Stderr = os.Stderr

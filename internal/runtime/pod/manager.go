@@ -684,14 +684,18 @@ type ctr struct {
 
 	restartCount int32
 	hasRun       bool
-	stateDir     string
-	containerID  string
-	state        cstate
-	last         *terminated
-	imageID      string
-	imageDigest  string
-	rootImage    string
-	changed      bool // spec changed: restart without back-off
+	// unstarted: the recorded attempt never started its process (the
+	// daemon died while starting it); the next attempt repeats it without
+	// counting a restart. Not persisted: load finds it again.
+	unstarted   bool
+	stateDir    string
+	containerID string
+	state       cstate
+	last        *terminated
+	imageID     string
+	imageDigest string
+	rootImage   string
+	changed     bool // spec changed: restart without back-off
 	// nextEnv is the env of an update that did not restart the container:
 	// its next attempt starts with it (envPending). Not persisted: after a
 	// daemon restart the next attempt has the env it ran with until the
@@ -921,6 +925,18 @@ func (m *Manager) load(uid string) (*podRT, int, error) {
 			continue
 		}
 		proc, alive, err := m.cfg.Starter.Attach(c.stateDir)
+		// Waiting after a recorded end of this attempt (c.last: a start
+		// failure, then back-off) is a restart to come, whatever the shim
+		// left.
+		current := c.last == nil || c.last.ContainerID != c.containerID
+		if err != nil && c.state.Waiting != nil && current && errors.Is(err, ErrNotStarted) {
+			// The daemon died while it started this attempt, before its
+			// process ran (waiting for a start slot, cloning the root,
+			// spawning the shim): the next attempt is this one again, not
+			// a restart.
+			c.unstarted = true
+			continue
+		}
 		if err != nil {
 			if c.state.Running != nil {
 				m.log.Warn("attach to shim failed", "pod", p.key(), "container", c.spec.GetName(), "err", err)
@@ -939,6 +955,14 @@ func (m *Manager) load(uid string) (*podRT, int, error) {
 		c.proc = proc
 		if c.state.Running == nil {
 			c.state = cstate{Running: &running{StartedAt: proc.StartedAt()}}
+			if c.spec.GetLifecycle().GetPostStart() == nil {
+				// The daemon died before it recorded the start, so before
+				// it announced it (with a postStart hook the container
+				// stays Waiting after Started: it may have).
+				name := c.spec.GetName()
+				p.event(runtimev1.EventType_EVENT_TYPE_NORMAL, "Created", name, "Created container "+name)
+				p.event(runtimev1.EventType_EVENT_TYPE_NORMAL, "Started", name, "Started container "+name)
+			}
 		}
 		if alive {
 			nRunning++

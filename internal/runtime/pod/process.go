@@ -2,6 +2,7 @@ package pod
 
 import (
 	"context"
+	"errors"
 	"syscall"
 	"time"
 
@@ -46,9 +47,16 @@ type Starter interface {
 	// Attach reconnects to the attempt recorded in stateDir after a daemon
 	// restart. It always returns a Process (running reports whether its
 	// shim answered): for an attempt that already ended, Wait returns its
-	// recorded status at once.
+	// recorded status at once. An attempt whose process provably never
+	// started (the daemon died before its shim was spawned, or the shim
+	// died before it started the process) is an error wrapping
+	// ErrNotStarted: starting it again is not a restart.
 	Attach(stateDir string) (proc Process, running bool, err error)
 }
+
+// ErrNotStarted: the attempt in a state directory never started its
+// process (see Starter.Attach).
+var ErrNotStarted = errors.New("the attempt never started its process")
 
 // Process is a started container attempt.
 type Process interface {

@@ -319,10 +319,14 @@ func (p *podRT) runOnce(ctx context.Context, c *ctr) outcome {
 		return outRestart
 	}
 	c.changed = false
-	if c.hasRun {
+	// An attempt that never started its process (the daemon died while
+	// starting it) is made again under its number: the kubelet counts
+	// restarts of containers that ran.
+	redo := c.unstarted
+	if c.hasRun && !redo {
 		c.restartCount++
 	}
-	c.hasRun = true
+	c.hasRun, c.unstarted = true, false
 	n := c.restartCount
 	name := c.name
 	attempt := fmt.Sprintf("%s/%s/%d", p.uid, name, n)
@@ -343,6 +347,10 @@ func (p *podRT) runOnce(ctx context.Context, c *ctr) outcome {
 	p.mu.Unlock()
 	p.changedNotify()
 
+	if redo {
+		// What the unstarted attempt left (a config, a shim log).
+		os.RemoveAll(filepath.Join(p.dir, "attempts", name, strconv.Itoa(int(n))))
+	}
 	// Older attempts than the previous one are not needed (kubelet keeps
 	// the previous log for --previous).
 	if n >= 2 {

@@ -6,6 +6,7 @@ package shimclient
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -17,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -97,14 +99,14 @@ func (s *Starter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process,
 		return nil, fmt.Errorf("start shim %s: %w", s.ShimPath, err)
 	}
 	rw.Close()
+	// Tell a daemon that restarts before the shim reports (see Attach)
+	// that this attempt's shim was spawned, and which process it is.
+	writeAtomic(spec.StateDir, spawnFile, []byte(strconv.Itoa(cmd.Process.Pid)))
 	// Reap the shim while this daemon lives; after a daemon restart the
 	// shim is no longer our child and init reaps it.
 	go cmd.Wait()
 
-	timeout := s.StartTimeout
-	if timeout == 0 {
-		timeout = 10 * time.Second
-	}
+	timeout := s.startTimeout()
 	type result struct {
 		r   shim.Ready
 		err error
@@ -131,9 +133,36 @@ func (s *Starter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process,
 	return &process{dir: spec.StateDir, socket: cfg.Socket, pid: res.r.Pid, startedAt: res.r.StartedAt, startTicks: res.r.StartTicks}, nil
 }
 
+func (s *Starter) startTimeout() time.Duration {
+	if s.StartTimeout == 0 {
+		return 10 * time.Second
+	}
+	return s.StartTimeout
+}
+
+// spawnFile records the pid of an attempt's shim once it was spawned
+// (written by the daemon, not the shim).
+const spawnFile = "spawn.pid"
+
+// spawnGrace is how long Attach waits for the shim of an attempt whose
+// spawn was not recorded: the daemon died between writing the config and
+// recording the spawn, a window of microseconds.
+const spawnGrace = time.Second
+
 // Attach reconnects to the shim of the attempt in stateDir.
+//
+// The daemon may have died at any point of Start. No config: the shim was
+// never spawned. A config but no answer, no pid file (written by the
+// shim once its process started) and no exit file (a start failure): the
+// shim is still starting (its socket answers once it ran the process), or
+// it was never spawned, or it died before starting the process. Attach
+// waits while the recorded shim process lives (up to the start timeout);
+// then the attempt never started its process (pod.ErrNotStarted).
 func (s *Starter) Attach(stateDir string) (pod.Process, bool, error) {
 	b, err := os.ReadFile(filepath.Join(stateDir, shim.ConfigFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, false, fmt.Errorf("%w: no shim config in %s", pod.ErrNotStarted, stateDir)
+	}
 	if err != nil {
 		return nil, false, err
 	}
@@ -142,9 +171,25 @@ func (s *Starter) Attach(stateDir string) (pod.Process, bool, error) {
 		return nil, false, err
 	}
 	p := &process{dir: stateDir, socket: cfg.Socket}
-	if r, err := p.call(context.Background(), shim.Request{Op: "status"}); err == nil {
-		p.pid, p.startedAt, p.startTicks = r.Pid, r.StartedAt, r.StartTicks
-		return p, r.Running, nil
+	start := time.Now()
+	for {
+		if r, err := p.call(context.Background(), shim.Request{Op: "status"}); err == nil {
+			p.pid, p.startedAt, p.startTicks = r.Pid, r.StartedAt, r.StartTicks
+			return p, r.Running, nil
+		}
+		if exists(filepath.Join(stateDir, shim.PidFile)) || exists(filepath.Join(stateDir, shim.ExitFile)) {
+			break // the process started (or its start failure is recorded)
+		}
+		alive, recorded := shimSpawned(stateDir)
+		waited := time.Since(start)
+		if (!recorded && waited >= spawnGrace) || (recorded && !alive) || waited >= s.startTimeout() {
+			// Once more: the shim may have recorded its start just now.
+			if exists(filepath.Join(stateDir, shim.PidFile)) || exists(filepath.Join(stateDir, shim.ExitFile)) {
+				continue
+			}
+			return nil, false, fmt.Errorf("%w: its shim (%s) is gone without starting it", pod.ErrNotStarted, stateDir)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	// No live shim: the attempt ended (or the shim died).
 	if st, err := os.ReadFile(filepath.Join(stateDir, shim.PidFile)); err == nil {
@@ -264,6 +309,33 @@ func (p *process) killOrphan() {
 	if err := procgroup.KillOrphanGroup(p.pid, p.startTicks); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		fmt.Fprintf(os.Stderr, "k3sm: shim of %s died; not killing process group %d: %v\n", p.dir, p.pid, err)
 	}
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// shimSpawned reports whether the shim recorded in stateDir's spawn file
+// still runs (recorded: there is such a file). On Linux the process must
+// still be the shim of stateDir (its command line names it): a pid may be
+// reused.
+func shimSpawned(stateDir string) (alive, recorded bool) {
+	b, err := os.ReadFile(filepath.Join(stateDir, spawnFile))
+	if err != nil {
+		return false, false
+	}
+	pid, err := strconv.Atoi(string(b))
+	if err != nil || pid <= 0 {
+		return false, true
+	}
+	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
+		return false, true
+	}
+	if cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil {
+		return bytes.Contains(cmdline, []byte(stateDir)), true
+	}
+	return true, true
 }
 
 // writeAtomic replaces dir/name with b through a temp file and a rename.
