@@ -95,7 +95,9 @@ func (s *server) start() {
 	s.t.Helper()
 	s.cmd = exec.Command(k3smBin, s.args()...)
 	s.out = &bytes.Buffer{}
-	s.cmd.Stdout, s.cmd.Stderr = &lockedWriter{w: s.out}, &lockedWriter{w: s.out}
+	// One writer for both: two would each lock only themselves.
+	lw := &lockedWriter{w: s.out}
+	s.cmd.Stdout, s.cmd.Stderr = lw, lw
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)
 	}
