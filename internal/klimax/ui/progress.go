@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -74,11 +73,9 @@ func (p *Progress) end(s *step, err error) {
 	if p.tty {
 		fmt.Fprint(p.w, "\r\033[K")
 	}
-	if err != nil {
-		fmt.Fprintf(p.w, "%s %s (%s): %s\n", mark(p.tty, false), s.title, el, firstLine(err.Error()))
-	} else {
-		fmt.Fprintf(p.w, "%s %s (%s)\n", mark(p.tty, true), s.title, el)
-	}
+	// A failure's error is the command's own error, printed once at the
+	// end (with every failed cluster of a fleet): not here as well.
+	fmt.Fprintf(p.w, "%s %s (%s)\n", mark(p.tty, err == nil), s.title, el)
 	if p.tty {
 		if len(p.steps) == 0 && p.stop != nil {
 			close(p.stop)
@@ -100,13 +97,6 @@ func mark(tty, ok bool) string {
 	default:
 		return "    FAILED"
 	}
-}
-
-func firstLine(s string) string {
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i] + " ..."
-	}
-	return s
 }
 
 func (p *Progress) spin(stop chan struct{}) {
