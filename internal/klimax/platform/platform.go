@@ -201,6 +201,10 @@ func (p *Platform) ruleSpec() hostnet.RuleSpec {
 // Up brings everything up: machine, engine, network, mirrors and, for a VM,
 // the guest no-SNAT rules and the host route. Steps already in place are
 // left alone, so a second Up changes nothing.
+// hostEngineWait is how long `up` waits for the local engine with the host
+// driver before saying how to start it.
+var hostEngineWait = 5 * time.Second
+
 func (p *Platform) Up(ctx context.Context, progress Progress) (err error) {
 	run := func(name string, f func() error) error {
 		done := progress.step(name)
@@ -224,9 +228,18 @@ func (p *Platform) Up(ctx context.Context, progress Progress) (err error) {
 		return err
 	}
 	defer dc.Close()
+	// A VM just started needs time for its engine; on the host nobody is
+	// starting one, so a short wait tells "not running" from "busy".
+	engineWait := 2 * time.Minute
+	if p.driver.Name() == config.DriverHost {
+		engineWait = hostEngineWait
+	}
 	if err := run("Waiting for the Docker engine", func() error {
-		_, err := dc.WaitReady(ctx, 2*time.Minute)
-		return err
+		_, err := dc.WaitReady(ctx, engineWait)
+		if err != nil {
+			return fmt.Errorf("no Docker engine answers (%w); %s", err, fixFor(p.driver.Name()))
+		}
+		return nil
 	}); err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/klimax/config"
 	"github.com/k3sm-dev/k3sm/internal/klimax/vm"
@@ -64,5 +65,27 @@ func TestNewRefusesInvalidConfig(t *testing.T) {
 	cfg.VM.Driver = "qemu"
 	if _, err := New(cfg, Options{Home: t.TempDir()}); err == nil || !strings.Contains(err.Error(), "vm.driver") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// TestHostUpWithoutEngineFailsFast: with the host driver and no engine, up
+// fails within seconds (was 2 minutes) and says how to start one.
+func TestHostUpWithoutEngineFailsFast(t *testing.T) {
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	t.Setenv("DOCKER_HOST", "unix://"+filepath.Join(home, "no-engine.sock"))
+	cfg := config.Default()
+	cfg.VM.Driver = config.DriverHost
+	p, err := New(cfg, Options{Home: filepath.Join(home, ".klimax"), DockerConfigDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = p.Up(context.Background(), nil)
+	if took := time.Since(start); took > 30*time.Second {
+		t.Errorf("up took %s without an engine", took)
+	}
+	if err == nil || !strings.Contains(err.Error(), "no Docker engine answers") || !strings.Contains(err.Error(), "start the local Docker engine") {
+		t.Fatalf("err = %v, want one saying no engine answers and how to start one", err)
 	}
 }
