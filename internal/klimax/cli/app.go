@@ -179,6 +179,9 @@ func (a *App) Clusters() (*cluster.Manager, error) {
 		Progress:   a.Progress(),
 		Warn:       a.Err,
 	}
+	if nr, ok := p.(interface{ NetworkReady(context.Context) error }); ok {
+		m.Preflight = nr.NetworkReady
+	}
 	if p.Driver().NeedsRoute() {
 		m.ListenAddress = "0.0.0.0" // reachable from the host through the VM's address
 	} else {

@@ -64,6 +64,9 @@ type Manager struct {
 	Progress       Progress
 	// Warn receives non-fatal warnings.
 	Warn io.Writer
+	// Preflight, when set, must pass before kind creates anything (the
+	// platform checks that `klimax up` made the network).
+	Preflight func(ctx context.Context) error
 }
 
 func (m *Manager) progress() Progress {
@@ -173,6 +176,11 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 	mirrors, err := m.selectMirrors(o.Mirrors)
 	if err != nil {
 		return nil, err
+	}
+	if m.Preflight != nil {
+		if err := m.Preflight(ctx); err != nil {
+			return nil, fmt.Errorf("cluster %s: %w", o.Name, err)
+		}
 	}
 	existing, err := m.Existing(ctx)
 	if err != nil {

@@ -279,3 +279,19 @@ func TestE2ENginxFlow(t *testing.T) {
 		t.Errorf("api calls %q", tail)
 	}
 }
+
+// TestCreateRefusedByPreflight: a failing preflight (no klimax network yet)
+// stops create before kind runs anything.
+func TestCreateRefusedByPreflight(t *testing.T) {
+	e := newEnv(t)
+	e.M.Preflight = func(context.Context) error {
+		return errors.New("docker network kind does not exist: run `klimax up` first")
+	}
+	_, err := e.M.Create(context.Background(), cluster.CreateOptions{Name: "a"})
+	if err == nil || !strings.Contains(err.Error(), "klimax up") {
+		t.Fatalf("err = %v", err)
+	}
+	if calls := e.Kind.Calls(); len(calls) != 0 {
+		t.Fatalf("kind ran before the preflight passed: %q", calls)
+	}
+}

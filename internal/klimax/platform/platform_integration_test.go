@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,9 +79,18 @@ func TestIntegrationHostUpDownDestroy(t *testing.T) {
 		}
 	}
 
+	// Before up, cluster create must be refused (kind would make the
+	// network itself, on a random subnet).
+	if err := p.NetworkReady(ctx); err == nil || !strings.Contains(err.Error(), "run `klimax up` first") {
+		t.Fatalf("NetworkReady before up: %v", err)
+	}
+
 	// --- up ---------------------------------------------------------------
 	if err := p.Up(ctx, progress); err != nil {
 		t.Fatalf("up: %v", err)
+	}
+	if err := p.NetworkReady(ctx); err != nil {
+		t.Fatalf("NetworkReady after up: %v", err)
 	}
 	t.Logf("up steps: %q", steps)
 	info, err := dc.InspectNetwork(ctx, netName)

@@ -248,3 +248,25 @@ func KindCheck(ctx context.Context, r vm.Runner, want string) Check {
 	}
 	return Check{Name: "kind", Status: Pass, Detail: "kind " + f[1]}
 }
+
+// NetworkReady checks that `klimax up` made the Docker network clusters join,
+// with the configured subnet. Without it kind would make its own "kind"
+// network on a random subnet, outside every MetalLB pool and route.
+func (p *Platform) NetworkReady(ctx context.Context) error {
+	dc, err := p.Docker()
+	if err != nil {
+		return err
+	}
+	defer dc.Close()
+	info, err := dc.InspectNetwork(ctx, p.opts.NetworkName)
+	if err != nil {
+		return fmt.Errorf("docker network %s: %w (is the engine up? run `klimax up`)", p.opts.NetworkName, err)
+	}
+	if info == nil {
+		return fmt.Errorf("docker network %s does not exist: run `klimax up` first (kind would otherwise make it on a random subnet instead of %s)", p.opts.NetworkName, p.bridge)
+	}
+	if err := docker.CheckNetwork(info, p.networkSpec()); err != nil {
+		return fmt.Errorf("docker network %s: %w", p.opts.NetworkName, err)
+	}
+	return nil
+}
