@@ -15,6 +15,8 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+
+	"github.com/google/go-containerregistry/pkg/name"
 )
 
 // Driver names.
@@ -73,8 +75,13 @@ type DNSResolver struct {
 
 // RegistriesConfig holds the pull-through registry mirrors.
 type RegistriesConfig struct {
-	CacheStorage string   `yaml:"cacheStorage" json:"cacheStorage"`
-	Mirrors      []Mirror `yaml:"mirrors" json:"mirrors"`
+	CacheStorage string `yaml:"cacheStorage" json:"cacheStorage"`
+	// MirrorImage is the registry image the mirrors run in proxy mode;
+	// empty means the pinned default (docker.DefaultMirrorImage). Set it
+	// to an image the engine already has where the default cannot be
+	// pulled (an air-gapped machine).
+	MirrorImage string   `yaml:"mirrorImage,omitempty" json:"mirrorImage,omitempty"`
+	Mirrors     []Mirror `yaml:"mirrors" json:"mirrors"`
 }
 
 // Mirror is one pull-through registry container on the kind network. It is
@@ -307,6 +314,11 @@ func (c *Config) Validate() error {
 
 	if c.Registries.CacheStorage != CacheHost && c.Registries.CacheStorage != CacheGuest {
 		add("registries.cacheStorage", fmt.Sprintf("unknown value %q", c.Registries.CacheStorage), "set it to host (cache survives VM destroy) or guest")
+	}
+	if img := c.Registries.MirrorImage; img != "" {
+		if _, err := name.ParseReference(img); err != nil {
+			add("registries.mirrorImage", fmt.Sprintf("%q is not an image reference: %v", img, err), "use e.g. registry:3.0.0 or localhost:5000/registry:3.0.0, or leave it empty for the default")
+		}
 	}
 	names, ports, hosts := map[string]int{}, map[int]int{}, map[string]int{}
 	for i, m := range c.Registries.Mirrors {

@@ -268,3 +268,19 @@ func TestBridgeCIDRSpecialRanges(t *testing.T) {
 		t.Errorf("192.168.0.0/16 refused: %v", err)
 	}
 }
+
+// TestMirrorImage: registries.mirrorImage is optional, parsed as an image
+// reference, and refused by name when it is not one.
+func TestMirrorImage(t *testing.T) {
+	c, err := Parse([]byte("registries:\n  mirrorImage: localhost:5000/registry:3.0.0\n"))
+	if err != nil || c.Registries.MirrorImage != "localhost:5000/registry:3.0.0" {
+		t.Fatalf("valid image: %v %+v", err, c)
+	}
+	if c, err := Parse([]byte("vm:\n  cpus: 2\n")); err != nil || c.Registries.MirrorImage != "" {
+		t.Fatalf("default: %v %q", err, c.Registries.MirrorImage)
+	}
+	_, err = Parse([]byte("registries:\n  mirrorImage: 'Bad Image;rm'\n"))
+	if err == nil || !strings.Contains(err.Error(), "registries.mirrorImage") {
+		t.Fatalf("bad image: %v", err)
+	}
+}

@@ -197,7 +197,7 @@ func (c *Client) ensureImage(ctx context.Context, ref string) error {
 	defer cancel()
 	resp, err := c.api.ImagePull(pctx, ref, client.ImagePullOptions{})
 	if err != nil {
-		return fmt.Errorf("pull mirror image %s: %w (fix: make the image available to the engine, or set another mirror image)", ref, err)
+		return fmt.Errorf("pull mirror image %s: %w (fix: make the image available to the engine (docker load, or a registry it reaches), or set registries.mirrorImage in ~/.klimax/config.yaml to one it has)", ref, err)
 	}
 	defer resp.Close()
 	if err := resp.Wait(pctx); err != nil {

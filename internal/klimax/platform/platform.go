@@ -99,6 +99,9 @@ func New(cfg *config.Config, opts Options) (*Platform, error) {
 		opts.NetworkName = KindNetwork
 	}
 	if opts.MirrorImage == "" {
+		opts.MirrorImage = cfg.Registries.MirrorImage
+	}
+	if opts.MirrorImage == "" {
 		opts.MirrorImage = docker.DefaultMirrorImage
 	}
 	if opts.DockerConfigDir == "" {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/klimax/config"
+	"github.com/k3sm-dev/k3sm/internal/klimax/docker"
 	"github.com/k3sm-dev/k3sm/internal/klimax/vm"
 )
 
@@ -87,5 +88,27 @@ func TestHostUpWithoutEngineFailsFast(t *testing.T) {
 	}
 	if err == nil || !strings.Contains(err.Error(), "no Docker engine answers") || !strings.Contains(err.Error(), "start the local Docker engine") {
 		t.Fatalf("err = %v, want one saying no engine answers and how to start one", err)
+	}
+}
+
+// TestMirrorImageFromConfig: registries.mirrorImage is the image the
+// mirrors run; without it, the pinned default.
+func TestMirrorImageFromConfig(t *testing.T) {
+	cfg := config.Default()
+	cfg.VM.Driver = config.DriverHost
+	p, err := New(cfg, Options{Home: t.TempDir(), DockerConfigDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.mirrorSpec(cfg.Registries.Mirrors[0]).Image; got != docker.DefaultMirrorImage {
+		t.Errorf("default mirror image %q", got)
+	}
+	cfg.Registries.MirrorImage = "localhost:5000/registry:3.0.0"
+	p, err = New(cfg, Options{Home: t.TempDir(), DockerConfigDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.mirrorSpec(cfg.Registries.Mirrors[0]).Image; got != "localhost:5000/registry:3.0.0" {
+		t.Errorf("mirror image %q, want the configured one", got)
 	}
 }
