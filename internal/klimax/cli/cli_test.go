@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"github.com/k3sm-dev/k3sm/internal/version"
+	"k8s.io/klog/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -401,4 +402,23 @@ func TestShellExitCode(t *testing.T) {
 	if _, _, code := h.run("", false, "shell", "--", "sh", "-c", "exit 0"); code != 0 {
 		t.Fatalf("exit %d, want 0", code)
 	}
+}
+
+// TestLibraryLogsOnlyWithDebug: klog lines (client-go's) stay out of the
+// output unless --debug, where they go to stderr.
+func TestLibraryLogsOnlyWithDebug(t *testing.T) {
+	var buf bytes.Buffer
+	quietLibraries(false, &buf)
+	klog.Error("leaked klog line")
+	klog.Flush()
+	if buf.Len() != 0 {
+		t.Fatalf("without --debug: %q", buf.String())
+	}
+	quietLibraries(true, &buf)
+	klog.Error("debug klog line")
+	klog.Flush()
+	if !strings.Contains(buf.String(), "debug klog line") {
+		t.Fatalf("with --debug: %q", buf.String())
+	}
+	quietLibraries(false, &buf)
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"github.com/k3sm-dev/k3sm/internal/version"
 	"io"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
 	"os"
 	"os/signal"
 	"syscall"
@@ -48,6 +50,7 @@ pool, CoreDNS forwarding and access to shared pull-through registry mirrors.`,
 	root.SetIn(app.In)
 	root.SetOut(app.Out)
 	root.SetErr(app.Err)
+	root.PersistentPreRun = func(*cobra.Command, []string) { quietLibraries(app.Debug, app.Err) }
 	pf := root.PersistentFlags()
 	pf.StringVar(&app.ConfigPath, "config", "", "config file (default ~/.klimax/config.yaml)")
 	pf.BoolVar(&app.Debug, "debug", false, "print debug output")
@@ -176,4 +179,17 @@ func registryCmd(app *App) *cobra.Command {
 		},
 	})
 	return c
+}
+
+// quietLibraries keeps client-go's klog lines and API server warnings out
+// of klimax's progress output; with --debug they go to w.
+func quietLibraries(debug bool, w io.Writer) {
+	klog.LogToStderr(false)
+	if debug {
+		klog.SetOutput(w)
+		rest.SetDefaultWarningHandler(rest.NewWarningWriter(w, rest.WarningWriterOptions{}))
+		return
+	}
+	klog.SetOutput(io.Discard)
+	rest.SetDefaultWarningHandler(rest.NoWarnings{})
 }
