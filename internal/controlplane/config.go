@@ -8,6 +8,7 @@ package controlplane
 import (
 	"errors"
 	"fmt"
+	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
 	"net"
 	"net/netip"
 	"os"
@@ -35,8 +36,8 @@ type Config struct {
 	// NodeInstant makes the node mark pods Running without starting them:
 	// the floor of the pod-start benchmark, never for real use.
 	NodeInstant bool
-	// Disk: container log rotation, image GC, DiskPressure (disk.go).
-	Disk DiskConfig
+	// Disk: container log rotation, image GC, DiskPressure.
+	Disk diskpolicy.Config
 
 	// Ports of the scheduler's and controller-manager's health endpoints (loopback only).
 	SchedulerPort         int
@@ -80,7 +81,7 @@ func Defaults() Config {
 		MaxPods:               110,
 		SchedulerPort:         10259,
 		ControllerManagerPort: 10257,
-		Disk:                  DefaultDisk(),
+		Disk:                  diskpolicy.Default(),
 	}
 }
 
@@ -173,7 +174,7 @@ func (c *Config) Validate() error {
 	if c.NodeName == "" || len(c.NodeName) > 253 || strings.Trim(strings.ToLower(c.NodeName), "abcdefghijklmnopqrstuvwxyz0123456789.-") != "" {
 		add("node-name", c.NodeName, "not a valid Kubernetes node name", "use lower-case letters, digits, '-' and '.'")
 	}
-	c.Disk.validate(add)
+	c.Disk.Validate(add)
 	return errors.Join(errs...)
 }
 

@@ -3,6 +3,8 @@ package controlplane
 import (
 	"strings"
 	"testing"
+
+	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
 )
 
 func TestDiskConfigDefaultsAndValidation(t *testing.T) {
@@ -20,20 +22,20 @@ func TestDiskConfigDefaultsAndValidation(t *testing.T) {
 			t.Errorf("node args %q lack %q", args, want)
 		}
 	}
-	th, err := ParseEvictionHard("nodefs.available<1Gi, imagefs.available<15%")
+	th, err := diskpolicy.ParseEvictionHard("nodefs.available<1Gi, imagefs.available<15%")
 	if err != nil || len(th) != 2 || th[0].Value != 1<<30 || th[1].Percent != 15 {
 		t.Errorf("parsed %+v %v", th, err)
 	}
 	for _, tc := range []struct {
-		set  func(*DiskConfig)
+		set  func(*diskpolicy.Config)
 		flag string
 	}{
-		{func(d *DiskConfig) { d.ContainerLogMaxSize = "ten" }, "--container-log-max-size"},
-		{func(d *DiskConfig) { d.ContainerLogMaxFiles = 1 }, "--container-log-max-files"},
-		{func(d *DiskConfig) { d.ImageGCLowThresholdPercent = 90 }, "--image-gc-low-threshold"},
-		{func(d *DiskConfig) { d.ImageGCHighThresholdPercent = 101 }, "--image-gc-high-threshold"},
-		{func(d *DiskConfig) { d.EvictionHard = "memory.available<100Mi" }, "--eviction-hard"},
-		{func(d *DiskConfig) { d.EvictionHard = "nodefs.available<120%" }, "--eviction-hard"},
+		{func(d *diskpolicy.Config) { d.ContainerLogMaxSize = "ten" }, "--container-log-max-size"},
+		{func(d *diskpolicy.Config) { d.ContainerLogMaxFiles = 1 }, "--container-log-max-files"},
+		{func(d *diskpolicy.Config) { d.ImageGCLowThresholdPercent = 90 }, "--image-gc-low-threshold"},
+		{func(d *diskpolicy.Config) { d.ImageGCHighThresholdPercent = 101 }, "--image-gc-high-threshold"},
+		{func(d *diskpolicy.Config) { d.EvictionHard = "memory.available<100Mi" }, "--eviction-hard"},
+		{func(d *diskpolicy.Config) { d.EvictionHard = "nodefs.available<120%" }, "--eviction-hard"},
 	} {
 		c := Defaults()
 		tc.set(&c.Disk)

@@ -1,14 +1,13 @@
 package k3smcmd
 
 import (
+	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
 	"github.com/spf13/pflag"
-
-	"github.com/k3sm-dev/k3sm/internal/controlplane"
 )
 
 // addDiskFlags: the kubelet's log rotation, image GC and disk eviction
 // settings, with its defaults.
-func addDiskFlags(f *pflag.FlagSet, d *controlplane.DiskConfig) {
+func addDiskFlags(f *pflag.FlagSet, d *diskpolicy.Config) {
 	f.StringVar(&d.ContainerLogMaxSize, "container-log-max-size", d.ContainerLogMaxSize, "rotate a container's log when it reaches this size (the kubelet's containerLogMaxSize; 0: never)")
 	f.IntVar(&d.ContainerLogMaxFiles, "container-log-max-files", d.ContainerLogMaxFiles, "log files kept per container, the live one included (the kubelet's containerLogMaxFiles)")
 	f.IntVar(&d.ImageGCHighThresholdPercent, "image-gc-high-threshold", d.ImageGCHighThresholdPercent, "percent of the image filesystem in use above which unused images are removed")

@@ -18,7 +18,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
-	"github.com/k3sm-dev/k3sm/internal/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
 )
 
 // The kubelet's node condition reasons and messages for DiskPressure.
@@ -84,8 +84,8 @@ type imageRecord struct {
 // image was first seen and last used by a pod, least recently used removed
 // first, none younger than the minimum age, none a pod still uses).
 type diskManager struct {
-	cfg        controlplane.DiskConfig
-	thresholds []controlplane.EvictionThreshold
+	cfg        diskpolicy.Config
+	thresholds []diskpolicy.Threshold
 	nodefs     string // the data dir
 	imagefs    string // the image store
 	rt         diskRuntime
@@ -103,8 +103,8 @@ type diskManager struct {
 	lastSeen time.Time // last time a threshold was crossed
 }
 
-func newDiskManager(cfg controlplane.DiskConfig, dataDir, nodeName string, rt diskRuntime, recorder record.EventRecorder, log *slog.Logger) (*diskManager, error) {
-	th, err := controlplane.ParseEvictionHard(cfg.EvictionHard)
+func newDiskManager(cfg diskpolicy.Config, dataDir, nodeName string, rt diskRuntime, recorder record.EventRecorder, log *slog.Logger) (*diskManager, error) {
+	th, err := diskpolicy.ParseEvictionHard(cfg.EvictionHard)
 	if err != nil {
 		return nil, fmt.Errorf("--eviction-hard: %w", err)
 	}

@@ -13,7 +13,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
-	"github.com/k3sm-dev/k3sm/internal/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
 )
 
 type fakeDiskRuntime struct {
@@ -54,7 +54,7 @@ func (c *fakeClock) now() time.Time { return c.t }
 
 func testDisk(t *testing.T, rt diskRuntime, fs *fsStats) (*diskManager, *record.FakeRecorder, *fakeClock) {
 	t.Helper()
-	cfg := controlplane.DefaultDisk()
+	cfg := diskpolicy.Default()
 	rec := record.NewFakeRecorder(100)
 	d, err := newDiskManager(cfg, "/data", "n1", rt, rec, slog.New(slog.DiscardHandler))
 	if err != nil {

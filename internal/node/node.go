@@ -12,6 +12,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
 	"log/slog"
 	"net"
 	"net/http"
@@ -24,7 +25,6 @@ import (
 	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
-	"github.com/k3sm-dev/k3sm/internal/controlplane"
 	"github.com/k3sm-dev/k3sm/internal/metrics"
 	"github.com/k3sm-dev/k3sm/internal/runtime/client"
 	"github.com/k3sm-dev/k3sm/internal/storage/localpath"
@@ -76,7 +76,7 @@ type Config struct {
 	LocalPathDir        string
 	// Disk: image GC and the DiskPressure condition (disk.go); measured on
 	// DataDir's filesystem and its images/ store.
-	Disk controlplane.DiskConfig
+	Disk diskpolicy.Config
 	Log  *slog.Logger
 }
 

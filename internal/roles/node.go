@@ -4,12 +4,12 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
 	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 
-	"github.com/k3sm-dev/k3sm/internal/controlplane"
 	"github.com/k3sm-dev/k3sm/internal/metrics"
 	"github.com/k3sm-dev/k3sm/internal/node"
 	"github.com/k3sm-dev/k3sm/internal/runtime/daemon"
@@ -66,7 +66,7 @@ func runNode(args []string) int {
 	fs.StringVar(&cfg.LocalPathDir, "local-path-dir", "", "where local-path volumes are made")
 	fs.BoolVar(&cfg.Instant, "instant", false, "benchmark floor: mark pods Running without starting them")
 	metrics.AddFlags(fs, &cfg.Metrics)
-	cfg.Disk = controlplane.DefaultDisk()
+	cfg.Disk = diskpolicy.Default()
 	fs.IntVar(&cfg.Disk.ImageGCHighThresholdPercent, "image-gc-high-threshold", cfg.Disk.ImageGCHighThresholdPercent, "image GC starts above this percent of the image filesystem in use")
 	fs.IntVar(&cfg.Disk.ImageGCLowThresholdPercent, "image-gc-low-threshold", cfg.Disk.ImageGCLowThresholdPercent, "image GC frees down to this percent")
 	fs.DurationVar(&cfg.Disk.ImageMinimumGCAge, "image-minimum-gc-age", cfg.Disk.ImageMinimumGCAge, "minimum age of an image GC removes")

@@ -1,4 +1,10 @@
-package controlplane
+// Package diskpolicy owns the kubelet's disk housekeeping settings with
+// their defaults and validation: container log rotation (done by the
+// runtime daemon's shims), image garbage collection and the DiskPressure
+// thresholds (done by the node). The server sets them from its flags and
+// passes them to the node and the runtime daemon; both sides import this
+// package, neither imports the other's.
+package diskpolicy
 
 import (
 	"fmt"
@@ -9,11 +15,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 )
 
-// DiskConfig is how the node keeps its disk in check, with the kubelet's
-// defaults: container log rotation (done by the runtime daemon's shims),
-// image garbage collection and the DiskPressure condition (done by the
-// node).
-type DiskConfig struct {
+// Config is how the node keeps its disk in check, with the kubelet's
+// defaults.
+type Config struct {
 	// ContainerLogMaxSize (a quantity, "10Mi") and ContainerLogMaxFiles:
 	// the kubelet's containerLogMaxSize / containerLogMaxFiles.
 	ContainerLogMaxSize  string
@@ -37,9 +41,9 @@ type DiskConfig struct {
 	HousekeepingInterval time.Duration
 }
 
-// DefaultDisk is the kubelet's defaults.
-func DefaultDisk() DiskConfig {
-	return DiskConfig{
+// Default is the kubelet's defaults.
+func Default() Config {
+	return Config{
 		ContainerLogMaxSize: "10Mi", ContainerLogMaxFiles: 5,
 		ImageGCHighThresholdPercent: 85, ImageGCLowThresholdPercent: 80, ImageMinimumGCAge: 2 * time.Minute, ImageGCPeriod: 5 * time.Minute,
 		EvictionHard:                     "nodefs.available<10%,imagefs.available<15%,nodefs.inodesFree<5%",
@@ -49,7 +53,7 @@ func DefaultDisk() DiskConfig {
 }
 
 // ContainerLogMaxBytes is ContainerLogMaxSize in bytes.
-func (d DiskConfig) ContainerLogMaxBytes() (int64, error) {
+func (d Config) ContainerLogMaxBytes() (int64, error) {
 	q, err := resource.ParseQuantity(d.ContainerLogMaxSize)
 	if err != nil {
 		return 0, err
@@ -57,17 +61,17 @@ func (d DiskConfig) ContainerLogMaxBytes() (int64, error) {
 	return q.Value(), nil
 }
 
-// EvictionThresholds parses EvictionHard: signal -> a percentage (0-100) or
-// an absolute quantity in bytes/inodes.
-type EvictionThreshold struct {
+// Threshold is one signal of EvictionHard: a percentage (0-100) or an
+// absolute quantity in bytes/inodes.
+type Threshold struct {
 	Signal  string
 	Percent float64 // when set
 	Value   int64   // when Percent is 0
 }
 
 // ParseEvictionHard parses "signal<quantity|percent%,...".
-func ParseEvictionHard(s string) ([]EvictionThreshold, error) {
-	var out []EvictionThreshold
+func ParseEvictionHard(s string) ([]Threshold, error) {
+	var out []Threshold
 	for _, part := range strings.Split(s, ",") {
 		part = strings.TrimSpace(part)
 		if part == "" {
@@ -82,7 +86,7 @@ func ParseEvictionHard(s string) ([]EvictionThreshold, error) {
 		default:
 			return nil, fmt.Errorf("%q: unknown signal %q (k3sm reports disk pressure from nodefs.available, nodefs.inodesFree, imagefs.available, imagefs.inodesFree)", part, sig)
 		}
-		t := EvictionThreshold{Signal: sig}
+		t := Threshold{Signal: sig}
 		if p, ok := strings.CutSuffix(val, "%"); ok {
 			f, err := strconv.ParseFloat(p, 64)
 			if err != nil || f <= 0 || f > 100 {
@@ -101,7 +105,9 @@ func ParseEvictionHard(s string) ([]EvictionThreshold, error) {
 	return out, nil
 }
 
-func (d *DiskConfig) validate(add func(flag, value, problem, fix string)) {
+// Validate reports each bad setting through add, named by its server flag,
+// and fills in the hidden periods left at zero.
+func (d *Config) Validate(add func(flag, value, problem, fix string)) {
 	if n, err := d.ContainerLogMaxBytes(); err != nil || n < 0 {
 		add("container-log-max-size", d.ContainerLogMaxSize, "not a size", "use a quantity such as 10Mi (0 turns rotation off)")
 	}
@@ -130,7 +136,7 @@ func (d *DiskConfig) validate(add func(flag, value, problem, fix string)) {
 }
 
 // RuntimeArgs are the runtime daemon's flags for it.
-func (d DiskConfig) RuntimeArgs() []string {
+func (d Config) RuntimeArgs() []string {
 	n, _ := d.ContainerLogMaxBytes()
 	if n == 0 {
 		n = -1 // off
@@ -139,7 +145,7 @@ func (d DiskConfig) RuntimeArgs() []string {
 }
 
 // NodeArgs are the node's flags for it.
-func (d DiskConfig) NodeArgs() []string {
+func (d Config) NodeArgs() []string {
 	return []string{
 		"--image-gc-high-threshold=" + strconv.Itoa(d.ImageGCHighThresholdPercent),
 		"--image-gc-low-threshold=" + strconv.Itoa(d.ImageGCLowThresholdPercent),
