@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/creack/pty"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -138,16 +137,7 @@ func TestKubectlDebug(t *testing.T) {
 	t.Run("interactive -it through a pty", func(t *testing.T) {
 		cmd := s.kubectlCmd("debug", "-it", "web", "--image="+imgs.prog, "--target=main", "-c", "term", "--", "sh")
 		cmd.Env = append(os.Environ(), "TERM=xterm")
-		term, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 24, Cols: 80})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer term.Close()
-		out := &outBuf{}
-		go io.Copy(out, term)
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		defer cmd.Process.Kill()
+		term, out, done := startInPty(t, cmd, 24, 80)
 		out.waitFor(t, "If you don't see a command prompt", 2*time.Minute)
 		io.WriteString(term, "test -t 0 && echo IS-$((6*7))-TTY; cat /data/note; exit 4\r")
 		out.waitFor(t, "IS-42-TTY", 30*time.Second)

@@ -49,6 +49,26 @@ func (o *outBuf) waitFor(t *testing.T, want string, timeout time.Duration) {
 	}
 }
 
+// startInPty starts cmd on a new terminal of rows x cols: what it prints
+// collects in out, done gets its exit; the terminal is closed and the
+// process killed when the test ends.
+func startInPty(t *testing.T, cmd *exec.Cmd, rows, cols uint16) (*os.File, *outBuf, chan error) {
+	t.Helper()
+	term, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: rows, Cols: cols})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &outBuf{}
+	go io.Copy(out, term)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		term.Close()
+	})
+	return term, out, done
+}
+
 // kubectlCmd is a kubectl command against s, not yet started.
 func (s *server) kubectlCmd(args ...string) *exec.Cmd {
 	return exec.Command(k3smBin, append([]string{"kubectl", "--kubeconfig", s.kubeconfig()}, args...)...)
@@ -113,16 +133,7 @@ func TestExecAttachPortForwardCp(t *testing.T) {
 	t.Run("exec -it through a pty", func(t *testing.T) {
 		cmd := s.kubectlCmd("exec", "-it", "shell", "--", "sh")
 		cmd.Env = append(os.Environ(), "TERM=xterm")
-		term, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 24, Cols: 80})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer term.Close()
-		out := &outBuf{}
-		go io.Copy(out, term)
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		defer cmd.Process.Kill()
+		term, out, done := startInPty(t, cmd, 24, 80)
 		// kubectl puts our terminal in raw mode: Enter is \r, which the pod's
 		// terminal turns into \n. What we type comes back as its echo.
 		io.WriteString(term, "test -t 0 && echo IS-$((6*7))-TTY; stty size\r")
@@ -234,16 +245,7 @@ func TestExecAttachPortForwardCp(t *testing.T) {
 		}
 		waitPod(t, c, "term", 2*time.Minute, running)
 		cmd := s.kubectlCmd("attach", "-it", "term")
-		term, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 33, Cols: 99})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer term.Close()
-		out := &outBuf{}
-		go io.Copy(out, term)
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		defer cmd.Process.Kill()
+		term, out, done := startInPty(t, cmd, 33, 99)
 		// Type until the shell answers (the attach may not be up at once).
 		deadline := time.Now().Add(30 * time.Second)
 		for i := 0; !strings.Contains(out.String(), "33 99"); i++ {
