@@ -313,3 +313,21 @@ func readPid(t *testing.T, path string) int {
 }
 
 func tsp(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }
+
+// newSubprocessEnv is the set-up of the tests that kill -9 a daemon run as
+// a subprocess: a short data dir (unix socket paths) the test removes, and
+// the test image in a registry on 127.0.0.1. It skips unless integration
+// tests run.
+func newSubprocessEnv(t *testing.T) *env {
+	t.Helper()
+	integration(t)
+	dir, err := os.MkdirTemp("", "k3sm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, dir: dir}
+	e.reg = imagetest.StartRegistry(t, "", "")
+	img, _ := imagetest.Image(progBin, v1.Platform{})
+	e.image = e.reg.Push(t, "prog:v1", img)
+	return e
+}

@@ -283,15 +283,8 @@ func TestIntegrationGracefulTermination(t *testing.T) {
 // kill -9 of the daemon leaves pods running; a new daemon re-attaches
 // without restarting them and learns exits that happened meanwhile.
 func TestIntegrationDaemonKill9Reattach(t *testing.T) {
-	integration(t)
-	dir, err := os.MkdirTemp("", "k3sm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{t: t, dir: dir}
-	e.reg = imagetest.StartRegistry(t, "", "")
-	img, _ := imagetest.Image(progBin, v1.Platform{})
-	e.image = e.reg.Push(t, "prog:v1", img)
+	e := newSubprocessEnv(t)
+	dir := e.dir
 	d1 := e.startSubprocess()
 	t.Cleanup(func() {
 		e.deleteAll()

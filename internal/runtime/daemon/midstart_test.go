@@ -10,10 +10,7 @@ import (
 	"testing"
 	"time"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
-	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 )
 
 // A daemon killed -9 while it starts a burst of pods leaves containers in
@@ -23,15 +20,8 @@ import (
 // for the first time: every pod runs exactly once, restartCount 0, with
 // one shim.
 func TestIntegrationDaemonKill9MidStart(t *testing.T) {
-	integration(t)
-	dir, err := os.MkdirTemp("", "k3sm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{t: t, dir: dir}
-	e.reg = imagetest.StartRegistry(t, "", "")
-	img, _ := imagetest.Image(progBin, v1.Platform{})
-	e.image = e.reg.Push(t, "prog:v1", img)
+	e := newSubprocessEnv(t)
+	dir := e.dir
 	// A shim slow to start: the first daemon dies while the shims it
 	// spawned have not reported yet (and hold every start slot).
 	slow := filepath.Join(t.TempDir(), "slow-shim")

@@ -14,13 +14,11 @@ import (
 	"testing"
 	"time"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
-	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 )
 
 func freePort(t *testing.T) int {
@@ -469,15 +467,8 @@ func TestIntegrationSidecarJobCompletes(t *testing.T) {
 // and probes again: readiness comes back, liveness still restarts, and a
 // native sidecar is adopted in place.
 func TestIntegrationProbesAfterDaemonKill9(t *testing.T) {
-	integration(t)
-	dir, err := os.MkdirTemp("", "k3sm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{t: t, dir: dir}
-	e.reg = imagetest.StartRegistry(t, "", "")
-	img, _ := imagetest.Image(progBin, v1.Platform{})
-	e.image = e.reg.Push(t, "prog:v1", img)
+	e := newSubprocessEnv(t)
+	dir := e.dir
 	d1 := e.startSubprocess()
 	t.Cleanup(func() { os.RemoveAll(dir) })
 

@@ -8,12 +8,10 @@ import (
 	"testing"
 	"time"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
-	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 )
 
 // ttyReader collects a TTY exec's output and lets the test wait for text.
@@ -230,15 +228,8 @@ func TestIntegrationAttach(t *testing.T) {
 // The shim holds the container's stdio, so a daemon restarted after kill -9
 // attaches to a container the earlier daemon started, stdin included.
 func TestIntegrationAttachAfterDaemonKill9(t *testing.T) {
-	integration(t)
-	dir, err := os.MkdirTemp("", "k3sm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{t: t, dir: dir}
-	e.reg = imagetest.StartRegistry(t, "", "")
-	img, _ := imagetest.Image(progBin, v1.Platform{})
-	e.image = e.reg.Push(t, "prog:v1", img)
+	e := newSubprocessEnv(t)
+	dir := e.dir
 	d1 := e.startSubprocess()
 	t.Cleanup(func() {
 		e.deleteAll()
