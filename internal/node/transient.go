@@ -36,9 +36,8 @@ func isTransientAPIError(err error) bool {
 	}
 	var st apierrors.APIStatus
 	if errors.As(err, &st) {
-		return apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) || apierrors.IsTooManyRequests(err) ||
-			apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err) || apierrors.IsUnexpectedServerError(err) ||
-			st.Status().Code >= 500
+		// Timeouts, internal errors and unavailability all carry a 5xx.
+		return st.Status().Code >= 500 || apierrors.IsTooManyRequests(err)
 	}
 	return true
 }
