@@ -136,6 +136,10 @@ func (d *diskManager) run(ctx context.Context) {
 	defer house.Stop()
 	gc := time.NewTicker(d.cfg.ImageGCPeriod)
 	defer gc.Stop()
+	// Images are detected (first seen, last used) once per GC period, as
+	// the kubelet's image manager does, not at every housekeeping: that
+	// would list every pod and image each 10 s on an idle node.
+	d.detect(ctx)
 	d.housekeeping(ctx)
 	for {
 		select {
@@ -144,6 +148,7 @@ func (d *diskManager) run(ctx context.Context) {
 		case <-house.C:
 			d.housekeeping(ctx)
 		case <-gc.C:
+			d.detect(ctx)
 			if err := d.garbageCollect(ctx); err != nil {
 				d.log.Warn("image garbage collection failed", "err", err)
 			}
@@ -151,13 +156,16 @@ func (d *diskManager) run(ctx context.Context) {
 	}
 }
 
-// housekeeping: detect images (so their ages and last use are known), then
-// evaluate the thresholds; under pressure, reclaim unused images first as
-// the kubelet's eviction manager does.
-func (d *diskManager) housekeeping(ctx context.Context) {
+func (d *diskManager) detect(ctx context.Context) {
 	if _, err := d.detectImages(ctx); err != nil {
 		d.log.Debug("detect images", "err", err)
 	}
+}
+
+// housekeeping evaluates the thresholds; under pressure it reclaims unused
+// images first (freeSpace detects them anew), as the kubelet's eviction
+// manager does.
+func (d *diskManager) housekeeping(ctx context.Context) {
 	crossed, err := d.observe()
 	if err != nil {
 		d.log.Warn("disk stats", "err", err)
