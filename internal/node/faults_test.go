@@ -76,11 +76,18 @@ func (f *fakeRuntime) CreatePod(ctx context.Context, in *runtimev1.CreatePodRequ
 	return &runtimev1.CreatePodResponse{}, nil
 }
 
-func (f *fakeRuntime) UpdatePod(context.Context, *runtimev1.UpdatePodRequest, ...grpc.CallOption) (*runtimev1.UpdatePodResponse, error) {
+// UpdatePod and UpdatePodVolumes refuse an unknown pod, as the daemon does.
+func (f *fakeRuntime) UpdatePod(_ context.Context, in *runtimev1.UpdatePodRequest, _ ...grpc.CallOption) (*runtimev1.UpdatePodResponse, error) {
+	if !f.isLive(in.GetPod().GetUid()) {
+		return nil, status.Error(codes.NotFound, "no such pod")
+	}
 	return &runtimev1.UpdatePodResponse{}, nil
 }
 
-func (f *fakeRuntime) UpdatePodVolumes(context.Context, *runtimev1.UpdatePodVolumesRequest, ...grpc.CallOption) (*runtimev1.UpdatePodVolumesResponse, error) {
+func (f *fakeRuntime) UpdatePodVolumes(_ context.Context, in *runtimev1.UpdatePodVolumesRequest, _ ...grpc.CallOption) (*runtimev1.UpdatePodVolumesResponse, error) {
+	if !f.isLive(in.GetUid()) {
+		return nil, status.Error(codes.NotFound, "no such pod")
+	}
 	return &runtimev1.UpdatePodVolumesResponse{}, nil
 }
 
