@@ -47,7 +47,7 @@ vet:
 	@unformatted=$$(gofmt -l cmd internal api test bench 2>/dev/null); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 
-UNIT_PKGS = $$($(GO) list ./... | grep -v -e /test/e2e -e /internal/roles -e /cmd/k3sm$$)
+UNIT_PKGS = $$($(GO) list ./... | grep -v -e /test/e2e -e /internal/upstream -e /cmd/k3sm$$)
 test-unit:
 	CGO_ENABLED=1 $(GO) test -race -short -count=1 $(UNIT_PKGS)
 

@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/k3sm-dev/k3sm/internal/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
 )
 
 // kubectlTarget picks the kubeconfig `k3sm kubectl` runs with. It strips a

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/k3sm-dev/k3sm/internal/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
 	"github.com/k3sm-dev/k3sm/internal/pki"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	corev1 "k8s.io/api/core/v1"

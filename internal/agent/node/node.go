@@ -25,9 +25,9 @@ import (
 	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
-	"github.com/k3sm-dev/k3sm/internal/metrics"
+	"github.com/k3sm-dev/k3sm/internal/agent/metrics"
 	"github.com/k3sm-dev/k3sm/internal/runtime/client"
-	"github.com/k3sm-dev/k3sm/internal/storage/localpath"
+	"github.com/k3sm-dev/k3sm/internal/agent/localpath"
 	"github.com/k3sm-dev/k3sm/internal/version"
 	vknode "github.com/virtual-kubelet/virtual-kubelet/node"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"

@@ -3,7 +3,7 @@
 // supervisor re-executes the binary (`k3sm kube-apiserver ...`). It is the
 // only package that imports k8s.io/kubernetes; keep tests out of it, since
 // linking the control plane takes minutes.
-package roles
+package upstream
 
 import (
 	"context"
@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/k3s-io/kine/pkg/endpoint"
-	"github.com/k3sm-dev/k3sm/internal/controlplane"
-	"github.com/k3sm-dev/k3sm/internal/node"
+	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/agent/node"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	"github.com/sirupsen/logrus"
 	"github.com/spf13/cobra"

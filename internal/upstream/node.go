@@ -1,4 +1,4 @@
-package roles
+package upstream
 
 import (
 	"context"
@@ -10,8 +10,8 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/k3sm-dev/k3sm/internal/metrics"
-	"github.com/k3sm-dev/k3sm/internal/node"
+	"github.com/k3sm-dev/k3sm/internal/agent/metrics"
+	"github.com/k3sm-dev/k3sm/internal/agent/node"
 	"github.com/k3sm-dev/k3sm/internal/runtime/daemon"
 	"github.com/k3sm-dev/k3sm/internal/version"
 	"github.com/sirupsen/logrus"
