@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -89,7 +90,7 @@ func TestRuntimeDensity(t *testing.T) {
 		done <- daemon.Run(ctx, daemon.Config{DataDir: dir, ShimPath: shimBin, MaxPods: int64(n + 10), OnReady: func() { close(ready) }})
 	}()
 	<-ready
-	c, err := client.Dial(daemon.DefaultSocket(dir))
+	c, err := client.Dial(datadir.New(dir).RuntimeSocket())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,24 +1,29 @@
-// Command k3sm is a whole Kubernetes distribution in one binary.
+// Command k3sm is a whole Kubernetes distribution in one binary. It only
+// wires: the hidden roles the supervisor re-executes it with, and the CLI.
 package main
 
 import (
 	"os"
 
-	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
-	"github.com/k3sm-dev/k3sm/internal/k3smcmd"
-	"github.com/k3sm-dev/k3sm/internal/agent/metrics"
 	"github.com/k3sm-dev/k3sm/internal/agent/node"
+	"github.com/k3sm-dev/k3sm/internal/k3smcmd"
+	"github.com/k3sm-dev/k3sm/internal/roleconfig"
+	"github.com/k3sm-dev/k3sm/internal/runtime/daemon"
+	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/server/localnode"
 	"github.com/k3sm-dev/k3sm/internal/upstream"
 )
 
 func main() {
+	roles := upstream.Roles()
+	roles[roleconfig.Runtime] = daemon.Main
+	roles[roleconfig.Node] = node.Main
 	if len(os.Args) > 1 {
-		if run, ok := upstream.Lookup(os.Args[1]); ok {
+		if run, ok := roles[os.Args[1]]; ok {
 			os.Exit(run(os.Args[2:]))
 		}
 	}
 	os.Exit(k3smcmd.Execute(upstream.Kubectl, func(*controlplane.Config) []controlplane.Addon {
-		m := metrics.NewServerAddon(nil)
-		return []controlplane.Addon{node.ServerAddon(m.NodeArgs), m.Addon()}
+		return []controlplane.Addon{localnode.Addon(nil)}
 	}))
 }

@@ -134,25 +134,3 @@ func (d *Config) Validate(add func(flag, value, problem, fix string)) {
 		d.HousekeepingInterval = 10 * time.Second
 	}
 }
-
-// RuntimeArgs are the runtime daemon's flags for it.
-func (d Config) RuntimeArgs() []string {
-	n, _ := d.ContainerLogMaxBytes()
-	if n == 0 {
-		n = -1 // off
-	}
-	return []string{"--container-log-max-size=" + strconv.FormatInt(n, 10), "--container-log-max-files=" + strconv.Itoa(d.ContainerLogMaxFiles)}
-}
-
-// NodeArgs are the node's flags for it.
-func (d Config) NodeArgs() []string {
-	return []string{
-		"--image-gc-high-threshold=" + strconv.Itoa(d.ImageGCHighThresholdPercent),
-		"--image-gc-low-threshold=" + strconv.Itoa(d.ImageGCLowThresholdPercent),
-		"--image-minimum-gc-age=" + d.ImageMinimumGCAge.String(),
-		"--image-gc-period=" + d.ImageGCPeriod.String(),
-		"--eviction-hard=" + d.EvictionHard,
-		"--eviction-pressure-transition-period=" + d.EvictionPressureTransitionPeriod.String(),
-		"--housekeeping-interval=" + d.HousekeepingInterval.String(),
-	}
-}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"io"
 	"log/slog"
 	"os"
@@ -14,8 +15,8 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
 	"github.com/k3sm-dev/k3sm/internal/kubeconfig"
+	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	"github.com/k3sm-dev/k3sm/internal/version"
 	"github.com/spf13/cobra"
@@ -65,12 +66,12 @@ func newServer(addons Addons) *cobra.Command {
 			cfg.Executable = exe
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			if err := os.MkdirAll(filepath.Join(cfg.DataDir, "logs"), 0o700); err != nil {
+			if err := os.MkdirAll(datadir.New(cfg.DataDir).LogDir(), 0o700); err != nil {
 				return &controlplane.FieldError{Flag: "data-dir", Value: cfg.DataDir, Problem: "not writable: " + err.Error(),
 					Fix: "run as root for /var/lib/k3sm or pass --data-dir under your home"}
 			}
 			// Rotated as the components' logs are (supervisor.DefaultLogMaxSizeMB).
-			logf := &lumberjack.Logger{Filename: filepath.Join(cfg.DataDir, "logs", "k3sm.log"),
+			logf := &lumberjack.Logger{Filename: datadir.New(cfg.DataDir).ServerLog(),
 				MaxSize: supervisor.DefaultLogMaxSizeMB, MaxBackups: supervisor.DefaultLogMaxBackups, Compress: true}
 			defer logf.Close()
 			log := slog.New(slog.NewTextHandler(io.MultiWriter(os.Stderr, logf), &slog.HandlerOptions{Level: logLevel()}))
@@ -114,7 +115,7 @@ func newKubeconfig() *cobra.Command {
 		Short: "Print the admin kubeconfig, or merge it into ~/.kube/config",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			path := controlplane.Layout{Root: dataDir}.AdminKubeconfig()
+			path := datadir.New(dataDir).AdminKubeconfig()
 			data, err := os.ReadFile(path)
 			if errors.Is(err, os.ErrNotExist) {
 				return fmt.Errorf("no admin kubeconfig at %s: start `k3sm server` first (or pass --data-dir)", path)

@@ -2,6 +2,7 @@ package k3smcmd
 
 import (
 	"fmt"
+	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"os"
 	"path/filepath"
 	"strings"
@@ -51,7 +52,7 @@ func kubectlTarget(args []string, getenv func(string) string, home string) (rest
 			source, dataDir = "the default data dir", controlplane.DefaultDataDir()
 		}
 	}
-	admin := controlplane.Layout{Root: dataDir}.AdminKubeconfig()
+	admin := datadir.New(dataDir).AdminKubeconfig()
 	if _, err := os.Stat(admin); err == nil {
 		return rest, admin, "", nil
 	}

@@ -360,3 +360,12 @@ func WatchParent(onParentGone func()) bool {
 	}()
 	return true
 }
+
+// ExitWithParent makes a supervised child exit as soon as its supervisor is
+// gone; every hidden role calls it first.
+func ExitWithParent() {
+	WatchParent(func() {
+		fmt.Fprintln(os.Stderr, "k3sm: supervisor exited; stopping")
+		os.Exit(1)
+	})
+}

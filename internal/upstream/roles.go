@@ -1,13 +1,13 @@
-// Package roles owns the hidden roles of the k3sm binary: the upstream
-// Kubernetes components, kine and kubectl, linked in and run when the
-// supervisor re-executes the binary (`k3sm kube-apiserver ...`). It is the
-// only package that imports k8s.io/kubernetes; keep tests out of it, since
-// linking the control plane takes minutes.
+// Package upstream runs the upstream programs linked into the k3sm binary:
+// kube-apiserver, kube-scheduler, kube-controller-manager and kine as hidden
+// roles the supervisor re-executes the binary with (`k3sm kube-apiserver
+// ...`), and kubectl for `k3sm kubectl`. It is the only package that
+// imports k8s.io/kubernetes' commands; keep tests out of it, since linking
+// the control plane takes minutes.
 package upstream
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -16,8 +16,7 @@ import (
 	"time"
 
 	"github.com/k3s-io/kine/pkg/endpoint"
-	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
-	"github.com/k3sm-dev/k3sm/internal/agent/node"
+	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	"github.com/sirupsen/logrus"
 	"github.com/spf13/cobra"
@@ -32,30 +31,19 @@ import (
 	_ "k8s.io/client-go/plugin/pkg/client/auth" // exec and OIDC credential plugins for kubectl
 )
 
-// Lookup returns the entry point of a hidden role.
-func Lookup(name string) (func(args []string) int, bool) {
-	run, ok := map[string]func([]string) int{
-		controlplane.RoleKine:              runKine,
-		controlplane.RoleAPIServer:         runCobra(apiserverapp.NewAPIServerCommand),
-		controlplane.RoleScheduler:         runCobra(func() *cobra.Command { return schedulerapp.NewSchedulerCommand() }),
-		controlplane.RoleControllerManager: runCobra(cmapp.NewControllerManagerCommand),
-		node.RoleRuntime:                   runRuntimed,
-		node.RoleNode:                      runNode,
-	}[name]
-	return run, ok
-}
-
-// exitWithParent ends a supervised child as soon as its supervisor is gone.
-func exitWithParent() {
-	supervisor.WatchParent(func() {
-		fmt.Fprintln(os.Stderr, "k3sm: supervisor exited; stopping")
-		os.Exit(1)
-	})
+// Roles are the entry points of the upstream hidden roles, by role name.
+func Roles() map[string]func(args []string) int {
+	return map[string]func([]string) int{
+		roleconfig.Kine:              runKine,
+		roleconfig.APIServer:         runCobra(apiserverapp.NewAPIServerCommand),
+		roleconfig.Scheduler:         runCobra(func() *cobra.Command { return schedulerapp.NewSchedulerCommand() }),
+		roleconfig.ControllerManager: runCobra(cmapp.NewControllerManagerCommand),
+	}
 }
 
 func runCobra(newCmd func() *cobra.Command) func([]string) int {
 	return func(args []string) int {
-		exitWithParent()
+		supervisor.ExitWithParent()
 		cmd := newCmd()
 		cmd.SetArgs(args)
 		return cli.Run(cmd)
@@ -63,11 +51,10 @@ func runCobra(newCmd func() *cobra.Command) func([]string) int {
 }
 
 func runKine(args []string) int {
-	exitWithParent()
-	fs := flag.NewFlagSet("kine", flag.ContinueOnError)
-	listen := fs.String("listen-address", "unix://kine.sock", "where kine serves the etcd API")
-	ep := fs.String("endpoint", "", "datastore endpoint (sqlite://path?params)")
-	if err := fs.Parse(args); err != nil {
+	supervisor.ExitWithParent()
+	var kc roleconfig.KineConfig
+	if err := roleconfig.Read(roleconfig.Kine, args, &kc); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
 	logrus.SetFormatter(&logrus.TextFormatter{FullTimestamp: true, TimestampFormat: time.RFC3339Nano})
@@ -76,8 +63,8 @@ func runKine(args []string) int {
 	// The defaults of kine's own CLI, passed explicitly because the library
 	// has no defaults of its own.
 	cfg := endpoint.Config{
-		Listener:            *listen,
-		Endpoint:            *ep,
+		Listener:            kc.Listen,
+		Endpoint:            kc.Endpoint,
 		NotifyInterval:      5 * time.Second,
 		EmulatedETCDVersion: "3.6.11",
 		CompactTimeout:      5 * time.Second,

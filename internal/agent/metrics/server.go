@@ -12,6 +12,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/internal/roleconfig"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
@@ -29,19 +31,9 @@ import (
 // default metric resolution, and the HPA's sync period.
 const DefaultResolution = 15 * time.Second
 
-// ServeConfig is what the node process needs to serve the metrics API.
-type ServeConfig struct {
-	// Addr to listen on (host:port); empty disables the server.
-	Addr string
-	// Serving certificate for <service>.<namespace>.svc, signed by the CA
-	// the APIService's caBundle names.
-	CertFile, KeyFile string
-	// RequestHeaderCAFile and AllowedNames identify the apiserver's
-	// front-proxy client certificate; only it may call.
-	RequestHeaderCAFile string
-	AllowedNames        []string
-	Resolution          time.Duration
-}
+// ServeConfig is what the node process needs to serve the metrics API:
+// its part of the node's role config.
+type ServeConfig = roleconfig.MetricsAPI
 
 // Deps are what the node process hands over.
 type Deps struct {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"flag"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -109,19 +108,5 @@ func TestHandlerFrontProxyAuth(t *testing.T) {
 	if a.GetVerb() != "get" || a.GetAPIGroup() != "metrics.k8s.io" || a.GetResource() != "pods" || a.GetNamespace() != "ns1" ||
 		a.GetName() != "p1" || !a.IsResourceRequest() || !slices.Contains(a.GetUser().GetGroups(), "devs") {
 		t.Errorf("attributes: %+v user %+v", a, a.GetUser())
-	}
-}
-
-func TestAddFlags(t *testing.T) {
-	var cfg ServeConfig
-	fs := flag.NewFlagSet("node", flag.ContinueOnError)
-	AddFlags(fs, &cfg)
-	args := (&ServerAddon{port: 4443, cert: pki.Leaf{CertPath: "/c", KeyPath: "/k"}}).args("/ca", "system:auth-proxy")
-	if err := fs.Parse(args); err != nil {
-		t.Fatal(err)
-	}
-	if cfg.Addr != "127.0.0.1:4443" || cfg.CertFile != "/c" || cfg.KeyFile != "/k" || cfg.RequestHeaderCAFile != "/ca" ||
-		!slices.Equal(cfg.AllowedNames, []string{"system:auth-proxy"}) || cfg.Resolution != DefaultResolution {
-		t.Fatalf("flags round trip: %+v", cfg)
 	}
 }

@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"path/filepath"
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/datadir"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"golang.org/x/sys/unix"
@@ -114,7 +115,7 @@ func newDiskManager(cfg diskpolicy.Config, dataDir, nodeName string, rt diskRunt
 	if cfg.ImageGCPeriod <= 0 {
 		cfg.ImageGCPeriod = 5 * time.Minute
 	}
-	return &diskManager{cfg: cfg, thresholds: th, nodefs: dataDir, imagefs: filepath.Join(dataDir, "images"), rt: rt,
+	return &diskManager{cfg: cfg, thresholds: th, nodefs: dataDir, imagefs: datadir.New(dataDir).ImagesDir(), rt: rt,
 		recorder: recorder, log: log, statfs: statfs, now: time.Now, records: map[string]*imageRecord{},
 		// As the kubelet names its node in events.
 		nodeRef: &corev1.ObjectReference{Kind: "Node", Name: nodeName, UID: types.UID(nodeName)}}, nil

@@ -14,6 +14,7 @@ import (
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
+	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 )
 
 type fakeDiskRuntime struct {
@@ -93,7 +94,7 @@ func TestDiskPressureCondition(t *testing.T) {
 	fs := &fsStats{CapacityBytes: 1000, AvailableBytes: 500, Inodes: 1000, InodesFree: 500}
 	d, rec, clock := testDisk(t, &fakeDiskRuntime{pods: &runtimev1.ListPodsResponse{}}, fs)
 	var got []*corev1.Node
-	d.setNode(nodeObject(Config{Name: "n1"}, &runtimev1.GetRuntimeInfoResponse{}), func(n *corev1.Node) { got = append(got, n) })
+	d.setNode(nodeObject(Config{NodeConfig: roleconfig.NodeConfig{Name: "n1"}}, &runtimev1.GetRuntimeInfoResponse{}), func(n *corev1.Node) { got = append(got, n) })
 	if c := diskCondition(d.node); c.Status != corev1.ConditionFalse || c.Reason != "KubeletHasNoDiskPressure" || c.Message != "kubelet has no disk pressure" {
 		t.Fatalf("initial condition %+v", c)
 	}

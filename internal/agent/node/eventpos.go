@@ -13,10 +13,6 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/atomicfile"
 )
 
-// EventPosFile is where, in the node's directory, the node keeps how far it
-// has read the runtime's event log.
-const EventPosFile = "runtime-events.json"
-
 // eventPosSpacing is the shortest time between two writes of the position.
 //
 // The runtime buffers its pods' events per boot and replays those after the

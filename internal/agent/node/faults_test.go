@@ -6,11 +6,12 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/datadir"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/runtime/client"
@@ -392,6 +393,9 @@ func TestTransientAPIErrorRetriesStart(t *testing.T) {
 // process stopped: no Event is posted twice.
 func TestWatchResumesEventLog(t *testing.T) {
 	dir := t.TempDir()
+	if err := os.MkdirAll(datadir.New(dir).AgentDir(), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	rt := newFakeRuntime()
 	for i := 1; i <= 3; i++ {
 		rt.events = append(rt.events, &runtimev1.PodEvent{PodUid: "u1", Seq: uint64(i), Reason: []string{"Pulled", "Created", "Started"}[i-1], Message: "m"})
@@ -399,7 +403,7 @@ func TestWatchResumesEventLog(t *testing.T) {
 	start := func() (*record.FakeRecorder, context.CancelFunc, chan struct{}) {
 		events := record.NewFakeRecorder(100)
 		p := newProvider(rt.client(), &translator{}, "127.0.0.1", events, quiet(), false)
-		p.pos = loadEventPos(filepath.Join(dir, EventPosFile), quiet())
+		p.pos = loadEventPos(datadir.New(dir).RuntimeEventsFile(), quiet())
 		p.adopt(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "default", UID: "u1"},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c"}}}})
 		ctx, cancel := context.WithCancel(context.Background())
@@ -412,7 +416,7 @@ func TestWatchResumesEventLog(t *testing.T) {
 	// Killed (no flush at exit) after the position was written: wait for
 	// the debounced write.
 	waitUntil(t, 10*time.Second, "position written", func() bool {
-		data, _ := os.ReadFile(filepath.Join(dir, EventPosFile))
+		data, _ := os.ReadFile(datadir.New(dir).RuntimeEventsFile())
 		return strings.Contains(string(data), `"seq":3`)
 	})
 	stop()

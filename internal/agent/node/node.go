@@ -12,22 +12,22 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	goruntime "runtime"
 	"strconv"
 	"strings"
 	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
-	"github.com/k3sm-dev/k3sm/internal/agent/metrics"
-	"github.com/k3sm-dev/k3sm/internal/runtime/client"
 	"github.com/k3sm-dev/k3sm/internal/agent/localpath"
+	"github.com/k3sm-dev/k3sm/internal/agent/metrics"
+	"github.com/k3sm-dev/k3sm/internal/datadir"
+	"github.com/k3sm-dev/k3sm/internal/roleconfig"
+	"github.com/k3sm-dev/k3sm/internal/runtime/client"
 	"github.com/k3sm-dev/k3sm/internal/version"
 	vknode "github.com/virtual-kubelet/virtual-kubelet/node"
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
@@ -53,31 +53,12 @@ import (
 // Taint keeps workloads that did not ask for native pods off k3sm nodes.
 var Taint = corev1.Taint{Key: "k3sm.io/provider", Value: "native", Effect: corev1.TaintEffectNoSchedule}
 
-// Config is what one node runs with.
+// Config is what one node runs with: the role config the server wrote,
+// and what only the process itself sets.
 type Config struct {
-	Name          string
-	IP            string
-	KubeletPort   int
-	Kubeconfig    string // the node's own system:node:<name> credential
-	ServingCert   string // kubelet API serving certificate and key
-	ServingKey    string
-	ClientCAFile  string // CA of the clients the kubelet API accepts (the apiserver)
-	RuntimeSocket string
-	Workers       int
-	Instant       bool                // benchmark floor: mark pods Running, start nothing
-	Metrics       metrics.ServeConfig // the metrics.k8s.io API (off when Addr is empty)
-	// DataDir is k3sm's data directory: refused as a hostPath (see
-	// hostPathAllowed).
-	DataDir string
-	// LocalPathKubeconfig, when set, runs the node's local-path provisioner
-	// (PVCs of the local-path StorageClass scheduled here get a directory
-	// under LocalPathDir).
-	LocalPathKubeconfig string
-	LocalPathDir        string
-	// Disk: image GC and the DiskPressure condition (disk.go); measured on
-	// DataDir's filesystem and its images/ store.
-	Disk diskpolicy.Config
-	Log  *slog.Logger
+	roleconfig.NodeConfig
+	Workers int // pod workers (0: 16)
+	Log     *slog.Logger
 }
 
 // Run registers the node and serves until ctx ends.
@@ -151,7 +132,7 @@ func Run(ctx context.Context, cfg Config) error {
 			prov.update(st)
 		}
 		if cfg.DataDir != "" {
-			prov.pos = loadEventPos(filepath.Join(Files{cfg.DataDir}.Dir(), EventPosFile), log)
+			prov.pos = loadEventPos(datadir.New(cfg.DataDir).RuntimeEventsFile(), log)
 			defer prov.pos.flush()
 		}
 		go prov.watch(ctx)

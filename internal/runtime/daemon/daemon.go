@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/internal/datadir"
+
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 
@@ -74,9 +76,6 @@ const (
 	DefaultContainerLogMaxFiles = 5
 )
 
-// DefaultSocket is the socket path for a data dir.
-func DefaultSocket(dataDir string) string { return filepath.Join(dataDir, "run", "runtime.sock") }
-
 // Run serves until ctx ends. Stopping the daemon never stops pods: their
 // shims keep running and the next daemon on the same DataDir re-attaches.
 func Run(ctx context.Context, cfg Config) error {
@@ -89,7 +88,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	cfg.DataDir = dataDir
 	if cfg.Socket == "" {
-		cfg.Socket = DefaultSocket(dataDir)
+		cfg.Socket = datadir.New(dataDir).RuntimeSocket()
 	}
 	if cfg.Socket, err = filepath.Abs(cfg.Socket); err != nil {
 		return err
@@ -117,15 +116,15 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 
-	runDir := filepath.Join(dataDir, "run")
-	shimDir := filepath.Join(runDir, "shims")
-	for _, d := range []string{dataDir, runDir, shimDir} {
+	dirs := datadir.New(dataDir)
+	shimDir := dirs.ShimDir()
+	for _, d := range []string{dataDir, dirs.RunDir(), shimDir} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return fmt.Errorf("runtime daemon: Config.DataDir: %w", err)
 		}
 	}
 	// One daemon per data dir: a second one would fight over the pods.
-	lock, err := os.OpenFile(filepath.Join(runDir, "runtimed.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	lock, err := os.OpenFile(dirs.RuntimeLock(), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return err
 	}
@@ -148,7 +147,7 @@ func Run(ctx context.Context, cfg Config) error {
 		ln.Close()
 		return err
 	}
-	store, err := image.NewStore(filepath.Join(dataDir, "images"), regs)
+	store, err := image.NewStore(dirs.ImagesDir(), regs)
 	if err != nil {
 		ln.Close()
 		return err
@@ -169,7 +168,7 @@ func Run(ctx context.Context, cfg Config) error {
 		ln.Close()
 		return err
 	}
-	srv := &server{cfg: cfg, mgr: mgr, store: store, log: log, cloneMethod: string(clone.Probe(filepath.Join(dataDir, "pods")))}
+	srv := &server{cfg: cfg, mgr: mgr, store: store, log: log, cloneMethod: string(clone.Probe(dirs.PodsDir()))}
 	g := grpc.NewServer()
 	runtimev1.RegisterRuntimeServer(g, srv)
 	runtimev1.RegisterImagesServer(g, &imagesServer{store: store})

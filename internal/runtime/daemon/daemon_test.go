@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/internal/datadir"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -27,8 +29,8 @@ func TestIntegrationPodRunsAndLogs(t *testing.T) {
 	}
 	t.Logf("runtime: %s/%s kernel %s, pod roots materialized by %s", info.GetOs(), info.GetArch(), info.GetKernelVersion(), info.GetCloneMethod())
 	// The socket is private.
-	sfi, _ := os.Stat(DefaultSocket(e.dir))
-	dfi, _ := os.Stat(filepath.Dir(DefaultSocket(e.dir)))
+	sfi, _ := os.Stat(datadir.New(e.dir).RuntimeSocket())
+	dfi, _ := os.Stat(filepath.Dir(datadir.New(e.dir).RuntimeSocket()))
 	if sfi.Mode().Perm() != 0o600 || dfi.Mode().Perm() != 0o700 {
 		t.Errorf("socket mode %v in dir mode %v, want 0600 in 0700", sfi.Mode().Perm(), dfi.Mode().Perm())
 	}

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/internal/datadir"
+
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -148,7 +150,7 @@ func (e *env) startInProcess() {
 }
 
 func (e *env) dial() {
-	c, err := client.Dial(DefaultSocket(e.dir))
+	c, err := client.Dial(datadir.New(e.dir).RuntimeSocket())
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -105,7 +106,8 @@ func NewManager(cfg Config) (*Manager, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	for _, d := range []string{filepath.Join(cfg.DataDir, "pods"), filepath.Join(cfg.DataDir, "logs", "pods")} {
+	dirs := datadir.New(cfg.DataDir)
+	for _, d := range []string{dirs.PodsDir(), dirs.PodLogsDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
@@ -120,12 +122,12 @@ func NewManager(cfg Config) (*Manager, error) {
 // meaningful within one boot.
 func (m *Manager) BootID() string { return m.bootID }
 
-func (m *Manager) podDir(uid string) string { return filepath.Join(m.cfg.DataDir, "pods", uid) }
+func (m *Manager) podDir(uid string) string { return datadir.New(m.cfg.DataDir).PodDir(uid) }
 
 // logDir is <data>/logs/pods/<ns>_<name>_<uid>, as the kubelet lays out
 // /var/log/pods.
 func (p *podRT) logDir() string {
-	return filepath.Join(p.m.cfg.DataDir, "logs", "pods", p.namespace+"_"+p.name+"_"+p.uid)
+	return datadir.New(p.m.cfg.DataDir).PodLogDir(p.namespace, p.name, p.uid)
 }
 
 // Start re-attaches to the pods recorded on disk and starts their workers.
@@ -135,7 +137,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	m.mu.Lock()
 	m.ctx = ctx
 	m.mu.Unlock()
-	entries, err := os.ReadDir(filepath.Join(m.cfg.DataDir, "pods"))
+	entries, err := os.ReadDir(datadir.New(m.cfg.DataDir).PodsDir())
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,10 +13,6 @@ import (
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 )
-
-// QuarantineDir (under the data dir) keeps what is left of pods whose
-// state could not be read: their state file and logs.
-const QuarantineDir = "quarantine"
 
 // unreadable handles a pod directory whose pod.json cannot be loaded
 // (corrupt, missing, another pod's): without its spec the pod cannot be
@@ -54,7 +51,7 @@ func (m *Manager) unreadable(uid string, cause error) {
 			killed++
 		}
 	}
-	q := filepath.Join(m.cfg.DataDir, QuarantineDir, uid+"-"+time.Now().UTC().Format("20060102T150405Z"))
+	q := filepath.Join(datadir.New(m.cfg.DataDir).QuarantineDir(), uid+"-"+time.Now().UTC().Format("20060102T150405Z"))
 	kept := []string{}
 	if err := os.MkdirAll(q, 0o700); err == nil {
 		if os.Rename(filepath.Join(dir, stateFile), filepath.Join(q, stateFile)) == nil {
@@ -88,7 +85,7 @@ func (m *Manager) unreadable(uid string, cause error) {
 // namesFromLogs recovers a pod's namespace and name from its log directory
 // <data>/logs/pods/<ns>_<name>_<uid> (neither may contain "_").
 func (m *Manager) namesFromLogs(uid string) (ns, name, dir string) {
-	ms, _ := filepath.Glob(filepath.Join(m.cfg.DataDir, "logs", "pods", "*_*_"+uid))
+	ms, _ := filepath.Glob(datadir.New(m.cfg.DataDir).PodLogDir("*", "*", uid))
 	if len(ms) != 1 {
 		return "", "", ""
 	}

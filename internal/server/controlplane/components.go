@@ -12,16 +12,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/internal/datadir"
+	"github.com/k3sm-dev/k3sm/internal/roleconfig"
+
 	"github.com/k3sm-dev/k3sm/internal/pki"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
-)
-
-// Hidden roles of the k3sm binary that run the upstream components.
-const (
-	RoleKine              = "kine"
-	RoleAPIServer         = "kube-apiserver"
-	RoleScheduler         = "kube-scheduler"
-	RoleControllerManager = "kube-controller-manager"
 )
 
 // DisabledControllers are switched off because they assume a Linux kubelet
@@ -39,7 +34,7 @@ const KineSQLiteParams = "_journal_mode=WAL&_busy_timeout=30000&_synchronous=NOR
 // Plane holds the resolved inputs every component is built from.
 type Plane struct {
 	Cfg    *Config
-	Layout Layout
+	Layout datadir.Layout
 	Certs  *Certs
 	// Serving certs of the scheduler and controller-manager health endpoints.
 	SchedulerServing, ControllerManagerServing pki.Leaf
@@ -51,7 +46,7 @@ func NewPlane(cfg *Config) (*Plane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("PKI: %w", err)
 	}
-	p := &Plane{Cfg: cfg, Layout: Layout{cfg.DataDir}, Certs: certs}
+	p := &Plane{Cfg: cfg, Layout: datadir.New(cfg.DataDir), Certs: certs}
 	local := pki.LeafSpec{DNSNames: []string{"localhost"}, IPs: []net.IP{net.ParseIP("127.0.0.1")}, Server: true}
 	local.CommonName = "kube-scheduler"
 	if p.SchedulerServing, err = certs.ServerCA.Ensure(p.Layout.TLSDir(), "serving-kube-scheduler", local); err != nil {
@@ -64,24 +59,35 @@ func NewPlane(cfg *Config) (*Plane, error) {
 	return p, nil
 }
 
-// Components returns kine, apiserver, scheduler and controller-manager in start order.
-func (p *Plane) Kine() supervisor.Component      { return kine{p} }
+// Kine writes kine's role config and returns its component; APIServer,
+// Scheduler and ControllerManager follow it in start order.
+func (p *Plane) Kine() (supervisor.Component, error) {
+	l := p.Layout
+	args, err := roleconfig.Write(l.RoleConfig(roleconfig.Kine), roleconfig.KineConfig{
+		Listen: "unix://" + l.KineSocketName(), Endpoint: "sqlite://" + l.DBFile() + "?" + KineSQLiteParams})
+	if err != nil {
+		return nil, err
+	}
+	return kine{p, args}, nil
+}
 func (p *Plane) APIServer() supervisor.Component { return apiserver{p} }
 func (p *Plane) Scheduler() supervisor.Component { return scheduler{p} }
 func (p *Plane) ControllerManager() supervisor.Component {
 	return controllerManager{p}
 }
 
-type kine struct{ p *Plane }
+type kine struct {
+	p    *Plane
+	args []string
+}
 
-func (k kine) Name() string { return RoleKine }
+func (k kine) Name() string { return roleconfig.Kine }
 func (k kine) Command() supervisor.Command {
 	l := k.p.Layout
 	return supervisor.Command{
 		Path: k.p.Cfg.Executable,
-		Args: []string{RoleKine, "--listen-address=unix://" + l.KineSocketName(),
-			"--endpoint=sqlite://" + l.DBFile() + "?" + KineSQLiteParams},
-		Dir: l.ServerDir(),
+		Args: append([]string{roleconfig.Kine}, k.args...),
+		Dir:  l.ServerDir(),
 	}
 }
 func (k kine) Ready(ctx context.Context) error {
@@ -94,7 +100,7 @@ func (k kine) Ready(ctx context.Context) error {
 
 type apiserver struct{ p *Plane }
 
-func (a apiserver) Name() string { return RoleAPIServer }
+func (a apiserver) Name() string { return roleconfig.APIServer }
 
 // Args is the kube-apiserver command line.
 func (a apiserver) Args() []string {
@@ -141,7 +147,7 @@ func (a apiserver) Args() []string {
 }
 
 func (a apiserver) Command() supervisor.Command {
-	return supervisor.Command{Path: a.p.Cfg.Executable, Args: append([]string{RoleAPIServer}, a.Args()...), Dir: a.p.Layout.ServerDir()}
+	return supervisor.Command{Path: a.p.Cfg.Executable, Args: append([]string{roleconfig.APIServer}, a.Args()...), Dir: a.p.Layout.ServerDir()}
 }
 
 func (a apiserver) Ready(ctx context.Context) error {
@@ -150,11 +156,11 @@ func (a apiserver) Ready(ctx context.Context) error {
 
 type scheduler struct{ p *Plane }
 
-func (s scheduler) Name() string { return RoleScheduler }
+func (s scheduler) Name() string { return roleconfig.Scheduler }
 func (s scheduler) Command() supervisor.Command {
 	kc := s.p.Layout.Cred("scheduler")
 	return supervisor.Command{Path: s.p.Cfg.Executable, Dir: s.p.Layout.ServerDir(), Args: []string{
-		RoleScheduler,
+		roleconfig.Scheduler,
 		"--kubeconfig=" + kc,
 		"--authentication-kubeconfig=" + kc,
 		"--authorization-kubeconfig=" + kc,
@@ -172,7 +178,7 @@ func (s scheduler) Ready(ctx context.Context) error {
 
 type controllerManager struct{ p *Plane }
 
-func (c controllerManager) Name() string { return RoleControllerManager }
+func (c controllerManager) Name() string { return roleconfig.ControllerManager }
 
 // Args is the kube-controller-manager command line.
 func (c controllerManager) Args() []string {
@@ -214,7 +220,7 @@ func (c controllerManager) Args() []string {
 }
 
 func (c controllerManager) Command() supervisor.Command {
-	return supervisor.Command{Path: c.p.Cfg.Executable, Args: append([]string{RoleControllerManager}, c.Args()...), Dir: c.p.Layout.ServerDir()}
+	return supervisor.Command{Path: c.p.Cfg.Executable, Args: append([]string{roleconfig.ControllerManager}, c.Args()...), Dir: c.p.Layout.ServerDir()}
 }
 func (c controllerManager) Ready(ctx context.Context) error {
 	return c.p.probe(ctx, fmt.Sprintf("https://127.0.0.1:%d/healthz", c.p.Cfg.ControllerManagerPort), false)

@@ -8,12 +8,13 @@ package controlplane
 import (
 	"errors"
 	"fmt"
-	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
 )
 
 // Config is what `k3sm server` is asked to run.

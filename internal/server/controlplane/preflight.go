@@ -5,6 +5,8 @@ import (
 	"net"
 	"os"
 	"strconv"
+
+	"github.com/k3sm-dev/k3sm/internal/datadir"
 )
 
 // Preflight checks what needs the system (directories, ports, the data-dir
@@ -14,7 +16,7 @@ func Preflight(cfg *Config) (release func(), err error) {
 		return nil, &FieldError{Flag: "data-dir", Value: cfg.DataDir, Problem: "not writable: " + err.Error(),
 			Fix: "run as root for /var/lib/k3sm or pass --data-dir under your home"}
 	}
-	l := Layout{cfg.DataDir}
+	l := datadir.New(cfg.DataDir)
 	release, err = lockDataDir(l.LockFile())
 	if err != nil {
 		return nil, &FieldError{Flag: "data-dir", Value: cfg.DataDir, Problem: err.Error(),

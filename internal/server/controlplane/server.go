@@ -70,7 +70,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 			}
 		}
 	}
-	if err := startAndWait(ctx, sup, p.Kine(), componentReadyTimeout); err != nil {
+	kine, err := p.Kine()
+	if err != nil {
+		return err
+	}
+	if err := startAndWait(ctx, sup, kine, componentReadyTimeout); err != nil {
 		return err
 	}
 	if err := startAndWait(ctx, sup, p.APIServer(), apiserverReadyTimeout); err != nil {

@@ -4,32 +4,13 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"strings"
 
+	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/pki"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
-
-// Layout names every file the server keeps under its data directory.
-type Layout struct{ Root string }
-
-func (l Layout) ServerDir() string         { return filepath.Join(l.Root, "server") }
-func (l Layout) DBDir() string             { return filepath.Join(l.Root, "server", "db") }
-func (l Layout) DBFile() string            { return filepath.Join(l.Root, "server", "db", "state.db") }
-func (l Layout) TLSDir() string            { return filepath.Join(l.Root, "server", "tls") }
-func (l Layout) CredDir() string           { return filepath.Join(l.Root, "server", "cred") }
-func (l Layout) LogDir() string            { return filepath.Join(l.Root, "logs") }
-func (l Layout) RunDir() string            { return filepath.Join(l.Root, "run") }
-func (l Layout) LockFile() string          { return filepath.Join(l.Root, "k3sm.lock") }
-func (l Layout) AdminKubeconfig() string   { return filepath.Join(l.Root, "admin.kubeconfig") }
-func (l Layout) FlexVolumeDir() string     { return filepath.Join(l.Root, "server", "flexvolume") }
-func (l Layout) KineSocketName() string    { return "kine.sock" } // relative to ServerDir; keeps the path short
-func (l Layout) KineSocket() string        { return filepath.Join(l.ServerDir(), l.KineSocketName()) }
-func (l Layout) Cred(name string) string   { return filepath.Join(l.CredDir(), name+".kubeconfig") }
-func (l Layout) TLS(name string) string    { return filepath.Join(l.TLSDir(), name) }
-func (l Layout) ServiceAccountKey() string { return filepath.Join(l.TLSDir(), "service-account.key") }
 
 // Certs are the issued files the components are started with.
 type Certs struct {
@@ -53,7 +34,7 @@ const (
 // EnsurePKI creates (first start) or loads (later starts) every CA, leaf and
 // key, re-issuing leaves whose names changed, and writes the kubeconfigs.
 func EnsurePKI(cfg *Config) (*Certs, error) {
-	l := Layout{cfg.DataDir}
+	l := datadir.New(cfg.DataDir)
 	dir := l.TLSDir()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err

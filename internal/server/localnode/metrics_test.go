@@ -1,4 +1,4 @@
-package metrics
+package localnode
 
 import (
 	"slices"
@@ -9,7 +9,7 @@ func TestAPIServiceObject(t *testing.T) {
 	as := APIService(43210, []byte("CA"))
 	s := as.Spec
 	if as.Name != "v1beta1.metrics.k8s.io" || s.Group != "metrics.k8s.io" || s.Version != "v1beta1" || s.Service == nil ||
-		s.Service.Namespace != "kube-system" || s.Service.Name != ServiceName || *s.Service.Port != 43210 ||
+		s.Service.Namespace != "kube-system" || s.Service.Name != MetricsServiceName || *s.Service.Port != 43210 ||
 		string(s.CABundle) != "CA" || s.InsecureSkipTLSVerify || as.Labels[managedBy] != "k3sm" {
 		t.Fatalf("%+v", as)
 	}

@@ -1,0 +1,95 @@
+// Package datadir owns the layout of k3sm's data directory: every path
+// under it is named here, and the server, the agent and the runtime ask for
+// them here instead of joining names of their own. It imports nothing but
+// the standard library, so the shim and netd may use it.
+//
+//	<data-dir>/
+//	  k3sm.lock             one server per data dir
+//	  admin.kubeconfig      cluster-admin credential
+//	  logs/                 component logs; logs/pods/ the CRI container logs
+//	  run/                  sockets: runtime.sock, shims/, runtimed.lock, role configs
+//	  server/               control plane: db/state.db, tls/, cred/, flexvolume/, kine.sock
+//	  agent/                the node: its kubeconfigs, tls/, runtime-events.json
+//	  pods/<uid>/           pod roots and state (the runtime daemon)
+//	  images/               the image store (the runtime daemon)
+//	  storage/              local-path PersistentVolumes
+//	  quarantine/           what is left of pods whose state could not be read
+package datadir
+
+import "path/filepath"
+
+// Layout names the files under one data directory. The zero value is
+// unusable; Root must be set (it may be relative).
+type Layout struct{ Root string }
+
+// New returns the layout of the data directory root.
+func New(root string) Layout { return Layout{Root: root} }
+
+// Top level.
+func (l Layout) LockFile() string        { return filepath.Join(l.Root, "k3sm.lock") }
+func (l Layout) AdminKubeconfig() string { return filepath.Join(l.Root, "admin.kubeconfig") }
+func (l Layout) LogDir() string          { return filepath.Join(l.Root, "logs") }
+func (l Layout) ServerLog() string       { return filepath.Join(l.LogDir(), "k3sm.log") }
+func (l Layout) RunDir() string          { return filepath.Join(l.Root, "run") }
+
+// RoleConfig is the typed configuration the supervisor hands a child role
+// (see internal/roleconfig).
+func (l Layout) RoleConfig(role string) string { return filepath.Join(l.RunDir(), role+".json") }
+
+// Server side: the control plane.
+func (l Layout) ServerDir() string      { return filepath.Join(l.Root, "server") }
+func (l Layout) DBDir() string          { return filepath.Join(l.ServerDir(), "db") }
+func (l Layout) DBFile() string         { return filepath.Join(l.DBDir(), "state.db") }
+func (l Layout) TLSDir() string         { return filepath.Join(l.ServerDir(), "tls") }
+func (l Layout) TLS(name string) string { return filepath.Join(l.TLSDir(), name) }
+func (l Layout) CredDir() string        { return filepath.Join(l.ServerDir(), "cred") }
+
+// Cred is the kubeconfig of one of the server's own clients.
+func (l Layout) Cred(name string) string   { return filepath.Join(l.CredDir(), name+".kubeconfig") }
+func (l Layout) FlexVolumeDir() string     { return filepath.Join(l.ServerDir(), "flexvolume") }
+func (l Layout) ServiceAccountKey() string { return filepath.Join(l.TLSDir(), "service-account.key") }
+
+// KineSocketName is relative to ServerDir, the apiserver's working
+// directory: it keeps the unix socket path short.
+func (l Layout) KineSocketName() string { return "kine.sock" }
+func (l Layout) KineSocket() string     { return filepath.Join(l.ServerDir(), l.KineSocketName()) }
+
+// Agent side: the node of this machine.
+func (l Layout) AgentDir() string       { return filepath.Join(l.Root, "agent") }
+func (l Layout) AgentTLSDir() string    { return filepath.Join(l.AgentDir(), "tls") }
+func (l Layout) NodeKubeconfig() string { return filepath.Join(l.AgentDir(), "node.kubeconfig") }
+func (l Layout) KubeletServingCert() string {
+	return filepath.Join(l.AgentTLSDir(), "serving-kubelet.crt")
+}
+func (l Layout) KubeletServingKey() string {
+	return filepath.Join(l.AgentTLSDir(), "serving-kubelet.key")
+}
+func (l Layout) KubeletClientCA() string { return filepath.Join(l.AgentTLSDir(), "client-ca.crt") }
+func (l Layout) LocalPathKubeconfig() string {
+	return filepath.Join(l.AgentDir(), "local-path.kubeconfig")
+}
+
+// RuntimeEventsFile is where the node keeps how far it has read the
+// runtime daemon's event stream.
+func (l Layout) RuntimeEventsFile() string { return filepath.Join(l.AgentDir(), "runtime-events.json") }
+
+// StorageDir holds the local-path PersistentVolumes' directories.
+func (l Layout) StorageDir() string { return filepath.Join(l.Root, "storage") }
+
+// Runtime daemon.
+func (l Layout) RuntimeSocket() string { return filepath.Join(l.RunDir(), "runtime.sock") }
+func (l Layout) RuntimeLock() string   { return filepath.Join(l.RunDir(), "runtimed.lock") }
+func (l Layout) ShimDir() string       { return filepath.Join(l.RunDir(), "shims") }
+func (l Layout) PodsDir() string       { return filepath.Join(l.Root, "pods") }
+func (l Layout) PodDir(uid string) string {
+	return filepath.Join(l.PodsDir(), uid)
+}
+func (l Layout) ImagesDir() string { return filepath.Join(l.Root, "images") }
+
+// PodLogsDir holds the CRI container logs, one directory per pod named
+// <namespace>_<name>_<uid> as the kubelet does.
+func (l Layout) PodLogsDir() string { return filepath.Join(l.LogDir(), "pods") }
+func (l Layout) PodLogDir(namespace, name, uid string) string {
+	return filepath.Join(l.PodLogsDir(), namespace+"_"+name+"_"+uid)
+}
+func (l Layout) QuarantineDir() string { return filepath.Join(l.Root, "quarantine") }

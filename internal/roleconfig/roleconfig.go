@@ -1,0 +1,132 @@
+// Package roleconfig owns the contract between the supervisor and the
+// children it runs from the same binary: the names of the hidden roles
+// (`k3sm <role> ...`) and, for k3sm's own roles, one typed configuration
+// each. The server writes it as JSON under the data dir's run/ and starts
+// the child with `--config=<file>`; the child decodes the same type,
+// refusing fields it does not know. Adding a field is one change here.
+// The upstream components keep their own command lines.
+package roleconfig
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
+	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
+)
+
+// Hidden roles of the k3sm binary: its first argument when the supervisor
+// re-executes it.
+const (
+	Kine              = "kine"
+	APIServer         = "kube-apiserver"
+	Scheduler         = "kube-scheduler"
+	ControllerManager = "kube-controller-manager"
+	Runtime           = "runtimed"
+	Node              = "node"
+)
+
+// KineConfig is the datastore role.
+type KineConfig struct {
+	// Listen is where kine serves the etcd API (unix://kine.sock, relative
+	// to the working directory to keep the socket path short).
+	Listen string `json:"listen"`
+	// Endpoint is the datastore (sqlite://path?params).
+	Endpoint string `json:"endpoint"`
+}
+
+// RuntimeConfig is the runtime daemon role.
+type RuntimeConfig struct {
+	DataDir        string `json:"dataDir"`
+	Socket         string `json:"socket"`
+	RegistriesFile string `json:"registriesFile,omitempty"`
+	MaxPods        int64  `json:"maxPods"`
+	// Disk: container log rotation is the runtime's part of it.
+	Disk diskpolicy.Config `json:"disk"`
+}
+
+// NodeConfig is the node role: the Virtual Kubelet of this machine.
+type NodeConfig struct {
+	Name        string `json:"name"`
+	IP          string `json:"ip"`
+	KubeletPort int    `json:"kubeletPort"`
+	// Kubeconfig is the node's own system:node:<name> credential.
+	Kubeconfig string `json:"kubeconfig"`
+	// ServingCert and ServingKey serve the kubelet API; ClientCAFile is the
+	// CA of the clients it accepts (the apiserver).
+	ServingCert   string `json:"servingCert"`
+	ServingKey    string `json:"servingKey"`
+	ClientCAFile  string `json:"clientCAFile"`
+	RuntimeSocket string `json:"runtimeSocket"`
+	// DataDir is k3sm's data directory: never allowed as a hostPath.
+	DataDir string `json:"dataDir"`
+	// LocalPathKubeconfig, when set, runs the node's local-path provisioner,
+	// making volumes under LocalPathDir.
+	LocalPathKubeconfig string `json:"localPathKubeconfig,omitempty"`
+	LocalPathDir        string `json:"localPathDir,omitempty"`
+	// Instant is the benchmark floor: pods are marked Running, nothing starts.
+	Instant bool `json:"instant,omitempty"`
+	// Metrics is the metrics.k8s.io API the node serves (off when Addr is empty).
+	Metrics MetricsAPI `json:"metrics"`
+	// Disk: image GC and DiskPressure are the node's part of it.
+	Disk diskpolicy.Config `json:"disk"`
+}
+
+// MetricsAPI is how the node serves metrics.k8s.io to the aggregator.
+type MetricsAPI struct {
+	// Addr to listen on (host:port); empty disables the server.
+	Addr string `json:"addr,omitempty"`
+	// Serving certificate for <service>.<namespace>.svc, signed by the CA
+	// the APIService's caBundle names.
+	CertFile string `json:"certFile,omitempty"`
+	KeyFile  string `json:"keyFile,omitempty"`
+	// RequestHeaderCAFile and AllowedNames identify the apiserver's
+	// front-proxy client certificate; only it may call.
+	RequestHeaderCAFile string   `json:"requestHeaderCAFile,omitempty"`
+	AllowedNames        []string `json:"allowedNames,omitempty"`
+	// Resolution is how often usage is sampled (0: the default).
+	Resolution time.Duration `json:"resolution,omitempty"`
+}
+
+// Write stores cfg at path (0600: it names credentials) and returns the
+// child's arguments after its role name.
+func Write(path string, cfg any) ([]string, error) {
+	data, err := json.MarshalIndent(cfg, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	if err := atomicfile.WriteFile(path, append(data, '\n'), 0o600); err != nil {
+		return nil, fmt.Errorf("role config: %w", err)
+	}
+	return []string{"--config=" + path}, nil
+}
+
+// Read parses a role's arguments (`--config=<file>`) into cfg.
+func Read(role string, args []string, cfg any) error {
+	fs := flag.NewFlagSet(role, flag.ContinueOnError)
+	path := fs.String("config", "", "the role's configuration, written by the k3sm server")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *path == "" || fs.NArg() > 0 {
+		return fmt.Errorf("%s is started by `k3sm server` as `k3sm %s --config=<file>`", role, role)
+	}
+	data, err := os.ReadFile(*path)
+	if err != nil {
+		return fmt.Errorf("%s: %w", role, err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(cfg); err != nil {
+		return fmt.Errorf("%s: config %s: %w (was it written by another k3sm version?)", role, *path, err)
+	}
+	if dec.More() {
+		return fmt.Errorf("%s: config %s: %w", role, *path, errors.New("trailing data"))
+	}
+	return nil
+}

@@ -1,0 +1,202 @@
+// Package localnode joins the server's own machine to its cluster as a
+// node. It is the server side of that node: it issues the node's
+// credentials, installs what the node needs in the cluster (the OS
+// admission policy, the local-path StorageClass and the provisioner's RBAC,
+// the metrics.k8s.io registration), and supervises the agent-side processes
+// (the runtime daemon and the node) with their typed role configs. What
+// those processes do is the agent's (internal/agent, internal/runtime).
+package localnode
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/agent/localpath"
+	"github.com/k3sm-dev/k3sm/internal/roleconfig"
+	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/supervisor"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	aggregator "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
+)
+
+// Addon joins the server's machine as a node: it issues the node's
+// credentials (and the metrics API's serving certificate) and starts the
+// runtime daemon early (they need only the data dir); once authorization is
+// verified it installs the admission policy, the storage class and the
+// metrics reader role and Service, and starts the node; when the control
+// plane is healthy it waits for the Node to be Ready, labels it, and
+// registers the metrics APIService (so the aggregator's first check finds
+// the node listening).
+func Addon(log *slog.Logger) controlplane.Addon {
+	if log == nil {
+		log = slog.Default()
+	}
+	var (
+		rt, n   *supervisor.Child
+		admin   kubernetes.Interface
+		agg     aggregator.Interface
+		metrics metricsAPI
+	)
+	return controlplane.Addon{
+		Early: func(ctx context.Context, p *controlplane.Plane, sup *supervisor.Supervisor) error {
+			if err := issueCredentials(p); err != nil {
+				return fmt.Errorf("node credentials: %w", err)
+			}
+			if p.Cfg.NodeInstant { // benchmark floor: no runtime, nothing to sample
+				return nil
+			}
+			var err error
+			if metrics, err = prepareMetricsAPI(p); err != nil {
+				return err
+			}
+			args, err := roleconfig.Write(p.Layout.RoleConfig(roleconfig.Runtime), runtimeConfig(p))
+			if err != nil {
+				return err
+			}
+			rt, err = sup.Start(ctx, runtimeComponent{p, args})
+			return err
+		},
+		Verified: func(ctx context.Context, p *controlplane.Plane, sup *supervisor.Supervisor) error {
+			rc, err := adminConfig(p)
+			if err != nil {
+				return err
+			}
+			if admin, err = kubernetes.NewForConfig(rc); err != nil {
+				return err
+			}
+			if agg, err = aggregator.NewForConfig(rc); err != nil {
+				return err
+			}
+			if err := EnsureOSPolicy(ctx, admin, osOfNodes()); err != nil {
+				return fmt.Errorf("admission policy: %w", err)
+			}
+			if err := localpath.EnsureStorageClass(ctx, admin); err != nil {
+				return fmt.Errorf("local-path storage class: %w", err)
+			}
+			if err := localpath.EnsureRBAC(ctx, admin, localPathUser(p.Cfg.NodeName)); err != nil {
+				return fmt.Errorf("local-path provisioner RBAC: %w", err)
+			}
+			if metrics.port != 0 {
+				if err := EnsureMetricsReaderRole(ctx, admin); err != nil {
+					return fmt.Errorf("metrics reader role: %w", err)
+				}
+				if err := EnsureMetricsService(ctx, admin, metrics.port); err != nil {
+					return fmt.Errorf("metrics service: %w", err)
+				}
+			}
+			if rt != nil {
+				wctx, cancel := context.WithTimeout(ctx, time.Minute)
+				err := rt.WaitReady(wctx)
+				cancel()
+				if err != nil {
+					return err
+				}
+			}
+			args, err := roleconfig.Write(p.Layout.RoleConfig(roleconfig.Node), nodeConfig(p, metrics))
+			if err != nil {
+				return err
+			}
+			n, err = sup.Start(ctx, nodeComponent{p, admin, args})
+			return err
+		},
+		Ready: func(ctx context.Context, p *controlplane.Plane, _ *supervisor.Supervisor) error {
+			wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			defer cancel()
+			if err := n.WaitReady(wctx); err != nil {
+				return err
+			}
+			// A node may not give itself a role label (NodeRestriction); the server does.
+			patch := []byte(`{"metadata":{"labels":{"node-role.kubernetes.io/control-plane":"true"}}}`)
+			if _, err := admin.CoreV1().Nodes().Patch(ctx, p.Cfg.NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+				return err
+			}
+			if metrics.port == 0 {
+				return nil
+			}
+			err := EnsureAPIService(ctx, agg, metrics.port, p.Certs.ServerCA.CertPEM())
+			if err == errNotOurs {
+				log.Warn("not serving metrics.k8s.io: APIService " + APIServiceName + " exists and is not managed by k3sm (an installed metrics-server?); delete it to use k3sm's")
+				return nil
+			}
+			return err
+		},
+	}
+}
+
+func adminConfig(p *controlplane.Plane) (*rest.Config, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", p.Layout.Cred("admin"))
+	if err != nil {
+		return nil, err
+	}
+	rc.UserAgent = "k3sm-supervisor"
+	rc.QPS, rc.Burst = 100, 200
+	return rc, nil
+}
+
+// runtimeConfig is what the runtime daemon runs with.
+func runtimeConfig(p *controlplane.Plane) roleconfig.RuntimeConfig {
+	return roleconfig.RuntimeConfig{DataDir: p.Cfg.DataDir, Socket: p.Layout.RuntimeSocket(),
+		RegistriesFile: p.Cfg.RegistriesConfig, MaxPods: int64(p.Cfg.MaxPods), Disk: p.Cfg.Disk}
+}
+
+// nodeConfig is what the node runs with.
+func nodeConfig(p *controlplane.Plane, m metricsAPI) roleconfig.NodeConfig {
+	cfg, l := p.Cfg, p.Layout
+	return roleconfig.NodeConfig{
+		Name: cfg.NodeName, IP: cfg.NodeIP, KubeletPort: cfg.KubeletPort,
+		Kubeconfig: l.NodeKubeconfig(), ServingCert: l.KubeletServingCert(), ServingKey: l.KubeletServingKey(),
+		ClientCAFile: l.KubeletClientCA(), RuntimeSocket: l.RuntimeSocket(), DataDir: cfg.DataDir,
+		LocalPathKubeconfig: l.LocalPathKubeconfig(), LocalPathDir: l.StorageDir(),
+		Instant: cfg.NodeInstant, Metrics: m.serveConfig(p), Disk: cfg.Disk,
+	}
+}
+
+type runtimeComponent struct {
+	p    *controlplane.Plane
+	args []string
+}
+
+func (r runtimeComponent) Name() string { return roleconfig.Runtime }
+func (r runtimeComponent) Command() supervisor.Command {
+	return supervisor.Command{Path: r.p.Cfg.Executable, Dir: r.p.Cfg.DataDir, Args: append([]string{roleconfig.Runtime}, r.args...)}
+}
+func (r runtimeComponent) Ready(ctx context.Context) error {
+	c, err := (&net.Dialer{}).DialContext(ctx, "unix", r.p.Layout.RuntimeSocket())
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
+type nodeComponent struct {
+	p     *controlplane.Plane
+	admin kubernetes.Interface
+	args  []string
+}
+
+func (n nodeComponent) Name() string { return roleconfig.Node }
+func (n nodeComponent) Command() supervisor.Command {
+	return supervisor.Command{Path: n.p.Cfg.Executable, Dir: n.p.Cfg.DataDir, Args: append([]string{roleconfig.Node}, n.args...)}
+}
+
+// Ready: the Node object exists and reports Ready.
+func (n nodeComponent) Ready(ctx context.Context) error {
+	node, err := n.admin.CoreV1().Nodes().Get(ctx, n.p.Cfg.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+			return nil
+		}
+	}
+	return fmt.Errorf("node %s is not Ready", node.Name)
+}
