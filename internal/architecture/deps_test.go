@@ -1,0 +1,127 @@
+package architecture
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/k3sm-dev/k3sm/"
+
+// Where each part of the tree lives.
+var (
+	serverSide = []string{"internal/server", "internal/upstream"}
+	agentSide  = []string{"internal/agent", "internal/runtime"}
+	shared     = []string{"internal/datadir", "internal/roleconfig", "internal/supervisor", "internal/pki",
+		"internal/atomicfile", "internal/kubeconfig", "internal/version", "internal/diskpolicy", "api/runtime/v1"}
+)
+
+type pkg struct {
+	ImportPath string
+	Deps       []string // transitive, from `go list -deps`
+	Standard   bool
+}
+
+// list runs `go list -json -deps` on patterns (from the module root) and
+// returns every package it names by import path.
+func list(t *testing.T, patterns ...string) map[string]pkg {
+	t.Helper()
+	cmd := exec.Command("go", append([]string{"list", "-json=ImportPath,Deps,Standard", "-deps"}, patterns...)...)
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	pkgs := map[string]pkg{}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p pkg
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		pkgs[p.ImportPath] = p
+	}
+	return pkgs
+}
+
+func under(path string, dirs []string) bool {
+	rel, ok := strings.CutPrefix(path, module)
+	if !ok {
+		return false
+	}
+	for _, d := range dirs {
+		if rel == d || strings.HasPrefix(rel, d+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// violations lists, for each package of the module under from, the
+// dependencies that forbidden reports.
+func violations(pkgs map[string]pkg, from []string, forbidden func(dep string) bool) []string {
+	var out []string
+	for path, p := range pkgs {
+		if !under(path, from) {
+			continue
+		}
+		for _, d := range p.Deps {
+			if forbidden(d) {
+				out = append(out, fmt.Sprintf("%s imports %s", strings.TrimPrefix(path, module), d))
+			}
+		}
+	}
+	return out
+}
+
+func TestAgentDoesNotImportServer(t *testing.T) {
+	pkgs := list(t, "./internal/...")
+	if v := violations(pkgs, agentSide, func(d string) bool { return under(d, serverSide) }); len(v) > 0 {
+		t.Errorf("the agent side must build without the server (a node that joins another server):\n%s", strings.Join(v, "\n"))
+	}
+	if v := violations(pkgs, shared, func(d string) bool { return under(d, serverSide) || under(d, agentSide) }); len(v) > 0 {
+		t.Errorf("shared packages must import neither side:\n%s", strings.Join(v, "\n"))
+	}
+}
+
+// Only internal/upstream links the upstream commands (minutes of link time,
+// and megabytes of code nothing else needs).
+func TestOnlyUpstreamLinksUpstreamCommands(t *testing.T) {
+	pkgs := list(t, "./internal/...")
+	all := []string{"internal"}
+	var bad []string
+	for _, v := range violations(pkgs, all, func(d string) bool {
+		return strings.HasPrefix(d, "k8s.io/kubernetes/cmd/") || strings.HasPrefix(d, "github.com/k3s-io/kine/")
+	}) {
+		if !strings.HasPrefix(v, "internal/upstream ") {
+			bad = append(bad, v)
+		}
+	}
+	if len(bad) > 0 {
+		t.Errorf("only internal/upstream may link kube-apiserver, the scheduler, the controller-manager and kine:\n%s", strings.Join(bad, "\n"))
+	}
+}
+
+// The shim runs once per container, so it must stay small: nothing of
+// Kubernetes, gRPC or protobuf, and none of k3sm's bigger packages.
+func TestShimStaysSmall(t *testing.T) {
+	pkgs := list(t, "./cmd/k3sm-shim")
+	shim := pkgs[module+"cmd/k3sm-shim"]
+	if shim.ImportPath == "" {
+		t.Fatal("cmd/k3sm-shim not listed")
+	}
+	allowed := []string{"internal/runtime/shim", "internal/runtime/criolog", "internal/runtime/mounts", "internal/runtime/procgroup", "internal/datadir"}
+	for _, d := range shim.Deps {
+		switch {
+		case pkgs[d].Standard, strings.HasPrefix(d, "vendor/"), strings.HasPrefix(d, "golang.org/x/sys/"), d == "github.com/creack/pty":
+		case strings.HasPrefix(d, module) && under(d, allowed):
+		default:
+			t.Errorf("k3sm-shim links %s: the shim may use only the standard library, x/sys, pty and %v", d, allowed)
+		}
+	}
+}

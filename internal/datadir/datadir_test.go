@@ -1,0 +1,25 @@
+package datadir
+
+import "testing"
+
+// The layout is a contract with data dirs made by earlier versions: a path
+// that moves loses the cluster's state, credentials or pods on upgrade.
+func TestLayoutIsStable(t *testing.T) {
+	l := New("/d")
+	for got, want := range map[string]string{
+		l.LockFile(): "/d/k3sm.lock", l.AdminKubeconfig(): "/d/admin.kubeconfig", l.ServerLog(): "/d/logs/k3sm.log",
+		l.RoleConfig("node"): "/d/run/node.json", l.DBFile(): "/d/server/db/state.db", l.TLS("x"): "/d/server/tls/x",
+		l.Cred("admin"): "/d/server/cred/admin.kubeconfig", l.FlexVolumeDir(): "/d/server/flexvolume",
+		l.ServiceAccountKey(): "/d/server/tls/service-account.key", l.KineSocket(): "/d/server/kine.sock",
+		l.NodeKubeconfig(): "/d/agent/node.kubeconfig", l.KubeletServingCert(): "/d/agent/tls/serving-kubelet.crt",
+		l.KubeletServingKey(): "/d/agent/tls/serving-kubelet.key", l.KubeletClientCA(): "/d/agent/tls/client-ca.crt",
+		l.LocalPathKubeconfig(): "/d/agent/local-path.kubeconfig", l.RuntimeEventsFile(): "/d/agent/runtime-events.json",
+		l.StorageDir(): "/d/storage", l.RuntimeSocket(): "/d/run/runtime.sock", l.RuntimeLock(): "/d/run/runtimed.lock",
+		l.ShimDir(): "/d/run/shims", l.PodDir("u"): "/d/pods/u", l.ImagesDir(): "/d/images",
+		l.PodLogDir("ns", "p", "u"): "/d/logs/pods/ns_p_u", l.QuarantineDir(): "/d/quarantine",
+	} {
+		if got != want {
+			t.Errorf("got %s, want %s", got, want)
+		}
+	}
+}

@@ -1,0 +1,51 @@
+package roleconfig
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
+)
+
+// What the server writes is what the child reads, field for field.
+func TestWriteReadRoundTrip(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "node.json")
+	want := NodeConfig{Name: "n", IP: "10.0.0.1", KubeletPort: 10250, Kubeconfig: "/k", DataDir: "/d", Instant: true,
+		Metrics: MetricsAPI{Addr: "127.0.0.1:1", AllowedNames: []string{"system:auth-proxy"}, Resolution: 15 * time.Second},
+		Disk:    diskpolicy.Default()}
+	args, err := Write(path, want)
+	if err != nil || !reflect.DeepEqual(args, []string{"--config=" + path}) {
+		t.Fatalf("%v %v", args, err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v %v", fi.Mode(), err)
+	}
+	var got NodeConfig
+	if err := Read(Node, args, &got); err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("read %+v %v", got, err)
+	}
+}
+
+func TestReadRefuses(t *testing.T) {
+	dir := t.TempDir()
+	unknown := filepath.Join(dir, "unknown.json")
+	os.WriteFile(unknown, []byte(`{"name":"n","nodeNmae":"typo"}`), 0o600)
+	var cfg NodeConfig
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "k3sm node --config=<file>"},
+		{[]string{"--config=" + filepath.Join(dir, "missing.json")}, "no such file"},
+		{[]string{"--config=" + unknown}, `unknown field "nodeNmae"`},
+		{[]string{"--node-name=n"}, "flag provided but not defined"},
+	} {
+		if err := Read(Node, tc.args, &cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Read(%v) = %v, want an error with %q", tc.args, err, tc.want)
+		}
+	}
+}
