@@ -5,6 +5,7 @@
 //
 //	<data-dir>/
 //	  k3sm.lock             one server per data dir
+//	  registries.yaml       image registry mirrors and credentials (optional)
 //	  admin.kubeconfig      cluster-admin credential
 //	  logs/                 component logs; logs/pods/ the CRI container logs
 //	  run/                  sockets: runtime.sock, shims/, runtimed.lock, role configs
@@ -31,6 +32,9 @@ func (l Layout) AdminKubeconfig() string { return filepath.Join(l.Root, "admin.k
 func (l Layout) LogDir() string          { return filepath.Join(l.Root, "logs") }
 func (l Layout) ServerLog() string       { return filepath.Join(l.LogDir(), "k3sm.log") }
 func (l Layout) RunDir() string          { return filepath.Join(l.Root, "run") }
+
+// RegistriesFile is the default registries.yaml (mirrors, auth, TLS).
+func (l Layout) RegistriesFile() string { return filepath.Join(l.Root, "registries.yaml") }
 
 // RoleConfig is the typed configuration the supervisor hands a child role
 // (see internal/roleconfig).

@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/k3sm-dev/k3sm/internal/datadir"
+
 	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
 )
 
@@ -137,7 +139,7 @@ func (c *Config) Validate() error {
 		add("node-ip", c.NodeIP, "not an IP address", "use an address of this machine")
 	}
 	if c.RegistriesConfig == "" && c.DataDir != "" {
-		c.RegistriesConfig = filepath.Join(c.DataDir, "registries.yaml")
+		c.RegistriesConfig = datadir.New(c.DataDir).RegistriesFile()
 	}
 	svc, svcErr := netip.ParsePrefix(c.ServiceCIDR)
 	if svcErr != nil {
