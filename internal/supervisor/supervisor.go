@@ -42,6 +42,10 @@ type Command struct {
 	Args []string
 	Env  []string // appended to the supervisor's environment
 	Dir  string
+	// Settle sends the process SettledSignal once Ready first passes after
+	// each start. Only for children that call OnSettled at start: the
+	// signal's default action would kill any other.
+	Settle bool
 }
 
 // Backoff bounds the delay between restarts of a crashing child.
@@ -97,10 +101,12 @@ const (
 
 // Child is a running, supervised component.
 type Child struct {
-	c     Component
-	s     *Supervisor
-	ready chan struct{}
-	logw  *lumberjack.Logger // the child's log, across its restarts
+	c         Component
+	s         *Supervisor
+	ctx       context.Context // Start's: ends readiness probing
+	ready     chan struct{}
+	readyOnce sync.Once
+	logw      *lumberjack.Logger // the child's log, across its restarts
 
 	mu       sync.Mutex
 	cmd      *exec.Cmd
@@ -114,7 +120,7 @@ type Child struct {
 // Start launches c and keeps it running until Stop. It returns once the first
 // process has been started; use WaitReady to wait for health.
 func (s *Supervisor) Start(ctx context.Context, c Component) (*Child, error) {
-	ch := &Child{c: c, s: s, ready: make(chan struct{}), done: make(chan struct{}), stopCh: make(chan struct{})}
+	ch := &Child{c: c, s: s, ctx: ctx, ready: make(chan struct{}), done: make(chan struct{}), stopCh: make(chan struct{})}
 	ch.logw = &lumberjack.Logger{Filename: ch.LogPath(), MaxSize: max(s.LogMaxSizeMB, 1), MaxBackups: s.LogMaxBackups, Compress: true}
 	if err := ch.spawn(); err != nil {
 		return nil, err
@@ -123,7 +129,6 @@ func (s *Supervisor) Start(ctx context.Context, c Component) (*Child, error) {
 	s.children = append(s.children, ch)
 	s.mu.Unlock()
 	go ch.supervise()
-	go ch.probeReady(ctx)
 	return ch, nil
 }
 
@@ -161,18 +166,35 @@ func (ch *Child) WaitReady(ctx context.Context) error {
 	}
 }
 
-func (ch *Child) probeReady(ctx context.Context) {
+// probeReady polls one process's readiness: the first success of any
+// process marks the child ready, and a Settle child is told it settled.
+func (ch *Child) probeReady(cmd *exec.Cmd, exited <-chan struct{}, settle bool) {
+	ctx, cancel := context.WithCancel(ch.ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-exited:
+		case <-ch.stopCh:
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
 	t := time.NewTicker(25 * time.Millisecond)
 	defer t.Stop()
 	for {
 		if err := ch.c.Ready(ctx); err == nil {
-			close(ch.ready)
+			ch.readyOnce.Do(func() { close(ch.ready) })
+			if settle {
+				select {
+				case <-exited: // gone meanwhile; its pid may be reused
+				default:
+					_ = cmd.Process.Signal(SettledSignal)
+				}
+			}
 			return
 		}
 		select {
 		case <-ctx.Done():
-			return
-		case <-ch.done:
 			return
 		case <-t.C:
 		}
@@ -197,14 +219,16 @@ func (ch *Child) spawn() error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("%s: start: %w", ch.c.Name(), err)
 	}
+	exited := make(chan struct{})
 	ch.mu.Lock()
-	ch.cmd, ch.exited = cmd, make(chan struct{})
+	ch.cmd, ch.exited = cmd, exited
 	stopping := ch.stopping
 	ch.mu.Unlock()
 	if stopping {
 		// Stop ran while this process was being started: it must not survive.
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	}
+	go ch.probeReady(cmd, exited, spec.Settle)
 	return nil
 }
 
@@ -361,9 +385,10 @@ func WatchParent(onParentGone func()) bool {
 	return true
 }
 
-// ExitWithParent makes a supervised child exit as soon as its supervisor is
-// gone; every hidden role calls it first.
-func ExitWithParent() {
+// RunAsChild makes a supervised child exit as soon as its supervisor is
+// gone, and settle when told (OnSettled); every hidden role calls it first.
+func RunAsChild() {
+	OnSettled()
 	WatchParent(func() {
 		fmt.Fprintln(os.Stderr, "k3sm: supervisor exited; stopping")
 		os.Exit(1)

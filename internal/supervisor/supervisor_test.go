@@ -2,11 +2,13 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"os/exec"
+	"runtime/metrics"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -19,6 +21,21 @@ import (
 // on the given unix socket and waits, as a component would.
 func TestMain(m *testing.M) {
 	switch os.Getenv("K3SM_TEST_CHILD") {
+	case "settle":
+		// As a hidden role: settle when told, and report the GC target
+		// then in force (with this pid) to K3SM_TEST_SETTLED.
+		RunAsChild()
+		go func() {
+			s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+			for {
+				if metrics.Read(s); s[0].Value.Uint64() != 100 {
+					os.WriteFile(os.Getenv("K3SM_TEST_SETTLED"), []byte(fmt.Sprintf("%d %d", os.Getpid(), s[0].Value.Uint64())), 0o600)
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}()
+		fallthrough
 	case "serve":
 		WatchParent(func() { os.Exit(3) })
 		l, err := net.Listen("unix", os.Getenv("K3SM_TEST_SOCK"))
@@ -201,4 +218,59 @@ func TestTail(t *testing.T) {
 	if got := Tail(p, 2); got != "c\nd\n" {
 		t.Fatalf("Tail = %q", got)
 	}
+}
+
+type settlingChild struct{ sock, settled string }
+
+func (c settlingChild) Name() string { return "settling" }
+func (c settlingChild) Command() Command {
+	return Command{Path: os.Args[0], Settle: true, Env: []string{"K3SM_TEST_CHILD=settle", "K3SM_TEST_SOCK=" + c.sock,
+		"K3SM_TEST_SETTLED=" + c.settled, IdleGCPercentEnv + "=37", "GOGC=100"}}
+}
+func (c settlingChild) Ready(ctx context.Context) error { return child{c.sock}.Ready(ctx) }
+
+// A Settle child is told once it is ready, after its first start and after
+// a restart, and lowers its GC target to the idle one.
+func TestSettledAfterEachStart(t *testing.T) {
+	s := newTestSupervisor(t)
+	dir := t.TempDir()
+	c := settlingChild{filepath.Join(dir, "c.sock"), filepath.Join(dir, "settled")}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ch, err := s.Start(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Stop(2 * time.Second)
+	waitSettled := func(pid int) {
+		t.Helper()
+		want := fmt.Sprintf("%d 37", pid)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			b, _ := os.ReadFile(c.settled)
+			if string(b) == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("settled file %q, want %q", b, want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if err := ch.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := ch.Pid()
+	waitSettled(first)
+	os.Remove(c.settled)
+	os.Remove(c.sock)
+	syscall.Kill(first, syscall.SIGKILL)
+	deadline := time.Now().Add(10 * time.Second)
+	for ch.Pid() == first || ch.Pid() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("not restarted")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	waitSettled(ch.Pid())
 }

@@ -18,7 +18,7 @@ import (
 // Main is the node role's entry point (`k3sm node --config=<file>`, started
 // by the supervisor); it returns the exit code.
 func Main(args []string) int {
-	supervisor.ExitWithParent()
+	supervisor.RunAsChild()
 	var cfg Config
 	if err := roleconfig.Read(roleconfig.Node, args, &cfg.NodeConfig); err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -16,7 +16,7 @@ import (
 // Main is the runtime daemon role's entry point (`k3sm runtimed
 // --config=<file>`, started by the supervisor); it returns the exit code.
 func Main(args []string) int {
-	supervisor.ExitWithParent()
+	supervisor.RunAsChild()
 	var rc roleconfig.RuntimeConfig
 	if err := roleconfig.Read(roleconfig.Runtime, args, &rc); err != nil {
 		fmt.Fprintln(os.Stderr, err)

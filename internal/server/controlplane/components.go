@@ -88,6 +88,8 @@ func (k kine) Command() supervisor.Command {
 		Path: k.p.Cfg.Executable,
 		Args: append([]string{roleconfig.Kine}, k.args...),
 		Dir:  l.ServerDir(),
+		// Every hidden role handles the settled signal (supervisor.RunAsChild).
+		Settle: true,
 	}
 }
 func (k kine) Ready(ctx context.Context) error {
@@ -147,7 +149,7 @@ func (a apiserver) Args() []string {
 }
 
 func (a apiserver) Command() supervisor.Command {
-	return supervisor.Command{Path: a.p.Cfg.Executable, Args: append([]string{roleconfig.APIServer}, a.Args()...), Dir: a.p.Layout.ServerDir()}
+	return supervisor.Command{Path: a.p.Cfg.Executable, Args: append([]string{roleconfig.APIServer}, a.Args()...), Dir: a.p.Layout.ServerDir(), Settle: true}
 }
 
 func (a apiserver) Ready(ctx context.Context) error {
@@ -170,7 +172,7 @@ func (s scheduler) Command() supervisor.Command {
 		"--tls-private-key-file=" + s.p.SchedulerServing.KeyPath,
 		"--leader-elect=false",
 		"--profiling=false",
-	}}
+	}, Settle: true}
 }
 func (s scheduler) Ready(ctx context.Context) error {
 	return s.p.probe(ctx, fmt.Sprintf("https://127.0.0.1:%d/healthz", s.p.Cfg.SchedulerPort), false)
@@ -220,7 +222,7 @@ func (c controllerManager) Args() []string {
 }
 
 func (c controllerManager) Command() supervisor.Command {
-	return supervisor.Command{Path: c.p.Cfg.Executable, Args: append([]string{roleconfig.ControllerManager}, c.Args()...), Dir: c.p.Layout.ServerDir()}
+	return supervisor.Command{Path: c.p.Cfg.Executable, Args: append([]string{roleconfig.ControllerManager}, c.Args()...), Dir: c.p.Layout.ServerDir(), Settle: true}
 }
 func (c controllerManager) Ready(ctx context.Context) error {
 	return c.p.probe(ctx, fmt.Sprintf("https://127.0.0.1:%d/healthz", c.p.Cfg.ControllerManagerPort), false)

@@ -166,7 +166,7 @@ type runtimeComponent struct {
 
 func (r runtimeComponent) Name() string { return roleconfig.Runtime }
 func (r runtimeComponent) Command() supervisor.Command {
-	return supervisor.Command{Path: r.p.Cfg.Executable, Dir: r.p.Cfg.DataDir, Args: append([]string{roleconfig.Runtime}, r.args...)}
+	return supervisor.Command{Path: r.p.Cfg.Executable, Dir: r.p.Cfg.DataDir, Args: append([]string{roleconfig.Runtime}, r.args...), Settle: true}
 }
 func (r runtimeComponent) Ready(ctx context.Context) error {
 	c, err := (&net.Dialer{}).DialContext(ctx, "unix", r.p.Layout.RuntimeSocket())
@@ -184,7 +184,7 @@ type nodeComponent struct {
 
 func (n nodeComponent) Name() string { return roleconfig.Node }
 func (n nodeComponent) Command() supervisor.Command {
-	return supervisor.Command{Path: n.p.Cfg.Executable, Dir: n.p.Cfg.DataDir, Args: append([]string{roleconfig.Node}, n.args...)}
+	return supervisor.Command{Path: n.p.Cfg.Executable, Dir: n.p.Cfg.DataDir, Args: append([]string{roleconfig.Node}, n.args...), Settle: true}
 }
 
 // Ready: the Node object exists and reports Ready.

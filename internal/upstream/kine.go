@@ -1,0 +1,124 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/k3s-io/kine/pkg/drivers"
+	"github.com/k3s-io/kine/pkg/drivers/sqlite"
+	"github.com/k3s-io/kine/pkg/server"
+	"github.com/k3s-io/kine/pkg/util"
+	"github.com/k3sm-dev/k3sm/internal/roleconfig"
+	"github.com/k3sm-dev/k3sm/internal/supervisor"
+	"github.com/sirupsen/logrus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+)
+
+// runKine serves kine's etcd API on a unix socket from the SQLite driver
+// alone. kine's endpoint package would do the same but links every driver
+// (MySQL, Postgres, NATS with an embedded server, ...): 24 MB more binary,
+// whose package initialisation every k3sm process pays for in memory.
+func runKine(args []string) int {
+	supervisor.RunAsChild()
+	var kc roleconfig.KineConfig
+	if err := roleconfig.Read(roleconfig.Kine, args, &kc); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	logrus.SetFormatter(&logrus.TextFormatter{FullTimestamp: true, TimestampFormat: time.RFC3339Nano})
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	var wg sync.WaitGroup
+	if err := serveKine(ctx, &wg, kc); err != nil {
+		fmt.Fprintln(os.Stderr, "kine:", err)
+		return 1
+	}
+	// Wait for kine to drain and close the datastore, but no longer than
+	// its graceful-stop limit.
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(kineGracefulStop + time.Second):
+	}
+	return 0
+}
+
+// kineGracefulStop is how long in-flight calls may finish at stop (kine's).
+const kineGracefulStop = 5 * time.Second
+
+// serveKine runs until ctx ends. The settings are kine's own CLI defaults,
+// passed explicitly because the library has no defaults of its own.
+func serveKine(ctx context.Context, wg *sync.WaitGroup, kc roleconfig.KineConfig) error {
+	scheme, dsn := util.SchemeAndAddress(kc.Endpoint)
+	if scheme != "sqlite" {
+		return fmt.Errorf("endpoint %q: k3sm's kine serves sqlite:// only", kc.Endpoint)
+	}
+	lscheme, sock := util.SchemeAndAddress(kc.Listen)
+	if lscheme != "unix" {
+		return fmt.Errorf("listen %q: k3sm's kine listens on unix:// only", kc.Listen)
+	}
+	cfg := &drivers.Config{
+		Endpoint: kc.Endpoint, Scheme: scheme, DataSourceName: dsn,
+		CompactTimeout: 5 * time.Second, CompactMinRetain: 1000, CompactBatchSize: 1000,
+		PollBatchSize: 500, PollInterval: time.Second,
+	}
+	cfg.ConnectionPoolConfig.MaxIdle = 20
+	cfg.ConnectionPoolConfig.MaxIdleTime = 2 * time.Minute
+	bctx, bcancel := context.WithCancel(context.Background())
+	_, backend, err := sqlite.New(bctx, wg, cfg)
+	if err != nil {
+		bcancel()
+		return fmt.Errorf("sqlite backend: %w", err)
+	}
+	if err := backend.Start(bctx); err != nil {
+		bcancel()
+		return fmt.Errorf("starting the backend: %w", err)
+	}
+	// etcd's server defaults, as kine's endpoint package sets them.
+	g := grpc.NewServer(
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Hour, Timeout: 20 * time.Second}),
+		grpc.MaxConcurrentStreams(math.MaxUint32),
+		grpc.MaxRecvMsgSize(int(1.5*1024*1024)+512*1024),
+		grpc.MaxSendMsgSize(math.MaxInt32),
+	)
+	server.New(backend, "unix", 5*time.Second, "3.6.11").Register(g)
+	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
+		bcancel()
+		return err
+	}
+	l, err := (&net.ListenConfig{}).Listen(ctx, "unix", sock)
+	if err != nil {
+		bcancel()
+		return err
+	}
+	if err := os.Chmod(sock, 0o600); err != nil {
+		l.Close()
+		bcancel()
+		return err
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := g.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			logrus.Errorf("kine gRPC server exited: %v", err)
+		}
+	}()
+	logrus.Infof("kine serving on unix://%s", sock)
+	<-ctx.Done()
+	t := time.AfterFunc(kineGracefulStop, g.Stop)
+	defer t.Stop()
+	g.GracefulStop()
+	bcancel()
+	return nil
+}
