@@ -5,6 +5,9 @@ package main
 import (
 	"os"
 
+	// Keeps kubectl's translations out of every process but kubectl.
+	_ "github.com/k3sm-dev/k3sm/internal/upstream/kubectli18n"
+
 	"github.com/k3sm-dev/k3sm/internal/agent/node"
 	"github.com/k3sm-dev/k3sm/internal/k3smcmd"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
