@@ -47,7 +47,7 @@ func TestDiskPressureAndImageGC(t *testing.T) {
 	unused := reg.Push(t, "prog:unused", img)
 	inUse := reg.Push(t, "prog:kept", kept)
 
-	s := newServer(t, "--image-minimum-gc-age=3s", "--image-gc-period=2s", "--housekeeping-interval=1s",
+	s := newServer(t, "--eviction-hard=nodefs.available<10%,imagefs.available<15%,nodefs.inodesFree<5%", "--image-minimum-gc-age=3s", "--image-gc-period=2s", "--housekeeping-interval=1s",
 		"--eviction-pressure-transition-period=5s", "--container-log-max-size=16Ki", "--container-log-max-files=3")
 	if err := unix.Mount("tmpfs", s.dataDir, "tmpfs", 0, "size=320m,mode=0700"); err != nil {
 		t.Skipf("cannot mount a tmpfs on %s: %v", s.dataDir, err)

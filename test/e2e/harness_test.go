@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -81,13 +82,20 @@ func newServer(t *testing.T, extra ...string) *server {
 
 func (s *server) args() []string {
 	s.port = s.ports[0]
+	extra := s.extra
+	if !slices.ContainsFunc(extra, func(a string) bool { return strings.HasPrefix(a, "--eviction-hard") }) {
+		// The machine's own free space must not decide a test: a shared disk
+		// under 15% free would taint the node with DiskPressure. The disk
+		// test sets the kubelet's thresholds on a tmpfs of its own.
+		extra = append([]string{"--eviction-hard=nodefs.available<1Mi,imagefs.available<1Mi,nodefs.inodesFree<1%"}, extra...)
+	}
 	return append([]string{"server", "--data-dir", s.dataDir,
 		"--https-listen-port", strconv.Itoa(s.ports[0]),
 		"--scheduler-port", strconv.Itoa(s.ports[1]),
 		"--controller-manager-port", strconv.Itoa(s.ports[2]),
 		"--kubelet-port", strconv.Itoa(s.ports[3]),
 		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
-		"--node-name", "e2e-node"}, s.extra...)
+		"--node-name", "e2e-node"}, extra...)
 }
 
 // start launches the server and waits until it says it is up.
