@@ -422,3 +422,31 @@ func TestLibraryLogsOnlyWithDebug(t *testing.T) {
 	}
 	quietLibraries(false, &buf)
 }
+
+// Labels the kubelet refuses are refused by `cluster create` naming the
+// flag and the fix, before kind runs (they used to surface as a kubeadm
+// timeout after 4 minutes).
+func TestCreateRefusesKubeletLabelsNamingTheFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"-l", "app.kubernetes.io/part-of=x"}, []string{"-l: label key \"app.kubernetes.io/part-of\"", "kubelet", "fix: use a key of your own domain, e.g. example.com/part-of"}},
+		{[]string{"--region", "eu west"}, []string{"--region", "fix:"}},
+		{[]string{"--zone", "-z"}, []string{"--zone", "fix:"}},
+	} {
+		h := newHarness(t)
+		_, errs, code := h.run("", false, append([]string{"cluster", "create", "dev"}, tc.args...)...)
+		if code == 0 {
+			t.Errorf("%v accepted", tc.args)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(errs, w) {
+				t.Errorf("%v: %q lacks %q", tc.args, errs, w)
+			}
+		}
+		if calls := h.env.Kind.Calls(); len(calls) != 0 {
+			t.Errorf("%v ran %q", tc.args, calls)
+		}
+	}
+}

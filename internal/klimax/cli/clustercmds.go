@@ -63,6 +63,21 @@ func clusterCreateCmd(app *App) *cobra.Command {
 			if len(rm) > 0 {
 				return fmt.Errorf("-l %s-: removing labels makes no sense on create", rm[0])
 			}
+			// kind hands these to the kubelet as --node-labels: check them
+			// as the kubelet will, naming the flag, before anything runs.
+			if err := cluster.ValidateNodeLabels("-l", set); err != nil {
+				return err
+			}
+			if region != "" {
+				if err := cluster.ValidateNodeLabel("--region", cluster.LabelRegion, region); err != nil {
+					return err
+				}
+			}
+			if zone != "" {
+				if err := cluster.ValidateNodeLabel("--zone", cluster.LabelZone, zone); err != nil {
+					return err
+				}
+			}
 			m, err := app.Clusters()
 			if err != nil {
 				return err

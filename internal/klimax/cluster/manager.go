@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -137,6 +138,39 @@ type CreateOptions struct {
 	MetricsServer MetricsServer
 }
 
+// Validate checks what becomes node labels the way the kubelet will (see
+// ValidateNodeLabel), before anything is created: a label the kubelet
+// refuses only shows after kubeadm's 4-minute wait otherwise.
+func (o CreateOptions) Validate() error {
+	var errs []string
+	keys := make([]string, 0, len(o.Labels))
+	for k := range o.Labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if Reserved(k) {
+			errs = append(errs, fmt.Sprintf("label %s is managed by klimax and cannot be set with -l or fleet labels (fix: remove it)", k))
+		} else if err := ValidateNodeLabel("label", k, o.Labels[k]); err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	if o.Region != "" {
+		if err := ValidateNodeLabel("region", LabelRegion, o.Region); err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	if o.Zone != "" {
+		if err := ValidateNodeLabel("zone", LabelZone, o.Zone); err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	if len(errs) > 0 {
+		return errors.New(strings.Join(errs, "\n"))
+	}
+	return nil
+}
+
 // Existing returns the existing kind clusters keyed by name.
 func (m *Manager) Existing(ctx context.Context) (map[string]NodeContainer, error) {
 	nodes, err := m.Inventory.ControlPlanes(ctx)
@@ -168,10 +202,8 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 	if err := ValidateName(o.Name); err != nil {
 		return nil, err
 	}
-	for k := range o.Labels {
-		if Reserved(k) {
-			return nil, fmt.Errorf("label %s is managed by klimax and cannot be set with -l", k)
-		}
+	if err := o.Validate(); err != nil {
+		return nil, fmt.Errorf("cluster %s: %w", o.Name, err)
 	}
 	mirrors, err := m.selectMirrors(o.Mirrors)
 	if err != nil {

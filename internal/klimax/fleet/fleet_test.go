@@ -90,6 +90,8 @@ func TestInvalidManifests(t *testing.T) {
 		"negative parallel":   {head + "  maxParallel: -1\n  clusters: [a]\n", "spec.maxParallel"},
 		"reserved label":      {head + "  clusters:\n  - {name: a, labels: {klimax.dev/fleet: x}}\n", "spec.clusters[0].labels.klimax.dev/fleet"},
 		"bad label value":     {head + "  defaults: {labels: {k: 'a b'}}\n  clusters: [a]\n", "spec.defaults.labels.k"},
+		"kubelet label":       {head + "  clusters:\n  - {name: a, labels: {app.kubernetes.io/part-of: x}}\n", "spec.clusters[0].labels.app.kubernetes.io/part-of: the kubelet refuses"},
+		"kubelet default":     {head + "  defaults: {labels: {k8s.io/x: y}}\n  clusters: [a]\n", "fix: use a key of your own domain, e.g. example.com/x"},
 		"bad zone":            {head + "  clusters:\n  - {name: a, zone: 'eu west'}\n", "spec.clusters[0].zone"},
 		"bad node version":    {head + "  clusters:\n  - {name: a, nodeVersion: 'v1;id'}\n", "spec.clusters[0].nodeVersion"},
 		"type mismatch":       {head + "  maxParallel: lots\n  clusters: [a]\n", "lots"},

@@ -209,7 +209,8 @@ func checkCommon(add func(string, string, string), p, nodeVersion, region, zone 
 	if nodeVersion != "" && !strings.HasPrefix(nodeVersion, "v") || strings.ContainsAny(nodeVersion, " /:;$") {
 		add(p+".nodeVersion", fmt.Sprintf("%q is not a kindest/node tag", nodeVersion), "use e.g. v1.35.0")
 	}
-	for field, v := range map[string]string{"region": region, "zone": zone} {
+	for _, field := range []string{"region", "zone"} {
+		v := map[string]string{"region": region, "zone": zone}[field]
 		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
 			add(p+"."+field, fmt.Sprintf("%q: %s", v, strings.Join(errs, "; ")), "use letters, digits, '-', '_' and '.'")
 		}
@@ -224,6 +225,9 @@ func checkCommon(add func(string, string, string), p, nodeVersion, region, zone 
 			add(p+".labels."+k, strings.Join(errs, "; "), "use a valid Kubernetes label key")
 		} else if cluster.Reserved(k) {
 			add(p+".labels."+k, "label is managed by klimax", "remove it; fleet membership comes from metadata.name")
+		} else if cluster.IsKubernetesLabel(k) && cluster.ValidateNodeLabel("", k, "") != nil {
+			add(p+".labels."+k, "the kubelet refuses kubernetes.io/k8s.io node labels outside its allowed set (kind passes labels as --node-labels), so the cluster would never start",
+				"use a key of your own domain, e.g. example.com/"+k[strings.Index(k, "/")+1:])
 		}
 		if errs := validation.IsValidLabelValue(labels[k]); len(errs) > 0 {
 			add(p+".labels."+k, fmt.Sprintf("value %q: %s", labels[k], strings.Join(errs, "; ")), "use a valid Kubernetes label value")

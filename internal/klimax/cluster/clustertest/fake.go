@@ -19,6 +19,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	kubeletoptions "k8s.io/kubernetes/cmd/kubelet/app/options"
 
 	"github.com/k3sm-dev/k3sm/internal/klimax/cluster"
 	"github.com/k3sm-dev/k3sm/internal/klimax/config"
@@ -69,12 +70,18 @@ func (f *Kind) Run(ctx context.Context, argv []string, opts vm.RunOptions) (vm.R
 		if _, ok := f.Clusters[name]; ok {
 			return vm.Result{}, fmt.Errorf("node(s) already exist for a cluster with the name %q", name)
 		}
-		port := 0
-		for _, l := range strings.Split(in, "\n") {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(l), "apiServerPort: "); ok {
-				fmt.Sscan(v, &port)
-			}
+		var kc cluster.KindCluster
+		if err := yaml.Unmarshal([]byte(in), &kc); err != nil {
+			return vm.Result{}, fmt.Errorf("ERROR: failed to create cluster: unable to decode config: %v", err)
 		}
+		if err := KubeletAccepts(kc); err != nil {
+			// kind starts the nodes, kubeadm init waits 4 minutes for a
+			// kubelet that refused its --node-labels, and kind deletes the
+			// nodes again: nothing is left.
+			return vm.Result{ExitCode: 1}, &vm.ExitError{Argv: argv, ExitCode: 1,
+				Stderr: "ERROR: failed to create cluster: failed to init node with kubeadm: kubelet: " + err.Error()}
+		}
+		port := kc.Networking.APIServerPort
 		for _, c := range f.Clusters {
 			if c.APIPort == port {
 				return vm.Result{}, fmt.Errorf("port %d is already allocated", port)
@@ -107,6 +114,28 @@ func (f *Kind) Run(ctx context.Context, argv []string, opts vm.RunOptions) (vm.R
 		return vm.Result{}, fmt.Errorf("fake kind: unexpected command %q", line)
 	}
 	return vm.Result{}, nil
+}
+
+// KubeletAccepts checks every node of a kind config the way the nodes'
+// kubelets will: kind passes node labels as --node-labels, and the kubelet's
+// own flag validation (called here, not copied) refuses invalid labels and
+// kubernetes.io / k8s.io keys outside its allowed set.
+func KubeletAccepts(kc cluster.KindCluster) error {
+	if len(kc.Nodes) == 0 {
+		return fmt.Errorf("no nodes")
+	}
+	for i, n := range kc.Nodes {
+		if n.Role != "control-plane" && n.Role != "worker" {
+			return fmt.Errorf("nodes[%d]: unknown role %q", i, n.Role)
+		}
+		if kc.Nodes[0].Role != "control-plane" {
+			return fmt.Errorf("nodes[0] must be a control-plane node")
+		}
+		if err := kubeletoptions.ValidateKubeletFlags(&kubeletoptions.KubeletFlags{NodeLabels: n.Labels}); err != nil {
+			return fmt.Errorf("nodes[%d] (%s): %w", i, n.Role, err)
+		}
+	}
+	return nil
 }
 
 func (f *Kind) nodeExists(node string) bool {
