@@ -68,6 +68,12 @@ type Manager struct {
 	// Preflight, when set, must pass before kind creates anything (the
 	// platform checks that `klimax up` made the network).
 	Preflight func(ctx context.Context) error
+	// ImageExists, when set, reports whether the machine's Docker engine
+	// has an image (checked before `kind load docker-image`).
+	ImageExists func(ctx context.Context, ref string) (bool, error)
+	// LocalMachine is set when kind runs on this host (host driver), so a
+	// directory kind writes is directly ours.
+	LocalMachine bool
 }
 
 func (m *Manager) progress() Progress {
@@ -136,6 +142,11 @@ type CreateOptions struct {
 	// Mirrors selects registry mirrors by name; nil means all configured.
 	Mirrors       []string
 	MetricsServer MetricsServer
+	// Workers is the number of worker nodes (0..MaxWorkers).
+	Workers int
+	// Wait, when > 0, waits up to this long at the end until every node
+	// and kube-system pod is Ready.
+	Wait time.Duration
 }
 
 // Validate checks what becomes node labels the way the kubelet will (see
@@ -164,6 +175,12 @@ func (o CreateOptions) Validate() error {
 		if err := ValidateNodeLabel("zone", LabelZone, o.Zone); err != nil {
 			errs = append(errs, err.Error())
 		}
+	}
+	if err := ValidateWorkers("workers", o.Workers); err != nil {
+		errs = append(errs, err.Error())
+	}
+	if o.Wait < 0 {
+		errs = append(errs, fmt.Sprintf("wait: %s is negative (fix: use e.g. 5m, or 0 not to wait)", o.Wait))
 	}
 	if len(errs) > 0 {
 		return errors.New(strings.Join(errs, "\n"))
@@ -239,7 +256,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 		nodeVersion = m.Config.Kind.NodeVersion
 	}
 	spec := Spec{Name: o.Name, Slot: s, NodeVersion: nodeVersion, Region: o.Region, Zone: o.Zone,
-		Fleet: o.Fleet, DependsOn: o.DependsOn, Labels: o.Labels, ListenAddress: m.ListenAddress, APIHost: apiHost}
+		Fleet: o.Fleet, DependsOn: o.DependsOn, Labels: o.Labels, Workers: o.Workers, ListenAddress: m.ListenAddress, APIHost: apiHost}
 	kc, err := KindConfig(spec)
 	if err != nil {
 		return nil, err
@@ -260,7 +277,19 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 	}
 	if len(mirrors) > 0 {
 		if err := m.step(prefix+fmt.Sprintf("configure %d registry mirrors", len(mirrors)), func() error {
-			return m.writeHostsFiles(ctx, NodeName(o.Name), mirrors)
+			nodes, err := m.Inventory.Nodes(ctx, o.Name)
+			if err != nil {
+				return err
+			}
+			if len(nodes) != 1+o.Workers {
+				return fmt.Errorf("kind made %d node containers, want %d", len(nodes), 1+o.Workers)
+			}
+			for _, n := range nodes {
+				if err := m.writeHostsFiles(ctx, n.Container, mirrors); err != nil {
+					return err
+				}
+			}
+			return nil
 		}); err != nil {
 			return nil, leftover(err)
 		}
@@ -314,6 +343,16 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 			return err
 		}); err != nil {
 			return nil, leftover(err)
+		}
+	}
+	if o.Wait > 0 {
+		if err := m.step(prefix+fmt.Sprintf("wait up to %s for nodes and kube-system pods", o.Wait), func() error {
+			wctx, cancel := context.WithTimeout(ctx, o.Wait)
+			defer cancel()
+			return kube.WaitReady(wctx)
+		}); err != nil {
+			return nil, fmt.Errorf("cluster %s was created but is not ready after %s: %w\n(inspect it with kubectl --context %s get pods -A, or collect logs with klimax cluster logs %s)",
+				o.Name, o.Wait, err, ContextName(o.Name), o.Name)
 		}
 	}
 	return &Info{Name: o.Name, Slot: int(s), APIPort: s.APIPort(), State: "running", Reachable: true,
