@@ -450,3 +450,88 @@ func TestCreateRefusesKubeletLabelsNamingTheFlag(t *testing.T) {
 		}
 	}
 }
+
+// down on the host driver stops klimax's clusters (not the user's own kind
+// clusters, not one the user stopped already) and up starts exactly those
+// again; before, down left every cluster running.
+func TestDownStopsHostClustersAndUpStartsThem(t *testing.T) {
+	h := newHarness(t)
+	for _, n := range []string{"dev", "stg", "idle"} {
+		if _, errs, code := h.run("", false, "cluster", "create", n); code != 0 {
+			t.Fatal(errs)
+		}
+	}
+	h.env.Kind.Clusters["mine"] = cluster.NodeContainer{Cluster: "mine", Container: "mine-control-plane", State: "running", APIPort: 43121}
+	if out, errs, code := h.run("", false, "cluster", "stop", "idle"); code != 0 || !strings.Contains(out, "cluster idle stopped") {
+		t.Fatalf("stop idle: %s %s", out, errs)
+	}
+	out, errs, code := h.run("", false, "down")
+	if code != 0 || !strings.Contains(out, "stopped cluster(s) dev, stg; klimax up starts them again") || !strings.Contains(out, "did not create: mine") {
+		t.Fatalf("down: %d %s %s", code, out, errs)
+	}
+	state := func(n string) string { return h.env.Kind.Clusters[n].State }
+	if state("dev") != "exited" || state("stg") != "exited" || state("mine") != "running" {
+		t.Errorf("after down: dev %s stg %s mine %s", state("dev"), state("stg"), state("mine"))
+	}
+	if got := h.plat.calls[len(h.plat.calls)-1]; got != "down route=keep" {
+		t.Errorf("platform down not called: %v", h.plat.calls)
+	}
+	out, errs, code = h.run("", false, "up")
+	if code != 0 || !strings.Contains(out, "started cluster(s) dev, stg again") {
+		t.Fatalf("up: %d %s %s", code, out, errs)
+	}
+	if state("dev") != "running" || state("stg") != "running" || state("idle") != "exited" {
+		t.Errorf("after up: dev %s stg %s idle %s", state("dev"), state("stg"), state("idle"))
+	}
+	// The record is gone: a second up starts nothing.
+	if out, _, _ := h.run("", false, "up"); strings.Contains(out, "started") {
+		t.Errorf("second up: %s", out)
+	}
+}
+
+// The kind/k3d-style day-2 commands through the CLI, against the fake.
+func TestClusterDay2Commands(t *testing.T) {
+	h := newHarness(t)
+	out, errs, code := h.run("", false, "cluster", "create", "dev", "--workers", "2", "--wait", "1m")
+	if code != 0 {
+		t.Fatalf("create: %s %s", out, errs)
+	}
+	if len(h.env.Kind.Workers["dev"]) != 2 {
+		t.Errorf("workers: %+v", h.env.Kind.Workers)
+	}
+	for _, bad := range [][]string{{"--workers", "11"}, {"--workers", "-1"}, {"--wait", "-1s"}} {
+		_, errs, code := h.run("", false, append([]string{"cluster", "create", "x"}, bad...)...)
+		if code == 0 || !strings.Contains(errs, bad[0]) || !strings.Contains(errs, "fix:") {
+			t.Errorf("%v: %d %s", bad, code, errs)
+		}
+	}
+	h.env.Kind.Images["example.com/app:dev"] = true
+	if out, errs, code := h.run("", false, "cluster", "load", "dev", "example.com/app:dev"); code != 0 || !strings.Contains(out, "loaded example.com/app:dev into cluster dev") {
+		t.Errorf("load: %s %s", out, errs)
+	}
+	if _, errs, code := h.run("", false, "cluster", "load", "dev", "nope:1"); code == 0 || !strings.Contains(errs, "not in the machine's Docker engine") {
+		t.Errorf("load missing image: %s", errs)
+	}
+	if _, errs, code := h.run("", false, "cluster", "load", "ghost", "example.com/app:dev"); code == 0 || !strings.Contains(errs, "cluster not found: ghost") {
+		t.Errorf("load into unknown cluster: %s", errs)
+	}
+	dir := filepath.Join(h.home, "bug")
+	if out, errs, code := h.run("", false, "cluster", "logs", "dev", dir); code != 0 || !strings.Contains(out, dir) {
+		t.Errorf("logs: %s %s", out, errs)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "dev-control-plane", "kubelet.log")); err != nil {
+		t.Errorf("logs not written: %v", err)
+	}
+	if out, errs, code := h.run("", false, "cluster", "stop", "dev"); code != 0 || !strings.Contains(out, "dev-worker2, dev-worker, dev-control-plane") {
+		t.Errorf("stop: %s %s", out, errs)
+	}
+	if out, _, _ := h.run("", false, "cluster", "list"); !strings.Contains(out, "exited") {
+		t.Errorf("list after stop:\n%s", out)
+	}
+	if out, errs, code := h.run("", false, "cluster", "start", "dev"); code != 0 || !strings.Contains(out, "cluster dev is running") {
+		t.Errorf("start: %s %s", out, errs)
+	}
+	if _, errs, code := h.run("", false, "cluster", "start", "ghost"); code == 0 || !strings.Contains(errs, "not found") {
+		t.Errorf("start unknown: %s", errs)
+	}
+}

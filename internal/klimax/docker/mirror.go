@@ -187,6 +187,18 @@ func (c *Client) EnsureMirror(ctx context.Context, spec MirrorSpec) (bool, error
 	return true, nil
 }
 
+// ImageExists reports whether the engine has the image ref.
+func (c *Client) ImageExists(ctx context.Context, ref string) (bool, error) {
+	_, err := c.api.ImageInspect(ctx, ref)
+	if err == nil {
+		return true, nil
+	}
+	if isNotFound(err) {
+		return false, nil
+	}
+	return false, fmt.Errorf("inspect image %s: %w", ref, err)
+}
+
 func (c *Client) ensureImage(ctx context.Context, ref string) error {
 	if _, err := c.api.ImageInspect(ctx, ref); err == nil {
 		return nil

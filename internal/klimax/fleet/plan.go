@@ -224,7 +224,7 @@ func ExecuteCreate(ctx context.Context, p *Plan, cs Clusters) Result {
 		it := byName[name]
 		_, err := cs.Create(ctx, cluster.CreateOptions{Name: it.Name, Slot: it.Slot, NodeVersion: it.NodeVersion,
 			Region: it.Region, Zone: it.Zone, Fleet: p.Fleet, DependsOn: it.DependsOn, Labels: it.Labels,
-			Mirrors: it.Mirrors, MetricsServer: it.MetricsServer})
+			Mirrors: it.Mirrors, MetricsServer: it.MetricsServer, Workers: it.Workers})
 		return err
 	})
 	for k, v := range r.Outcomes {
