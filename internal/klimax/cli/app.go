@@ -17,6 +17,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/klimax/config"
 	"github.com/k3sm-dev/k3sm/internal/klimax/docker"
 	"github.com/k3sm-dev/k3sm/internal/klimax/platform"
+	"github.com/k3sm-dev/k3sm/internal/klimax/slot"
 	"github.com/k3sm-dev/k3sm/internal/klimax/ui"
 	"github.com/k3sm-dev/k3sm/internal/klimax/vm"
 )
@@ -192,11 +193,14 @@ func (a *App) Clusters() (*cluster.Manager, error) {
 		defer dc.Close()
 		return dc.ImageExists(ctx, ref)
 	}
+	m.Leases = &slot.Leases{Dir: filepath.Join(a.klimaxHome(), "slots")}
 	if p.Driver().NeedsRoute() {
 		m.ListenAddress = "0.0.0.0" // reachable from the host through the VM's address
+		m.PortFree = cluster.GuestPortCheck(runner)
 	} else {
 		m.LocalMachine = true
 		m.ListenAddress = "127.0.0.1"
+		m.PortFree = cluster.LocalPortCheck(m.ListenAddress)
 		// Keep kind from editing the user's kubeconfig on a Linux host; klimax merges atomically.
 		m.KindKubeconfig = filepath.Join(a.klimaxHome(), "kind.kubeconfig")
 	}

@@ -71,6 +71,12 @@ type Manager struct {
 	// ImageExists, when set, reports whether the machine's Docker engine
 	// has an image (checked before `kind load docker-image`).
 	ImageExists func(ctx context.Context, ref string) (bool, error)
+	// Leases records slot claims across klimax processes (nil: within
+	// this call only).
+	Leases *slot.Leases
+	// PortFree, when set, checks that a slot's API port is free on the
+	// machine before the slot is used.
+	PortFree slot.PortCheck
 	// LocalMachine is set when kind runs on this host (host driver), so a
 	// directory kind writes is directly ours.
 	LocalMachine bool
@@ -131,9 +137,12 @@ const DefaultMetricsServerVersion = "v0.8.0"
 
 // CreateOptions describe one cluster to create.
 type CreateOptions struct {
-	Name        string
-	Slot        slot.Slot // 0 = lowest free
-	NodeVersion string    // "" = config kind.nodeVersion
+	Name string
+	Slot slot.Slot // 0 = lowest free
+	// SlotHint makes Slot a preference (a fleet's plan) rather than a pin:
+	// if it was taken meanwhile the lowest free slot is used.
+	SlotHint    bool
+	NodeVersion string // "" = config kind.nodeVersion
 	Region      string
 	Zone        string
 	Fleet       string
@@ -238,14 +247,31 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 	if _, ok := existing[o.Name]; ok {
 		return nil, fmt.Errorf("cluster %q already exists (delete it first, or pick another name)", o.Name)
 	}
-	alloc := slot.NewAllocator(UsedSlots(existing))
-	s := o.Slot
-	if s != 0 {
-		if err := alloc.Reserve(s); err != nil {
-			return nil, fmt.Errorf("cluster %s: %w", o.Name, err)
-		}
-	} else if s, err = alloc.Next(); err != nil {
-		return nil, err
+	// The slot is claimed under a lock shared by every klimax command and
+	// recorded until kind has published its port, so concurrent creates
+	// never pick the same one; slots whose API port something else holds
+	// are skipped (or, pinned, refused).
+	lease, skipped, err := m.Leases.Claim(ctx, slot.ClaimOptions{Cluster: o.Name, Slot: o.Slot, Hint: o.SlotHint, PortFree: m.PortFree,
+		InUse: func(ctx context.Context) ([]slot.Slot, error) {
+			now, err := m.Existing(ctx)
+			if err != nil {
+				return nil, err
+			}
+			if _, ok := now[o.Name]; ok {
+				return nil, fmt.Errorf("cluster %q already exists (delete it first, or pick another name)", o.Name)
+			}
+			return UsedSlots(now), nil
+		}})
+	if err != nil {
+		return nil, fmt.Errorf("cluster %s: %w", o.Name, err)
+	}
+	defer lease.Release()
+	s := lease.Slot
+	if len(skipped) > 0 {
+		m.warnf("cluster %s: skipped slot(s) because other programs hold their API port (%s); using slot %d (API :%d)", o.Name, strings.Join(skipped, ", "), s, s.APIPort())
+	}
+	if o.SlotHint && o.Slot != 0 && s != o.Slot {
+		m.warnf("cluster %s: planned slot %d was taken meanwhile; using slot %d (API :%d)", o.Name, o.Slot, s, s.APIPort())
 	}
 	apiHost, err := m.APIHost(ctx)
 	if err != nil {

@@ -222,7 +222,8 @@ func ExecuteCreate(ctx context.Context, p *Plan, cs Clusters) Result {
 	}
 	r := Schedule(ctx, p.Tasks(ActCreate), p.MaxParallel, p.FailFast, func(ctx context.Context, name string) error {
 		it := byName[name]
-		_, err := cs.Create(ctx, cluster.CreateOptions{Name: it.Name, Slot: it.Slot, NodeVersion: it.NodeVersion,
+		// A planned slot is a preference: only a num from the manifest pins.
+		_, err := cs.Create(ctx, cluster.CreateOptions{Name: it.Name, Slot: it.Slot, SlotHint: it.Num == 0, NodeVersion: it.NodeVersion,
 			Region: it.Region, Zone: it.Zone, Fleet: p.Fleet, DependsOn: it.DependsOn, Labels: it.Labels,
 			Mirrors: it.Mirrors, MetricsServer: it.MetricsServer, Workers: it.Workers})
 		return err

@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/k3sm-dev/k3sm/internal/klimax/cluster"
 	"github.com/k3sm-dev/k3sm/internal/klimax/config"
+	"github.com/k3sm-dev/k3sm/internal/klimax/slot"
 
 	"github.com/k3sm-dev/k3sm/internal/klimax/vm"
 )
@@ -113,6 +115,15 @@ func (f *Kind) Run(ctx context.Context, argv []string, opts vm.RunOptions) (vm.R
 			return exitErr(argv, "ERROR: failed to create cluster: failed to init node with kubeadm: kubelet: "+err.Error())
 		}
 		port := kc.Networking.APIServerPort
+		// On a host (127.0.0.1) Docker publishes the port here and fails
+		// when another program holds it, as the real engine does.
+		if kc.Networking.APIServerAddress == "127.0.0.1" {
+			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", fmt.Sprint(port)))
+			if err != nil {
+				return exitErr(argv, fmt.Sprintf("ERROR: failed to create cluster: command \"docker run --name %s ...\" failed with error: exit status 125\nCommand Output: docker: Error response from daemon: driver failed programming external connectivity on endpoint %s: Error starting userland proxy: %v.", cluster.NodeName(name), cluster.NodeName(name), err))
+			}
+			l.Close()
+		}
 		for _, c := range f.Clusters {
 			if c.APIPort == port {
 				return exitErr(argv, fmt.Sprintf("ERROR: failed to create cluster: docker run error: Bind for %s:%d failed: port is already allocated", kc.Networking.APIServerAddress, port))
@@ -560,6 +571,7 @@ func NewEnv(t testing.TB, cfg *config.Config) *Env {
 		KubeDir:     filepath.Join(home, ".kube", "klimax"),
 		KubeConfig:  filepath.Join(home, ".kube", "config"),
 		ImageExists: fk.ImageExists,
+		Leases:      &slot.Leases{Dir: filepath.Join(home, ".klimax", "slots")},
 	}
 	// kind applies the config's node labels; mirror that in the fake API.
 	fk.OnCreate = func(name string, port int, kindConfig []byte) {
