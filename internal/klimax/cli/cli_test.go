@@ -293,6 +293,9 @@ func TestDestroyRemovesEverythingAndNeedsConfirmation(t *testing.T) {
 	// The user's own kind cluster on the same engine (kind picks a random
 	// API port, never a klimax slot port) and its context.
 	h.env.Kind.Clusters["mine"] = cluster.NodeContainer{Cluster: "mine", Container: "mine-control-plane", State: "running", APIPort: 43121}
+	// One the user made with apiServerPort 7005, a klimax slot port: its
+	// node has no klimax.dev/managed-by label, so it is not klimax's.
+	h.env.Kind.Clusters["mine2"] = cluster.NodeContainer{Cluster: "mine2", Container: "mine2-control-plane", State: "running", APIPort: 7005}
 	mineCtx := "apiVersion: v1\nkind: Config\nclusters:\n- name: kind-mine\n  cluster: {server: 'https://127.0.0.1:43121'}\nusers:\n- name: kind-mine\n  user: {token: t}\ncontexts:\n- name: kind-mine\n  context: {cluster: kind-mine, user: kind-mine}\n"
 	if _, err := kubeconfig.Merge(filepath.Join(h.home, ".kube", "config"), []byte(mineCtx), kubeconfig.MergeOptions{}); err != nil {
 		t.Fatal(err)
@@ -312,7 +315,7 @@ func TestDestroyRemovesEverythingAndNeedsConfirmation(t *testing.T) {
 	if _, ok := h.env.Kind.Clusters["dev"]; ok {
 		t.Error("host driver destroy left klimax's cluster")
 	}
-	if _, ok := h.env.Kind.Clusters["mine"]; !ok || len(h.env.Kind.Clusters) != 1 {
+	if _, ok := h.env.Kind.Clusters["mine"]; !ok || len(h.env.Kind.Clusters) != 2 || h.env.Kind.Clusters["mine2"].Cluster == "" {
 		t.Errorf("destroy deleted a kind cluster klimax did not create: %v", h.env.Kind.Clusters)
 	}
 	b, _ := os.ReadFile(filepath.Join(h.home, ".kube", "config"))
@@ -462,15 +465,16 @@ func TestDownStopsHostClustersAndUpStartsThem(t *testing.T) {
 		}
 	}
 	h.env.Kind.Clusters["mine"] = cluster.NodeContainer{Cluster: "mine", Container: "mine-control-plane", State: "running", APIPort: 43121}
+	h.env.Kind.Clusters["mine2"] = cluster.NodeContainer{Cluster: "mine2", Container: "mine2-control-plane", State: "running", APIPort: 7005}
 	if out, errs, code := h.run("", false, "cluster", "stop", "idle"); code != 0 || !strings.Contains(out, "cluster idle stopped") {
 		t.Fatalf("stop idle: %s %s", out, errs)
 	}
 	out, errs, code := h.run("", false, "down")
-	if code != 0 || !strings.Contains(out, "stopped cluster(s) dev, stg; klimax up starts them again") || !strings.Contains(out, "did not create: mine") {
+	if code != 0 || !strings.Contains(out, "stopped cluster(s) dev, stg; klimax up starts them again") || !strings.Contains(out, "did not create: mine, mine2") {
 		t.Fatalf("down: %d %s %s", code, out, errs)
 	}
 	state := func(n string) string { return h.env.Kind.Clusters[n].State }
-	if state("dev") != "exited" || state("stg") != "exited" || state("mine") != "running" {
+	if state("dev") != "exited" || state("stg") != "exited" || state("mine") != "running" || state("mine2") != "running" {
 		t.Errorf("after down: dev %s stg %s mine %s", state("dev"), state("stg"), state("mine"))
 	}
 	if got := h.plat.calls[len(h.plat.calls)-1]; got != "down route=keep" {

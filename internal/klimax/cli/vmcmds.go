@@ -106,7 +106,7 @@ func destroyCmd(app *App) *cobra.Command {
 					if existing, err := m.Existing(cmd.Context()); err == nil {
 						var kept []string
 						for name, n := range existing {
-							if _, ours := n.Slot(); !ours {
+							if !m.Owned(cmd.Context(), n) {
 								kept = append(kept, name)
 								continue
 							}
@@ -171,7 +171,7 @@ func (app *App) stopClustersForDown(cmd *cobra.Command) error {
 	}
 	var names, kept []string
 	for name, n := range existing {
-		if _, ours := n.Slot(); !ours {
+		if !m.Owned(cmd.Context(), n) {
 			kept = append(kept, name)
 			continue
 		}

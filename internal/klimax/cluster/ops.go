@@ -259,3 +259,34 @@ func untar(r io.Reader, dir string) error {
 		}
 	}
 }
+
+// Owned reports whether klimax created the cluster of n, for the commands
+// that act on every cluster (destroy, down on a host, where the user's own
+// kind clusters share the engine). klimax's clusters publish their API on a
+// slot port, and their control-plane node carries klimax.dev/managed-by;
+// the label is checked when the API answers, so a user's cluster that
+// happens to use a port in 7001-7099 is not taken for klimax's. A cluster
+// whose API does not answer (stopped) is judged by its port alone.
+func (m *Manager) Owned(ctx context.Context, n NodeContainer) bool {
+	if _, ok := n.Slot(); !ok {
+		return false
+	}
+	if n.State != "running" {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	kc, err := m.kubeconfig(ctx, n.Cluster, false)
+	if err != nil {
+		return true
+	}
+	kube, err := m.NewKube(kc)
+	if err != nil {
+		return true
+	}
+	l, err := kube.NodeLabels(ctx)
+	if err != nil {
+		return true
+	}
+	return l[LabelManagedBy] == ManagedByValue
+}
