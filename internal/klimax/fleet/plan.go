@@ -184,7 +184,7 @@ func (p *Plan) Print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "Fleet %s (maxParallel %d, %s)\n", p.Fleet, p.MaxParallel, strategy)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CLUSTER\tACTION\tSLOT\tAPI\tSERVICES\tPODS\tDEPENDS ON\tNOTE")
+	fmt.Fprintln(tw, "CLUSTER\tACTION\tSLOT\tAPI\tSERVICES\tPODS\tWORKERS\tDEPENDS ON\tNOTE")
 	for _, it := range p.Items {
 		s, api, svc, pod := "-", "-", "-", "-"
 		if it.Slot.Valid() {
@@ -195,7 +195,11 @@ func (p *Plan) Print(w io.Writer) {
 		if deps == "" {
 			deps = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", it.Name, it.Action, s, api, svc, pod, deps, it.Note)
+		workers := "-"
+		if it.Action == ActCreate {
+			workers = fmt.Sprint(it.Workers)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", it.Name, it.Action, s, api, svc, pod, workers, deps, it.Note)
 	}
 	tw.Flush()
 	for _, wmsg := range p.Warnings {
