@@ -95,3 +95,16 @@ func TestIntegrationPruneMirrors(t *testing.T) {
 		t.Errorf("left %v", left)
 	}
 }
+
+// ImageExists (the `cluster load` pre-check) on the real engine.
+func TestIntegrationImageExists(t *testing.T) {
+	c := dockertest.Engine(t)
+	ref := "klimax-test-registry:" + dockertest.UniqueName("ie")
+	dockertest.RegistryImage(t, c, ref)
+	if ok, err := c.ImageExists(context.Background(), ref); !ok || err != nil {
+		t.Errorf("loaded image: %v %v", ok, err)
+	}
+	if ok, err := c.ImageExists(context.Background(), ref+"-missing"); ok || err != nil {
+		t.Errorf("missing image: %v %v", ok, err)
+	}
+}
