@@ -108,7 +108,14 @@ func (ls *Leases) Claim(ctx context.Context, o ClaimOptions) (*Lease, []string, 
 		}
 		o.Used = append(append([]Slot(nil), o.Used...), more...)
 	}
-	leased := ls.live()
+	claims := ls.live()
+	leased := map[Slot]string{}
+	for sl, c := range claims {
+		if c.Cluster == o.Cluster && o.Cluster != "" {
+			return nil, nil, fmt.Errorf("cluster %s is being created by another klimax command (pid %d) (fix: wait for it to finish)", c.Cluster, c.PID)
+		}
+		leased[sl] = fmt.Sprintf("cluster %s (klimax pid %d)", c.Cluster, c.PID)
+	}
 	s, skipped, err := pick(ctx, o, leased)
 	if err != nil {
 		return nil, skipped, err
@@ -134,8 +141,8 @@ func (ls *Leases) clock() time.Time {
 
 // live reads the claims of live processes (caller holds the lock) and
 // removes the others.
-func (ls *Leases) live() map[Slot]string {
-	out := map[Slot]string{}
+func (ls *Leases) live() map[Slot]claim {
+	out := map[Slot]claim{}
 	entries, _ := os.ReadDir(ls.Dir)
 	alive := ls.alive
 	if alive == nil {
@@ -155,7 +162,7 @@ func (ls *Leases) live() map[Slot]string {
 			os.Remove(p)
 			continue
 		}
-		out[Slot(v)] = fmt.Sprintf("cluster %s (klimax pid %d)", c.Cluster, c.PID)
+		out[Slot(v)] = c
 	}
 	return out
 }

@@ -135,6 +135,9 @@ func TestClaimStaleAndReleased(t *testing.T) {
 	if _, _, err := ls.Claim(context.Background(), ClaimOptions{Cluster: "d", Slot: 3}); err == nil || !strings.Contains(err.Error(), "being created by cluster busy") {
 		t.Errorf("pinned leased slot: %v", err)
 	}
+	if _, _, err := ls.Claim(context.Background(), ClaimOptions{Cluster: "busy"}); err == nil || !strings.Contains(err.Error(), "cluster busy is being created by another klimax command") {
+		t.Errorf("same cluster name claimed twice: %v", err)
+	}
 	l.Release()
 	l.Release()
 	l4, _, _ := ls.Claim(context.Background(), ClaimOptions{Cluster: "e"})
