@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -94,5 +96,26 @@ func TestGuestPortCheck(t *testing.T) {
 	}
 	if err := check(context.Background(), 7002); err != nil || strings.Join(got, " ") != "ss -Hltn sport = :7002" {
 		t.Errorf("free: %v %q", err, got)
+	}
+}
+
+// The guest check with the real ss (run here through the host driver's
+// runner, as it runs in the VM) against a real listener.
+func TestGuestPortCheckRealSS(t *testing.T) {
+	if _, err := exec.LookPath("ss"); err != nil {
+		t.Skip("no ss here")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	check := cluster.GuestPortCheck(vm.NewHost())
+	if err := check(context.Background(), port); err == nil || !strings.Contains(err.Error(), "127.0.0.1:"+strconv.Itoa(port)) {
+		t.Errorf("listening port: %v", err)
+	}
+	l.Close()
+	if err := check(context.Background(), port); err != nil {
+		t.Errorf("closed port: %v", err)
 	}
 }
