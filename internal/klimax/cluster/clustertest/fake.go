@@ -153,28 +153,35 @@ func (f *Kind) Run(ctx context.Context, argv []string, opts vm.RunOptions) (vm.R
 	case strings.HasPrefix(line, "kind get kubeconfig"):
 		c, ok := f.Clusters[name]
 		if !ok {
-			return exitErr(argv, fmt.Sprintf("ERROR: could not locate any control plane nodes for cluster named %q", name))
+			return exitErr(argv, fmt.Sprintf("ERROR: could not locate any control plane nodes for cluster named '%s'. Use the --name option to select a different cluster", name))
 		}
 		if c.State != "running" {
 			return exitErr(argv, fmt.Sprintf("ERROR: failed to get cluster internal kubeconfig: command \"docker exec --privileged %s cat /etc/kubernetes/admin.conf\" failed with error: exit status 1", c.Container))
 		}
 		return vm.Result{Stdout: []byte(Kubeconfig(name, c.APIPort))}, nil
 	case strings.HasPrefix(line, "kind load docker-image"):
-		nodes := f.nodesLocked(name)
-		if len(nodes) == 0 {
-			return exitErr(argv, fmt.Sprintf("ERROR: no nodes found for cluster %q", name))
-		}
-		if len(argv) < 6 || argv[3] != "--name" {
-			return exitErr(argv, "ERROR: requires at least 1 arg(s), only received 0")
+		// Messages and their order as kind v0.31.0: flags, images present
+		// in the engine, then the cluster's nodes.
+		if len(argv) < 5 || argv[3] != "--name" {
+			return exitErr(argv, "fake kind: use kind load docker-image --name <name> <image>...")
 		}
 		images := argv[5:]
 		for _, img := range images {
 			if strings.HasPrefix(img, "-") {
 				return exitErr(argv, "ERROR: unknown flag: "+img)
 			}
+		}
+		if len(images) == 0 {
+			return exitErr(argv, "ERROR: a list of image names is required")
+		}
+		for _, img := range images {
 			if !f.Images[img] {
 				return exitErr(argv, fmt.Sprintf("ERROR: image: %q not present locally", img))
 			}
+		}
+		nodes := f.nodesLocked(name)
+		if len(nodes) == 0 {
+			return exitErr(argv, fmt.Sprintf("ERROR: no nodes found for cluster %q", name))
 		}
 		for _, n := range nodes {
 			if n.State != "running" {
