@@ -1,17 +1,20 @@
 package cluster_test
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 	kubeletoptions "k8s.io/kubernetes/cmd/kubelet/app/options"
 
 	"github.com/k3sm-dev/k3sm/internal/klimax/cluster"
 	"github.com/k3sm-dev/k3sm/internal/klimax/cluster/clustertest"
+	"github.com/k3sm-dev/k3sm/internal/klimax/vm"
 )
 
 // The golden kind configs, and every config klimax renders, pass the
@@ -96,4 +99,32 @@ func TestCreateRefusesLabelsTheKubeletRefuses(t *testing.T) {
 			t.Errorf("%+v: commands ran: %q", tc.o, calls)
 		}
 	}
+}
+
+// The regression itself: a node labelled app.kubernetes.io/managed-by (what
+// klimax rendered before) is refused by the fake exactly as by the kubelet,
+// and nothing is left behind.
+func TestFakeKindRefusesTheOldManagedByLabel(t *testing.T) {
+	kc, err := cluster.KindConfig(cluster.Spec{Name: "dev", Slot: 1, NodeVersion: "v1.35.0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc.Nodes[0].Labels["app.kubernetes.io/managed-by"] = "klimax"
+	err = clustertest.KubeletAccepts(*kc)
+	if err == nil || !strings.Contains(err.Error(), "unknown 'kubernetes.io' or 'k8s.io' labels specified with --node-labels: [app.kubernetes.io/managed-by]") {
+		t.Fatalf("kubelet check: %v", err)
+	}
+	e := newEnv(t)
+	cfg, _ := kc.Render()
+	_, err = e.Kind.Run(context.Background(), []string{"kind", "create", "cluster", "--name", "dev", "--config", "-"}, vmOpts(cfg))
+	if err == nil || !strings.Contains(err.Error(), "failed to init node with kubeadm") {
+		t.Errorf("fake kind create: %v", err)
+	}
+	if ex, _ := e.M.Existing(context.Background()); len(ex) != 0 {
+		t.Errorf("a refused create left %v", ex)
+	}
+}
+
+func vmOpts(stdin []byte) vm.RunOptions {
+	return vm.RunOptions{Timeout: time.Minute, Stdin: bytes.NewReader(stdin)}
 }
