@@ -106,8 +106,11 @@ func destroyCmd(app *App) *cobra.Command {
 					if existing, err := m.Existing(cmd.Context()); err == nil {
 						var kept []string
 						for name, n := range existing {
-							if !m.Owned(cmd.Context(), n) {
+							if ours, err := m.Owned(cmd.Context(), n); !ours {
 								kept = append(kept, name)
+								if err != nil {
+									fmt.Fprintln(app.Err, "warning: "+err.Error())
+								}
 								continue
 							}
 							if err := m.Delete(cmd.Context(), name); err != nil {
@@ -171,8 +174,13 @@ func (app *App) stopClustersForDown(cmd *cobra.Command) error {
 	}
 	var names, kept []string
 	for name, n := range existing {
-		if !m.Owned(cmd.Context(), n) {
-			kept = append(kept, name)
+		if ours, err := m.Owned(cmd.Context(), n); !ours {
+			if n.State == "running" {
+				kept = append(kept, name)
+			}
+			if err != nil {
+				fmt.Fprintln(app.Err, "warning: "+err.Error())
+			}
 			continue
 		}
 		if n.State == "running" {

@@ -3,7 +3,6 @@ package cluster_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/netip"
 	"path/filepath"
 	"strconv"
@@ -18,7 +17,6 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/klimax/cluster"
 	"github.com/k3sm-dev/k3sm/internal/klimax/cluster/clustertest"
 	"github.com/k3sm-dev/k3sm/internal/klimax/config"
-	"github.com/k3sm-dev/k3sm/internal/klimax/docker"
 	"github.com/k3sm-dev/k3sm/internal/klimax/docker/dockertest"
 	"github.com/k3sm-dev/k3sm/internal/klimax/vm"
 )
@@ -73,28 +71,6 @@ func (f runnerFunc) Run(ctx context.Context, argv []string, opts vm.RunOptions) 
 	return f(ctx, argv, opts)
 }
 
-// fakeKindNode runs a container labelled like a kind node of cluster.
-func fakeKindNode(t *testing.T, c *docker.Client, ref, cluster, role, ctr string, apiPort int) {
-	t.Helper()
-	ctx := context.Background()
-	cfg := &container.Config{Image: ref, Labels: map[string]string{"io.x-k8s.kind.cluster": cluster, "io.x-k8s.kind.role": role}}
-	hc := &container.HostConfig{}
-	if apiPort != 0 {
-		p := network.MustParsePort("6443/tcp")
-		cfg.ExposedPorts = network.PortSet{p: struct{}{}}
-		hc.PortBindings = network.PortMap{p: {{HostIP: netip.MustParseAddr("127.0.0.1"), HostPort: strconv.Itoa(apiPort)}}}
-	}
-	if _, err := c.API().ContainerCreate(ctx, client.ContainerCreateOptions{Name: ctr, Config: cfg, HostConfig: hc}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c.API().ContainerRemove(context.Background(), ctr, client.ContainerRemoveOptions{Force: true})
-	})
-	if _, err := c.API().ContainerStart(ctx, ctr, client.ContainerStartOptions{}); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestIntegrationStopStartNodes: `cluster stop` stops every node container
 // of the cluster on a real engine (and nothing else), `cluster start`
 // starts them again with the same published API port and waits for the API.
@@ -105,20 +81,10 @@ func TestIntegrationStopStartNodes(t *testing.T) {
 	name := dockertest.UniqueName("klimaxss")
 	other := dockertest.UniqueName("klimaxother")
 	// A slot port, so the cluster counts as klimax's (slot = port - 7000).
-	port := 0
-	for p := 7099; p > 7050; p-- {
-		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p)); err == nil {
-			l.Close()
-			port = p
-			break
-		}
-	}
-	if port == 0 {
-		t.Skip("no free slot port 7051-7099 on 127.0.0.1")
-	}
-	fakeKindNode(t, c, ref, name, "control-plane", name+"-control-plane", port)
-	fakeKindNode(t, c, ref, name, "worker", name+"-worker", 0)
-	fakeKindNode(t, c, ref, other, "control-plane", other+"-control-plane", dockertest.FreePort(t))
+	port := dockertest.FreeSlotPort(t)
+	dockertest.KindNode(t, c, ref, name, "control-plane", name+"-control-plane", port)
+	dockertest.KindNode(t, c, ref, name, "worker", name+"-worker", 0)
+	dockertest.KindNode(t, c, ref, other, "control-plane", other+"-control-plane", dockertest.FreePort(t))
 	ctx := context.Background()
 	inv := cluster.DockerInventory{}
 	nodes, err := inv.Nodes(ctx, name)
@@ -140,13 +106,7 @@ func TestIntegrationStopStartNodes(t *testing.T) {
 	if err != nil || len(stopped) != 2 {
 		t.Fatalf("stop: %v %v", stopped, err)
 	}
-	state := func(container string) string {
-		res, err := c.API().ContainerInspect(ctx, container, client.ContainerInspectOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(res.Container.State.Status)
-	}
+	state := func(ctr string) string { return dockertest.State(t, c, ctr) }
 	if state(name+"-control-plane") != "exited" || state(name+"-worker") != "exited" || state(other+"-control-plane") != "running" {
 		t.Errorf("after stop: %s %s, other %s", state(name+"-control-plane"), state(name+"-worker"), state(other+"-control-plane"))
 	}

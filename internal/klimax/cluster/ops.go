@@ -264,29 +264,34 @@ func untar(r io.Reader, dir string) error {
 // that act on every cluster (destroy, down on a host, where the user's own
 // kind clusters share the engine). klimax's clusters publish their API on a
 // slot port, and their control-plane node carries klimax.dev/managed-by;
-// the label is checked when the API answers, so a user's cluster that
-// happens to use a port in 7001-7099 is not taken for klimax's. A cluster
-// whose API does not answer (stopped) is judged by its port alone.
-func (m *Manager) Owned(ctx context.Context, n NodeContainer) bool {
+// for a running cluster the label is checked, so a user's cluster that
+// happens to use a port in 7001-7099 is not taken for klimax's, and when
+// the API does not answer the error says so and the cluster counts as not
+// klimax's (only what klimax made may go). A stopped cluster is judged by
+// its port.
+func (m *Manager) Owned(ctx context.Context, n NodeContainer) (bool, error) {
 	if _, ok := n.Slot(); !ok {
-		return false
+		return false, nil
 	}
 	if n.State != "running" {
-		return true
+		return true, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	unsure := func(err error) (bool, error) {
+		return false, fmt.Errorf("cluster %s: its API does not answer, so klimax cannot tell whether it made it (%v); if it did, remove it with klimax cluster delete %s", n.Cluster, err, n.Cluster)
+	}
 	kc, err := m.kubeconfig(ctx, n.Cluster, false)
 	if err != nil {
-		return true
+		return unsure(err)
 	}
 	kube, err := m.NewKube(kc)
 	if err != nil {
-		return true
+		return unsure(err)
 	}
 	l, err := kube.NodeLabels(ctx)
 	if err != nil {
-		return true
+		return unsure(err)
 	}
-	return l[LabelManagedBy] == ManagedByValue
+	return l[LabelManagedBy] == ManagedByValue, nil
 }

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -26,6 +27,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
 
 	"github.com/k3sm-dev/k3sm/internal/klimax/docker"
@@ -199,4 +202,54 @@ func FreeBridgeCIDR(t testing.TB, c *docker.Client) netip.Prefix {
 // UniqueName returns a name for test objects: prefix plus time and pid.
 func UniqueName(prefix string) string {
 	return strings.ToLower(fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), time.Now().UnixNano()%1e6))
+}
+
+// KindNode runs a container labelled like a kind node of cluster (kind's
+// io.x-k8s.kind.* labels), publishing 6443 on 127.0.0.1:apiPort when
+// apiPort is not 0; image is a long-running image (RegistryImage). It is
+// removed when the test ends.
+func KindNode(t testing.TB, c *docker.Client, image, cluster, role, name string, apiPort int) {
+	t.Helper()
+	ctx := context.Background()
+	cfg := &container.Config{Image: image, Labels: map[string]string{"io.x-k8s.kind.cluster": cluster, "io.x-k8s.kind.role": role}}
+	hc := &container.HostConfig{}
+	if apiPort != 0 {
+		p := network.MustParsePort("6443/tcp")
+		cfg.ExposedPorts = network.PortSet{p: struct{}{}}
+		hc.PortBindings = network.PortMap{p: {{HostIP: netip.MustParseAddr("127.0.0.1"), HostPort: strconv.Itoa(apiPort)}}}
+	}
+	if _, err := c.API().ContainerCreate(ctx, client.ContainerCreateOptions{Name: name, Config: cfg, HostConfig: hc}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.API().ContainerRemove(context.Background(), name, client.ContainerRemoveOptions{Force: true})
+	})
+	if _, err := c.API().ContainerStart(ctx, name, client.ContainerStartOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// FreeSlotPort returns a klimax slot API port (7051-7099, the high end, so
+// a developer's real klimax clusters in the low slots are not in the way)
+// free on 127.0.0.1, or skips the test.
+func FreeSlotPort(t testing.TB) int {
+	t.Helper()
+	for p := 7099; p > 7050; p-- {
+		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p)); err == nil {
+			l.Close()
+			return p
+		}
+	}
+	t.Skip("no free slot port 7051-7099 on 127.0.0.1")
+	return 0
+}
+
+// State returns a container's Docker state (running, exited, ...).
+func State(t testing.TB, c *docker.Client, name string) string {
+	t.Helper()
+	res, err := c.API().ContainerInspect(context.Background(), name, client.ContainerInspectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(res.Container.State.Status)
 }
