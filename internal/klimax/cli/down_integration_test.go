@@ -54,11 +54,9 @@ func TestIntegrationDownUpHostClusters(t *testing.T) {
 	prefix := fmt.Sprintf("kx%d-", dockertest.FreePort(t))
 	ours, theirs := prefix+"ours", prefix+"theirs"
 	stub := kindStub{}
-	stub[ours] = dockertest.FreeSlotPort(t)
-	dockertest.KindNode(t, c, image, ours, "control-plane", ours+"-control-plane", stub[ours])
+	stub[ours] = dockertest.KindControlPlaneOnSlotPort(t, c, image, ours, ours+"-control-plane")
 	dockertest.KindNode(t, c, image, ours, "worker", ours+"-worker", 0)
-	stub[theirs] = dockertest.FreeSlotPort(t)
-	dockertest.KindNode(t, c, image, theirs, "control-plane", theirs+"-control-plane", stub[theirs])
+	stub[theirs] = dockertest.KindControlPlaneOnSlotPort(t, c, image, theirs, theirs+"-control-plane")
 
 	kubes := clustertest.NewKubes()
 	api, _ := kubes.New([]byte(fmt.Sprintf("server: https://127.0.0.1:%d", stub[ours])))

@@ -81,8 +81,7 @@ func TestIntegrationStopStartNodes(t *testing.T) {
 	name := dockertest.UniqueName("klimaxss")
 	other := dockertest.UniqueName("klimaxother")
 	// A slot port, so the cluster counts as klimax's (slot = port - 7000).
-	port := dockertest.FreeSlotPort(t)
-	dockertest.KindNode(t, c, ref, name, "control-plane", name+"-control-plane", port)
+	port := dockertest.KindControlPlaneOnSlotPort(t, c, ref, name, name+"-control-plane")
 	dockertest.KindNode(t, c, ref, name, "worker", name+"-worker", 0)
 	dockertest.KindNode(t, c, ref, other, "control-plane", other+"-control-plane", dockertest.FreePort(t))
 	ctx := context.Background()

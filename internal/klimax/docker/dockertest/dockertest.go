@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand"
 	"net"
 	"net/netip"
 	"os"
@@ -210,6 +211,12 @@ func UniqueName(prefix string) string {
 // removed when the test ends.
 func KindNode(t testing.TB, c *docker.Client, image, cluster, role, name string, apiPort int) {
 	t.Helper()
+	if err := kindNode(t, c, image, cluster, role, name, apiPort); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func kindNode(t testing.TB, c *docker.Client, image, cluster, role, name string, apiPort int) error {
 	ctx := context.Background()
 	cfg := &container.Config{Image: image, Labels: map[string]string{"io.x-k8s.kind.cluster": cluster, "io.x-k8s.kind.role": role}}
 	hc := &container.HostConfig{}
@@ -219,25 +226,41 @@ func KindNode(t testing.TB, c *docker.Client, image, cluster, role, name string,
 		hc.PortBindings = network.PortMap{p: {{HostIP: netip.MustParseAddr("127.0.0.1"), HostPort: strconv.Itoa(apiPort)}}}
 	}
 	if _, err := c.API().ContainerCreate(ctx, client.ContainerCreateOptions{Name: name, Config: cfg, HostConfig: hc}); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	t.Cleanup(func() {
 		c.API().ContainerRemove(context.Background(), name, client.ContainerRemoveOptions{Force: true})
 	})
 	if _, err := c.API().ContainerStart(ctx, name, client.ContainerStartOptions{}); err != nil {
-		t.Fatal(err)
+		c.API().ContainerRemove(ctx, name, client.ContainerRemoveOptions{Force: true})
+		return err
 	}
+	return nil
 }
 
-// FreeSlotPort returns a klimax slot API port (7051-7099, the high end, so
-// a developer's real klimax clusters in the low slots are not in the way)
-// free on 127.0.0.1, or skips the test.
-func FreeSlotPort(t testing.TB) int {
+// KindControlPlaneOnSlotPort runs a kind-labelled control-plane container
+// publishing 6443 on a free klimax slot port (7051-7099, the high end, so a
+// developer's real clusters in the low slots are not in the way) and
+// returns the port. Ports are tried in random order and a port another
+// test process took between the check and the bind is skipped, so test
+// packages running at once do not collide. It skips the test when no slot
+// port is free.
+func KindControlPlaneOnSlotPort(t testing.TB, c *docker.Client, image, cluster, name string) int {
 	t.Helper()
-	for p := 7099; p > 7050; p-- {
-		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p)); err == nil {
-			l.Close()
+	ports := rand.Perm(49)
+	for _, i := range ports {
+		p := 7051 + i
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		err = kindNode(t, c, image, cluster, "control-plane", name, p)
+		if err == nil {
 			return p
+		}
+		if !strings.Contains(err.Error(), "already allocated") && !strings.Contains(err.Error(), "address already in use") {
+			t.Fatal(err)
 		}
 	}
 	t.Skip("no free slot port 7051-7099 on 127.0.0.1")
