@@ -15,7 +15,9 @@ import (
 
 	"github.com/k3sm-dev/k3sm/internal/klimax/cluster"
 	"github.com/k3sm-dev/k3sm/internal/klimax/config"
+	"github.com/k3sm-dev/k3sm/internal/klimax/docker"
 	"github.com/k3sm-dev/k3sm/internal/klimax/platform"
+	"github.com/k3sm-dev/k3sm/internal/klimax/slot"
 	"github.com/k3sm-dev/k3sm/internal/klimax/ui"
 	"github.com/k3sm-dev/k3sm/internal/klimax/vm"
 )
@@ -182,10 +184,23 @@ func (a *App) Clusters() (*cluster.Manager, error) {
 	if nr, ok := p.(interface{ NetworkReady(context.Context) error }); ok {
 		m.Preflight = nr.NetworkReady
 	}
+	dockerHost := p.DockerHost()
+	m.ImageExists = func(ctx context.Context, ref string) (bool, error) {
+		dc, err := docker.New(dockerHost)
+		if err != nil {
+			return false, err
+		}
+		defer dc.Close()
+		return dc.ImageExists(ctx, ref)
+	}
+	m.Leases = &slot.Leases{Dir: filepath.Join(a.klimaxHome(), "slots")}
 	if p.Driver().NeedsRoute() {
 		m.ListenAddress = "0.0.0.0" // reachable from the host through the VM's address
+		m.PortFree = cluster.GuestPortCheck(runner)
 	} else {
+		m.LocalMachine = true
 		m.ListenAddress = "127.0.0.1"
+		m.PortFree = cluster.LocalPortCheck(m.ListenAddress)
 		// Keep kind from editing the user's kubeconfig on a Linux host; klimax merges atomically.
 		m.KindKubeconfig = filepath.Join(a.klimaxHome(), "kind.kubeconfig")
 	}

@@ -293,6 +293,9 @@ func TestDestroyRemovesEverythingAndNeedsConfirmation(t *testing.T) {
 	// The user's own kind cluster on the same engine (kind picks a random
 	// API port, never a klimax slot port) and its context.
 	h.env.Kind.Clusters["mine"] = cluster.NodeContainer{Cluster: "mine", Container: "mine-control-plane", State: "running", APIPort: 43121}
+	// One the user made with apiServerPort 7005, a klimax slot port: its
+	// node has no klimax.dev/managed-by label, so it is not klimax's.
+	h.env.Kind.Clusters["mine2"] = cluster.NodeContainer{Cluster: "mine2", Container: "mine2-control-plane", State: "running", APIPort: 7005}
 	mineCtx := "apiVersion: v1\nkind: Config\nclusters:\n- name: kind-mine\n  cluster: {server: 'https://127.0.0.1:43121'}\nusers:\n- name: kind-mine\n  user: {token: t}\ncontexts:\n- name: kind-mine\n  context: {cluster: kind-mine, user: kind-mine}\n"
 	if _, err := kubeconfig.Merge(filepath.Join(h.home, ".kube", "config"), []byte(mineCtx), kubeconfig.MergeOptions{}); err != nil {
 		t.Fatal(err)
@@ -312,7 +315,7 @@ func TestDestroyRemovesEverythingAndNeedsConfirmation(t *testing.T) {
 	if _, ok := h.env.Kind.Clusters["dev"]; ok {
 		t.Error("host driver destroy left klimax's cluster")
 	}
-	if _, ok := h.env.Kind.Clusters["mine"]; !ok || len(h.env.Kind.Clusters) != 1 {
+	if _, ok := h.env.Kind.Clusters["mine"]; !ok || len(h.env.Kind.Clusters) != 2 || h.env.Kind.Clusters["mine2"].Cluster == "" {
 		t.Errorf("destroy deleted a kind cluster klimax did not create: %v", h.env.Kind.Clusters)
 	}
 	b, _ := os.ReadFile(filepath.Join(h.home, ".kube", "config"))
@@ -421,4 +424,118 @@ func TestLibraryLogsOnlyWithDebug(t *testing.T) {
 		t.Fatalf("with --debug: %q", buf.String())
 	}
 	quietLibraries(false, &buf)
+}
+
+// Labels the kubelet refuses are refused by `cluster create` naming the
+// flag and the fix, before kind runs (they used to surface as a kubeadm
+// timeout after 4 minutes).
+func TestCreateRefusesKubeletLabelsNamingTheFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"-l", "app.kubernetes.io/part-of=x"}, []string{"-l: label key \"app.kubernetes.io/part-of\"", "kubelet", "fix: use a key of your own domain, e.g. example.com/part-of"}},
+		{[]string{"--region", "eu west"}, []string{"--region", "fix:"}},
+		{[]string{"--zone", "-z"}, []string{"--zone", "fix:"}},
+	} {
+		h := newHarness(t)
+		_, errs, code := h.run("", false, append([]string{"cluster", "create", "dev"}, tc.args...)...)
+		if code == 0 {
+			t.Errorf("%v accepted", tc.args)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(errs, w) {
+				t.Errorf("%v: %q lacks %q", tc.args, errs, w)
+			}
+		}
+		if calls := h.env.Kind.Calls(); len(calls) != 0 {
+			t.Errorf("%v ran %q", tc.args, calls)
+		}
+	}
+}
+
+// down on the host driver stops klimax's clusters (not the user's own kind
+// clusters, not one the user stopped already) and up starts exactly those
+// again; before, down left every cluster running.
+func TestDownStopsHostClustersAndUpStartsThem(t *testing.T) {
+	h := newHarness(t)
+	for _, n := range []string{"dev", "stg", "idle"} {
+		if _, errs, code := h.run("", false, "cluster", "create", n); code != 0 {
+			t.Fatal(errs)
+		}
+	}
+	h.env.Kind.Clusters["mine"] = cluster.NodeContainer{Cluster: "mine", Container: "mine-control-plane", State: "running", APIPort: 43121}
+	h.env.Kind.Clusters["mine2"] = cluster.NodeContainer{Cluster: "mine2", Container: "mine2-control-plane", State: "running", APIPort: 7005}
+	if out, errs, code := h.run("", false, "cluster", "stop", "idle"); code != 0 || !strings.Contains(out, "cluster idle stopped") {
+		t.Fatalf("stop idle: %s %s", out, errs)
+	}
+	out, errs, code := h.run("", false, "down")
+	if code != 0 || !strings.Contains(out, "stopped cluster(s) dev, stg; klimax up starts them again") || !strings.Contains(out, "did not create: mine, mine2") {
+		t.Fatalf("down: %d %s %s", code, out, errs)
+	}
+	state := func(n string) string { return h.env.Kind.Clusters[n].State }
+	if state("dev") != "exited" || state("stg") != "exited" || state("mine") != "running" || state("mine2") != "running" {
+		t.Errorf("after down: dev %s stg %s mine %s", state("dev"), state("stg"), state("mine"))
+	}
+	if got := h.plat.calls[len(h.plat.calls)-1]; got != "down route=keep" {
+		t.Errorf("platform down not called: %v", h.plat.calls)
+	}
+	out, errs, code = h.run("", false, "up")
+	if code != 0 || !strings.Contains(out, "started cluster(s) dev, stg again") {
+		t.Fatalf("up: %d %s %s", code, out, errs)
+	}
+	if state("dev") != "running" || state("stg") != "running" || state("idle") != "exited" {
+		t.Errorf("after up: dev %s stg %s idle %s", state("dev"), state("stg"), state("idle"))
+	}
+	// The record is gone: a second up starts nothing.
+	if out, _, _ := h.run("", false, "up"); strings.Contains(out, "started") {
+		t.Errorf("second up: %s", out)
+	}
+}
+
+// The kind/k3d-style day-2 commands through the CLI, against the fake.
+func TestClusterDay2Commands(t *testing.T) {
+	h := newHarness(t)
+	out, errs, code := h.run("", false, "cluster", "create", "dev", "--workers", "2", "--wait", "1m")
+	if code != 0 {
+		t.Fatalf("create: %s %s", out, errs)
+	}
+	if len(h.env.Kind.Workers["dev"]) != 2 {
+		t.Errorf("workers: %+v", h.env.Kind.Workers)
+	}
+	for _, bad := range [][]string{{"--workers", "11"}, {"--workers", "-1"}, {"--wait", "-1s"}} {
+		_, errs, code := h.run("", false, append([]string{"cluster", "create", "x"}, bad...)...)
+		if code == 0 || !strings.Contains(errs, bad[0]) || !strings.Contains(errs, "fix:") {
+			t.Errorf("%v: %d %s", bad, code, errs)
+		}
+	}
+	h.env.Kind.Images["example.com/app:dev"] = true
+	if out, errs, code := h.run("", false, "cluster", "load", "dev", "example.com/app:dev"); code != 0 || !strings.Contains(out, "loaded example.com/app:dev into cluster dev") {
+		t.Errorf("load: %s %s", out, errs)
+	}
+	if _, errs, code := h.run("", false, "cluster", "load", "dev", "nope:1"); code == 0 || !strings.Contains(errs, "not in the machine's Docker engine") {
+		t.Errorf("load missing image: %s", errs)
+	}
+	if _, errs, code := h.run("", false, "cluster", "load", "ghost", "example.com/app:dev"); code == 0 || !strings.Contains(errs, "cluster not found: ghost") {
+		t.Errorf("load into unknown cluster: %s", errs)
+	}
+	dir := filepath.Join(h.home, "bug")
+	if out, errs, code := h.run("", false, "cluster", "logs", "dev", dir); code != 0 || !strings.Contains(out, dir) {
+		t.Errorf("logs: %s %s", out, errs)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "dev-control-plane", "kubelet.log")); err != nil {
+		t.Errorf("logs not written: %v", err)
+	}
+	if out, errs, code := h.run("", false, "cluster", "stop", "dev"); code != 0 || !strings.Contains(out, "dev-worker2, dev-worker, dev-control-plane") {
+		t.Errorf("stop: %s %s", out, errs)
+	}
+	if out, _, _ := h.run("", false, "cluster", "list"); !strings.Contains(out, "exited") {
+		t.Errorf("list after stop:\n%s", out)
+	}
+	if out, errs, code := h.run("", false, "cluster", "start", "dev"); code != 0 || !strings.Contains(out, "cluster dev is running") {
+		t.Errorf("start: %s %s", out, errs)
+	}
+	if _, errs, code := h.run("", false, "cluster", "start", "ghost"); code == 0 || !strings.Contains(errs, "not found") {
+		t.Errorf("start unknown: %s", errs)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -17,6 +18,7 @@ import (
 func clusterCmd(app *App) *cobra.Command {
 	c := &cobra.Command{Use: "cluster", Aliases: []string{"clusters"}, Short: "Create, delete, list and label kind clusters"}
 	c.AddCommand(clusterCreateCmd(app), clusterDeleteCmd(app), clusterListCmd(app), clusterLabelCmd(app),
+		clusterStopCmd(app), clusterStartCmd(app), clusterLoadCmd(app), clusterLogsCmd(app),
 		fleetCreateCmd(app, "apply", "Create the clusters of a Fleet manifest (same as fleet create)"), e2eCmd(app))
 	return c
 }
@@ -47,7 +49,8 @@ func completeClusters(app *App) func(*cobra.Command, []string, string) ([]string
 func clusterCreateCmd(app *App) *cobra.Command {
 	var region, zone, nodeVersion string
 	var labels []string
-	var num int
+	var num, workers int
+	var wait time.Duration
 	c := &cobra.Command{
 		Use:   "create <name>",
 		Short: "Create a kind cluster in the next free slot",
@@ -63,12 +66,33 @@ func clusterCreateCmd(app *App) *cobra.Command {
 			if len(rm) > 0 {
 				return fmt.Errorf("-l %s-: removing labels makes no sense on create", rm[0])
 			}
+			// kind hands these to the kubelet as --node-labels: check them
+			// as the kubelet will, naming the flag, before anything runs.
+			if err := cluster.ValidateNodeLabels("-l", set); err != nil {
+				return err
+			}
+			if region != "" {
+				if err := cluster.ValidateNodeLabel("--region", cluster.LabelRegion, region); err != nil {
+					return err
+				}
+			}
+			if zone != "" {
+				if err := cluster.ValidateNodeLabel("--zone", cluster.LabelZone, zone); err != nil {
+					return err
+				}
+			}
+			if err := cluster.ValidateWorkers("--workers", workers); err != nil {
+				return err
+			}
+			if wait < 0 {
+				return fmt.Errorf("--wait %s is negative (fix: use e.g. --wait 5m)", wait)
+			}
 			m, err := app.Clusters()
 			if err != nil {
 				return err
 			}
 			info, err := m.Create(cmd.Context(), cluster.CreateOptions{Name: args[0], Region: region, Zone: zone,
-				Labels: set, NodeVersion: nodeVersion, Slot: slotOf(num)})
+				Labels: set, NodeVersion: nodeVersion, Slot: slotOf(num), Workers: workers, Wait: wait})
 			if err != nil {
 				return err
 			}
@@ -81,7 +105,105 @@ func clusterCreateCmd(app *App) *cobra.Command {
 	c.Flags().StringArrayVarP(&labels, "label", "l", nil, "node label key=value (repeatable)")
 	c.Flags().StringVar(&nodeVersion, "node-version", "", "kindest/node tag (default kind.nodeVersion from the config)")
 	c.Flags().IntVar(&num, "num", 0, "pin the slot number 1-99 (default: lowest free)")
+	c.Flags().IntVar(&workers, "workers", 0, fmt.Sprintf("worker nodes besides the control plane (0-%d)", cluster.MaxWorkers))
+	c.Flags().DurationVar(&wait, "wait", 0, "wait up to this long until every node and kube-system pod is Ready (e.g. 5m; default: do not wait)")
 	return c
+}
+
+func clusterStopCmd(app *App) *cobra.Command {
+	return &cobra.Command{
+		Use:               "stop <name>",
+		Short:             "Stop the cluster's node containers (slot, files and state are kept; start it again with cluster start)",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeClusters(app),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := app.Clusters()
+			if err != nil {
+				return err
+			}
+			stopped, err := m.Stop(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if len(stopped) == 0 {
+				fmt.Fprintf(app.Out, "cluster %s was already stopped\n", args[0])
+				return nil
+			}
+			fmt.Fprintf(app.Out, "cluster %s stopped (%s); start it with: klimax cluster start %s\n", args[0], strings.Join(stopped, ", "), args[0])
+			return nil
+		},
+	}
+}
+
+func clusterStartCmd(app *App) *cobra.Command {
+	var wait time.Duration
+	c := &cobra.Command{
+		Use:               "start <name>",
+		Short:             "Start a stopped cluster's node containers and wait for its API, nodes and system pods",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeClusters(app),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if wait <= 0 {
+				return fmt.Errorf("--wait %s: use a positive duration, e.g. --wait 3m", wait)
+			}
+			m, err := app.Clusters()
+			if err != nil {
+				return err
+			}
+			if err := m.Start(cmd.Context(), args[0], wait); err != nil {
+				return err
+			}
+			fmt.Fprintf(app.Out, "cluster %s is running\n", args[0])
+			return nil
+		},
+	}
+	c.Flags().DurationVar(&wait, "wait", cluster.DefaultStartWait, "how long to wait for the API, nodes and kube-system pods")
+	return c
+}
+
+func clusterLoadCmd(app *App) *cobra.Command {
+	return &cobra.Command{
+		Use:               "load <name> <image>...",
+		Short:             "Load images from the machine's Docker engine into every node (kind load docker-image)",
+		Args:              cobra.MinimumNArgs(2),
+		ValidArgsFunction: completeClusters(app),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, err := app.Clusters()
+			if err != nil {
+				return err
+			}
+			if err := m.Load(cmd.Context(), args[0], args[1:]); err != nil {
+				return err
+			}
+			fmt.Fprintf(app.Out, "loaded %s into cluster %s\n", strings.Join(args[1:], ", "), args[0])
+			return nil
+		},
+	}
+}
+
+func clusterLogsCmd(app *App) *cobra.Command {
+	return &cobra.Command{
+		Use:               "logs <name> [dir]",
+		Short:             "Export node and component logs for a bug report (kind export logs; default dir ./klimax-logs-<name>-<time>)",
+		Args:              cobra.RangeArgs(1, 2),
+		ValidArgsFunction: completeClusters(app),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			dir := ""
+			if len(args) == 2 {
+				dir = args[1]
+			}
+			m, err := app.Clusters()
+			if err != nil {
+				return err
+			}
+			out, err := m.Logs(cmd.Context(), args[0], dir)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(app.Out, "logs of cluster %s written to %s\n", args[0], out)
+			return nil
+		},
+	}
 }
 
 func clusterDeleteCmd(app *App) *cobra.Command {

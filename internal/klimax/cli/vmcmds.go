@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/k3sm-dev/k3sm/internal/klimax/cluster"
+	"github.com/k3sm-dev/k3sm/internal/klimax/config"
 	"github.com/k3sm-dev/k3sm/internal/klimax/platform"
 	"github.com/k3sm-dev/k3sm/internal/klimax/ui"
 	"github.com/k3sm-dev/k3sm/internal/kubeconfig"
@@ -31,6 +32,11 @@ func upCmd(app *App) *cobra.Command {
 			if err := p.Up(cmd.Context(), app.Progress().Step); err != nil {
 				return err
 			}
+			if !p.Driver().NeedsRoute() {
+				if err := app.restartDownedClusters(cmd); err != nil {
+					return err
+				}
+			}
 			fmt.Fprintln(app.Out, "klimax is up; create a cluster with: klimax cluster create <name>")
 			return nil
 		},
@@ -43,12 +49,20 @@ func downCmd(app *App) *cobra.Command {
 	var removeRoute bool
 	c := &cobra.Command{
 		Use:   "down",
-		Short: "Stop the VM (clusters and caches are kept)",
+		Short: "Stop the VM, or on a host klimax's clusters and mirrors (everything is kept; klimax up starts it again)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p, err := app.Platform()
 			if err != nil {
 				return err
+			}
+			// A VM takes its clusters down with it. On a host nothing does:
+			// stop klimax's clusters' node containers (never the user's
+			// own kind clusters) and remember them for the next up.
+			if !p.Driver().NeedsRoute() {
+				if err := app.stopClustersForDown(cmd); err != nil {
+					return err
+				}
 			}
 			done := app.Progress().Step("stop")
 			err = p.Down(cmd.Context(), removeRoute)
@@ -92,8 +106,11 @@ func destroyCmd(app *App) *cobra.Command {
 					if existing, err := m.Existing(cmd.Context()); err == nil {
 						var kept []string
 						for name, n := range existing {
-							if _, ours := n.Slot(); !ours {
+							if ours, err := m.Owned(cmd.Context(), n); !ours {
 								kept = append(kept, name)
+								if err != nil {
+									fmt.Fprintln(app.Err, "warning: "+err.Error())
+								}
 								continue
 							}
 							if err := m.Delete(cmd.Context(), name); err != nil {
@@ -113,11 +130,137 @@ func destroyCmd(app *App) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := os.Remove(app.downedFile()); err != nil && !os.IsNotExist(err) {
+				return err
+			}
 			return app.forgetAllKubeconfigs()
 		},
 	}
 	c.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation")
 	return c
+}
+
+// downedFile lists the clusters `down` stopped on a host, one per line, so
+// `up` starts exactly those again (a cluster stopped with `cluster stop`
+// stays stopped).
+func (app *App) downedFile() string { return filepath.Join(app.klimaxHome(), "stopped-by-down") }
+
+func (app *App) readDowned() []string {
+	data, err := os.ReadFile(app.downedFile())
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if l = strings.TrimSpace(l); l != "" && cluster.ValidateName(l) == nil {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func (app *App) stopClustersForDown(cmd *cobra.Command) error {
+	m, err := app.Clusters()
+	if err != nil {
+		return err
+	}
+	existing, err := m.Existing(cmd.Context())
+	if err != nil {
+		return nil // no engine answers: nothing runs; the platform's down says so
+	}
+	downed := map[string]bool{}
+	for _, n := range app.readDowned() {
+		downed[n] = true
+	}
+	var names, kept []string
+	for name, n := range existing {
+		if ours, err := m.Owned(cmd.Context(), n); !ours {
+			if n.State == "running" {
+				kept = append(kept, name)
+			}
+			if err != nil {
+				fmt.Fprintln(app.Err, "warning: "+err.Error())
+			}
+			continue
+		}
+		if n.State == "running" {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	var stopped []string
+	var errs []error
+	for _, name := range names {
+		if _, err := m.Stop(cmd.Context(), name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		downed[name] = true
+		stopped = append(stopped, name)
+	}
+	if len(downed) > 0 {
+		var all []string
+		for n := range downed {
+			all = append(all, n)
+		}
+		sort.Strings(all)
+		if err := os.MkdirAll(app.klimaxHome(), 0o700); err != nil {
+			return err
+		}
+		if err := config.WriteFileAtomic(app.downedFile(), []byte(strings.Join(all, "\n")+"\n"), 0o600); err != nil {
+			return err
+		}
+	}
+	if len(stopped) > 0 {
+		fmt.Fprintf(app.Out, "stopped cluster(s) %s; klimax up starts them again\n", strings.Join(stopped, ", "))
+	}
+	if len(kept) > 0 {
+		sort.Strings(kept)
+		fmt.Fprintf(app.Out, "left running: kind cluster(s) klimax did not create: %s\n", strings.Join(kept, ", "))
+	}
+	return errors.Join(errs...)
+}
+
+// restartDownedClusters starts the clusters the last `down` stopped and
+// waits for each; the record is removed once all of them run (or are gone).
+func (app *App) restartDownedClusters(cmd *cobra.Command) error {
+	names := app.readDowned()
+	if len(names) == 0 {
+		return nil
+	}
+	m, err := app.Clusters()
+	if err != nil {
+		return err
+	}
+	existing, err := m.Existing(cmd.Context())
+	if err != nil {
+		return err
+	}
+	var started []string
+	var errs []error
+	var left []string
+	for _, name := range names {
+		if _, ok := existing[name]; !ok {
+			continue // deleted meanwhile
+		}
+		if err := m.Start(cmd.Context(), name, cluster.DefaultStartWait); err != nil {
+			errs = append(errs, err)
+			left = append(left, name)
+			continue
+		}
+		started = append(started, name)
+	}
+	if len(left) == 0 {
+		if err := os.Remove(app.downedFile()); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+	} else if err := config.WriteFileAtomic(app.downedFile(), []byte(strings.Join(left, "\n")+"\n"), 0o600); err != nil {
+		return err
+	}
+	if len(started) > 0 {
+		fmt.Fprintf(app.Out, "started cluster(s) %s again\n", strings.Join(started, ", "))
+	}
+	return errors.Join(errs...)
 }
 
 // forgetAllKubeconfigs removes every per-cluster kubeconfig file and its

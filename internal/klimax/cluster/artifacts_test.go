@@ -178,3 +178,12 @@ func TestValidateNameAndLabels(t *testing.T) {
 		}
 	}
 }
+
+func TestIsKubernetesLabel(t *testing.T) {
+	for k, want := range map[string]bool{"kubernetes.io/x": true, "app.kubernetes.io/x": true, "k8s.io/x": true, "x.k8s.io/y": true,
+		"notkubernetes.io/x": false, "example.com/x": false, "team": false, "kubernetes.io.example.com/x": false} {
+		if got := IsKubernetesLabel(k); got != want {
+			t.Errorf("%s: %v", k, got)
+		}
+	}
+}

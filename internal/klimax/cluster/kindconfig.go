@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"net/netip"
+	"strings"
 
 	"go.yaml.in/yaml/v3"
 
@@ -48,6 +49,8 @@ type Spec struct {
 	Fleet       string
 	DependsOn   []string
 	Labels      map[string]string
+	// Workers is the number of worker nodes (0 = the control plane only).
+	Workers int
 	// ListenAddress is where the API server port is published in the guest
 	// (0.0.0.0 in a VM so the host reaches it, 127.0.0.1 on a Linux host).
 	ListenAddress string
@@ -79,6 +82,32 @@ func (s Spec) NodeLabels() map[string]string {
 	return l
 }
 
+// WorkerLabels are the Kubernetes labels of each worker node: the node
+// labels without the control plane's ingress-ready and dependency records
+// (klimax reads those from the control plane only).
+func (s Spec) WorkerLabels() map[string]string {
+	l := s.NodeLabels()
+	delete(l, LabelIngress)
+	for k := range l {
+		if strings.HasPrefix(k, DepLabelPrefix) {
+			delete(l, k)
+		}
+	}
+	return l
+}
+
+// MaxWorkers bounds worker nodes per cluster: each is a full node container
+// (kubelet, containerd) on the one machine.
+const MaxWorkers = 10
+
+// ValidateWorkers checks a worker count; field names where it came from.
+func ValidateWorkers(field string, n int) error {
+	if n < 0 || n > MaxWorkers {
+		return fmt.Errorf("%s: %d worker nodes is out of range (fix: use 0-%d; 0 = a single control-plane node)", field, n, MaxWorkers)
+	}
+	return nil
+}
+
 // containerdCertsPatch points containerd's CRI registry config at certs.d,
 // where klimax writes one hosts.toml per mirror.
 const containerdCertsPatch = `[plugins."io.containerd.grpc.v1.cri".registry]
@@ -91,6 +120,9 @@ func KindConfig(s Spec) (*KindCluster, error) {
 	}
 	if !s.Slot.Valid() {
 		return nil, fmt.Errorf("slot %d out of range 1-99", s.Slot)
+	}
+	if err := ValidateWorkers("workers", s.Workers); err != nil {
+		return nil, err
 	}
 	sans := []string{"127.0.0.1"}
 	if s.APIHost != "" {
@@ -110,6 +142,15 @@ func KindConfig(s Spec) (*KindCluster, error) {
 	for _, a := range sans {
 		fmt.Fprintf(&san, "  - %q\n", a)
 	}
+	nodes := []KindNode{{
+		Role:                 "control-plane",
+		Image:                "kindest/node:" + s.NodeVersion,
+		Labels:               s.NodeLabels(),
+		KubeadmConfigPatches: []string{san.String()},
+	}}
+	for i := 0; i < s.Workers; i++ {
+		nodes = append(nodes, KindNode{Role: "worker", Image: "kindest/node:" + s.NodeVersion, Labels: s.WorkerLabels()})
+	}
 	return &KindCluster{
 		Kind:       "Cluster",
 		APIVersion: "kind.x-k8s.io/v1alpha4",
@@ -121,12 +162,7 @@ func KindConfig(s Spec) (*KindCluster, error) {
 			ServiceSubnet:    s.Slot.ServiceSubnet().String(),
 		},
 		ContainerdConfigPatches: []string{containerdCertsPatch},
-		Nodes: []KindNode{{
-			Role:                 "control-plane",
-			Image:                "kindest/node:" + s.NodeVersion,
-			Labels:               s.NodeLabels(),
-			KubeadmConfigPatches: []string{san.String()},
-		}},
+		Nodes:                   nodes,
 	}, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -39,6 +40,10 @@ type Kube interface {
 	LabelNode(ctx context.Context, set map[string]string, remove []string) error
 	// LoadBalancerIP waits for a Service's LoadBalancer ingress IP.
 	LoadBalancerIP(ctx context.Context, namespace, name string) (string, error)
+	// WaitReady waits until the API answers, every node is Ready and every
+	// kube-system pod is Ready (or Succeeded); on ctx end the error names
+	// what is not ready.
+	WaitReady(ctx context.Context) error
 }
 
 // ClientKube is Kube over client-go.
@@ -252,4 +257,57 @@ func (k *ClientKube) LoadBalancerIP(ctx context.Context, ns, name string) (strin
 		return fmt.Errorf("service %s/%s has no LoadBalancer IP yet", ns, name)
 	})
 	return ip, err
+}
+
+func (k *ClientKube) WaitReady(ctx context.Context) error {
+	return k.retry(ctx, func() error { return k.notReady(ctx) })
+}
+
+// notReady returns nil when every node and kube-system pod is ready, else
+// an error naming those that are not.
+func (k *ClientKube) notReady(ctx context.Context) error {
+	nodes, err := k.Clientset.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("API not answering: %w", err)
+	}
+	var waiting []string
+	if len(nodes.Items) == 0 {
+		waiting = append(waiting, "no node registered")
+	}
+	for _, n := range nodes.Items {
+		if !conditionTrue(n.Status.Conditions, corev1.NodeReady) {
+			waiting = append(waiting, "node "+n.Name)
+		}
+	}
+	pods, err := k.Clientset.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("API not answering: %w", err)
+	}
+	for _, p := range pods.Items {
+		if p.Status.Phase == corev1.PodSucceeded {
+			continue
+		}
+		ready := false
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				ready = true
+			}
+		}
+		if !ready {
+			waiting = append(waiting, "pod kube-system/"+p.Name)
+		}
+	}
+	if len(waiting) > 0 {
+		return fmt.Errorf("not ready: %s", strings.Join(waiting, ", "))
+	}
+	return nil
+}
+
+func conditionTrue(cs []corev1.NodeCondition, t corev1.NodeConditionType) bool {
+	for _, c := range cs {
+		if c.Type == t {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }

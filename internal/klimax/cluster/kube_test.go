@@ -137,3 +137,46 @@ func TestClientKubeApplyOverHTTP(t *testing.T) {
 		t.Errorf("unknown kind: %v", err)
 	}
 }
+
+// WaitReady waits for every node and kube-system pod (completed pods are
+// fine) and, when time runs out, names what is not ready.
+func TestClientKubeWaitReady(t *testing.T) {
+	ready := corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}
+	podReady := corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+	cs := fake.NewSimpleClientset(
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dev-control-plane"}, Status: ready},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dev-worker"}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "coredns-1", Namespace: "kube-system"}, Status: corev1.PodStatus{Phase: corev1.PodPending}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "etcd", Namespace: "kube-system"}, Status: podReady},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "job-done", Namespace: "kube-system"}, Status: corev1.PodStatus{Phase: corev1.PodSucceeded}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "app", Namespace: "default"}},
+	)
+	k := &ClientKube{Clientset: cs, RetryEvery: 10 * time.Millisecond}
+	short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	err := k.WaitReady(short)
+	if err == nil || !strings.Contains(err.Error(), "node dev-worker") || !strings.Contains(err.Error(), "pod kube-system/coredns-1") ||
+		strings.Contains(err.Error(), "etcd") || strings.Contains(err.Error(), "job-done") || strings.Contains(err.Error(), "app") {
+		t.Fatalf("not ready: %v", err)
+	}
+	ctx, c2 := context.WithTimeout(context.Background(), 5*time.Second)
+	defer c2()
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		n, _ := cs.CoreV1().Nodes().Get(ctx, "dev-worker", metav1.GetOptions{})
+		n.Status = ready
+		cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		p, _ := cs.CoreV1().Pods("kube-system").Get(ctx, "coredns-1", metav1.GetOptions{})
+		p.Status = podReady
+		cs.CoreV1().Pods("kube-system").UpdateStatus(ctx, p, metav1.UpdateOptions{})
+	}()
+	if err := k.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	empty := &ClientKube{Clientset: fake.NewSimpleClientset(), RetryEvery: 10 * time.Millisecond}
+	s2, c3 := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer c3()
+	if err := empty.WaitReady(s2); err == nil || !strings.Contains(err.Error(), "no node registered") {
+		t.Errorf("no nodes: %v", err)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -67,6 +68,18 @@ type Manager struct {
 	// Preflight, when set, must pass before kind creates anything (the
 	// platform checks that `klimax up` made the network).
 	Preflight func(ctx context.Context) error
+	// ImageExists, when set, reports whether the machine's Docker engine
+	// has an image (checked before `kind load docker-image`).
+	ImageExists func(ctx context.Context, ref string) (bool, error)
+	// Leases records slot claims across klimax processes (nil: within
+	// this call only).
+	Leases *slot.Leases
+	// PortFree, when set, checks that a slot's API port is free on the
+	// machine before the slot is used.
+	PortFree slot.PortCheck
+	// LocalMachine is set when kind runs on this host (host driver), so a
+	// directory kind writes is directly ours.
+	LocalMachine bool
 }
 
 func (m *Manager) progress() Progress {
@@ -124,9 +137,12 @@ const DefaultMetricsServerVersion = "v0.8.0"
 
 // CreateOptions describe one cluster to create.
 type CreateOptions struct {
-	Name        string
-	Slot        slot.Slot // 0 = lowest free
-	NodeVersion string    // "" = config kind.nodeVersion
+	Name string
+	Slot slot.Slot // 0 = lowest free
+	// SlotHint makes Slot a preference (a fleet's plan) rather than a pin:
+	// if it was taken meanwhile the lowest free slot is used.
+	SlotHint    bool
+	NodeVersion string // "" = config kind.nodeVersion
 	Region      string
 	Zone        string
 	Fleet       string
@@ -135,6 +151,50 @@ type CreateOptions struct {
 	// Mirrors selects registry mirrors by name; nil means all configured.
 	Mirrors       []string
 	MetricsServer MetricsServer
+	// Workers is the number of worker nodes (0..MaxWorkers).
+	Workers int
+	// Wait, when > 0, waits up to this long at the end until every node
+	// and kube-system pod is Ready.
+	Wait time.Duration
+}
+
+// Validate checks what becomes node labels the way the kubelet will (see
+// ValidateNodeLabel), before anything is created: a label the kubelet
+// refuses only shows after kubeadm's 4-minute wait otherwise.
+func (o CreateOptions) Validate() error {
+	var errs []string
+	keys := make([]string, 0, len(o.Labels))
+	for k := range o.Labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if Reserved(k) {
+			errs = append(errs, fmt.Sprintf("label %s is managed by klimax and cannot be set with -l or fleet labels (fix: remove it)", k))
+		} else if err := ValidateNodeLabel("label", k, o.Labels[k]); err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	if o.Region != "" {
+		if err := ValidateNodeLabel("region", LabelRegion, o.Region); err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	if o.Zone != "" {
+		if err := ValidateNodeLabel("zone", LabelZone, o.Zone); err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	if err := ValidateWorkers("workers", o.Workers); err != nil {
+		errs = append(errs, err.Error())
+	}
+	if o.Wait < 0 {
+		errs = append(errs, fmt.Sprintf("wait: %s is negative (fix: use e.g. 5m, or 0 not to wait)", o.Wait))
+	}
+	if len(errs) > 0 {
+		return errors.New(strings.Join(errs, "\n"))
+	}
+	return nil
 }
 
 // Existing returns the existing kind clusters keyed by name.
@@ -168,10 +228,8 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 	if err := ValidateName(o.Name); err != nil {
 		return nil, err
 	}
-	for k := range o.Labels {
-		if Reserved(k) {
-			return nil, fmt.Errorf("label %s is managed by klimax and cannot be set with -l", k)
-		}
+	if err := o.Validate(); err != nil {
+		return nil, fmt.Errorf("cluster %s: %w", o.Name, err)
 	}
 	mirrors, err := m.selectMirrors(o.Mirrors)
 	if err != nil {
@@ -189,14 +247,31 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 	if _, ok := existing[o.Name]; ok {
 		return nil, fmt.Errorf("cluster %q already exists (delete it first, or pick another name)", o.Name)
 	}
-	alloc := slot.NewAllocator(UsedSlots(existing))
-	s := o.Slot
-	if s != 0 {
-		if err := alloc.Reserve(s); err != nil {
-			return nil, fmt.Errorf("cluster %s: %w", o.Name, err)
-		}
-	} else if s, err = alloc.Next(); err != nil {
-		return nil, err
+	// The slot is claimed under a lock shared by every klimax command and
+	// recorded until kind has published its port, so concurrent creates
+	// never pick the same one; slots whose API port something else holds
+	// are skipped (or, pinned, refused).
+	lease, skipped, err := m.Leases.Claim(ctx, slot.ClaimOptions{Cluster: o.Name, Slot: o.Slot, Hint: o.SlotHint, PortFree: m.PortFree,
+		InUse: func(ctx context.Context) ([]slot.Slot, error) {
+			now, err := m.Existing(ctx)
+			if err != nil {
+				return nil, err
+			}
+			if _, ok := now[o.Name]; ok {
+				return nil, fmt.Errorf("cluster %q already exists (delete it first, or pick another name)", o.Name)
+			}
+			return UsedSlots(now), nil
+		}})
+	if err != nil {
+		return nil, fmt.Errorf("cluster %s: %w", o.Name, err)
+	}
+	defer lease.Release()
+	s := lease.Slot
+	if len(skipped) > 0 {
+		m.warnf("cluster %s: skipped slot(s) because other programs hold their API port (%s); using slot %d (API :%d)", o.Name, strings.Join(skipped, ", "), s, s.APIPort())
+	}
+	if o.SlotHint && o.Slot != 0 && s != o.Slot {
+		m.warnf("cluster %s: planned slot %d was taken meanwhile; using slot %d (API :%d)", o.Name, o.Slot, s, s.APIPort())
 	}
 	apiHost, err := m.APIHost(ctx)
 	if err != nil {
@@ -207,7 +282,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 		nodeVersion = m.Config.Kind.NodeVersion
 	}
 	spec := Spec{Name: o.Name, Slot: s, NodeVersion: nodeVersion, Region: o.Region, Zone: o.Zone,
-		Fleet: o.Fleet, DependsOn: o.DependsOn, Labels: o.Labels, ListenAddress: m.ListenAddress, APIHost: apiHost}
+		Fleet: o.Fleet, DependsOn: o.DependsOn, Labels: o.Labels, Workers: o.Workers, ListenAddress: m.ListenAddress, APIHost: apiHost}
 	kc, err := KindConfig(spec)
 	if err != nil {
 		return nil, err
@@ -228,7 +303,19 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 	}
 	if len(mirrors) > 0 {
 		if err := m.step(prefix+fmt.Sprintf("configure %d registry mirrors", len(mirrors)), func() error {
-			return m.writeHostsFiles(ctx, NodeName(o.Name), mirrors)
+			nodes, err := m.Inventory.Nodes(ctx, o.Name)
+			if err != nil {
+				return err
+			}
+			if len(nodes) != 1+o.Workers {
+				return fmt.Errorf("kind made %d node containers, want %d", len(nodes), 1+o.Workers)
+			}
+			for _, n := range nodes {
+				if err := m.writeHostsFiles(ctx, n.Container, mirrors); err != nil {
+					return err
+				}
+			}
+			return nil
 		}); err != nil {
 			return nil, leftover(err)
 		}
@@ -282,6 +369,16 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 			return err
 		}); err != nil {
 			return nil, leftover(err)
+		}
+	}
+	if o.Wait > 0 {
+		if err := m.step(prefix+fmt.Sprintf("wait up to %s for nodes and kube-system pods", o.Wait), func() error {
+			wctx, cancel := context.WithTimeout(ctx, o.Wait)
+			defer cancel()
+			return kube.WaitReady(wctx)
+		}); err != nil {
+			return nil, fmt.Errorf("cluster %s was created but is not ready after %s: %w\n(inspect it with kubectl --context %s get pods -A, or collect logs with klimax cluster logs %s)",
+				o.Name, o.Wait, err, ContextName(o.Name), o.Name)
 		}
 	}
 	return &Info{Name: o.Name, Slot: int(s), APIPort: s.APIPort(), State: "running", Reachable: true,

@@ -7,11 +7,17 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+	kubeletapis "k8s.io/kubelet/pkg/apis"
 )
 
-// Label keys klimax sets on every cluster's node.
+// Label keys klimax sets on every cluster's node. kind passes node labels to
+// the kubelet as --node-labels, and the kubelet refuses keys under
+// kubernetes.io / k8s.io outside its allowed set, so klimax's own keys live
+// under klimax.dev (app.kubernetes.io/managed-by made every real create fail).
+// Docker container labels are not restricted: docker.LabelManagedBy is a
+// different, Docker-level label.
 const (
-	LabelManagedBy = "app.kubernetes.io/managed-by"
+	LabelManagedBy = "klimax.dev/managed-by"
 	ManagedByValue = "klimax"
 	LabelFleet     = "klimax.dev/fleet"
 	LabelSlot      = "klimax.dev/slot"
@@ -93,6 +99,58 @@ func ParseLabels(args []string) (set map[string]string, remove []string, err err
 	}
 	sort.Strings(remove)
 	return set, remove, nil
+}
+
+// IsKubernetesLabel reports keys in the kubernetes.io or k8s.io namespaces
+// (or their subdomains), the ones the kubelet restricts. It is the kubelet's
+// own rule (k8s.io/kubernetes/cmd/kubelet/app/options, unexported there);
+// the allowed set comes from k8s.io/kubelet/pkg/apis.
+func IsKubernetesLabel(key string) bool {
+	ns, _, ok := strings.Cut(key, "/")
+	if !ok {
+		return false
+	}
+	return ns == "kubernetes.io" || strings.HasSuffix(ns, ".kubernetes.io") ||
+		ns == "k8s.io" || strings.HasSuffix(ns, ".k8s.io")
+}
+
+// ValidateNodeLabel checks one node label the way the kubelet checks
+// --node-labels (kind passes node labels that way): key and value syntax,
+// and no kubernetes.io / k8s.io key outside the kubelet's allowed set. field
+// names where the label came from (e.g. "-l", "--region",
+// "spec.clusters[0].labels"); the error names it and the fix.
+func ValidateNodeLabel(field, key, value string) error {
+	if errs := validation.IsQualifiedName(key); len(errs) > 0 {
+		return fmt.Errorf("%s: label key %q: %s (fix: use name or prefix/name, e.g. team or example.com/team)", field, key, strings.Join(errs, "; "))
+	}
+	if errs := validation.IsValidLabelValue(value); len(errs) > 0 {
+		return fmt.Errorf("%s: label %s value %q: %s (fix: use at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)", field, key, value, strings.Join(errs, "; "))
+	}
+	if IsKubernetesLabel(key) && !kubeletapis.IsKubeletLabel(key) {
+		return fmt.Errorf("%s: label key %q is in the kubernetes.io/k8s.io namespace, which the kubelet refuses in --node-labels (only %s, or the prefixes %s) and the cluster would never start (fix: use a key of your own domain, e.g. example.com/%s)",
+			field, key, strings.Join(kubeletapis.KubeletLabels(), ", "), strings.Join(kubeletapis.KubeletLabelNamespaces(), ", "), key[strings.Index(key, "/")+1:])
+	}
+	return nil
+}
+
+// ValidateNodeLabels checks a set of labels (sorted, first problem each)
+// and returns every problem at once.
+func ValidateNodeLabels(field string, l map[string]string) error {
+	keys := make([]string, 0, len(l))
+	for k := range l {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var errs []string
+	for _, k := range keys {
+		if err := ValidateNodeLabel(field, k, l[k]); err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%s", strings.Join(errs, "\n"))
+	}
+	return nil
 }
 
 // Reserved reports label keys users may not set directly with -l because

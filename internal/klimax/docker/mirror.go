@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -153,6 +154,15 @@ func (c *Client) EnsureMirror(ctx context.Context, spec MirrorSpec) (bool, error
 	if err := c.ensureImage(ctx, spec.image()); err != nil {
 		return false, err
 	}
+	// An engine on this machine shares our network namespace: a port in
+	// use is found before anything is created.
+	if spec.PublishIP.IsValid() && c.host == "" {
+		l, err := net.Listen("tcp", spec.publish())
+		if err != nil {
+			return false, spec.portInUse(err)
+		}
+		l.Close()
+	}
 	port := network.MustParsePort(strconv.Itoa(spec.Port) + "/tcp")
 	cfg := &container.Config{
 		Image:        spec.image(),
@@ -182,9 +192,52 @@ func (c *Client) EnsureMirror(ctx context.Context, spec MirrorSpec) (bool, error
 		return false, fmt.Errorf("create mirror %s: %w", spec.Name, err)
 	}
 	if _, err := c.api.ContainerStart(ctx, spec.Name, client.ContainerStartOptions{}); err != nil {
-		return true, fmt.Errorf("start mirror %s: %w", spec.Name, err)
+		// Never leave a Created container behind: the next up would find
+		// it "current" and try to start it again forever.
+		if rerr := c.removeContainer(context.WithoutCancel(ctx), spec.Name); rerr != nil {
+			return true, fmt.Errorf("start mirror %s: %w (and %v)", spec.Name, err, rerr)
+		}
+		if isPortError(err) {
+			return false, spec.portInUse(err)
+		}
+		return false, fmt.Errorf("start mirror %s: %w", spec.Name, err)
 	}
 	return true, nil
+}
+
+// PortInUseError is a mirror whose host port something else holds.
+type PortInUseError struct {
+	Mirror string
+	Addr   string
+	Err    error
+}
+
+func (e *PortInUseError) Error() string {
+	return fmt.Sprintf("registry mirror %s: port %s is already in use (%v) (fix: stop what listens there, or give the mirror another port in registries.mirrors of ~/.klimax/config.yaml)", e.Mirror, e.Addr, e.Err)
+}
+
+func (e *PortInUseError) Unwrap() error { return e.Err }
+
+func (s MirrorSpec) portInUse(err error) error {
+	return &PortInUseError{Mirror: s.Name, Addr: s.publish(), Err: err}
+}
+
+// isPortError recognises the engine's refusal to publish a taken port.
+func isPortError(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "port is already allocated") || strings.Contains(msg, "address already in use")
+}
+
+// ImageExists reports whether the engine has the image ref.
+func (c *Client) ImageExists(ctx context.Context, ref string) (bool, error) {
+	_, err := c.api.ImageInspect(ctx, ref)
+	if err == nil {
+		return true, nil
+	}
+	if isNotFound(err) {
+		return false, nil
+	}
+	return false, fmt.Errorf("inspect image %s: %w", ref, err)
 }
 
 func (c *Client) ensureImage(ctx context.Context, ref string) error {
@@ -229,6 +282,31 @@ func (c *Client) ManagedMirrors(ctx context.Context, networkName string) ([]stri
 	}
 	sort.Strings(names)
 	return names, nil
+}
+
+// PruneMirrors removes klimax's mirror containers on networkName whose
+// names are not in keep (mirrors removed from the config); their cache
+// directories are kept. It returns the names removed.
+func (c *Client) PruneMirrors(ctx context.Context, networkName string, keep []string) ([]string, error) {
+	names, err := c.ManagedMirrors(ctx, networkName)
+	if err != nil {
+		return nil, err
+	}
+	wanted := map[string]bool{}
+	for _, k := range keep {
+		wanted[k] = true
+	}
+	var removed []string
+	for _, n := range names {
+		if wanted[n] {
+			continue
+		}
+		if err := c.RemoveMirror(ctx, n); err != nil {
+			return removed, err
+		}
+		removed = append(removed, n)
+	}
+	return removed, nil
 }
 
 // StopMirror stops a mirror container if it runs (the restart policy keeps

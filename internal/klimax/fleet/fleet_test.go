@@ -35,17 +35,20 @@ spec:
     addons:
       metricsServer: {enabled: true, version: v0.8.0, kubeletInsecureTLS: true}
     labels: {team: core, env: dev}
+    workers: 1
   clusters:
   - mgmt
   - name: app1
     dependsOn: [mgmt]
     num: 7
+    workers: 2
     nodeVersion: v1.35.0
     zone: eu-west-1b
     labels: {env: prod}
     registries: {mirrors: [registry-dockerio]}
   - name: app2
     dependsOn: [mgmt]
+    workers: 0
     registries: {mirrors: []}
     addons: {metricsServer: {enabled: false}}
 `
@@ -90,6 +93,10 @@ func TestInvalidManifests(t *testing.T) {
 		"negative parallel":   {head + "  maxParallel: -1\n  clusters: [a]\n", "spec.maxParallel"},
 		"reserved label":      {head + "  clusters:\n  - {name: a, labels: {klimax.dev/fleet: x}}\n", "spec.clusters[0].labels.klimax.dev/fleet"},
 		"bad label value":     {head + "  defaults: {labels: {k: 'a b'}}\n  clusters: [a]\n", "spec.defaults.labels.k"},
+		"kubelet label":       {head + "  clusters:\n  - {name: a, labels: {app.kubernetes.io/part-of: x}}\n", "spec.clusters[0].labels.app.kubernetes.io/part-of: the kubelet refuses"},
+		"kubelet default":     {head + "  defaults: {labels: {k8s.io/x: y}}\n  clusters: [a]\n", "fix: use a key of your own domain, e.g. example.com/x"},
+		"workers negative":    {head + "  clusters:\n  - {name: a, workers: -1}\n", "spec.clusters[0].workers: -1 worker nodes is out of range"},
+		"workers too many":    {head + "  defaults: {workers: 11}\n  clusters: [a]\n", "spec.defaults.workers"},
 		"bad zone":            {head + "  clusters:\n  - {name: a, zone: 'eu west'}\n", "spec.clusters[0].zone"},
 		"bad node version":    {head + "  clusters:\n  - {name: a, nodeVersion: 'v1;id'}\n", "spec.clusters[0].nodeVersion"},
 		"type mismatch":       {head + "  maxParallel: lots\n  clusters: [a]\n", "lots"},
@@ -239,6 +246,10 @@ func TestExecuteCreateAdditiveAndDeleteReverse(t *testing.T) {
 	for _, o := range fc.created {
 		if o.Name == "app1" && (o.Slot != 7 || !reflect.DeepEqual(o.DependsOn, []string{"mgmt"}) || !o.MetricsServer.Enabled) {
 			t.Errorf("app1 options %+v", o)
+		}
+		// workers: per cluster, else the default; an explicit 0 wins.
+		if want := map[string]int{"mgmt": 1, "app1": 2, "app2": 0}[o.Name]; o.Workers != want {
+			t.Errorf("%s workers %d, want %d", o.Name, o.Workers, want)
 		}
 	}
 	// Second apply is additive: nothing new.

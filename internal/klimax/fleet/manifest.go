@@ -58,6 +58,7 @@ type Defaults struct {
 	Registries  *Registries       `yaml:"registries" json:"registries,omitempty"`
 	Addons      *Addons           `yaml:"addons" json:"addons,omitempty"`
 	Labels      map[string]string `yaml:"labels" json:"labels,omitempty"`
+	Workers     *int              `yaml:"workers" json:"workers,omitempty"`
 }
 
 // Registries selects mirrors: Mirrors nil or ["*"] = all, [] = none, or names.
@@ -88,6 +89,8 @@ type ClusterEntry struct {
 	Labels      map[string]string `yaml:"labels" json:"labels,omitempty"`
 	Registries  *Registries       `yaml:"registries" json:"registries,omitempty"`
 	Addons      *Addons           `yaml:"addons" json:"addons,omitempty"`
+	// Workers is the number of worker nodes (default spec.defaults.workers, else 0).
+	Workers *int `yaml:"workers" json:"workers,omitempty"`
 }
 
 type plainEntry ClusterEntry
@@ -154,6 +157,7 @@ func (f *Fleet) Validate() error {
 		add("spec.strategy", fmt.Sprintf("unknown strategy %q", s), "use FailFast or ContinueOnError")
 	}
 	checkCommon(add, "spec.defaults", f.Spec.Defaults.NodeVersion, f.Spec.Defaults.Region, f.Spec.Defaults.Zone, f.Spec.Defaults.Labels, f.Spec.Defaults.Addons)
+	checkWorkers(add, "spec.defaults.workers", f.Spec.Defaults.Workers)
 	if len(f.Spec.Clusters) == 0 {
 		add("spec.clusters", "no clusters", "list at least one cluster name")
 	}
@@ -178,6 +182,7 @@ func (f *Fleet) Validate() error {
 			}
 		}
 		checkCommon(add, p, c.NodeVersion, c.Region, c.Zone, c.Labels, c.Addons)
+		checkWorkers(add, p+".workers", c.Workers)
 	}
 	for i, c := range f.Spec.Clusters {
 		seen := map[string]bool{}
@@ -205,11 +210,18 @@ func (f *Fleet) Validate() error {
 	return nil
 }
 
+func checkWorkers(add func(string, string, string), field string, n *int) {
+	if n != nil && (*n < 0 || *n > cluster.MaxWorkers) {
+		add(field, fmt.Sprintf("%d worker nodes is out of range", *n), fmt.Sprintf("use 0-%d (0 = a single control-plane node)", cluster.MaxWorkers))
+	}
+}
+
 func checkCommon(add func(string, string, string), p, nodeVersion, region, zone string, labels map[string]string, addons *Addons) {
 	if nodeVersion != "" && !strings.HasPrefix(nodeVersion, "v") || strings.ContainsAny(nodeVersion, " /:;$") {
 		add(p+".nodeVersion", fmt.Sprintf("%q is not a kindest/node tag", nodeVersion), "use e.g. v1.35.0")
 	}
-	for field, v := range map[string]string{"region": region, "zone": zone} {
+	for _, field := range []string{"region", "zone"} {
+		v := map[string]string{"region": region, "zone": zone}[field]
 		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
 			add(p+"."+field, fmt.Sprintf("%q: %s", v, strings.Join(errs, "; ")), "use letters, digits, '-', '_' and '.'")
 		}
@@ -224,6 +236,9 @@ func checkCommon(add func(string, string, string), p, nodeVersion, region, zone 
 			add(p+".labels."+k, strings.Join(errs, "; "), "use a valid Kubernetes label key")
 		} else if cluster.Reserved(k) {
 			add(p+".labels."+k, "label is managed by klimax", "remove it; fleet membership comes from metadata.name")
+		} else if cluster.IsKubernetesLabel(k) && cluster.ValidateNodeLabel("", k, "") != nil {
+			add(p+".labels."+k, "the kubelet refuses kubernetes.io/k8s.io node labels outside its allowed set (kind passes labels as --node-labels), so the cluster would never start",
+				"use a key of your own domain, e.g. example.com/"+k[strings.Index(k, "/")+1:])
 		}
 		if errs := validation.IsValidLabelValue(labels[k]); len(errs) > 0 {
 			add(p+".labels."+k, fmt.Sprintf("value %q: %s", labels[k], strings.Join(errs, "; ")), "use a valid Kubernetes label value")
@@ -290,6 +305,7 @@ type Resolved struct {
 	Labels        map[string]string
 	Mirrors       []string // nil = all
 	MetricsServer cluster.MetricsServer
+	Workers       int
 }
 
 // Resolve applies spec.defaults to each member.
@@ -317,6 +333,11 @@ func (f *Fleet) Resolve() []Resolved {
 					break
 				}
 			}
+		}
+		if c.Workers != nil {
+			r.Workers = *c.Workers
+		} else if d.Workers != nil {
+			r.Workers = *d.Workers
 		}
 		ad := c.Addons
 		if ad == nil || ad.MetricsServer == nil {

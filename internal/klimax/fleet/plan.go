@@ -184,7 +184,7 @@ func (p *Plan) Print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "Fleet %s (maxParallel %d, %s)\n", p.Fleet, p.MaxParallel, strategy)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CLUSTER\tACTION\tSLOT\tAPI\tSERVICES\tPODS\tDEPENDS ON\tNOTE")
+	fmt.Fprintln(tw, "CLUSTER\tACTION\tSLOT\tAPI\tSERVICES\tPODS\tWORKERS\tDEPENDS ON\tNOTE")
 	for _, it := range p.Items {
 		s, api, svc, pod := "-", "-", "-", "-"
 		if it.Slot.Valid() {
@@ -195,7 +195,11 @@ func (p *Plan) Print(w io.Writer) {
 		if deps == "" {
 			deps = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", it.Name, it.Action, s, api, svc, pod, deps, it.Note)
+		workers := "-"
+		if it.Action == ActCreate {
+			workers = fmt.Sprint(it.Workers)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", it.Name, it.Action, s, api, svc, pod, workers, deps, it.Note)
 	}
 	tw.Flush()
 	for _, wmsg := range p.Warnings {
@@ -222,9 +226,10 @@ func ExecuteCreate(ctx context.Context, p *Plan, cs Clusters) Result {
 	}
 	r := Schedule(ctx, p.Tasks(ActCreate), p.MaxParallel, p.FailFast, func(ctx context.Context, name string) error {
 		it := byName[name]
-		_, err := cs.Create(ctx, cluster.CreateOptions{Name: it.Name, Slot: it.Slot, NodeVersion: it.NodeVersion,
+		// A planned slot is a preference: only a num from the manifest pins.
+		_, err := cs.Create(ctx, cluster.CreateOptions{Name: it.Name, Slot: it.Slot, SlotHint: it.Num == 0, NodeVersion: it.NodeVersion,
 			Region: it.Region, Zone: it.Zone, Fleet: p.Fleet, DependsOn: it.DependsOn, Labels: it.Labels,
-			Mirrors: it.Mirrors, MetricsServer: it.MetricsServer})
+			Mirrors: it.Mirrors, MetricsServer: it.MetricsServer, Workers: it.Workers})
 		return err
 	})
 	for k, v := range r.Outcomes {

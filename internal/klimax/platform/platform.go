@@ -14,6 +14,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/klimax/config"
@@ -254,6 +256,27 @@ func (p *Platform) Up(ctx context.Context, progress Progress) (err error) {
 		return err
 	}); err != nil {
 		return err
+	}
+	// Mirrors removed from the config go first (one may hold a port a
+	// configured mirror now uses); their caches are kept.
+	managed, err := dc.ManagedMirrors(ctx, p.opts.NetworkName)
+	if err != nil {
+		return err
+	}
+	configured := p.cfg.MirrorNames()
+	var stale []string
+	for _, n := range managed {
+		if !slices.Contains(configured, n) {
+			stale = append(stale, n)
+		}
+	}
+	if len(stale) > 0 {
+		if err := run(fmt.Sprintf("Remove registry mirror(s) %s (no longer in registries.mirrors; caches kept)", strings.Join(stale, ", ")), func() error {
+			_, err := dc.PruneMirrors(ctx, p.opts.NetworkName, configured)
+			return err
+		}); err != nil {
+			return err
+		}
 	}
 	for _, m := range p.cfg.Registries.Mirrors {
 		spec := p.mirrorSpec(m)

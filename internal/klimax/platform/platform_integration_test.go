@@ -3,6 +3,7 @@ package platform_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -277,4 +278,72 @@ func pull(t *testing.T, ctx context.Context, ref string) v1.Image {
 		t.Fatalf("pulled %s is not intact: %v", ref, err)
 	}
 	return img
+}
+
+// A mirror removed from the config is removed by the next up (its cache
+// is kept); before, it ran forever. A mirror whose port is taken fails up
+// with the port and the fix, and leaves no container.
+func TestIntegrationUpReconcilesMirrors(t *testing.T) {
+	dc := dockertest.Engine(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	prefix := dockertest.UniqueName("klimax-rc")
+	netName := prefix + "-kind"
+	keep, drop, busy := prefix+"-keep", prefix+"-drop", prefix+"-busy"
+	image := "klimax-test-registry:" + prefix
+	dockertest.RegistryImage(t, dc, image)
+	cidr := dockertest.FreeBridgeCIDR(t, dc)
+	t.Cleanup(func() {
+		bg := context.Background()
+		for _, n := range []string{keep, drop, busy} {
+			dc.API().ContainerRemove(bg, n, client.ContainerRemoveOptions{Force: true})
+		}
+		dc.API().NetworkRemove(bg, netName, client.NetworkRemoveOptions{})
+	})
+	home := t.TempDir()
+	newPlat := func(mirrors ...config.Mirror) *platform.Platform {
+		cfg := config.Default()
+		cfg.VM.Driver = config.DriverHost
+		cfg.VM.Name = "klimax-rc"
+		cfg.Network.KindBridgeCIDR = cidr.String()
+		cfg.Registries.Mirrors = mirrors
+		p, err := platform.New(cfg, platform.Options{Home: home, NetworkName: netName, MirrorImage: image, DockerConfigDir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	mk, md := config.Mirror{Name: keep, Port: dockertest.FreePort(t), RemoteURL: "http://up1:5000"}, config.Mirror{Name: drop, Port: dockertest.FreePort(t), RemoteURL: "http://up2:5000"}
+	if err := newPlat(mk, md).Up(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	keepID := inspect(t, dc, keep).ID
+	var steps []string
+	progress := func(s string) func(error) { steps = append(steps, s); return func(error) {} }
+	if err := newPlat(mk).Up(ctx, progress); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dc.API().ContainerInspect(ctx, drop, client.ContainerInspectOptions{}); err == nil {
+		t.Errorf("mirror %s removed from the config still exists after up (steps %q)", drop, steps)
+	}
+	if got := inspect(t, dc, keep); got.ID != keepID || !got.State.Running {
+		t.Error("the configured mirror was touched")
+	}
+	if _, err := os.Stat(filepath.Join(home, "registry-cache", drop)); err != nil {
+		t.Errorf("the removed mirror's cache was deleted: %v", err)
+	}
+	// Port taken by something else.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	port := l.Addr().(*net.TCPAddr).Port
+	err = newPlat(mk, config.Mirror{Name: busy, Port: port, RemoteURL: "http://up3:5000"}).Up(ctx, nil)
+	if err == nil || !strings.Contains(err.Error(), "port 127.0.0.1:"+strconv.Itoa(port)+" is already in use") || !strings.Contains(err.Error(), "registries.mirrors") {
+		t.Errorf("up with a taken mirror port: %v", err)
+	}
+	if _, err := dc.API().ContainerInspect(ctx, busy, client.ContainerInspectOptions{}); err == nil {
+		t.Error("a mirror container was left behind for the taken port")
+	}
 }

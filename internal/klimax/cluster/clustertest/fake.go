@@ -6,11 +6,15 @@
 package clustertest
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -19,9 +23,11 @@ import (
 
 	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	kubeletoptions "k8s.io/kubernetes/cmd/kubelet/app/options"
 
 	"github.com/k3sm-dev/k3sm/internal/klimax/cluster"
 	"github.com/k3sm-dev/k3sm/internal/klimax/config"
+	"github.com/k3sm-dev/k3sm/internal/klimax/slot"
 
 	"github.com/k3sm-dev/k3sm/internal/klimax/vm"
 )
@@ -35,15 +41,44 @@ type Kind struct {
 	calls    []string          // argv joined by spaces
 	Stdin    map[string]string // argv -> stdin
 	Clusters map[string]cluster.NodeContainer
-	Files    map[string]string // node:path -> content
-	FailOn   string            // argv prefix that fails
+	// Workers are the worker node containers per cluster, in kind's naming
+	// (<name>-worker, <name>-worker2, ...).
+	Workers map[string][]cluster.NodeContainer
+	Files   map[string]string // node:path -> content
+	// Images are the images in the machine's Docker engine (what
+	// `kind load docker-image` can load); Loaded records what was loaded
+	// into each cluster.
+	Images map[string]bool
+	Loaded map[string][]string
+	// LocalMachine: kind runs on this host, so `kind export logs <dir>`
+	// writes real files there; otherwise the guest files are kept here.
+	LocalMachine bool
+	guestFiles   map[string]map[string]string // guest dir -> rel path -> content
+	FailOn       string                       // argv prefix that fails
 	// OnCreate, if set, sees each created cluster's kind config (as kind
 	// would apply its node labels).
 	OnCreate func(name string, port int, kindConfig []byte)
 }
 
 func NewKind() *Kind {
-	return &Kind{Stdin: map[string]string{}, Clusters: map[string]cluster.NodeContainer{}, Files: map[string]string{}}
+	return &Kind{Stdin: map[string]string{}, Clusters: map[string]cluster.NodeContainer{}, Workers: map[string][]cluster.NodeContainer{},
+		Files: map[string]string{}, Images: map[string]bool{}, Loaded: map[string][]string{}, guestFiles: map[string]map[string]string{}}
+}
+
+// exitErr is how the guest runner reports a failed command.
+func exitErr(argv []string, stderr string) (vm.Result, error) {
+	return vm.Result{ExitCode: 1}, &vm.ExitError{Argv: argv, ExitCode: 1, Stderr: stderr}
+}
+
+// ExportedLogs are the files kind wrote for each node of a cluster (what
+// the fake's `kind export logs` produces).
+func ExportedLogs(name string) map[string]string {
+	return map[string]string{
+		"kind-version.txt":                       "kind v0.31.0 (fake)\n",
+		name + "-control-plane/kubelet.log":      "kubelet log of " + name + "\n",
+		name + "-control-plane/containerd.log":   "containerd log of " + name + "\n",
+		name + "-control-plane/pods/kube-system": "",
+	}
 }
 
 func (f *Kind) Run(ctx context.Context, argv []string, opts vm.RunOptions) (vm.Result, error) {
@@ -61,7 +96,7 @@ func (f *Kind) Run(ctx context.Context, argv []string, opts vm.RunOptions) (vm.R
 		return vm.Result{}, fmt.Errorf("command without a timeout: %s", line)
 	}
 	if f.FailOn != "" && strings.HasPrefix(line, f.FailOn) {
-		return vm.Result{ExitCode: 1}, &vm.ExitError{Argv: argv, ExitCode: 1, Stderr: "injected failure"}
+		return exitErr(argv, "injected failure")
 	}
 	name := flagValue(argv, "--name")
 	switch {
@@ -69,36 +104,145 @@ func (f *Kind) Run(ctx context.Context, argv []string, opts vm.RunOptions) (vm.R
 		if _, ok := f.Clusters[name]; ok {
 			return vm.Result{}, fmt.Errorf("node(s) already exist for a cluster with the name %q", name)
 		}
-		port := 0
-		for _, l := range strings.Split(in, "\n") {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(l), "apiServerPort: "); ok {
-				fmt.Sscan(v, &port)
+		var kc cluster.KindCluster
+		if err := yaml.Unmarshal([]byte(in), &kc); err != nil {
+			return exitErr(argv, fmt.Sprintf("ERROR: failed to create cluster: unable to decode config: %v", err))
+		}
+		if err := KubeletAccepts(kc); err != nil {
+			// kind starts the nodes, kubeadm init waits 4 minutes for a
+			// kubelet that refused its --node-labels, and kind deletes the
+			// nodes again: nothing is left.
+			return exitErr(argv, "ERROR: failed to create cluster: failed to init node with kubeadm: kubelet: "+err.Error())
+		}
+		port := kc.Networking.APIServerPort
+		// On a host (127.0.0.1) Docker publishes the port here and fails
+		// when another program holds it, as the real engine does.
+		if kc.Networking.APIServerAddress == "127.0.0.1" {
+			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", fmt.Sprint(port)))
+			if err != nil {
+				return exitErr(argv, fmt.Sprintf("ERROR: failed to create cluster: command \"docker run --name %s ...\" failed with error: exit status 125\nCommand Output: docker: Error response from daemon: driver failed programming external connectivity on endpoint %s: Error starting userland proxy: %v.", cluster.NodeName(name), cluster.NodeName(name), err))
 			}
+			l.Close()
 		}
 		for _, c := range f.Clusters {
 			if c.APIPort == port {
-				return vm.Result{}, fmt.Errorf("port %d is already allocated", port)
+				return exitErr(argv, fmt.Sprintf("ERROR: failed to create cluster: docker run error: Bind for %s:%d failed: port is already allocated", kc.Networking.APIServerAddress, port))
 			}
 		}
-		f.Clusters[name] = cluster.NodeContainer{Cluster: name, Container: cluster.NodeName(name), State: "running", APIPort: port}
+		f.Clusters[name] = cluster.NodeContainer{Cluster: name, Container: cluster.NodeName(name), Role: "control-plane", State: "running", APIPort: port}
+		var workers []cluster.NodeContainer
+		for _, n := range kc.Nodes[1:] {
+			if n.Role != "worker" {
+				continue
+			}
+			c := name + "-worker"
+			if len(workers) > 0 {
+				c += fmt.Sprint(len(workers) + 1)
+			}
+			workers = append(workers, cluster.NodeContainer{Cluster: name, Container: c, Role: "worker", State: "running"})
+		}
+		if len(workers) > 0 {
+			f.Workers[name] = workers
+		}
 		if f.OnCreate != nil {
 			f.OnCreate(name, port, []byte(in))
 		}
 	case strings.HasPrefix(line, "kind delete cluster"):
 		delete(f.Clusters, name)
+		delete(f.Workers, name)
 	case strings.HasPrefix(line, "kind get kubeconfig"):
 		c, ok := f.Clusters[name]
 		if !ok {
-			return vm.Result{}, fmt.Errorf("could not locate any control plane nodes for cluster named %q", name)
+			return exitErr(argv, fmt.Sprintf("ERROR: could not locate any control plane nodes for cluster named '%s'. Use the --name option to select a different cluster", name))
+		}
+		if c.State != "running" {
+			return exitErr(argv, fmt.Sprintf("ERROR: failed to get cluster internal kubeconfig: command \"docker exec --privileged %s cat /etc/kubernetes/admin.conf\" failed with error: exit status 1", c.Container))
 		}
 		return vm.Result{Stdout: []byte(Kubeconfig(name, c.APIPort))}, nil
+	case strings.HasPrefix(line, "kind load docker-image"):
+		// Messages and their order as kind v0.31.0: flags, images present
+		// in the engine, then the cluster's nodes.
+		if len(argv) < 5 || argv[3] != "--name" {
+			return exitErr(argv, "fake kind: use kind load docker-image --name <name> <image>...")
+		}
+		images := argv[5:]
+		for _, img := range images {
+			if strings.HasPrefix(img, "-") {
+				return exitErr(argv, "ERROR: unknown flag: "+img)
+			}
+		}
+		if len(images) == 0 {
+			return exitErr(argv, "ERROR: a list of image names is required")
+		}
+		for _, img := range images {
+			if !f.Images[img] {
+				return exitErr(argv, fmt.Sprintf("ERROR: image: %q not present locally", img))
+			}
+		}
+		nodes := f.nodesLocked(name)
+		if len(nodes) == 0 {
+			return exitErr(argv, fmt.Sprintf("ERROR: no nodes found for cluster %q", name))
+		}
+		for _, n := range nodes {
+			if n.State != "running" {
+				return exitErr(argv, fmt.Sprintf("ERROR: failed to load image: command \"docker exec --privileged -i %s ctr --namespace=k8s.io images import --all-platforms --digests --snapshotter=overlayfs -\" failed with error: exit status 1", n.Container))
+			}
+		}
+		f.Loaded[name] = append(f.Loaded[name], images...)
+	case strings.HasPrefix(line, "kind export logs"):
+		if len(argv) != 6 || argv[4] != "--name" {
+			return exitErr(argv, "fake kind: use kind export logs <dir> --name <name>")
+		}
+		dir := argv[3]
+		if len(f.nodesLocked(name)) == 0 {
+			return exitErr(argv, fmt.Sprintf("ERROR: unknown cluster %q", name))
+		}
+		files := ExportedLogs(name)
+		if f.LocalMachine {
+			for rel, content := range files {
+				p := filepath.Join(dir, rel)
+				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+					return exitErr(argv, err.Error())
+				}
+				if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+					return exitErr(argv, err.Error())
+				}
+			}
+		} else {
+			f.guestFiles[dir] = files
+		}
+		return vm.Result{Stdout: []byte("Exporting logs for cluster \"" + name + "\" to:\n" + dir + "\n")}, nil
+	case len(argv) == 6 && argv[0] == "tar" && argv[1] == "-C" && argv[3] == "-cf" && argv[4] == "-" && argv[5] == ".":
+		files, ok := f.guestFiles[argv[2]]
+		if !ok || f.LocalMachine {
+			return exitErr(argv, "tar: "+argv[2]+": Cannot open: No such file or directory")
+		}
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		keys := make([]string, 0, len(files))
+		for k := range files {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			tw.WriteHeader(&tar.Header{Name: "./" + k, Mode: 0o644, Size: int64(len(files[k])), Typeflag: tar.TypeReg})
+			tw.Write([]byte(files[k]))
+		}
+		tw.Close()
+		return vm.Result{Stdout: buf.Bytes()}, nil
+	case len(argv) == 4 && argv[0] == "rm" && argv[1] == "-rf" && argv[2] == "--" && strings.HasPrefix(argv[3], "/tmp/klimax-logs-"):
+		delete(f.guestFiles, argv[3])
 	case len(argv) > 3 && argv[0] == "docker" && argv[1] == "exec":
 		node := argv[2]
 		if node == "-i" {
 			node = argv[3]
 		}
-		if !f.nodeExists(node) {
-			return vm.Result{}, fmt.Errorf("No such container: %s", node)
+		n, ok := f.containerLocked(node)
+		if !ok {
+			return exitErr(argv, "Error response from daemon: No such container: "+node)
+		}
+		if n.State != "running" {
+			return exitErr(argv, "Error response from daemon: container "+node+" is not running")
 		}
 		if argv[len(argv)-2] == "/dev/stdin" {
 			f.Files[node+":"+argv[len(argv)-1]] = in
@@ -109,13 +253,106 @@ func (f *Kind) Run(ctx context.Context, argv []string, opts vm.RunOptions) (vm.R
 	return vm.Result{}, nil
 }
 
-func (f *Kind) nodeExists(node string) bool {
-	for _, c := range f.Clusters {
-		if c.Container == node {
-			return true
+// GuestLogDirs lists guest directories `kind export logs` wrote that were
+// not removed.
+func (f *Kind) GuestLogDirs() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for d := range f.guestFiles {
+		out = append(out, d)
+	}
+	return out
+}
+
+// nodesLocked lists a cluster's node containers, control plane first.
+func (f *Kind) nodesLocked(name string) []cluster.NodeContainer {
+	c, ok := f.Clusters[name]
+	if !ok {
+		return nil
+	}
+	return append([]cluster.NodeContainer{c}, f.Workers[name]...)
+}
+
+func (f *Kind) containerLocked(container string) (cluster.NodeContainer, bool) {
+	for name := range f.Clusters {
+		for _, n := range f.nodesLocked(name) {
+			if n.Container == container {
+				return n, true
+			}
 		}
 	}
-	return false
+	return cluster.NodeContainer{}, false
+}
+
+func (f *Kind) setState(containers []string, state string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range containers {
+		f.calls = append(f.calls, "docker-api "+map[string]string{"running": "start", "exited": "stop"}[state]+" "+c)
+		found := false
+		for name, cp := range f.Clusters {
+			if cp.Container == c {
+				cp.State = state
+				f.Clusters[name] = cp
+				found = true
+			}
+			for i, w := range f.Workers[name] {
+				if w.Container == c {
+					f.Workers[name][i].State = state
+					found = true
+				}
+			}
+		}
+		if !found {
+			return fmt.Errorf("Error response from daemon: No such container: %s", c)
+		}
+	}
+	return nil
+}
+
+// Nodes, StopNodes and StartNodes are the Docker-level node operations.
+func (f *Kind) Nodes(ctx context.Context, name string) ([]cluster.NodeContainer, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.nodesLocked(name), nil
+}
+
+func (f *Kind) StopNodes(ctx context.Context, containers []string) error {
+	return f.setState(containers, "exited")
+}
+
+func (f *Kind) StartNodes(ctx context.Context, containers []string) error {
+	return f.setState(containers, "running")
+}
+
+// ImageExists reports whether the fake engine has an image.
+func (f *Kind) ImageExists(ctx context.Context, ref string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.Images[ref], nil
+}
+
+// KubeletAccepts checks every node of a kind config the way the nodes'
+// kubelets will: kind passes node labels as --node-labels, and the kubelet's
+// own flag validation (called here, not copied) refuses invalid labels and
+// kubernetes.io / k8s.io keys outside its allowed set.
+func KubeletAccepts(kc cluster.KindCluster) error {
+	if len(kc.Nodes) == 0 {
+		return fmt.Errorf("no nodes")
+	}
+	for i, n := range kc.Nodes {
+		if n.Role != "control-plane" && n.Role != "worker" {
+			return fmt.Errorf("nodes[%d]: unknown role %q", i, n.Role)
+		}
+		if kc.Nodes[0].Role != "control-plane" {
+			return fmt.Errorf("nodes[0] must be a control-plane node")
+		}
+		if err := kubeletoptions.ValidateKubeletFlags(&kubeletoptions.KubeletFlags{NodeLabels: n.Labels}); err != nil {
+			return fmt.Errorf("nodes[%d] (%s): %w", i, n.Role, err)
+		}
+	}
+	return nil
 }
 
 func (f *Kind) ControlPlanes(ctx context.Context) ([]cluster.NodeContainer, error) {
@@ -174,6 +411,8 @@ type API struct {
 	corefile string
 	Labels   map[string]string
 	LBIP     string
+	// NotReady, when set, names what never gets ready (WaitReady blocks).
+	NotReady string
 }
 
 type Kubes struct {
@@ -259,6 +498,21 @@ func (k *API) LabelNode(ctx context.Context, set map[string]string, remove []str
 	}
 	return nil
 }
+
+// WaitReady blocks until ctx ends while NotReady is set, as a cluster that
+// never gets ready would.
+func (k *API) WaitReady(ctx context.Context) error {
+	k.record("wait ready")
+	k.mu.Lock()
+	nr := k.NotReady
+	k.mu.Unlock()
+	if nr == "" {
+		return nil
+	}
+	<-ctx.Done()
+	return fmt.Errorf("not ready: %s (%v)", nr, ctx.Err())
+}
+
 func (k *API) LoadBalancerIP(ctx context.Context, ns, name string) (string, error) {
 	if k.LBIP == "" {
 		return "", fmt.Errorf("no LB in fake")
@@ -321,8 +575,10 @@ func NewEnv(t testing.TB, cfg *config.Config) *Env {
 		NewKube:       kubes.New,
 		Manifests: &cluster.Manifests{Dir: filepath.Join(home, "cache"),
 			MetalLBURL: srv.URL + "/metallb/%s/metallb-native.yaml", MetricsServerURL: srv.URL + "/metrics-server/%s/components.yaml"},
-		KubeDir:    filepath.Join(home, ".kube", "klimax"),
-		KubeConfig: filepath.Join(home, ".kube", "config"),
+		KubeDir:     filepath.Join(home, ".kube", "klimax"),
+		KubeConfig:  filepath.Join(home, ".kube", "config"),
+		ImageExists: fk.ImageExists,
+		Leases:      &slot.Leases{Dir: filepath.Join(home, ".klimax", "slots")},
 	}
 	// kind applies the config's node labels; mirror that in the fake API.
 	fk.OnCreate = func(name string, port int, kindConfig []byte) {

@@ -10,12 +10,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -26,6 +28,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/network"
 	"github.com/moby/moby/client"
 
 	"github.com/k3sm-dev/k3sm/internal/klimax/docker"
@@ -199,4 +203,76 @@ func FreeBridgeCIDR(t testing.TB, c *docker.Client) netip.Prefix {
 // UniqueName returns a name for test objects: prefix plus time and pid.
 func UniqueName(prefix string) string {
 	return strings.ToLower(fmt.Sprintf("%s-%d-%d", prefix, os.Getpid(), time.Now().UnixNano()%1e6))
+}
+
+// KindNode runs a container labelled like a kind node of cluster (kind's
+// io.x-k8s.kind.* labels), publishing 6443 on 127.0.0.1:apiPort when
+// apiPort is not 0; image is a long-running image (RegistryImage). It is
+// removed when the test ends.
+func KindNode(t testing.TB, c *docker.Client, image, cluster, role, name string, apiPort int) {
+	t.Helper()
+	if err := kindNode(t, c, image, cluster, role, name, apiPort); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func kindNode(t testing.TB, c *docker.Client, image, cluster, role, name string, apiPort int) error {
+	ctx := context.Background()
+	cfg := &container.Config{Image: image, Labels: map[string]string{"io.x-k8s.kind.cluster": cluster, "io.x-k8s.kind.role": role}}
+	hc := &container.HostConfig{}
+	if apiPort != 0 {
+		p := network.MustParsePort("6443/tcp")
+		cfg.ExposedPorts = network.PortSet{p: struct{}{}}
+		hc.PortBindings = network.PortMap{p: {{HostIP: netip.MustParseAddr("127.0.0.1"), HostPort: strconv.Itoa(apiPort)}}}
+	}
+	if _, err := c.API().ContainerCreate(ctx, client.ContainerCreateOptions{Name: name, Config: cfg, HostConfig: hc}); err != nil {
+		return err
+	}
+	t.Cleanup(func() {
+		c.API().ContainerRemove(context.Background(), name, client.ContainerRemoveOptions{Force: true})
+	})
+	if _, err := c.API().ContainerStart(ctx, name, client.ContainerStartOptions{}); err != nil {
+		c.API().ContainerRemove(ctx, name, client.ContainerRemoveOptions{Force: true})
+		return err
+	}
+	return nil
+}
+
+// KindControlPlaneOnSlotPort runs a kind-labelled control-plane container
+// publishing 6443 on a free klimax slot port (7051-7099, the high end, so a
+// developer's real clusters in the low slots are not in the way) and
+// returns the port. Ports are tried in random order and a port another
+// test process took between the check and the bind is skipped, so test
+// packages running at once do not collide. It skips the test when no slot
+// port is free.
+func KindControlPlaneOnSlotPort(t testing.TB, c *docker.Client, image, cluster, name string) int {
+	t.Helper()
+	ports := rand.Perm(49)
+	for _, i := range ports {
+		p := 7051 + i
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		err = kindNode(t, c, image, cluster, "control-plane", name, p)
+		if err == nil {
+			return p
+		}
+		if !strings.Contains(err.Error(), "already allocated") && !strings.Contains(err.Error(), "address already in use") {
+			t.Fatal(err)
+		}
+	}
+	t.Skip("no free slot port 7051-7099 on 127.0.0.1")
+	return 0
+}
+
+// State returns a container's Docker state (running, exited, ...).
+func State(t testing.TB, c *docker.Client, name string) string {
+	t.Helper()
+	res, err := c.API().ContainerInspect(context.Background(), name, client.ContainerInspectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(res.Container.State.Status)
 }
