@@ -439,10 +439,10 @@ func (fa floorArgs) forDir(args []string, dir string, port int) []string {
 }
 
 // prepareFloorDir lays out dir as the server would before starting kine:
-// server/{db,tls} with the template run's certificates, and an empty
-// datastore.
+// server/{db,tls} with the template run's certificates, kine's role config
+// (run/kine.json) pointing at dir, and an empty datastore.
 func (b *bench) prepareFloorDir(dir string) error {
-	for _, d := range []string{"server/db", "server/tls", "logs"} {
+	for _, d := range []string{"server/db", "server/tls", "logs", "run"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
 			return err
 		}
@@ -461,6 +461,13 @@ func (b *bench) prepareFloorDir(dir string) error {
 			return err
 		}
 		if err := os.WriteFile(filepath.Join(dir, "server", "tls", e.Name()), data, 0o600); err != nil {
+			return err
+		}
+	}
+	// Binaries from before typed role configs took kine's flags instead.
+	if cfg, err := os.ReadFile(filepath.Join(b.fa.templateDir, "run", "kine.json")); err == nil {
+		cfg = []byte(strings.ReplaceAll(string(cfg), b.fa.templateDir, dir))
+		if err := os.WriteFile(filepath.Join(dir, "run", "kine.json"), cfg, 0o600); err != nil {
 			return err
 		}
 	}

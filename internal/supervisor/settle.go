@@ -24,10 +24,10 @@ const IdleGCPercentEnv = "K3SM_IDLE_GOGC"
 // DefaultIdleGCPercent is the Go GC target of a settled component. Start-up
 // keeps Go's 100 (or $GOGC): it allocates heavily (the apiserver builds its
 // OpenAPI specs) and a lower target would slow it. Once settled, a
-// component's live heap changes slowly, and 50 keeps the heap it holds on
-// to within 1.5x of what it uses instead of 2x (bench/RESULTS.md has the
-// figures, and the pod-burst cost).
-const DefaultIdleGCPercent = 50
+// component's live heap changes slowly, and 25 keeps the heap it holds
+// within 1.25x of what it uses instead of 2x: 30 MiB less PSS for the idle
+// server, at a cost in pod-burst latency that bench/RESULTS.md records.
+const DefaultIdleGCPercent = 25
 
 // OnSettled is called by a child role first thing (before it can become
 // ready, so the signal never meets the default action, which would kill
