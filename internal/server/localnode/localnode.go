@@ -14,6 +14,8 @@ import (
 	"net"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/k3sm-dev/k3sm/internal/agent/localpath"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
@@ -30,8 +32,8 @@ import (
 // Addon joins the server's machine as a node: it issues the node's
 // credentials (and the metrics API's serving certificate) and starts the
 // runtime daemon early (they need only the data dir); once authorization is
-// verified it installs the admission policy, the storage class and the
-// metrics reader role and Service, and starts the node; when the control
+// verified it starts the node while it installs the admission policy, the
+// storage class and the metrics reader role and Service; when the control
 // plane is healthy it waits for the Node to be Ready, labels it, and
 // registers the metrics APIService (so the aggregator's first check finds
 // the node listening).
@@ -75,36 +77,54 @@ func Addon(log *slog.Logger) controlplane.Addon {
 			if agg, err = aggregator.NewForConfig(rc); err != nil {
 				return err
 			}
-			if err := EnsureOSPolicy(ctx, admin, osOfNodes()); err != nil {
-				return fmt.Errorf("admission policy: %w", err)
-			}
-			if err := localpath.EnsureStorageClass(ctx, admin); err != nil {
-				return fmt.Errorf("local-path storage class: %w", err)
-			}
+			// The node is on the critical path to "up": it starts while the
+			// objects it does not need to start are installed. Its
+			// provisioner's RBAC goes first, so its first list succeeds.
 			if err := localpath.EnsureRBAC(ctx, admin, localPathUser(p.Cfg.NodeName)); err != nil {
 				return fmt.Errorf("local-path provisioner RBAC: %w", err)
 			}
+			var installs errgroup.Group
+			installs.Go(func() error {
+				if err := EnsureOSPolicy(ctx, admin, osOfNodes()); err != nil {
+					return fmt.Errorf("admission policy: %w", err)
+				}
+				return nil
+			})
+			installs.Go(func() error {
+				if err := localpath.EnsureStorageClass(ctx, admin); err != nil {
+					return fmt.Errorf("local-path storage class: %w", err)
+				}
+				return nil
+			})
 			if metrics.port != 0 {
-				if err := EnsureMetricsReaderRole(ctx, admin); err != nil {
-					return fmt.Errorf("metrics reader role: %w", err)
-				}
-				if err := EnsureMetricsService(ctx, admin, metrics.port); err != nil {
-					return fmt.Errorf("metrics service: %w", err)
-				}
+				installs.Go(func() error {
+					if err := EnsureMetricsReaderRole(ctx, admin); err != nil {
+						return fmt.Errorf("metrics reader role: %w", err)
+					}
+					if err := EnsureMetricsService(ctx, admin, metrics.port); err != nil {
+						return fmt.Errorf("metrics service: %w", err)
+					}
+					return nil
+				})
 			}
 			if rt != nil {
 				wctx, cancel := context.WithTimeout(ctx, time.Minute)
 				err := rt.WaitReady(wctx)
 				cancel()
 				if err != nil {
+					installs.Wait()
 					return err
 				}
 			}
 			args, err := roleconfig.Write(p.Layout.RoleConfig(roleconfig.Node), nodeConfig(p, metrics))
 			if err != nil {
+				installs.Wait()
 				return err
 			}
 			n, err = sup.Start(ctx, nodeComponent{p, admin, args})
+			if werr := installs.Wait(); err == nil {
+				err = werr
+			}
 			return err
 		},
 		Ready: func(ctx context.Context, p *controlplane.Plane, _ *supervisor.Supervisor) error {
