@@ -13,7 +13,7 @@
 //	agent/                    the node's kubeconfigs and tls/
 //
 // the same relative paths as in the data directory, so a restore copies
-// them back. It is written as <name>.partial and renamed when complete.
+// them back. It is written as <name>.<random>.partial and renamed when complete.
 package snapshot
 
 import (
@@ -177,9 +177,9 @@ func Save(ctx context.Context, o SaveOptions) (Metadata, []string, error) {
 		m.Name = fmt.Sprintf("%s-%s-%d", o.Prefix, now.Format("20060102-150405"), i)
 		final = filepath.Join(o.Dir, m.Name)
 	}
-	tmp := final + ".partial"
-	_ = os.RemoveAll(tmp)
-	if err := os.MkdirAll(tmp, 0o700); err != nil {
+	removeStalePartials(o.Dir, now)
+	tmp, err := os.MkdirTemp(o.Dir, m.Name+".*.partial")
+	if err != nil {
 		return m, nil, err
 	}
 	ok := false
@@ -226,8 +226,8 @@ func Save(ctx context.Context, o SaveOptions) (Metadata, []string, error) {
 	if err := atomicfile.WriteFile(filepath.Join(tmp, MetadataFile), append(data, '\n'), 0o600); err != nil {
 		return m, nil, err
 	}
-	if err := os.Rename(tmp, final); err != nil {
-		return m, nil, err
+	if err := os.Rename(tmp, final); err != nil { // fails when another save took the name meanwhile
+		return m, nil, fmt.Errorf("snapshot %s: %w", m.Name, err)
 	}
 	ok = true
 	var pruned []string
@@ -237,6 +237,16 @@ func Save(ctx context.Context, o SaveOptions) (Metadata, []string, error) {
 		}
 	}
 	return m, pruned, nil
+}
+
+// removeStalePartials removes what saves that died left behind (older than an hour).
+func removeStalePartials(dir string, now time.Time) {
+	partials, _ := filepath.Glob(filepath.Join(dir, "*.partial"))
+	for _, p := range partials {
+		if st, err := os.Stat(p); err == nil && now.Sub(st.ModTime()) > time.Hour {
+			_ = os.RemoveAll(p)
+		}
+	}
 }
 
 func exists(path string) bool {
