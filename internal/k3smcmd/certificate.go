@@ -67,6 +67,11 @@ func newCertificate() *cobra.Command {
 			if _, err := certs.Check(dataDir, time.Now()); err != nil {
 				return err
 			}
+			for _, s := range services {
+				if _, ok := certs.Services[s]; !ok {
+					return fmt.Errorf("--service %q: not a service; use one of %s (repeatable), or none for every leaf", s, strings.Join(certs.ServiceNames(), ", "))
+				}
+			}
 			release, err := controlplane.LockDataDir(dataDir)
 			if err != nil {
 				return fmt.Errorf("%v (%s): stop it, run `k3sm certificate rotate` again, then start it; its components read their certificates when they start", err, dataDir)
@@ -78,7 +83,7 @@ func newCertificate() *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			for _, r := range done {
-				fmt.Fprintf(out, "re-issued %s: expires %s (was %s)\n", r.Name, r.NotAfter.UTC().Format("2006-01-02"), r.OldNotAfter.UTC().Format("2006-01-02"))
+				fmt.Fprintf(out, "re-issued %s: expires %s (was %s)\n", r.Name, r.NotAfter.UTC().Format(time.DateTime), r.OldNotAfter.UTC().Format(time.DateTime))
 			}
 			if len(kubeconfigs) > 0 {
 				fmt.Fprintf(out, "updated %s\n", strings.Join(kubeconfigs, ", "))

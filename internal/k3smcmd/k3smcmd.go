@@ -40,7 +40,7 @@ func New(kubectl Kubectl, addons Addons) *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newServer(addons), newKubeconfig(), newKubectl(kubectl), newVersion())
-	root.AddCommand(opsCommands()...)
+	addOps(root)
 	return root
 }
 

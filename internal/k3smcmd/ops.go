@@ -16,9 +16,25 @@ import (
 	"github.com/spf13/pflag"
 )
 
-// opsCommands are the operations commands (docs/operations.md).
-func opsCommands() []*cobra.Command {
-	return []*cobra.Command{newSnapshot(), newSecretsEncrypt(), newCertificate()}
+// addOps registers the operations commands (docs/operations.md) and makes
+// `k3sm server` explain a path given to a bare --audit-log after a space.
+func addOps(root *cobra.Command) {
+	root.AddCommand(newSnapshot(), newSecretsEncrypt(), newCertificate())
+	for _, c := range root.Commands() {
+		if c.Name() != "server" {
+			continue
+		}
+		orig := c.Args
+		c.Args = func(cmd *cobra.Command, args []string) error {
+			if f := cmd.Flags().Lookup("audit-log"); f != nil && f.Changed && f.Value.String() == controlplane.AuditLogDefault && len(args) > 0 {
+				return fmt.Errorf("--audit-log takes a path only after '=': --audit-log=%s (a bare --audit-log writes <data-dir>/logs/audit.log)", args[0])
+			}
+			if orig != nil {
+				return orig(cmd, args)
+			}
+			return nil
+		}
+	}
 }
 
 // addOpsFlags: snapshots, secrets encryption and the audit log of `k3sm server`.

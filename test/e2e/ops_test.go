@@ -207,6 +207,12 @@ func TestSecretsEncryption(t *testing.T) {
 		t.Fatalf("plaintext secrets in an encrypted cluster: %+v", st.Secrets)
 	}
 
+	out := mustK3sm(t, time.Minute, "snapshot", "save", "--data-dir", s.dataDir, "--name", "pre-rotation")
+	snap := regexp.MustCompile(`saved snapshot (\S+) in`).FindStringSubmatch(out)
+	if snap == nil {
+		t.Fatalf("save said: %s", out)
+	}
+
 	// The API keeps serving during the rotation.
 	stop := make(chan struct{})
 	served := make(chan int, 1)
@@ -228,7 +234,7 @@ func TestSecretsEncryption(t *testing.T) {
 		}
 	}()
 	start := time.Now()
-	out := mustK3sm(t, 8*time.Minute, "secrets-encrypt", "rotate-keys", "--data-dir", s.dataDir)
+	out = mustK3sm(t, 8*time.Minute, "secrets-encrypt", "rotate-keys", "--data-dir", s.dataDir)
 	close(stop)
 	t.Logf("rotate-keys took %s, %d reads during it:\n%s", time.Since(start).Round(time.Second), <-served, out)
 	mk("after-rotation")
@@ -250,6 +256,22 @@ func TestSecretsEncryption(t *testing.T) {
 		if err != nil || string(got.Data["token"]) != "plaintext-marker-"+name {
 			t.Fatalf("read back %s: %v %v", name, got, err)
 		}
+	}
+
+	// A snapshot carries the keys its Secrets need: the one from before the
+	// rotation restores the old key with the Secrets stored under it.
+	s.stop()
+	mustK3sm(t, time.Minute, "snapshot", "restore", snap[1], "--data-dir", s.dataDir)
+	s.start()
+	if st := encStatus(t, s.dataDir); st.ActiveKey != oldKey || st.Secrets[oldKey] < 21 {
+		t.Fatalf("after restoring the pre-rotation snapshot: %+v, want key %s", st, oldKey)
+	}
+	got, err := s.client().CoreV1().Secrets("default").Get(ctx(t), "before-rotation", metav1.GetOptions{})
+	if err != nil || string(got.Data["token"]) != "plaintext-marker-before-rotation" {
+		t.Fatalf("restored secret: %v %v", got, err)
+	}
+	if _, err := s.client().CoreV1().Secrets("default").Get(ctx(t), "after-rotation", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("a Secret made after the snapshot: want NotFound, got %v", err)
 	}
 }
 
