@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/server/audit"
+	"github.com/k3sm-dev/k3sm/internal/server/certs"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
 	"github.com/k3sm-dev/k3sm/internal/server/encryption"
 	"github.com/k3sm-dev/k3sm/internal/server/snapshot"
@@ -68,6 +70,7 @@ func opsAddon() controlplane.Addon {
 		},
 		Ready: func(ctx context.Context, p *controlplane.Plane, s *supervisor.Supervisor) error {
 			o := p.Cfg.Ops
+			go watchCertificates(ctx, p.Cfg.DataDir, s.Log, 24*time.Hour)
 			if o.SnapshotSchedule > 0 {
 				s.Log.Info("snapshots scheduled", "every", o.SnapshotSchedule.String(), "keep", o.SnapshotRetention, "dir", o.SnapshotDir)
 				go snapshot.Schedule(ctx, p.Cfg.DataDir, o.SnapshotDir, o.SnapshotSchedule, o.SnapshotRetention, s.Log)
@@ -108,4 +111,28 @@ func serverRunning(dataDir string) (bool, error) {
 	}
 	release()
 	return false, nil
+}
+
+// watchCertificates warns, at once and then every period, about
+// certificates that are expired or within pki.RenewBefore of expiry: the
+// components read them only at start, so a server that runs for months
+// renews its leaves only when restarted.
+func watchCertificates(ctx context.Context, dataDir string, log *slog.Logger, period time.Duration) {
+	for {
+		list, err := certs.Check(dataDir, time.Now())
+		if err != nil {
+			log.Warn("certificate check failed", "err", err)
+		}
+		for _, c := range list {
+			if c.Status != "ok" {
+				log.Warn("certificate needs attention: restart the server to renew leaves (or stop it and run `k3sm certificate rotate`); for a CA see docs/operations.md",
+					"certificate", c.Name, "expires", c.NotAfter.UTC().Format(time.DateTime), "status", c.Status)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(period):
+		}
+	}
 }

@@ -40,7 +40,7 @@ func newSnapshot() *cobra.Command {
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "saved snapshot %s in %s (datastore %s, %d files)\n", m.Name, d, size(m.DBBytes), len(m.Files))
 			if len(pruned) > 0 {
-				fmt.Fprintf(cmd.OutOrStdout(), "removed older %s snapshots (--keep %d): %s\n", name, keep, strings.Join(pruned, ", "))
+				fmt.Fprintf(cmd.OutOrStdout(), "removed the oldest %s-* snapshots (--keep %d): %s\n", name, keep, strings.Join(pruned, ", "))
 			}
 			return nil
 		},
