@@ -9,7 +9,8 @@
 //	  admin.kubeconfig      cluster-admin credential
 //	  logs/                 component logs; logs/pods/ the CRI container logs
 //	  run/                  sockets: runtime.sock, shims/, runtimed.lock, role configs
-//	  server/               control plane: db/state.db, tls/, cred/, flexvolume/, kine.sock
+//	  server/               control plane: db/state.db, tls/, cred/, flexvolume/, kine.sock,
+//	                        snapshots/, audit-policy.yaml; logs/audit.log
 //	  agent/                the node: its kubeconfigs, tls/, runtime-events.json
 //	  pods/<uid>/           pod roots and state (the runtime daemon)
 //	  images/               the image store (the runtime daemon)
@@ -97,3 +98,14 @@ func (l Layout) PodLogDir(namespace, name, uid string) string {
 	return filepath.Join(l.PodLogsDir(), namespace+"_"+name+"_"+uid)
 }
 func (l Layout) QuarantineDir() string { return filepath.Join(l.Root, "quarantine") }
+
+// Operations (docs/operations.md): snapshots, secrets encryption, the audit log.
+func (l Layout) SnapshotsDir() string { return filepath.Join(l.ServerDir(), "snapshots") }
+func (l Layout) EncryptionConfig() string {
+	return filepath.Join(l.CredDir(), "encryption-config.yaml")
+}
+func (l Layout) AuditPolicy() string { return filepath.Join(l.ServerDir(), "audit-policy.yaml") }
+func (l Layout) AuditLog() string    { return filepath.Join(l.LogDir(), "audit.log") }
+
+// DBSidecars are SQLite's WAL and shared-memory files next to DBFile.
+func (l Layout) DBSidecars() []string { return []string{l.DBFile() + "-wal", l.DBFile() + "-shm"} }

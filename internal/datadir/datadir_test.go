@@ -17,6 +17,9 @@ func TestLayoutIsStable(t *testing.T) {
 		l.StorageDir(): "/d/storage", l.RuntimeSocket(): "/d/run/runtime.sock", l.RuntimeLock(): "/d/run/runtimed.lock",
 		l.ShimDir(): "/d/run/shims", l.PodDir("u"): "/d/pods/u", l.ImagesDir(): "/d/images",
 		l.PodLogDir("ns", "p", "u"): "/d/logs/pods/ns_p_u", l.QuarantineDir(): "/d/quarantine",
+		l.SnapshotsDir(): "/d/server/snapshots", l.EncryptionConfig(): "/d/server/cred/encryption-config.yaml",
+		l.AuditPolicy(): "/d/server/audit-policy.yaml", l.AuditLog(): "/d/logs/audit.log",
+		l.DBSidecars()[0]: "/d/server/db/state.db-wal", l.DBSidecars()[1]: "/d/server/db/state.db-shm",
 	} {
 		if got != want {
 			t.Errorf("got %s, want %s", got, want)

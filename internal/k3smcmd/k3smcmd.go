@@ -40,6 +40,7 @@ func New(kubectl Kubectl, addons Addons) *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newServer(addons), newKubeconfig(), newKubectl(kubectl), newVersion())
+	addOps(root)
 	return root
 }
 
@@ -79,6 +80,7 @@ func newServer(addons Addons) *cobra.Command {
 			if addons != nil {
 				extra = addons(&cfg)
 			}
+			extra = append([]controlplane.Addon{opsAddon()}, extra...)
 			return controlplane.Run(ctx, cfg, log, extra...)
 		},
 	}
@@ -98,6 +100,7 @@ func newServer(addons Addons) *cobra.Command {
 	f.IntVar(&cfg.MaxPods, "max-pods", cfg.MaxPods, "pods this node runs at most (the kubelet's --max-pods)")
 	f.StringVar(&cfg.RegistriesConfig, "registries-config", "", "registries.yaml with mirrors, plain-HTTP endpoints and auth (default <data-dir>/registries.yaml)")
 	addDiskFlags(f, &cfg.Disk)
+	addOpsFlags(f, &cfg.Ops)
 	f.BoolVar(&cfg.NodeInstant, "node-instant", false, "benchmark floor: the node marks pods Running without starting anything")
 	_ = f.MarkHidden("node-instant")
 	f.IntVar(&cfg.SchedulerPort, "scheduler-port", cfg.SchedulerPort, "loopback port of the scheduler's health endpoint")

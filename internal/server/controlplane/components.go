@@ -140,6 +140,14 @@ func (a apiserver) Args() []string {
 		"--service-account-signing-key-file=" + c.ServiceAccountKey,
 		"--service-cluster-ip-range=" + cfg.ServiceCIDR,
 	}
+	if ops := cfg.Ops; ops.EncryptionProviderConfig != "" {
+		args = append(args, "--encryption-provider-config="+ops.EncryptionProviderConfig,
+			"--encryption-provider-config-automatic-reload=true")
+	}
+	if ops := cfg.Ops; ops.AuditPolicyFile != "" {
+		args = append(args, "--audit-policy-file="+ops.AuditPolicyFile, "--audit-log-path="+ops.AuditLog,
+			"--audit-log-maxsize=100", "--audit-log-maxbackup=10", "--audit-log-maxage=30")
+	}
 	// The default endpoint reconciler refuses a loopback advertise address;
 	// on a single loopback-only machine nothing else needs to reach it.
 	if ip, err := netip.ParseAddr(cfg.AdvertiseAddress); err == nil && ip.IsLoopback() {

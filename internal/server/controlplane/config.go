@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 
@@ -41,6 +42,8 @@ type Config struct {
 	NodeInstant bool
 	// Disk: container log rotation, image GC, DiskPressure.
 	Disk diskpolicy.Config
+	// Ops: snapshots, secrets encryption, the audit log (docs/operations.md).
+	Ops Ops
 
 	// Ports of the scheduler's and controller-manager's health endpoints (loopback only).
 	SchedulerPort         int
@@ -85,6 +88,7 @@ func Defaults() Config {
 		SchedulerPort:         10259,
 		ControllerManagerPort: 10257,
 		Disk:                  diskpolicy.Default(),
+		Ops:                   Ops{SnapshotRetention: 5},
 	}
 }
 
@@ -178,6 +182,7 @@ func (c *Config) Validate() error {
 		add("node-name", c.NodeName, "not a valid Kubernetes node name", "use lower-case letters, digits, '-' and '.'")
 	}
 	c.Disk.Validate(add)
+	c.Ops.validate(c.DataDir, add)
 	return errors.Join(errs...)
 }
 
@@ -224,4 +229,57 @@ func (c *Config) LocalAPIHost() string {
 // LocalAPIURL is the apiserver URL for clients on this machine.
 func (c *Config) LocalAPIURL() string {
 	return "https://" + net.JoinHostPort(c.LocalAPIHost(), fmt.Sprint(c.HTTPSPort))
+}
+
+// Ops are the operations flags of `k3sm server` (docs/operations.md).
+type Ops struct {
+	// SecretsEncryption (--secrets-encryption) encrypts Secrets at rest; it
+	// takes effect on the start that creates the cluster only.
+	SecretsEncryption bool
+	// AuditLog (--audit-log[=PATH]) is the audit log's path; "" is off,
+	// AuditLogDefault is <data-dir>/logs/audit.log.
+	AuditLog string
+	// SnapshotSchedule (--snapshot-schedule) is how often the server saves a
+	// snapshot; 0 never. SnapshotRetention scheduled ones are kept.
+	SnapshotSchedule  time.Duration
+	SnapshotRetention int
+	// SnapshotDir (--snapshot-dir) is where snapshots go (default <data-dir>/server/snapshots).
+	SnapshotDir string
+
+	// Set at start by the ops addon, passed to the apiserver when not empty.
+	EncryptionProviderConfig string
+	AuditPolicyFile          string
+}
+
+// AuditLogDefault is what a bare --audit-log means.
+const AuditLogDefault = "default"
+
+func (o *Ops) validate(dataDir string, add func(flag, value, problem, fix string)) {
+	l := datadir.New(dataDir)
+	switch {
+	case o.AuditLog == AuditLogDefault:
+		o.AuditLog = l.AuditLog()
+	case o.AuditLog != "":
+		if abs, err := filepath.Abs(o.AuditLog); err == nil {
+			o.AuditLog = abs
+		}
+	}
+	if o.SnapshotSchedule < 0 || (o.SnapshotSchedule > 0 && o.SnapshotSchedule < time.Second) {
+		add("snapshot-schedule", o.SnapshotSchedule.String(), "must be 0 (off) or at least 1s", "use a Go duration such as 12h or 30m")
+	}
+	if o.SnapshotRetention < 1 {
+		add("snapshot-retention", fmt.Sprint(o.SnapshotRetention), "must be at least 1", "keep e.g. 5 scheduled snapshots")
+	}
+	if o.SnapshotDir == "" {
+		o.SnapshotDir = l.SnapshotsDir()
+	} else if abs, err := filepath.Abs(o.SnapshotDir); err == nil {
+		o.SnapshotDir = abs
+	}
+}
+
+// LockDataDir takes the data directory's server lock (k3sm.lock) for a
+// command that must not run beside a server (snapshot restore, certificate
+// rotate). The error says which server holds it.
+func LockDataDir(dataDir string) (release func(), err error) {
+	return lockDataDir(datadir.New(dataDir).LockFile())
 }
