@@ -1,4 +1,4 @@
-package node
+package podspec
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 
+	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -24,21 +25,21 @@ type fakeSource struct {
 	tokens *int
 }
 
-func (f fakeSource) claim(_ context.Context, _, name string) (*corev1.PersistentVolumeClaim, error) {
+func (f fakeSource) Claim(_ context.Context, _, name string) (*corev1.PersistentVolumeClaim, error) {
 	if c, ok := f.claims[name]; ok {
 		return c, nil
 	}
 	return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "persistentvolumeclaims"}, name)
 }
 
-func (f fakeSource) volume(_ context.Context, name string) (*corev1.PersistentVolume, error) {
+func (f fakeSource) Volume(_ context.Context, name string) (*corev1.PersistentVolume, error) {
 	if v, ok := f.pvs[name]; ok {
 		return v, nil
 	}
 	return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "persistentvolumes"}, name)
 }
 
-func (f fakeSource) token(_ context.Context, _, sa string, req *authenticationv1.TokenRequest) (*authenticationv1.TokenRequest, error) {
+func (f fakeSource) Token(_ context.Context, _, sa string, req *authenticationv1.TokenRequest) (*authenticationv1.TokenRequest, error) {
 	if f.tokens == nil {
 		return nil, apierrors.NewForbidden(schema.GroupResource{Resource: "serviceaccounts/token"}, sa, errors.New("no tokens"))
 	}
@@ -48,14 +49,14 @@ func (f fakeSource) token(_ context.Context, _, sa string, req *authenticationv1
 	return out, nil
 }
 
-func (f fakeSource) configMap(_ context.Context, _, name string) (*corev1.ConfigMap, error) {
+func (f fakeSource) ConfigMap(_ context.Context, _, name string) (*corev1.ConfigMap, error) {
 	if cm, ok := f.cms[name]; ok {
 		return cm, nil
 	}
 	return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "configmaps"}, name)
 }
 
-func (f fakeSource) secret(_ context.Context, _, name string) (*corev1.Secret, error) {
+func (f fakeSource) Secret(_ context.Context, _, name string) (*corev1.Secret, error) {
 	if s, ok := f.secrets[name]; ok {
 		return s, nil
 	}
@@ -67,7 +68,7 @@ func TestEnvResolution(t *testing.T) {
 		cms:     map[string]*corev1.ConfigMap{"cm": {Data: map[string]string{"a": "1", "b": "2"}}},
 		secrets: map[string]*corev1.Secret{"s": {Data: map[string][]byte{"k": []byte("secret")}}},
 	}
-	tr := &translator{src: src, nodeName: "n1", nodeIP: "192.0.2.1"}
+	tr := &Translator{src: src, nodeIP: "192.0.2.1"}
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "u", Labels: map[string]string{"app": "x"}},
 		Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{
 			Name:      "c",
@@ -85,7 +86,7 @@ func TestEnvResolution(t *testing.T) {
 				{Name: "CPU", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.cpu"}}},
 			},
 		}}}}
-	spec, err := tr.podSpec(context.Background(), pod)
+	spec, err := tr.PodSpec(context.Background(), pod)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,9 +111,9 @@ func TestEnvResolution(t *testing.T) {
 
 	pod.Spec.Containers[0].Env = append(pod.Spec.Containers[0].Env, corev1.EnvVar{Name: "X", ValueFrom: &corev1.EnvVarSource{
 		SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "missing"}, Key: "k"}}})
-	_, err = tr.podSpec(context.Background(), pod)
-	var ce *configError
-	if !errors.As(err, &ce) || ce.container != "c" {
+	_, err = tr.PodSpec(context.Background(), pod)
+	var ce *ConfigError
+	if !errors.As(err, &ce) || ce.Container != "c" {
 		t.Fatalf("want a configError for container c, got %v", err)
 	}
 }
@@ -138,7 +139,7 @@ func TestEnvExpansionAsKubelet(t *testing.T) {
 	svc := func(string) []corev1.EnvVar {
 		return []corev1.EnvVar{{Name: "KUBERNETES_PORT", Value: "tcp://127.0.0.1:6443"}, {Name: "A", Value: "svc"}}
 	}
-	tr := &translator{src: src, nodeName: "n1", nodeIP: "127.0.0.1", serviceEnv: svc}
+	tr := &Translator{src: src, nodeIP: "127.0.0.1", serviceEnv: svc}
 	secretRef := func(k string) *corev1.EnvVarSource {
 		return &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "s"}, Key: k}}
 	}
@@ -158,7 +159,7 @@ func TestEnvExpansionAsKubelet(t *testing.T) {
 				{Name: "EMPTY"},
 			},
 		}}}}
-	spec, err := tr.podSpec(context.Background(), pod)
+	spec, err := tr.PodSpec(context.Background(), pod)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,14 +188,14 @@ func TestEnvExpansionAsKubelet(t *testing.T) {
 // (the image), not the env the node resolves from labels or ConfigMaps.
 func TestDefinitionHashIsTheKubelets(t *testing.T) {
 	src := fakeSource{cms: map[string]*corev1.ConfigMap{"cm": {Data: map[string]string{"k": "1"}}}}
-	tr := &translator{src: src, nodeName: "n1", nodeIP: "127.0.0.1"}
+	tr := &Translator{src: src, nodeIP: "127.0.0.1"}
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "u", Labels: map[string]string{"v": "1"}},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox:1", Env: []corev1.EnvVar{
 			{Name: "L", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels['v']"}}},
 			{Name: "K", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "cm"}, Key: "k"}}},
 		}}}}}
 	hash := func() (string, string) {
-		spec, err := tr.podSpec(context.Background(), pod)
+		spec, err := tr.PodSpec(context.Background(), pod)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -214,5 +215,65 @@ func TestDefinitionHashIsTheKubelets(t *testing.T) {
 	pod.Spec.Containers[0].Image = "busybox:2"
 	if h3, _ := hash(); h3 == h1 {
 		t.Fatal("a new image must change the hash")
+	}
+}
+
+func debugPod() *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default", UID: "u1"},
+		Spec: corev1.PodSpec{
+			Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
+			Containers: []corev1.Container{{Name: "app", Image: "native", Command: []string{"/bin/sleep", "600"},
+				VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}}},
+			EphemeralContainers: []corev1.EphemeralContainer{
+				{TargetContainerName: "app", EphemeralContainerCommon: corev1.EphemeralContainerCommon{
+					Name: "debugger", Image: "busybox:1.36", ImagePullPolicy: corev1.PullIfNotPresent,
+					Command: []string{"sh"}, Args: []string{"-c", "ls /data"}, WorkingDir: "/tmp",
+					Env:   []corev1.EnvVar{{Name: "A", Value: "1"}, {Name: "POD", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}},
+					Stdin: true, TTY: true,
+					VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/mnt/data", ReadOnly: true}},
+				}},
+				{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "broken", Image: "busybox",
+					Env: []corev1.EnvVar{{Name: "X", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{
+						LocalObjectReference: corev1.LocalObjectReference{Name: "missing"}, Key: "k"}}}}}},
+			},
+		},
+	}
+}
+
+// Ephemeral containers translate as containers (image, command/args, env,
+// workingDir, stdin/tty, volume mounts) with their target; one whose env
+// cannot be resolved is left out and reported, and the pod still translates.
+func TestEphemeralContainersTranslate(t *testing.T) {
+	var failed []string
+	tr := &Translator{src: fakeSource{}, nodeIP: "192.0.2.1",
+		ephemeralFailed: func(_ *corev1.Pod, c string, err error) { failed = append(failed, c+": "+err.Error()) }}
+	spec, err := tr.PodSpec(context.Background(), debugPod())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(spec.EphemeralContainers) != 1 {
+		t.Fatalf("ephemeral containers: %v", spec.EphemeralContainers)
+	}
+	ec := spec.EphemeralContainers[0]
+	c := ec.GetContainer()
+	if ec.GetTargetContainerName() != "app" || c.GetName() != "debugger" || c.GetImage() != "busybox:1.36" ||
+		c.GetImagePullPolicy() != runtimev1.PullPolicy_PULL_POLICY_IF_NOT_PRESENT ||
+		len(c.GetCommand()) != 1 || c.GetCommand()[0] != "sh" || len(c.GetArgs()) != 2 || c.GetWorkingDir() != "/tmp" ||
+		!c.GetStdin() || !c.GetTty() {
+		t.Fatalf("translated: %v", ec)
+	}
+	env := map[string]string{}
+	for _, e := range c.GetEnv() {
+		env[e.GetName()] = e.GetValue()
+	}
+	if env["A"] != "1" || env["POD"] != "web" {
+		t.Errorf("env %v", c.GetEnv())
+	}
+	if vm := c.GetVolumeMounts(); len(vm) != 1 || vm[0].GetName() != "data" || vm[0].GetMountPath() != "/mnt/data" || !vm[0].GetReadOnly() {
+		t.Errorf("volume mounts %v", vm)
+	}
+	if len(failed) != 1 || failed[0] != `broken: configmap "missing" not found` {
+		t.Errorf("failures reported: %q", failed)
 	}
 }

@@ -1,4 +1,4 @@
-package node
+package podspec
 
 import (
 	"context"
@@ -40,7 +40,7 @@ func TestVolumesFiles(t *testing.T) {
 		tokens:  &tokens,
 	}
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	tr := &translator{src: src, tokens: &tokenCache{}, now: func() time.Time { return now }}
+	tr := &Translator{src: src, tokens: &tokenCache{}, now: func() time.Time { return now }}
 	pod := volPod(
 		corev1.Volume{Name: "all", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
 			LocalObjectReference: corev1.LocalObjectReference{Name: "cm"}}}},
@@ -126,7 +126,7 @@ func TestVolumesErrors(t *testing.T) {
 		pvs: map[string]*corev1.PersistentVolume{"pv-1": {Spec: corev1.PersistentVolumeSpec{PersistentVolumeSource: corev1.PersistentVolumeSource{
 			HostPath: &corev1.HostPathVolumeSource{Path: "/var/lib/k3sm/storage/pvc-1", Type: ptr.To(corev1.HostPathDirectoryOrCreate)}}}}},
 	}
-	tr := &translator{src: src, protectedDirs: []string{"/var/lib/k3sm"}}
+	tr := &Translator{src: src, protectedDirs: []string{"/var/lib/k3sm"}}
 	cases := []struct {
 		vol  corev1.VolumeSource
 		want string // "" = no error
@@ -152,7 +152,7 @@ func TestVolumesErrors(t *testing.T) {
 			}
 			continue
 		}
-		var ve *volumeError
+		var ve *VolumeError
 		if !errors.As(err, &ve) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), `volume "v"`) {
 			t.Errorf("%+v: got %v (%v), want a volumeError with %q", c.vol, err, vols, c.want)
 		}
@@ -165,7 +165,7 @@ func TestVolumesErrors(t *testing.T) {
 }
 
 func TestAPIServerEnv(t *testing.T) {
-	env := apiServerEnv("https://127.0.0.1:6443")("any")
+	env := APIServerEnv("https://127.0.0.1:6443")("any")
 	m := map[string]string{}
 	for _, e := range env {
 		m[e.Name] = e.Value
