@@ -542,3 +542,45 @@ func TestReconcileRepairsLostStatus(t *testing.T) {
 		t.Fatalf("%d writes once the API agrees", len(writes))
 	}
 }
+
+// Once a deleted pod's terminal status is sent, the node keeps nothing of
+// it: its state (with the retry a missing ConfigMap scheduled) and its name
+// are gone, and the retry never fires.
+func TestDeletedPodLeavesNoState(t *testing.T) {
+	rt := newFakeRuntime()
+	src := &flakySource{fakeSource: fakeSource{cms: map[string]*corev1.ConfigMap{}}}
+	p := newProvider(rt.client(), podspec.New(podspec.Config{Source: src}), "127.0.0.1", nil, quiet(), false)
+	p.retryDelay = 100 * time.Millisecond
+	rec := &recorder{last: map[string]*corev1.Pod{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p.NotifyPods(ctx, rec.notify)
+	pod := cmPod("u1")
+	if err := p.CreatePod(ctx, pod); err != nil { // FailedMount: a retry is scheduled
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	retry := p.pods["u1"] != nil && p.pods["u1"].retry != nil
+	p.mu.Unlock()
+	if !retry {
+		t.Fatal("no retry scheduled for a pod whose ConfigMap is missing")
+	}
+	if err := p.DeletePod(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 5*time.Second, "state forgotten", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.pods) == 0 && len(p.byName) == 0
+	})
+	src.mu.Lock()
+	src.cms["cm"] = &corev1.ConfigMap{Data: map[string]string{"k": "v"}}
+	src.mu.Unlock()
+	time.Sleep(300 * time.Millisecond)
+	if rt.isLive("u1") {
+		t.Fatal("a forgotten pod was started")
+	}
+	if got := rec.get("p"); got == nil || got.Status.Phase != corev1.PodFailed {
+		t.Fatalf("terminal status not sent: %+v", got)
+	}
+}
