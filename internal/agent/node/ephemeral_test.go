@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/agent/podspec"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,43 +31,6 @@ func debugPod() *corev1.Pod {
 						LocalObjectReference: corev1.LocalObjectReference{Name: "missing"}, Key: "k"}}}}}},
 			},
 		},
-	}
-}
-
-// Ephemeral containers translate as containers (image, command/args, env,
-// workingDir, stdin/tty, volume mounts) with their target; one whose env
-// cannot be resolved is left out and reported, and the pod still translates.
-func TestEphemeralContainersTranslate(t *testing.T) {
-	var failed []string
-	tr := &translator{src: fakeSource{}, nodeName: "n1", nodeIP: "192.0.2.1",
-		ephemeralFailed: func(_ *corev1.Pod, c string, err error) { failed = append(failed, c+": "+err.Error()) }}
-	spec, err := tr.podSpec(context.Background(), debugPod())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(spec.EphemeralContainers) != 1 {
-		t.Fatalf("ephemeral containers: %v", spec.EphemeralContainers)
-	}
-	ec := spec.EphemeralContainers[0]
-	c := ec.GetContainer()
-	if ec.GetTargetContainerName() != "app" || c.GetName() != "debugger" || c.GetImage() != "busybox:1.36" ||
-		c.GetImagePullPolicy() != runtimev1.PullPolicy_PULL_POLICY_IF_NOT_PRESENT ||
-		len(c.GetCommand()) != 1 || c.GetCommand()[0] != "sh" || len(c.GetArgs()) != 2 || c.GetWorkingDir() != "/tmp" ||
-		!c.GetStdin() || !c.GetTty() {
-		t.Fatalf("translated: %v", ec)
-	}
-	env := map[string]string{}
-	for _, e := range c.GetEnv() {
-		env[e.GetName()] = e.GetValue()
-	}
-	if env["A"] != "1" || env["POD"] != "web" {
-		t.Errorf("env %v", c.GetEnv())
-	}
-	if vm := c.GetVolumeMounts(); len(vm) != 1 || vm[0].GetName() != "data" || vm[0].GetMountPath() != "/mnt/data" || !vm[0].GetReadOnly() {
-		t.Errorf("volume mounts %v", vm)
-	}
-	if len(failed) != 1 || failed[0] != `broken: configmap "missing" not found` {
-		t.Errorf("failures reported: %q", failed)
 	}
 }
 
@@ -107,7 +71,7 @@ func TestEphemeralContainerStatus(t *testing.T) {
 
 	// A running ephemeral container of a deleted pod reads terminated.
 	rs.EphemeralContainerStatuses[0].State = &runtimev1.ContainerState{State: &runtimev1.ContainerState_Running{Running: &runtimev1.ContainerStateRunning{StartedAt: now}}}
-	p := newProvider(nil, &translator{}, "192.0.2.1", nil, nil, false)
+	p := newProvider(nil, podspec.New(podspec.Config{}), "192.0.2.1", nil, nil, false)
 	p.adopt(pod)
 	p.update(rs)
 	p.finished(pod.UID)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/internal/agent/podspec"
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -150,6 +152,34 @@ func (s *fakeStream) Recv() (*runtimev1.WatchPodStatusResponse, error) {
 	return nil, io.EOF
 }
 
+// fakeSource has the ConfigMaps in cms and nothing else.
+type fakeSource struct {
+	cms map[string]*corev1.ConfigMap
+}
+
+func (f fakeSource) ConfigMap(_ context.Context, _, name string) (*corev1.ConfigMap, error) {
+	if cm, ok := f.cms[name]; ok {
+		return cm, nil
+	}
+	return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "configmaps"}, name)
+}
+
+func (fakeSource) Secret(_ context.Context, _, name string) (*corev1.Secret, error) {
+	return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "secrets"}, name)
+}
+
+func (fakeSource) Claim(_ context.Context, _, name string) (*corev1.PersistentVolumeClaim, error) {
+	return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "persistentvolumeclaims"}, name)
+}
+
+func (fakeSource) Volume(_ context.Context, name string) (*corev1.PersistentVolume, error) {
+	return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "persistentvolumes"}, name)
+}
+
+func (fakeSource) Token(_ context.Context, _, sa string, _ *authenticationv1.TokenRequest) (*authenticationv1.TokenRequest, error) {
+	return nil, apierrors.NewForbidden(schema.GroupResource{Resource: "serviceaccounts/token"}, sa, errors.New("no tokens"))
+}
+
 // flakySource answers from fakeSource, or with fail's error while it
 // returns one.
 type flakySource struct {
@@ -173,11 +203,11 @@ func (f *flakySource) setFail(fn func() error) {
 	f.mu.Unlock()
 }
 
-func (f *flakySource) configMap(ctx context.Context, ns, name string) (*corev1.ConfigMap, error) {
+func (f *flakySource) ConfigMap(ctx context.Context, ns, name string) (*corev1.ConfigMap, error) {
 	if err := f.err(); err != nil {
 		return nil, err
 	}
-	return f.fakeSource.configMap(ctx, ns, name)
+	return f.fakeSource.ConfigMap(ctx, ns, name)
 }
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
@@ -224,7 +254,7 @@ func TestCreateRetriesTransientRuntimeError(t *testing.T) {
 		return nil
 	}
 	src := &flakySource{fakeSource: fakeSource{cms: map[string]*corev1.ConfigMap{"cm": {Data: map[string]string{"k": "v"}}}}}
-	p := newProvider(rt.client(), &translator{src: src, tokens: &tokenCache{}}, "127.0.0.1", nil, quiet(), false)
+	p := newProvider(rt.client(), podspec.New(podspec.Config{Source: src}), "127.0.0.1", nil, quiet(), false)
 	if err := p.CreatePod(context.Background(), cmPod("u1")); err != nil {
 		// Virtual Kubelet would retry, but finds the pod known (GetPod)
 		// and never calls CreatePod again: the provider must own the retry.
@@ -246,7 +276,7 @@ func TestRetryDoesNotRecreateDeletedPod(t *testing.T) {
 	rt := newFakeRuntime()
 	rt.createGate = make(chan struct{})
 	src := &flakySource{fakeSource: fakeSource{cms: map[string]*corev1.ConfigMap{}}}
-	p := newProvider(rt.client(), &translator{src: src, tokens: &tokenCache{}}, "127.0.0.1", nil, quiet(), false)
+	p := newProvider(rt.client(), podspec.New(podspec.Config{Source: src}), "127.0.0.1", nil, quiet(), false)
 	p.retryDelay = 50 * time.Millisecond
 	pod := cmPod("u1")
 	// The ConfigMap is missing: FailedMount, retry later.
@@ -284,7 +314,7 @@ func TestRetryDoesNotRecreateDeletedPod(t *testing.T) {
 func TestDeleteCancelsRetry(t *testing.T) {
 	rt := newFakeRuntime()
 	src := &flakySource{fakeSource: fakeSource{cms: map[string]*corev1.ConfigMap{}}}
-	p := newProvider(rt.client(), &translator{src: src, tokens: &tokenCache{}}, "127.0.0.1", nil, quiet(), false)
+	p := newProvider(rt.client(), podspec.New(podspec.Config{Source: src}), "127.0.0.1", nil, quiet(), false)
 	p.retryDelay = 100 * time.Millisecond
 	pod := cmPod("u1")
 	if err := p.CreatePod(context.Background(), pod); err != nil {
@@ -311,7 +341,7 @@ func TestTransientAPIErrorKeepsRunningPod(t *testing.T) {
 	src := &flakySource{fakeSource: fakeSource{cms: map[string]*corev1.ConfigMap{"cm": {Data: map[string]string{"k": "v"}}}}}
 	src.setFail(func() error { return apierrors.NewServiceUnavailable("etcd leader changed") })
 	events := record.NewFakeRecorder(100)
-	p := newProvider(rt.client(), &translator{src: src, tokens: &tokenCache{}}, "127.0.0.1", events, quiet(), false)
+	p := newProvider(rt.client(), podspec.New(podspec.Config{Source: src}), "127.0.0.1", events, quiet(), false)
 	rec := &recorder{last: map[string]*corev1.Pod{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -358,7 +388,7 @@ func TestTransientAPIErrorRetriesStart(t *testing.T) {
 	src := &flakySource{fakeSource: fakeSource{cms: map[string]*corev1.ConfigMap{"cm": {Data: map[string]string{"k": "v"}}}}}
 	src.setFail(func() error { return apierrors.NewServiceUnavailable("apiserver shutting down") })
 	events := record.NewFakeRecorder(100)
-	p := newProvider(rt.client(), &translator{src: src, tokens: &tokenCache{}}, "127.0.0.1", events, quiet(), false)
+	p := newProvider(rt.client(), podspec.New(podspec.Config{Source: src}), "127.0.0.1", events, quiet(), false)
 	pod := cmPod("u1")
 	pod.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cm"}}}}
 	if err := p.CreatePod(context.Background(), pod); err != nil {
@@ -380,7 +410,7 @@ func TestTransientAPIErrorRetriesStart(t *testing.T) {
 	// A real error is still one.
 	src.setFail(func() error { return apierrors.NewNotFound(schema.GroupResource{Resource: "configmaps"}, "cm") })
 	events2 := record.NewFakeRecorder(100)
-	p2 := newProvider(rt.client(), &translator{src: src, tokens: &tokenCache{}}, "127.0.0.1", events2, quiet(), false)
+	p2 := newProvider(rt.client(), podspec.New(podspec.Config{Source: src}), "127.0.0.1", events2, quiet(), false)
 	if err := p2.CreatePod(context.Background(), cmPod("u2")); err != nil {
 		t.Fatal(err)
 	}
@@ -402,7 +432,7 @@ func TestWatchResumesEventLog(t *testing.T) {
 	}
 	start := func() (*record.FakeRecorder, context.CancelFunc, chan struct{}) {
 		events := record.NewFakeRecorder(100)
-		p := newProvider(rt.client(), &translator{}, "127.0.0.1", events, quiet(), false)
+		p := newProvider(rt.client(), podspec.New(podspec.Config{}), "127.0.0.1", events, quiet(), false)
 		p.pos = loadEventPos(datadir.New(dir).RuntimeEventsFile(), quiet())
 		p.adopt(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "default", UID: "u1"},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c"}}}})
@@ -458,7 +488,7 @@ func TestWatchResumesEventLog(t *testing.T) {
 // API showed a running pod ContainerCreating for good before.
 func TestReconcileRepairsLostStatus(t *testing.T) {
 	rt := newFakeRuntime()
-	p := newProvider(rt.client(), &translator{}, "127.0.0.1", nil, quiet(), false)
+	p := newProvider(rt.client(), podspec.New(podspec.Config{}), "127.0.0.1", nil, quiet(), false)
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "default", UID: "u1", ResourceVersion: "10"},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c"}}}}
 	var mu sync.Mutex
@@ -510,5 +540,47 @@ func TestReconcileRepairsLostStatus(t *testing.T) {
 	mu.Lock()
 	if len(writes) != 1 {
 		t.Fatalf("%d writes once the API agrees", len(writes))
+	}
+}
+
+// Once a deleted pod's terminal status is sent, the node keeps nothing of
+// it: its state (with the retry a missing ConfigMap scheduled) and its name
+// are gone, and the retry never fires.
+func TestDeletedPodLeavesNoState(t *testing.T) {
+	rt := newFakeRuntime()
+	src := &flakySource{fakeSource: fakeSource{cms: map[string]*corev1.ConfigMap{}}}
+	p := newProvider(rt.client(), podspec.New(podspec.Config{Source: src}), "127.0.0.1", nil, quiet(), false)
+	p.retryDelay = 100 * time.Millisecond
+	rec := &recorder{last: map[string]*corev1.Pod{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p.NotifyPods(ctx, rec.notify)
+	pod := cmPod("u1")
+	if err := p.CreatePod(ctx, pod); err != nil { // FailedMount: a retry is scheduled
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	retry := p.pods["u1"] != nil && p.pods["u1"].retry != nil
+	p.mu.Unlock()
+	if !retry {
+		t.Fatal("no retry scheduled for a pod whose ConfigMap is missing")
+	}
+	if err := p.DeletePod(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 5*time.Second, "state forgotten", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.pods) == 0 && len(p.byName) == 0
+	})
+	src.mu.Lock()
+	src.cms["cm"] = &corev1.ConfigMap{Data: map[string]string{"k": "v"}}
+	src.mu.Unlock()
+	time.Sleep(300 * time.Millisecond)
+	if rt.isLive("u1") {
+		t.Fatal("a forgotten pod was started")
+	}
+	if got := rec.get("p"); got == nil || got.Status.Phase != corev1.PodFailed {
+		t.Fatalf("terminal status not sent: %+v", got)
 	}
 }

@@ -21,7 +21,7 @@ func (p *Provider) uidOf(ns, name string) (string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	uid, ok := p.byName[key(ns, name)]
-	if !ok || !p.known[uid] {
+	if st := p.pods[uid]; !ok || st == nil || !st.known {
 		return "", errdefs.NotFoundf("pod %s/%s is not running on this node", ns, name)
 	}
 	return string(uid), nil
@@ -295,7 +295,7 @@ func (p *Provider) GetStatsSummary(ctx context.Context) (*statsv1alpha1.Summary,
 		return nil, err
 	}
 	now := metav1.Now()
-	sum := &statsv1alpha1.Summary{Node: statsv1alpha1.NodeStats{NodeName: p.tr.nodeName, StartTime: now}}
+	sum := &statsv1alpha1.Summary{Node: statsv1alpha1.NodeStats{NodeName: p.nodeName, StartTime: now}}
 	var nodeCPU, nodeMem uint64
 	for _, ps := range resp.Pods {
 		pod := statsv1alpha1.PodStats{PodRef: statsv1alpha1.PodReference{Name: ps.Name, Namespace: ps.Namespace, UID: ps.Uid}, StartTime: now}

@@ -1,9 +1,13 @@
 // Package node owns the k3sm node: a Virtual Kubelet that registers this
 // machine as a Node under its own system:node:<name> identity, hands the
 // pods scheduled to it to the runtime daemon (through the api/runtime/v1
-// contract only), reports their status and events the way the kubelet does,
-// and serves the kubelet API (logs, exec, attach, port-forward, stats) with
-// the apiserver's authentication and authorization.
+// contract only, translated by internal/agent/podspec), keeps what it knows
+// of each pod (provider.go: one podState per uid), reports their status and
+// events the way the kubelet does (status.go, reconcile.go), refreshes their
+// files volumes (refresh.go), reports DiskPressure and collects images
+// (disk.go), and serves the kubelet API (logs, exec, attach, port-forward,
+// stats; kubeletapi.go) with the apiserver's authentication and
+// authorization.
 package node
 
 import (
@@ -15,7 +19,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	goruntime "runtime"
 	"strconv"
@@ -25,6 +28,7 @@ import (
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/agent/localpath"
 	"github.com/k3sm-dev/k3sm/internal/agent/metrics"
+	"github.com/k3sm-dev/k3sm/internal/agent/podspec"
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	"github.com/k3sm-dev/k3sm/internal/runtime/client"
@@ -100,17 +104,18 @@ func Run(ctx context.Context, cfg Config) error {
 	defer eb.Shutdown()
 	recorder := eb.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet", Host: cfg.Name})
 
-	tr := &translator{src: apiSource{kc}, nodeName: cfg.Name, nodeIP: cfg.IP, tokens: &tokenCache{},
-		serviceEnv: apiServerEnv(rc.Host)}
+	var provider *Provider
+	translatorConfig := podspec.Config{Source: podspec.APISource(kc), NodeIP: cfg.IP, ServiceEnv: podspec.APIServerEnv(rc.Host),
+		EphemeralFailed: func(pod *corev1.Pod, container string, err error) {
+			log.Warn("ephemeral container left out", "pod", pod.Namespace+"/"+pod.Name, "container", container, "err", err)
+			provider.event(pod, container, corev1.EventTypeWarning, "Failed", "Error: "+err.Error())
+		}}
 	if cfg.DataDir != "" {
-		tr.protectedDirs = []string{cfg.DataDir}
+		translatorConfig.ProtectedDirs = []string{cfg.DataDir}
 	}
-	prov := newProvider(rt, tr, cfg.IP, recorder, log, cfg.Instant)
-	tr.ephemeralFailed = func(pod *corev1.Pod, container string, err error) {
-		log.Warn("ephemeral container left out", "pod", pod.Namespace+"/"+pod.Name, "container", container, "err", err)
-		prov.event(pod, container, corev1.EventTypeWarning, "Failed", "Error: "+err.Error())
-	}
-	prov.remove = func(ns, name string, uid types.UID) {
+	provider = newProvider(rt, podspec.New(translatorConfig), cfg.IP, recorder, log, cfg.Instant)
+	provider.nodeName = cfg.Name
+	provider.remove = func(ns, name string, uid types.UID) {
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
 		err := kc.CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{
@@ -129,14 +134,14 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("runtime ListPods: %w", err)
 		}
 		for _, st := range list.Pods {
-			prov.update(st)
+			provider.update(st)
 		}
 		if cfg.DataDir != "" {
-			prov.pos = loadEventPos(datadir.New(cfg.DataDir).RuntimeEventsFile(), log)
-			defer prov.pos.flush()
+			provider.pos = loadEventPos(datadir.New(cfg.DataDir).RuntimeEventsFile(), log)
+			defer provider.pos.flush()
 		}
-		go prov.watch(ctx)
-		go prov.refreshVolumes(ctx, VolumeRefreshPeriod)
+		go provider.watch(ctx)
+		go provider.refreshVolumes(ctx, VolumeRefreshPeriod)
 	}
 	if cfg.LocalPathKubeconfig != "" {
 		if err := startLocalPath(ctx, cfg); err != nil {
@@ -145,14 +150,14 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	nodeSpec := nodeObject(cfg, info)
-	np := &nodeProvider{rt: rt, instant: cfg.Instant}
+	health := &nodeHealth{rt: rt, instant: cfg.Instant}
 	if !cfg.Instant && cfg.DataDir != "" {
-		if np.disk, err = newDiskManager(cfg.Disk, cfg.DataDir, cfg.Name, grpcDiskRuntime{rt.Runtime, rt.Images}, recorder, log); err != nil {
+		if health.disk, err = newDiskManager(cfg.Disk, cfg.DataDir, cfg.Name, grpcDiskRuntime{rt.Runtime, rt.Images}, recorder, log); err != nil {
 			return err
 		}
-		np.disk.setNode(nodeSpec, nil)
+		health.disk.setNode(nodeSpec, nil)
 	}
-	nc, err := vknode.NewNodeController(np, nodeSpec, kc.CoreV1().Nodes(),
+	nc, err := vknode.NewNodeController(health, nodeSpec, kc.CoreV1().Nodes(),
 		vknode.WithNodeEnableLeaseV1(nodeutil.NodeLeaseV1Client(kc), vknode.DefaultLeaseDuration))
 	if err != nil {
 		return err
@@ -160,18 +165,18 @@ func Run(ctx context.Context, cfg Config) error {
 
 	podFactory := informers.NewSharedInformerFactoryWithOptions(kc, time.Minute, nodeutil.PodInformerFilter(cfg.Name))
 	podLister := podFactory.Core().V1().Pods().Lister()
-	prov.apiUID = func(ns, name string) (types.UID, bool) {
+	provider.apiUID = func(ns, name string) (types.UID, bool) {
 		pod, err := podLister.Pods(ns).Get(name)
 		if err != nil {
 			return "", false
 		}
 		return pod.UID, true
 	}
-	prov.apiPod = func(ns, name string) (*corev1.Pod, bool) {
+	provider.apiPod = func(ns, name string) (*corev1.Pod, bool) {
 		pod, err := podLister.Pods(ns).Get(name)
 		return pod, err == nil
 	}
-	prov.writeStatus = func(ctx context.Context, pod *corev1.Pod) error {
+	provider.writeStatus = func(ctx context.Context, pod *corev1.Pod) error {
 		_, err := kc.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
 		return err
 	}
@@ -183,7 +188,7 @@ func Run(ctx context.Context, cfg Config) error {
 		PodClient:                 kc.CoreV1(),
 		PodInformer:               podFactory.Core().V1().Pods(),
 		EventRecorder:             recorder,
-		Provider:                  prov,
+		Provider:                  provider,
 		ConfigMapInformer:         unused.Core().V1().ConfigMaps(),
 		SecretInformer:            unused.Core().V1().Secrets(),
 		ServiceInformer:           unused.Core().V1().Services(),
@@ -199,7 +204,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 
-	srv, err := serveKubeletAPI(cfg, kc, prov, podFactory)
+	srv, err := serveKubeletAPI(cfg, kc, provider, podFactory)
 	if err != nil {
 		return err
 	}
@@ -211,7 +216,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	podFactory.Start(ctx.Done())
-	go prov.reconcileStatuses(ctx, ReconcilePeriod)
+	go provider.reconcileStatuses(ctx, ReconcilePeriod)
 	errc := make(chan error, 2)
 	go func() { errc <- nc.Run(ctx) }()
 	select {
@@ -222,8 +227,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return nil
 	}
 	go func() { errc <- pc.Run(ctx, cfg.Workers) }()
-	if np.disk != nil {
-		go np.disk.run(ctx)
+	if health.disk != nil {
+		go health.disk.run(ctx)
 	}
 	log.Info("node registered", "node", cfg.Name, "ip", cfg.IP, "kubeletPort", cfg.KubeletPort, "runtime", info.RuntimeName+" "+info.RuntimeVersion)
 	select {
@@ -299,14 +304,15 @@ func osImage() string {
 	return goruntime.GOOS
 }
 
-// nodeProvider answers Virtual Kubelet's health pings from the runtime.
-type nodeProvider struct {
+// nodeHealth is the Node side of Virtual Kubelet (its NodeProvider): it
+// answers health pings from the runtime and passes DiskPressure changes on.
+type nodeHealth struct {
 	rt      *client.Client
 	instant bool
 	disk    *diskManager // reports DiskPressure changes; nil with Instant
 }
 
-func (n *nodeProvider) Ping(ctx context.Context) error {
+func (n *nodeHealth) Ping(ctx context.Context) error {
 	if n.instant {
 		return nil
 	}
@@ -316,7 +322,7 @@ func (n *nodeProvider) Ping(ctx context.Context) error {
 	return err
 }
 
-func (n *nodeProvider) NotifyNodeStatus(_ context.Context, cb func(*corev1.Node)) {
+func (n *nodeHealth) NotifyNodeStatus(_ context.Context, cb func(*corev1.Node)) {
 	if n.disk != nil {
 		n.disk.mu.Lock()
 		n.disk.notify = cb
@@ -328,7 +334,7 @@ func (n *nodeProvider) NotifyNodeStatus(_ context.Context, cb func(*corev1.Node)
 // mode, clients authenticate with a certificate from the client CA (the
 // apiserver does) or a bearer token (TokenReview), never anonymously, and
 // every request is authorized through SubjectAccessReview.
-func serveKubeletAPI(cfg Config, kc kubernetes.Interface, prov *Provider, pods informers.SharedInformerFactory) (*http.Server, error) {
+func serveKubeletAPI(cfg Config, kc kubernetes.Interface, provider *Provider, pods informers.SharedInformerFactory) (*http.Server, error) {
 	caPEM, err := os.ReadFile(cfg.ClientCAFile)
 	if err != nil {
 		return nil, err
@@ -354,16 +360,16 @@ func serveKubeletAPI(cfg Config, kc kubernetes.Interface, prov *Provider, pods i
 	}
 	lister := pods.Core().V1().Pods().Lister()
 	handler := api.PodHandler(api.PodHandlerConfig{
-		RunInContainer:    prov.RunInContainer,
-		AttachToContainer: prov.AttachToContainer,
-		PortForward:       prov.PortForward,
-		GetContainerLogs:  prov.GetContainerLogs,
-		GetPods:           prov.GetPods,
+		RunInContainer:    provider.RunInContainer,
+		AttachToContainer: provider.AttachToContainer,
+		PortForward:       provider.PortForward,
+		GetContainerLogs:  provider.GetContainerLogs,
+		GetPods:           provider.GetPods,
 		GetPodsFromKubernetes: func(context.Context) ([]*corev1.Pod, error) {
 			return lister.List(labels.Everything())
 		},
-		GetStatsSummary:       prov.GetStatsSummary,
-		GetMetricsResource:    prov.GetMetricsResource,
+		GetStatsSummary:       provider.GetStatsSummary,
+		GetMetricsResource:    provider.GetMetricsResource,
 		StreamIdleTimeout:     4 * time.Hour,
 		StreamCreationTimeout: 30 * time.Second,
 	}, false)
@@ -389,34 +395,6 @@ func queueLimiter() workqueue.TypedRateLimiter[any] {
 		workqueue.NewTypedItemExponentialFailureRateLimiter[any](5*time.Millisecond, 10*time.Second),
 		&workqueue.TypedBucketRateLimiter[any]{Limiter: rate.NewLimiter(rate.Limit(1000), 2000)},
 	)
-}
-
-// apiServerEnv gives pods the kubelet's KUBERNETES_SERVICE_* variables, so
-// rest.InClusterConfig() works unchanged. Until the Service proxy lands
-// (roadmap) the kubernetes Service's ClusterIP is not reachable from a pod,
-// so they name the API server's own address, the one this node uses; its
-// serving certificate covers it.
-func apiServerEnv(server string) func(ns string) []corev1.EnvVar {
-	u, err := url.Parse(server)
-	if err != nil || u.Hostname() == "" {
-		return nil
-	}
-	host, port := u.Hostname(), u.Port()
-	if port == "" {
-		port = "443"
-	}
-	addr := "tcp://" + net.JoinHostPort(host, port)
-	env := []corev1.EnvVar{
-		{Name: "KUBERNETES_SERVICE_HOST", Value: host},
-		{Name: "KUBERNETES_SERVICE_PORT", Value: port},
-		{Name: "KUBERNETES_SERVICE_PORT_HTTPS", Value: port},
-		{Name: "KUBERNETES_PORT", Value: addr},
-		{Name: "KUBERNETES_PORT_" + port + "_TCP", Value: addr},
-		{Name: "KUBERNETES_PORT_" + port + "_TCP_PROTO", Value: "tcp"},
-		{Name: "KUBERNETES_PORT_" + port + "_TCP_PORT", Value: port},
-		{Name: "KUBERNETES_PORT_" + port + "_TCP_ADDR", Value: host},
-	}
-	return func(string) []corev1.EnvVar { return env }
 }
 
 // startLocalPath runs the node's local-path provisioner with its own

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/agent/podspec"
 	"github.com/k3sm-dev/k3sm/internal/runtime/client"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"google.golang.org/grpc/codes"
@@ -26,29 +27,26 @@ import (
 // Virtual Kubelet PodLifecycleHandler and PodNotifier, plus the kubelet API
 // callbacks (logs, exec, attach, port-forward, stats).
 type Provider struct {
-	rt       *client.Client
-	tr       *translator
-	nodeIP   string
-	recorder record.EventRecorder
-	log      *slog.Logger
+	rt         *client.Client
+	translator *podspec.Translator
+	nodeName   string
+	nodeIP     string
+	recorder   record.EventRecorder
+	log        *slog.Logger
 	// instant marks pods Running without starting anything: the floor of
 	// the pod-start benchmark, never used for real workloads.
 	instant bool
 
-	mu     sync.Mutex
-	pods   map[types.UID]*corev1.Pod // last status per pod, by uid
-	byName map[string]types.UID      // namespace/name -> uid
-	known  map[types.UID]bool        // the runtime has this pod
-	// retry is the pending start of a pod that could not start yet; a timer
-	// that finds another one (or none) here was cancelled.
-	retry map[types.UID]*retryTimer
-	// attempts counts a pod's starts that failed transiently (backoff).
-	attempts map[types.UID]int
-	// deleting are pods DeletePod was called for: they are never (re)created.
-	deleting map[types.UID]bool
+	mu sync.Mutex
+	// pods is everything the node knows of each pod, by uid: see podState.
+	// An entry is made by state and removed by forget, nowhere else.
+	pods   map[types.UID]*podState
+	byName map[string]types.UID // namespace/name -> uid
 	// podLocks serializes the runtime calls that create and delete one pod,
 	// so a start (a retry, Virtual Kubelet's create) cannot overtake or race
-	// DeletePod.
+	// DeletePod. It is apart from pods: a lock outlives the state it guards
+	// (DeletePod takes it for a pod the node never saw, and holds it while
+	// the notifier forgets the pod).
 	podLocks keyedMutex
 	// retryDelay is the wait before starting again a pod whose config or
 	// volumes are not there yet (the kubelet's sync period is alike).
@@ -56,20 +54,10 @@ type Provider struct {
 	// remove deletes a terminated pod from the API (grace 0), as the kubelet
 	// does once every container is gone.
 	remove func(ns, name string, uid types.UID)
-	// pending holds runtime events of pods the API has not shown us yet
-	// (replayed after a restart); they are recorded once the pod arrives.
-	pending map[types.UID][]*runtimev1.PodEvent
-	// rev is the newest runtime status revision applied per pod, so a late
-	// reply (a CreatePod response racing the watch) cannot roll a status back.
-	rev map[types.UID]uint64
-	// gone are pods torn down whose terminal status is still to be sent.
-	gone map[types.UID]bool
 	// dirty carries pods whose status changed to the one goroutine that
 	// tells Virtual Kubelet: it always sends the newest status, so
 	// notifications can never arrive out of order.
 	dirty chan types.UID
-	// volHash is the files volumes last sent to the runtime per pod.
-	volHash map[types.UID][32]byte
 	// apiUID is the uid of the API's pod of that name (the informer's
 	// view): Virtual Kubelet looks pods up by name, the node by uid.
 	apiUID func(ns, name string) (types.UID, bool)
@@ -78,19 +66,80 @@ type Provider struct {
 	// (reconcile.go) uses them to repair statuses lost on the way.
 	apiPod      func(ns, name string) (*corev1.Pod, bool)
 	writeStatus func(ctx context.Context, pod *corev1.Pod) error
-	// stale are pods whose API status differed from the node's in the last
-	// reconcile round.
-	stale map[types.UID]staleStatus
 	// pos keeps where the runtime's event log was read up to (nil: not kept).
 	pos *eventPos
 }
 
-func newProvider(rt *client.Client, tr *translator, nodeIP string, recorder record.EventRecorder, log *slog.Logger, instant bool) *Provider {
-	return &Provider{rt: rt, tr: tr, nodeIP: nodeIP, recorder: recorder, log: log, instant: instant,
-		pods: map[types.UID]*corev1.Pod{}, byName: map[string]types.UID{}, known: map[types.UID]bool{}, retry: map[types.UID]*retryTimer{},
-		attempts: map[types.UID]int{}, deleting: map[types.UID]bool{}, stale: map[types.UID]staleStatus{}, retryDelay: 10 * time.Second,
-		pending: map[types.UID][]*runtimev1.PodEvent{}, rev: map[types.UID]uint64{}, gone: map[types.UID]bool{},
-		dirty: make(chan types.UID, 4096), volHash: map[types.UID][32]byte{}}
+// podState is what the node keeps of one pod, guarded by Provider.mu. A
+// state can exist before the API shows the pod (runtime events, a
+// DeletePod) and without one ever coming; it is forgotten once the pod's
+// terminal status is sent.
+type podState struct {
+	// pod is the API's view of the pod with the status last reported; nil
+	// while the node only heard of the uid. A stub (no containers) stands
+	// for a pod the runtime runs that the API has not shown yet.
+	pod *corev1.Pod
+	// known: the runtime has this pod.
+	known bool
+	// retry is the pending start of a pod that could not start yet; a timer
+	// that finds another one (or none) here was cancelled.
+	retry *retryTimer
+	// attempts counts the pod's starts that failed transiently (backoff).
+	attempts int
+	// deleting: DeletePod was called; the pod is never (re)created.
+	deleting bool
+	// pending holds runtime events that arrived before the API showed the
+	// pod (replayed after a restart); they are recorded once it arrives.
+	pending []*runtimev1.PodEvent
+	// rev is the newest runtime status revision applied, so a late reply
+	// (a CreatePod response racing the watch) cannot roll a status back.
+	rev uint64
+	// gone: torn down, the terminal status still to be sent.
+	gone bool
+	// volumesHash is the files volumes last sent to the runtime.
+	volumesHash [32]byte
+	// stale is the pod's status in the API when it differed from the
+	// node's in the last reconcile round (nil: it did not).
+	stale *staleStatus
+}
+
+// state returns uid's state, making it if there is none; with p.mu held.
+func (p *Provider) state(uid types.UID) *podState {
+	st := p.pods[uid]
+	if st == nil {
+		st = &podState{}
+		p.pods[uid] = st
+	}
+	return st
+}
+
+// forget drops everything the node keeps of a pod; with p.mu held.
+func (p *Provider) forget(uid types.UID) {
+	st := p.pods[uid]
+	if st == nil {
+		return
+	}
+	if st.retry != nil {
+		st.retry.t.Stop()
+	}
+	if st.pod != nil && p.byName[key(st.pod.Namespace, st.pod.Name)] == uid {
+		delete(p.byName, key(st.pod.Namespace, st.pod.Name))
+	}
+	delete(p.pods, uid)
+}
+
+// podOf is uid's pod (nil: none yet); with p.mu held.
+func (p *Provider) podOf(uid types.UID) *corev1.Pod {
+	if st := p.pods[uid]; st != nil {
+		return st.pod
+	}
+	return nil
+}
+
+func newProvider(rt *client.Client, translator *podspec.Translator, nodeIP string, recorder record.EventRecorder, log *slog.Logger, instant bool) *Provider {
+	return &Provider{rt: rt, translator: translator, nodeIP: nodeIP, recorder: recorder, log: log, instant: instant,
+		pods: map[types.UID]*podState{}, byName: map[string]types.UID{}, retryDelay: 10 * time.Second,
+		dirty: make(chan types.UID, 4096)}
 }
 
 func key(ns, name string) string { return ns + "/" + name }
@@ -106,7 +155,8 @@ func (p *Provider) CreatePod(ctx context.Context, pod *corev1.Pod) error {
 // create is CreatePod with the pod's lock held.
 func (p *Provider) create(ctx context.Context, pod *corev1.Pod) error {
 	p.mu.Lock()
-	deleting := p.deleting[pod.UID] || p.gone[pod.UID]
+	st := p.pods[pod.UID]
+	deleting := st != nil && (st.deleting || st.gone)
 	p.mu.Unlock()
 	if deleting {
 		return nil // DeletePod came first: never start it again
@@ -116,8 +166,8 @@ func (p *Provider) create(ctx context.Context, pod *corev1.Pod) error {
 		p.publish(pod.UID, instantStatus(pod, p.nodeIP))
 		return nil
 	}
-	spec, err := p.tr.podSpec(ctx, pod)
-	var te *transientError
+	spec, err := p.translator.PodSpec(ctx, pod)
+	var te *podspec.TransientError
 	if errors.As(err, &te) {
 		p.apiUnavailable(pod, known, te)
 		return nil
@@ -128,12 +178,12 @@ func (p *Provider) create(ctx context.Context, pod *corev1.Pod) error {
 		p.log.Warn("re-adopted pod: its spec does not translate now; it keeps running as it is", "pod", key(pod.Namespace, pod.Name), "err", err)
 		return nil
 	}
-	var ce *configError
+	var ce *podspec.ConfigError
 	if errors.As(err, &ce) {
 		p.configFailed(pod, ce)
 		return nil
 	}
-	var ve *volumeError
+	var ve *podspec.VolumeError
 	if errors.As(err, &ve) {
 		p.mountFailed(pod, ve)
 		return nil
@@ -159,8 +209,9 @@ func (p *Provider) create(ctx context.Context, pod *corev1.Pod) error {
 		return fmt.Errorf("runtime: %w", err)
 	}
 	p.mu.Lock()
-	p.known[pod.UID] = true
-	delete(p.attempts, pod.UID)
+	st = p.state(pod.UID)
+	st.known = true
+	st.attempts = 0
 	p.mu.Unlock()
 	p.sentVolumes(pod.UID, spec.Volumes)
 	return nil
@@ -171,22 +222,23 @@ func (p *Provider) create(ctx context.Context, pod *corev1.Pod) error {
 func (p *Provider) adopt(pod *corev1.Pod) (*corev1.Pod, bool) {
 	pod = pod.DeepCopy()
 	p.mu.Lock()
-	if old, ok := p.pods[pod.UID]; ok {
-		pod.Status = old.Status
+	st := p.state(pod.UID)
+	if st.pod != nil {
+		pod.Status = st.pod.Status
 	}
 	// A pod of the same name with another uid left the API (a name is
 	// unique at any time): stop it, as the kubelet does by uid.
 	var replaced *corev1.Pod
-	if prev, ok := p.byName[key(pod.Namespace, pod.Name)]; ok && prev != pod.UID && !p.gone[prev] && p.isAPIPod(pod) {
-		if old, ok := p.pods[prev]; ok {
+	if prev, ok := p.byName[key(pod.Namespace, pod.Name)]; ok && prev != pod.UID && (p.pods[prev] == nil || !p.pods[prev].gone) && p.isAPIPod(pod) {
+		if old := p.podOf(prev); old != nil {
 			replaced = old.DeepCopy()
 		}
 	}
-	p.pods[pod.UID] = pod
+	st.pod = pod
 	p.byName[key(pod.Namespace, pod.Name)] = pod.UID
-	known := p.known[pod.UID]
-	pending := p.pending[pod.UID]
-	delete(p.pending, pod.UID)
+	known := st.known
+	pending := st.pending
+	st.pending = nil
 	p.mu.Unlock()
 	for _, e := range pending {
 		p.runtimeEvent(pod, e)
@@ -216,7 +268,7 @@ func (p *Provider) adopt(pod *corev1.Pod) (*corev1.Pod, bool) {
 // resolved. A pod the runtime runs keeps its status and gets no event; one
 // not started yet is retried with backoff, with a warning like the kubelet's
 // on its first failure.
-func (p *Provider) apiUnavailable(pod *corev1.Pod, known bool, te *transientError) {
+func (p *Provider) apiUnavailable(pod *corev1.Pod, known bool, te *podspec.TransientError) {
 	if known {
 		p.log.Warn("re-adopted pod: the API did not answer; retrying", "pod", key(pod.Namespace, pod.Name), "err", te)
 		p.retryLater(pod.UID, p.backoff(pod.UID))
@@ -243,8 +295,8 @@ func (p *Provider) runtimeUnavailable(pod *corev1.Pod, known bool, err error) {
 // (it is: nothing has started) and says whether it did.
 func (p *Provider) startsWaiting(pod *corev1.Pod) bool {
 	p.mu.Lock()
-	cur, ok := p.pods[pod.UID]
-	fresh := ok && len(cur.Status.ContainerStatuses) == 0
+	cur := p.podOf(pod.UID)
+	fresh := cur != nil && len(cur.Status.ContainerStatuses) == 0
 	p.mu.Unlock()
 	if fresh {
 		p.publish(pod.UID, waitingStatus(pod, "ContainerCreating", "", "", p.nodeIP))
@@ -257,8 +309,9 @@ func (p *Provider) startsWaiting(pod *corev1.Pod) bool {
 func (p *Provider) backoff(uid types.UID) time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n := p.attempts[uid]
-	p.attempts[uid] = n + 1
+	st := p.state(uid)
+	n := st.attempts
+	st.attempts = n + 1
 	return min(time.Second<<min(n, 5), 30*time.Second)
 }
 
@@ -274,15 +327,15 @@ func (p *Provider) isAPIPod(pod *corev1.Pod) bool {
 
 // configFailed reports CreateContainerConfigError and retries, as the kubelet
 // does when a referenced ConfigMap or Secret is missing.
-func (p *Provider) configFailed(pod *corev1.Pod, ce *configError) {
-	p.publish(pod.UID, waitingStatus(pod, "CreateContainerConfigError", ce.Error(), ce.container, p.nodeIP))
-	p.event(pod, ce.container, corev1.EventTypeWarning, "Failed", "Error: "+ce.Error())
+func (p *Provider) configFailed(pod *corev1.Pod, ce *podspec.ConfigError) {
+	p.publish(pod.UID, waitingStatus(pod, "CreateContainerConfigError", ce.Error(), ce.Container, p.nodeIP))
+	p.event(pod, ce.Container, corev1.EventTypeWarning, "Failed", "Error: "+ce.Error())
 	p.retryLater(pod.UID, p.retryDelay)
 }
 
 // mountFailed is a volume that cannot be set up yet: the pod stays
 // ContainerCreating with a FailedMount event, and the node retries.
-func (p *Provider) mountFailed(pod *corev1.Pod, ve *volumeError) {
+func (p *Provider) mountFailed(pod *corev1.Pod, ve *podspec.VolumeError) {
 	p.publish(pod.UID, waitingStatus(pod, "ContainerCreating", "", "", p.nodeIP))
 	p.event(pod, "", corev1.EventTypeWarning, "FailedMount", ve.Error())
 	p.retryLater(pod.UID, p.retryDelay)
@@ -296,14 +349,15 @@ type retryTimer struct{ t *time.Timer }
 func (p *Provider) retryLater(uid types.UID, delay time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.deleting[uid] || p.gone[uid] {
+	if st := p.pods[uid]; st != nil && (st.deleting || st.gone) {
 		return
 	}
-	if old := p.retry[uid]; old != nil {
+	st := p.state(uid)
+	if old := st.retry; old != nil {
 		old.t.Stop()
 	}
 	rt := &retryTimer{}
-	p.retry[uid] = rt
+	st.retry = rt
 	rt.t = time.AfterFunc(delay, func() { p.retryStart(uid, rt) })
 }
 
@@ -315,13 +369,14 @@ func (p *Provider) retryStart(uid types.UID, rt *retryTimer) {
 	unlock := p.podLocks.lock(uid)
 	defer unlock()
 	p.mu.Lock()
-	if p.retry[uid] != rt {
+	st := p.pods[uid]
+	if st == nil || st.retry != rt {
 		p.mu.Unlock()
 		return
 	}
-	delete(p.retry, uid)
-	cur, ok := p.pods[uid]
-	if !ok || p.deleting[uid] || p.gone[uid] || cur.DeletionTimestamp != nil || cur.Spec.Containers == nil {
+	st.retry = nil
+	cur := st.pod
+	if cur == nil || st.deleting || st.gone || cur.DeletionTimestamp != nil || cur.Spec.Containers == nil {
 		p.mu.Unlock()
 		return
 	}
@@ -345,7 +400,7 @@ func (p *Provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 	if p.instant || !known {
 		return nil
 	}
-	spec, err := p.tr.podSpec(ctx, pod)
+	spec, err := p.translator.PodSpec(ctx, pod)
 	if err != nil {
 		return nil // keep running what runs; the kubelet does not stop a pod for this
 	}
@@ -362,10 +417,11 @@ func (p *Provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 // runtime's watch once the pod is torn down.
 func (p *Provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 	p.mu.Lock()
-	p.deleting[pod.UID] = true
-	if rt := p.retry[pod.UID]; rt != nil {
+	st := p.state(pod.UID)
+	st.deleting = true
+	if rt := st.retry; rt != nil {
 		rt.t.Stop()
-		delete(p.retry, pod.UID)
+		st.retry = nil
 	}
 	p.mu.Unlock()
 	// A start under way finishes first: then the pod is known and is
@@ -373,13 +429,16 @@ func (p *Provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 	unlock := p.podLocks.lock(pod.UID)
 	defer unlock()
 	p.mu.Lock()
-	if cur, ok := p.pods[pod.UID]; ok {
-		cur.DeletionTimestamp = pod.DeletionTimestamp
-		cur.DeletionGracePeriodSeconds = pod.DeletionGracePeriodSeconds
+	var known bool
+	if st := p.pods[pod.UID]; st != nil {
+		if cur := st.pod; cur != nil {
+			cur.DeletionTimestamp = pod.DeletionTimestamp
+			cur.DeletionGracePeriodSeconds = pod.DeletionGracePeriodSeconds
+		}
+		known = st.known
 	}
-	known := p.known[pod.UID]
 	p.mu.Unlock()
-	p.tr.tokens.forget(pod.UID)
+	p.translator.Forget(pod.UID)
 	if p.instant || !known {
 		p.finished(pod.UID)
 		return nil
@@ -403,8 +462,10 @@ func (p *Provider) DeletePod(ctx context.Context, pod *corev1.Pod) error {
 // Virtual Kubelet removes it from the API, then forgets the pod.
 func (p *Provider) finished(uid types.UID) {
 	p.mu.Lock()
-	pod, ok := p.pods[uid]
+	st := p.pods[uid]
+	ok := st != nil && st.pod != nil
 	if ok {
+		pod := st.pod
 		terminate := func(list []corev1.ContainerStatus) {
 			for i := range list {
 				if list[i].State.Terminated == nil {
@@ -420,7 +481,7 @@ func (p *Provider) finished(uid types.UID) {
 		if pod.Status.Phase != corev1.PodSucceeded {
 			pod.Status.Phase = corev1.PodFailed
 		}
-		p.gone[uid] = true
+		st.gone = true
 	}
 	p.mu.Unlock()
 	if ok {
@@ -438,29 +499,15 @@ func (p *Provider) notifier(ctx context.Context, notify func(*corev1.Pod)) {
 		case uid = <-p.dirty:
 		}
 		p.mu.Lock()
-		pod, ok := p.pods[uid]
-		final := p.gone[uid]
-		if ok {
-			pod = pod.DeepCopy()
-		}
-		if ok && final {
-			delete(p.pods, uid)
-			delete(p.known, uid)
-			delete(p.pending, uid)
-			delete(p.rev, uid)
-			delete(p.gone, uid)
-			delete(p.volHash, uid)
-			delete(p.attempts, uid)
-			delete(p.deleting, uid)
-			delete(p.stale, uid)
-			if rt := p.retry[uid]; rt != nil {
-				rt.t.Stop()
-				delete(p.retry, uid)
-			}
-			if p.byName[key(pod.Namespace, pod.Name)] == uid {
-				delete(p.byName, key(pod.Namespace, pod.Name))
+		var pod *corev1.Pod
+		var final bool
+		if st := p.pods[uid]; st != nil && st.pod != nil {
+			pod, final = st.pod.DeepCopy(), st.gone
+			if final {
+				p.forget(uid)
 			}
 		}
+		ok := pod != nil
 		p.mu.Unlock()
 		if !ok || pod.Spec.Containers == nil {
 			continue // forgotten, or a stub the API has not shown us yet
@@ -477,7 +524,7 @@ func (p *Provider) GetPod(_ context.Context, ns, name string) (*corev1.Pod, erro
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	uid := p.byName[key(ns, name)]
-	if pod, ok := p.pods[uid]; ok {
+	if pod := p.podOf(uid); pod != nil {
 		if p.apiUID != nil {
 			if cur, found := p.apiUID(ns, name); found && cur != uid {
 				// The API has a new pod of this name: this one is not it.
@@ -504,8 +551,10 @@ func (p *Provider) GetPods(context.Context) ([]*corev1.Pod, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make([]*corev1.Pod, 0, len(p.pods))
-	for _, pod := range p.pods {
-		out = append(out, pod.DeepCopy())
+	for _, st := range p.pods {
+		if st.pod != nil {
+			out = append(out, st.pod.DeepCopy())
+		}
 	}
 	return out, nil
 }
@@ -518,9 +567,10 @@ func (p *Provider) NotifyPods(ctx context.Context, cb func(*corev1.Pod)) {
 // publish records st for the pod and queues it for Virtual Kubelet.
 func (p *Provider) publish(uid types.UID, st corev1.PodStatus) {
 	p.mu.Lock()
-	pod, ok := p.pods[uid]
-	if ok && !p.gone[uid] {
-		pod.Status = st
+	s := p.pods[uid]
+	ok := s != nil && s.pod != nil
+	if ok && !s.gone {
+		s.pod.Status = st
 	}
 	p.mu.Unlock()
 	if ok {
@@ -532,22 +582,21 @@ func (p *Provider) publish(uid types.UID, st corev1.PodStatus) {
 func (p *Provider) update(rs *runtimev1.PodStatus) {
 	uid := types.UID(rs.Uid)
 	p.mu.Lock()
-	if rs.Revision < p.rev[uid] {
+	if st := p.pods[uid]; st != nil && rs.Revision < st.rev {
 		p.mu.Unlock()
 		return // older than what was applied already
 	}
-	p.rev[uid] = rs.Revision
-	pod, ok := p.pods[uid]
-	if !ok {
+	st := p.state(uid)
+	st.rev = rs.Revision
+	if st.pod == nil {
 		// A pod the runtime runs but the API has not shown us (yet): keep a
 		// stub so GetPods reports it and Virtual Kubelet can reconcile.
-		pod = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{UID: uid, Namespace: rs.Namespace, Name: rs.Name}}
-		p.pods[uid] = pod
+		st.pod = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{UID: uid, Namespace: rs.Namespace, Name: rs.Name}}
 		p.byName[key(rs.Namespace, rs.Name)] = uid
 	}
-	p.known[uid] = true
-	if !p.gone[uid] {
-		pod.Status = podStatus(pod, rs, p.nodeIP)
+	st.known = true
+	if !st.gone {
+		st.pod.Status = podStatus(st.pod, rs, p.nodeIP)
 	}
 	p.mu.Unlock()
 	p.dirty <- uid
@@ -610,7 +659,9 @@ func (p *Provider) watch(ctx context.Context) {
 					}
 					// Revisions count again from zero in a new daemon.
 					p.mu.Lock()
-					clear(p.rev)
+					for _, st := range p.pods {
+						st.rev = 0
+					}
 					p.mu.Unlock()
 				}
 				switch msg.Kind {
@@ -631,10 +682,10 @@ func (p *Provider) watch(ctx context.Context) {
 						}
 						uid := types.UID(e.PodUid)
 						p.mu.Lock()
-						pod := p.pods[uid]
+						pod := p.podOf(uid)
 						if pod == nil || pod.Spec.Containers == nil {
-							if len(p.pending[uid]) < 64 {
-								p.pending[uid] = append(p.pending[uid], e)
+							if st := p.state(uid); len(st.pending) < 64 {
+								st.pending = append(st.pending, e)
 							}
 							pod = nil
 						}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/agent/podspec"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -41,7 +42,7 @@ func running(uid string, rev uint64) *runtimev1.PodStatus {
 // the pod back: that is how a CreatePod reply racing the watch used to leave
 // pods Pending forever.
 func TestStatusNeverGoesBack(t *testing.T) {
-	p := newProvider(nil, &translator{}, "127.0.0.1", nil, nil, false)
+	p := newProvider(nil, podspec.New(podspec.Config{}), "127.0.0.1", nil, nil, false)
 	rec := &recorder{last: map[string]*corev1.Pod{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -107,7 +108,7 @@ func TestPodStatusConditions(t *testing.T) {
 // Virtual Kubelet looks pods up by name: a pod that reuses a deleted pod's
 // name must not be answered with the old one, or it is never started.
 func TestGetPodAnswersForTheAPIsUID(t *testing.T) {
-	p := newProvider(nil, &translator{}, "192.0.2.1", nil, slog.New(slog.DiscardHandler), false)
+	p := newProvider(nil, podspec.New(podspec.Config{}), "192.0.2.1", nil, slog.New(slog.DiscardHandler), false)
 	api := map[string]types.UID{}
 	p.apiUID = func(ns, name string) (types.UID, bool) { uid, ok := api[name]; return uid, ok }
 	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "p", UID: "old"}}

@@ -50,7 +50,11 @@ func (p *Provider) reconcileRound(ctx context.Context) {
 		if err == nil {
 			for _, st := range list.Pods {
 				p.mu.Lock()
-				newer := st.Revision > p.rev[types.UID(st.Uid)]
+				var applied uint64
+				if ps := p.pods[types.UID(st.Uid)]; ps != nil {
+					applied = ps.rev
+				}
+				newer := st.Revision > applied
 				p.mu.Unlock()
 				if newer {
 					p.update(st)
@@ -63,8 +67,8 @@ func (p *Provider) reconcileRound(ctx context.Context) {
 	}
 	p.mu.Lock()
 	var pods []*corev1.Pod
-	for uid, pod := range p.pods {
-		if !p.gone[uid] && pod.Spec.Containers != nil && pod.Status.Phase != "" {
+	for _, st := range p.pods {
+		if pod := st.pod; pod != nil && !st.gone && pod.Spec.Containers != nil && pod.Status.Phase != "" {
 			pods = append(pods, pod.DeepCopy())
 		}
 	}
@@ -77,29 +81,26 @@ func (p *Provider) reconcileRound(ctx context.Context) {
 		if !ok || api.UID != pod.UID || api.Status.Phase == corev1.PodSucceeded || api.Status.Phase == corev1.PodFailed {
 			// Not (or no longer) this pod; a finished pod's status is final
 			// in the API (Virtual Kubelet does not update it either).
-			p.mu.Lock()
-			delete(p.stale, pod.UID)
-			p.mu.Unlock()
+			p.notStale(pod.UID)
 			continue
 		}
 		ours := statusSummary(pod.Status)
 		if statusSummary(api.Status) == ours {
-			p.mu.Lock()
-			delete(p.stale, pod.UID)
-			p.mu.Unlock()
+			p.notStale(pod.UID)
 			continue
 		}
 		now := staleStatus{ours: ours, apiRV: api.ResourceVersion}
 		p.mu.Lock()
-		before, seen := p.stale[pod.UID]
-		p.stale[pod.UID] = now
-		cur, still := p.pods[pod.UID]
-		unchanged := still && statusSummary(cur.Status) == ours
+		st := p.state(pod.UID)
+		before, seen := st.stale, st.stale != nil
+		st.stale = &now
+		cur := st.pod
+		unchanged := cur != nil && statusSummary(cur.Status) == ours
 		p.mu.Unlock()
 		if !unchanged {
 			continue // moved meanwhile: the notifier has the news
 		}
-		if !seen || before != now || p.writeStatus == nil {
+		if !seen || *before != now || p.writeStatus == nil {
 			p.log.Info("pod status in the API differs from the runtime's; sending it again", "pod", key(pod.Namespace, pod.Name),
 				"api", statusSummary(api.Status), "runtime", ours)
 			p.dirty <- pod.UID
@@ -115,10 +116,18 @@ func (p *Provider) reconcileRound(ctx context.Context) {
 			continue
 		}
 		p.log.Info("pod status in the API was still stale; written", "pod", key(pod.Namespace, pod.Name), "status", ours)
-		p.mu.Lock()
-		delete(p.stale, pod.UID)
-		p.mu.Unlock()
+		p.notStale(pod.UID)
 	}
+}
+
+// notStale: the pod's status in the API agrees with the node's (or is not
+// the node's to repair).
+func (p *Provider) notStale(uid types.UID) {
+	p.mu.Lock()
+	if st := p.pods[uid]; st != nil {
+		st.stale = nil
+	}
+	p.mu.Unlock()
 }
 
 // statusSummary is what of a status must agree between the API and the

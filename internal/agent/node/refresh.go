@@ -3,10 +3,10 @@ package node
 import (
 	"context"
 	"crypto/sha256"
-	"sync"
 	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/agent/podspec"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -30,26 +30,25 @@ func (p *Provider) refreshVolumes(ctx context.Context, period time.Duration) {
 func (p *Provider) refreshRound(ctx context.Context) {
 	p.mu.Lock()
 	var pods []*corev1.Pod
-	for uid, pod := range p.pods {
-		if p.known[uid] && !p.gone[uid] && pod.DeletionTimestamp == nil && hasFilesVolumes(pod) {
+	for _, st := range p.pods {
+		if pod := st.pod; pod != nil && st.known && !st.gone && pod.DeletionTimestamp == nil && podspec.HasFilesVolumes(pod) {
 			pods = append(pods, pod.DeepCopy())
 		}
 	}
 	p.mu.Unlock()
-	tr := *p.tr
-	tr.src = &memoSource{objectSource: p.tr.src}
+	round := p.translator.NewVolumeRefresh()
 	for _, pod := range pods {
 		if ctx.Err() != nil {
 			return
 		}
-		p.refreshPod(ctx, &tr, pod)
+		p.refreshPod(ctx, round, pod)
 	}
 }
 
 // refreshPod sends a pod's files volumes to the runtime when they differ from
 // what was sent last.
-func (p *Provider) refreshPod(ctx context.Context, tr *translator, pod *corev1.Pod) {
-	vols, err := tr.volumes(ctx, pod, true)
+func (p *Provider) refreshPod(ctx context.Context, round *podspec.VolumeRefresh, pod *corev1.Pod) {
+	vols, err := round.FilesVolumes(ctx, pod)
 	if err != nil {
 		// The pod keeps what it has, as with the kubelet.
 		p.log.Debug("refreshing volumes", "pod", key(pod.Namespace, pod.Name), "err", err)
@@ -64,9 +63,12 @@ func (p *Provider) sendVolumes(ctx context.Context, pod *corev1.Pod, vols []*run
 	vols = filesVolumes(vols)
 	h := volumesHash(vols)
 	p.mu.Lock()
-	same := p.volHash[pod.UID] == h
+	var last [32]byte
+	if st := p.pods[pod.UID]; st != nil {
+		last = st.volumesHash
+	}
 	p.mu.Unlock()
-	if same {
+	if last == h {
 		return
 	}
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -76,8 +78,8 @@ func (p *Provider) sendVolumes(ctx context.Context, pod *corev1.Pod, vols []*run
 		return
 	}
 	p.mu.Lock()
-	if p.known[pod.UID] {
-		p.volHash[pod.UID] = h
+	if st := p.pods[pod.UID]; st != nil && st.known {
+		st.volumesHash = h
 	}
 	p.mu.Unlock()
 }
@@ -86,7 +88,7 @@ func (p *Provider) sendVolumes(ctx context.Context, pod *corev1.Pod, vols []*run
 func (p *Provider) sentVolumes(uid types.UID, vols []*runtimev1.Volume) {
 	h := volumesHash(filesVolumes(vols))
 	p.mu.Lock()
-	p.volHash[uid] = h
+	p.state(uid).volumesHash = h
 	p.mu.Unlock()
 }
 
@@ -110,42 +112,4 @@ func volumesHash(vols []*runtimev1.Volume) [32]byte {
 	var sum [32]byte
 	copy(sum[:], h.Sum(nil))
 	return sum
-}
-
-// memoSource reads each ConfigMap, Secret, claim and volume once.
-type memoSource struct {
-	objectSource
-	mu sync.Mutex
-	m  map[string]memoEntry
-}
-
-type memoEntry struct {
-	v   any
-	err error
-}
-
-func memo[T any](s *memoSource, key string, get func() (T, error)) (T, error) {
-	s.mu.Lock()
-	if e, ok := s.m[key]; ok {
-		s.mu.Unlock()
-		v, _ := e.v.(T)
-		return v, e.err
-	}
-	s.mu.Unlock()
-	v, err := get()
-	s.mu.Lock()
-	if s.m == nil {
-		s.m = map[string]memoEntry{}
-	}
-	s.m[key] = memoEntry{v, err}
-	s.mu.Unlock()
-	return v, err
-}
-
-func (s *memoSource) configMap(ctx context.Context, ns, name string) (*corev1.ConfigMap, error) {
-	return memo(s, "cm/"+ns+"/"+name, func() (*corev1.ConfigMap, error) { return s.objectSource.configMap(ctx, ns, name) })
-}
-
-func (s *memoSource) secret(ctx context.Context, ns, name string) (*corev1.Secret, error) {
-	return memo(s, "secret/"+ns+"/"+name, func() (*corev1.Secret, error) { return s.objectSource.secret(ctx, ns, name) })
 }

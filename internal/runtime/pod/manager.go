@@ -79,7 +79,7 @@ type Manager struct {
 
 	mu   sync.Mutex
 	ctx  context.Context
-	pods map[string]*podRT
+	pods map[string]*managedPod
 	wg   sync.WaitGroup
 
 	startSlots chan struct{} // bounds concurrent container starts
@@ -114,7 +114,7 @@ func NewManager(cfg Config) (*Manager, error) {
 	}
 	b := make([]byte, 8)
 	rand.Read(b)
-	return &Manager{cfg: cfg, log: cfg.Logger, hub: newHub(), bootID: hex.EncodeToString(b), pods: map[string]*podRT{},
+	return &Manager{cfg: cfg, log: cfg.Logger, hub: newHub(), bootID: hex.EncodeToString(b), pods: map[string]*managedPod{},
 		startSlots: make(chan struct{}, 2*runtime.NumCPU())}, nil
 }
 
@@ -126,7 +126,7 @@ func (m *Manager) podDir(uid string) string { return datadir.New(m.cfg.DataDir).
 
 // logDir is <data>/logs/pods/<ns>_<name>_<uid>, as the kubelet lays out
 // /var/log/pods.
-func (p *podRT) logDir() string {
+func (p *managedPod) logDir() string {
 	return datadir.New(p.m.cfg.DataDir).PodLogDir(p.namespace, p.name, p.uid)
 }
 
@@ -169,7 +169,7 @@ func (m *Manager) Start(ctx context.Context) error {
 // Wait blocks until every worker detached (after the Start context ended).
 func (m *Manager) Wait() { m.wg.Wait() }
 
-func (m *Manager) startWorker(p *podRT) {
+func (m *Manager) startWorker(p *managedPod) {
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
@@ -261,32 +261,32 @@ func (m *Manager) Create(spec *runtimev1.PodSpec) (*runtimev1.PodStatus, error) 
 	return p.status(), nil
 }
 
-func (m *Manager) newPod(spec *runtimev1.PodSpec) *podRT {
-	p := &podRT{m: m, uid: spec.GetUid(), name: spec.GetName(), namespace: spec.GetNamespace(), dir: m.podDir(spec.GetUid()), spec: spec,
+func (m *Manager) newPod(spec *runtimev1.PodSpec) *managedPod {
+	p := &managedPod{m: m, uid: spec.GetUid(), name: spec.GetName(), namespace: spec.GetNamespace(), dir: m.podDir(spec.GetUid()), spec: spec,
 		deleteCh: make(chan struct{}), done: make(chan struct{}), removed: make(chan struct{}), ephStop: make(chan struct{})}
 	for _, c := range spec.GetInitContainers() {
-		p.init = append(p.init, newCtr(c, true, p.deleteCh))
+		p.init = append(p.init, newContainer(c, true, p.deleteCh))
 	}
 	for _, c := range spec.GetContainers() {
-		p.main = append(p.main, newCtr(c, false, p.deleteCh))
+		p.main = append(p.main, newContainer(c, false, p.deleteCh))
 	}
 	for _, ec := range spec.GetEphemeralContainers() {
-		p.eph = append(p.eph, p.newEphemeral(ec))
+		p.ephemeral = append(p.ephemeral, p.newEphemeral(ec))
 	}
 	return p
 }
 
 // newEphemeral is an ephemeral container: it stops when the pod is deleted
 // or its worker finished (see run).
-func (p *podRT) newEphemeral(ec *runtimev1.EphemeralContainerSpec) *ctr {
-	c := newCtr(ec.GetContainer(), false, p.ephStop)
+func (p *managedPod) newEphemeral(ec *runtimev1.EphemeralContainerSpec) *container {
+	c := newContainer(ec.GetContainer(), false, p.ephStop)
 	c.ephemeral, c.target = true, ec.GetTargetContainerName()
 	return c
 }
 
-func newCtr(c *runtimev1.ContainerSpec, init bool, deleteCh chan struct{}) *ctr {
-	x := &ctr{spec: c, name: c.GetName(), init: init, wake: make(chan struct{}, 1), stopc: deleteCh,
-		state: cstate{Waiting: &waiting{Reason: "ContainerCreating"}}}
+func newContainer(c *runtimev1.ContainerSpec, init bool, deleteCh chan struct{}) *container {
+	x := &container{spec: c, name: c.GetName(), init: init, wake: make(chan struct{}, 1), stopc: deleteCh,
+		state: containerState{Waiting: &waiting{Reason: "ContainerCreating"}}}
 	if x.sidecar() {
 		// Native sidecars stop after the main containers: the worker
 		// closes their own channel once those are gone.
@@ -354,9 +354,9 @@ func (m *Manager) Update(spec *runtimev1.PodSpec) (*runtimev1.PodStatus, error) 
 // refuses both): a known one keeps its spec, and one missing from spec is
 // kept in it, so pod.json always describes every container that ran.
 // Caller holds p.mu.
-func (p *podRT) mergeEphemeralLocked(spec *runtimev1.PodSpec) (added bool) {
-	known := map[string]*ctr{}
-	for _, c := range p.eph {
+func (p *managedPod) mergeEphemeralLocked(spec *runtimev1.PodSpec) (added bool) {
+	known := map[string]*container{}
+	for _, c := range p.ephemeral {
 		known[c.name] = c
 	}
 	listed := map[string]bool{}
@@ -367,17 +367,17 @@ func (p *podRT) mergeEphemeralLocked(spec *runtimev1.PodSpec) (added bool) {
 			spec.EphemeralContainers[i] = &runtimev1.EphemeralContainerSpec{Container: c.spec, TargetContainerName: c.target}
 			continue
 		}
-		p.eph = append(p.eph, p.newEphemeral(ec))
+		p.ephemeral = append(p.ephemeral, p.newEphemeral(ec))
 		added = true
 	}
-	for _, c := range p.eph {
+	for _, c := range p.ephemeral {
 		if !listed[c.name] {
 			spec.EphemeralContainers = append(spec.EphemeralContainers, &runtimev1.EphemeralContainerSpec{Container: c.spec, TargetContainerName: c.target})
 		}
 	}
 	// Keep the order the containers were added in.
 	order := map[string]int{}
-	for i, c := range p.eph {
+	for i, c := range p.ephemeral {
 		order[c.name] = i
 	}
 	slices.SortStableFunc(spec.EphemeralContainers, func(a, b *runtimev1.EphemeralContainerSpec) int {
@@ -409,7 +409,7 @@ func definitionChanged(a, b *runtimev1.ContainerSpec) bool {
 // applyNextEnv gives c the env of the last update, for the attempt about to
 // start. Caller holds p.mu. The pod spec is replaced, not changed in place:
 // readers outside the lock keep the one they took.
-func (p *podRT) applyNextEnv(c *ctr) {
+func (p *managedPod) applyNextEnv(c *container) {
 	spec := proto.Clone(p.spec).(*runtimev1.PodSpec)
 	byName := map[string]*runtimev1.ContainerSpec{}
 	for _, x := range append(append([]*runtimev1.ContainerSpec{}, spec.GetInitContainers()...), spec.GetContainers()...) {
@@ -485,7 +485,7 @@ func (m *Manager) Delete(ctx context.Context, uid string, grace *int64, wait boo
 
 // finishDelete waits for the worker to stop every container, then removes
 // the pod's directories.
-func (m *Manager) finishDelete(p *podRT) {
+func (m *Manager) finishDelete(p *managedPod) {
 	select {
 	case <-p.done:
 	case <-m.ctx.Done():
@@ -506,7 +506,7 @@ func (m *Manager) finishDelete(p *podRT) {
 	m.log.Info("pod removed", "pod", p.key())
 }
 
-func (m *Manager) get(uid string) *podRT {
+func (m *Manager) get(uid string) *managedPod {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.pods[uid]
@@ -531,7 +531,7 @@ func (m *Manager) Status(uid string) (*runtimev1.PodStatus, error) {
 // List returns every pod's status and spec, ordered by namespace/name.
 func (m *Manager) List() ([]*runtimev1.PodStatus, []*runtimev1.PodSpec) {
 	m.mu.Lock()
-	ps := make([]*podRT, 0, len(m.pods))
+	ps := make([]*managedPod, 0, len(m.pods))
 	for _, p := range m.pods {
 		ps = append(ps, p)
 	}
@@ -582,7 +582,7 @@ func (m *Manager) Container(uid, name string) (ContainerInfo, error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var c *ctr
+	var c *container
 	if name == "" {
 		if len(p.main) != 1 {
 			var names []string
@@ -666,15 +666,17 @@ type terminated struct {
 	ContainerID string    `json:"containerID,omitempty"`
 }
 
-type cstate struct {
+// containerState is a container's state as the API shows it: exactly one
+// of waiting, running or terminated.
+type containerState struct {
 	Waiting    *waiting    `json:"waiting,omitempty"`
 	Running    *running    `json:"running,omitempty"`
 	Terminated *terminated `json:"terminated,omitempty"`
 }
 
-// ctr is one container's lifecycle state. Guarded by its pod's mu, except
+// container is one container's lifecycle state. Guarded by its pod's mu, except
 // the fields only the container's own goroutine touches (noted).
-type ctr struct {
+type container struct {
 	spec *runtimev1.ContainerSpec // replaced by Update, under the pod's mu
 	name string                   // immutable
 	init bool
@@ -692,7 +694,7 @@ type ctr struct {
 	unstarted   bool
 	stateDir    string
 	containerID string
-	state       cstate
+	state       containerState
 	last        *terminated
 	imageID     string
 	imageDigest string
@@ -722,40 +724,41 @@ type ctr struct {
 
 // sidecar reports a native sidecar: an init container with restartPolicy
 // Always.
-func (c *ctr) sidecar() bool {
+func (c *container) sidecar() bool {
 	return c.init && c.spec.GetRestartPolicy() == runtimev1.ContainerRestartPolicy_CONTAINER_RESTART_POLICY_ALWAYS
 }
 
-func (c *ctr) succeeded() bool {
+func (c *container) succeeded() bool {
 	return c.state.Terminated != nil && c.state.Terminated.ExitCode == 0
 }
 
-type persistedCtr struct {
-	Name         string      `json:"name"`
-	RestartCount int32       `json:"restartCount"`
-	HasRun       bool        `json:"hasRun,omitempty"`
-	StateDir     string      `json:"stateDir,omitempty"`
-	ContainerID  string      `json:"containerID,omitempty"`
-	State        cstate      `json:"state"`
-	Last         *terminated `json:"last,omitempty"`
-	ImageID      string      `json:"imageID,omitempty"`
-	ImageDigest  string      `json:"imageDigest,omitempty"`
-	RootImage    string      `json:"rootImage,omitempty"`
+type persistedContainer struct {
+	Name         string         `json:"name"`
+	RestartCount int32          `json:"restartCount"`
+	HasRun       bool           `json:"hasRun,omitempty"`
+	StateDir     string         `json:"stateDir,omitempty"`
+	ContainerID  string         `json:"containerID,omitempty"`
+	State        containerState `json:"state"`
+	Last         *terminated    `json:"last,omitempty"`
+	ImageID      string         `json:"imageID,omitempty"`
+	ImageDigest  string         `json:"imageDigest,omitempty"`
+	RootImage    string         `json:"rootImage,omitempty"`
 }
 
 type persistedPod struct {
-	Spec         json.RawMessage `json:"spec"`
-	StartTime    time.Time       `json:"startTime"`
-	Terminating  bool            `json:"terminating,omitempty"`
-	GraceSeconds int64           `json:"graceSeconds,omitempty"`
-	Evicted      string          `json:"evicted,omitempty"`
-	Containers   []persistedCtr  `json:"containers"`
+	Spec         json.RawMessage      `json:"spec"`
+	StartTime    time.Time            `json:"startTime"`
+	Terminating  bool                 `json:"terminating,omitempty"`
+	GraceSeconds int64                `json:"graceSeconds,omitempty"`
+	Evicted      string               `json:"evicted,omitempty"`
+	Containers   []persistedContainer `json:"containers"`
 }
 
 const stateFile = "pod.json"
 
-// podRT is one pod at run time.
-type podRT struct {
+// managedPod is one pod the Manager runs: its spec, its containers' states
+// and its worker's life.
+type managedPod struct {
 	m               *Manager
 	uid             string
 	name, namespace string // immutable, like uid
@@ -763,8 +766,8 @@ type podRT struct {
 
 	mu          sync.Mutex
 	spec        *runtimev1.PodSpec
-	init, main  []*ctr
-	eph         []*ctr // ephemeral containers, in the order they were added
+	init, main  []*container
+	ephemeral   []*container // ephemeral containers, in the order they were added
 	startTime   time.Time
 	terminating bool
 	grace       time.Duration
@@ -795,19 +798,21 @@ type podRT struct {
 	removed     chan struct{}  // closed when the pod is gone
 }
 
-func (p *podRT) key() string { return p.namespace + "/" + p.name }
+func (p *managedPod) key() string { return p.namespace + "/" + p.name }
 
 // stopAll makes the worker stop every container (deletion or eviction).
-func (p *podRT) stopAll() { p.stopOnce.Do(func() { close(p.deleteCh) }) }
+func (p *managedPod) stopAll() { p.stopOnce.Do(func() { close(p.deleteCh) }) }
 
-func (p *podRT) all() []*ctr { return append(append(append([]*ctr{}, p.init...), p.main...), p.eph...) }
+func (p *managedPod) all() []*container {
+	return append(append(append([]*container{}, p.init...), p.main...), p.ephemeral...)
+}
 
-func (p *podRT) rootDir(c *ctr) string { return filepath.Join(p.dir, "roots", c.name) }
+func (p *managedPod) rootDir(c *container) string { return filepath.Join(p.dir, "roots", c.name) }
 
 // save writes pod.json. The snapshot is taken under p.mu, the write is
 // not: on ext4 a replace-by-rename may wait for writeback, and status reads
 // must not wait for the disk.
-func (p *podRT) save() error {
+func (p *managedPod) save() error {
 	p.mu.Lock()
 	b, seq, err := p.snapshotLocked()
 	p.mu.Unlock()
@@ -818,7 +823,7 @@ func (p *podRT) save() error {
 }
 
 // write stores snapshot seq unless a newer one was stored already.
-func (p *podRT) write(b []byte, seq uint64) error {
+func (p *managedPod) write(b []byte, seq uint64) error {
 	p.saveMu.Lock()
 	defer p.saveMu.Unlock()
 	if seq <= p.written {
@@ -862,14 +867,14 @@ func writeDurable(dir, name string, b []byte) error {
 }
 
 // snapshotLocked serializes the pod's state. Caller holds p.mu.
-func (p *podRT) snapshotLocked() ([]byte, uint64, error) {
+func (p *managedPod) snapshotLocked() ([]byte, uint64, error) {
 	spec, err := protojson.Marshal(p.spec)
 	if err != nil {
 		return nil, 0, err
 	}
 	pp := persistedPod{Spec: spec, StartTime: p.startTime, Terminating: p.terminating, GraceSeconds: int64(p.grace / time.Second), Evicted: p.evicted}
 	for _, c := range p.all() {
-		pp.Containers = append(pp.Containers, persistedCtr{Name: c.spec.GetName(), RestartCount: c.restartCount, HasRun: c.hasRun,
+		pp.Containers = append(pp.Containers, persistedContainer{Name: c.spec.GetName(), RestartCount: c.restartCount, HasRun: c.hasRun,
 			StateDir: c.stateDir, ContainerID: c.containerID, State: c.state, Last: c.last, ImageID: c.imageID,
 			ImageDigest: c.imageDigest, RootImage: c.rootImage})
 	}
@@ -883,7 +888,7 @@ func (p *podRT) snapshotLocked() ([]byte, uint64, error) {
 
 // load rebuilds a pod from pod.json and re-attaches to its shims. It
 // returns how many containers are still running.
-func (m *Manager) load(uid string) (*podRT, int, error) {
+func (m *Manager) load(uid string) (*managedPod, int, error) {
 	b, err := os.ReadFile(filepath.Join(m.podDir(uid), stateFile))
 	if err != nil {
 		return nil, 0, err
@@ -908,7 +913,7 @@ func (m *Manager) load(uid string) (*podRT, int, error) {
 	if p.terminating || p.evicted != "" {
 		p.stopAll()
 	}
-	byName := map[string]persistedCtr{}
+	byName := map[string]persistedContainer{}
 	for _, pc := range pp.Containers {
 		byName[pc.Name] = pc
 	}
@@ -943,7 +948,7 @@ func (m *Manager) load(uid string) (*podRT, int, error) {
 			if c.state.Running != nil {
 				m.log.Warn("attach to shim failed", "pod", p.key(), "container", c.spec.GetName(), "err", err)
 				now := time.Now()
-				c.state = cstate{Terminated: &terminated{ExitCode: 255, Reason: "ExitStatusUnknown", Message: "shim state lost: " + err.Error(),
+				c.state = containerState{Terminated: &terminated{ExitCode: 255, Reason: "ExitStatusUnknown", Message: "shim state lost: " + err.Error(),
 					StartedAt: c.state.Running.StartedAt, FinishedAt: now, ContainerID: c.containerID}}
 			}
 			continue
@@ -956,7 +961,7 @@ func (m *Manager) load(uid string) (*podRT, int, error) {
 		}
 		c.proc = proc
 		if c.state.Running == nil {
-			c.state = cstate{Running: &running{StartedAt: proc.StartedAt()}}
+			c.state = containerState{Running: &running{StartedAt: proc.StartedAt()}}
 			if c.spec.GetLifecycle().GetPostStart() == nil {
 				// The daemon died before it recorded the start, so before
 				// it announced it (with a postStart hook the container
@@ -974,13 +979,13 @@ func (m *Manager) load(uid string) (*podRT, int, error) {
 }
 
 // status builds the API status.
-func (p *podRT) status() *runtimev1.PodStatus {
+func (p *managedPod) status() *runtimev1.PodStatus {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.statusLocked()
 }
 
-func (p *podRT) statusLocked() *runtimev1.PodStatus {
+func (p *managedPod) statusLocked() *runtimev1.PodStatus {
 	st := &runtimev1.PodStatus{Uid: p.uid, Namespace: p.spec.GetNamespace(), Name: p.spec.GetName(),
 		Terminating: p.terminating, Revision: p.revision}
 	if !p.startTime.IsZero() {
@@ -1026,14 +1031,14 @@ func (p *podRT) statusLocked() *runtimev1.PodStatus {
 			st.ContainersReady = false
 		}
 	}
-	for _, c := range p.eph {
+	for _, c := range p.ephemeral {
 		st.EphemeralContainerStatuses = append(st.EphemeralContainerStatuses, c.apiStatus())
 	}
 	st.Phase = computePhase(p.spec.GetRestartPolicy(), st.InitContainerStatuses, st.ContainerStatuses, sidecars, mainRan)
 	if p.evicted != "" {
 		// Failed once every container stopped, as the kubelet reports it.
 		st.Reason, st.Message = "Evicted", p.evicted
-		if !slices.ContainsFunc(p.all(), func(c *ctr) bool { return c.state.Running != nil }) {
+		if !slices.ContainsFunc(p.all(), func(c *container) bool { return c.state.Running != nil }) {
 			st.Phase = runtimev1.PodPhase_POD_PHASE_FAILED
 		}
 	}
@@ -1046,7 +1051,7 @@ func termProto(t *terminated) *runtimev1.ContainerState {
 		StartedAt: timestamppb.New(t.StartedAt), FinishedAt: timestamppb.New(t.FinishedAt), ContainerId: t.ContainerID}}}
 }
 
-func (c *ctr) apiStatus() *runtimev1.ContainerStatus {
+func (c *container) apiStatus() *runtimev1.ContainerStatus {
 	cs := &runtimev1.ContainerStatus{Name: c.spec.GetName(), RestartCount: c.restartCount, Image: c.spec.GetImage(),
 		ImageId: c.imageID, ImageDigest: c.imageDigest, ContainerId: c.containerID}
 	if c.imageDigest == "" && c.spec.GetImage() == NativeImage {
@@ -1077,7 +1082,7 @@ func (c *ctr) apiStatus() *runtimev1.ContainerStatus {
 }
 
 // changedNotify persists and publishes a change.
-func (p *podRT) changedNotify() {
+func (p *managedPod) changedNotify() {
 	p.mu.Lock()
 	p.revision++
 	b, seq, err := p.snapshotLocked()
@@ -1092,14 +1097,14 @@ func (p *podRT) changedNotify() {
 }
 
 // update applies f to the container under the pod lock, then publishes.
-func (p *podRT) update(f func()) {
+func (p *managedPod) update(f func()) {
 	p.mu.Lock()
 	f()
 	p.mu.Unlock()
 	p.changedNotify()
 }
 
-func (p *podRT) event(t runtimev1.EventType, reason, container, msg string) {
+func (p *managedPod) event(t runtimev1.EventType, reason, container, msg string) {
 	p.m.hub.emit(&runtimev1.PodEvent{PodUid: p.uid, Namespace: p.namespace, Name: p.name,
 		Type: t, Reason: reason, Message: msg, Container: container})
 }

@@ -61,7 +61,7 @@ var errExecTimeout = errors.New("timed out")
 // execIn runs command as the container would (its env, working dir and
 // path rules), in its own process group that is killed when ctx ends. It
 // returns the combined output and the exit code.
-func (p *podRT) execIn(ctx context.Context, c *ctr, command []string) (string, int, error) {
+func (p *managedPod) execIn(ctx context.Context, c *container, command []string) (string, int, error) {
 	if len(command) == 0 {
 		return "", -1, errors.New("exec: command is empty")
 	}
@@ -175,7 +175,7 @@ func httpDo(req *http.Request) (*http.Response, error) {
 
 // runProbe runs one probe with its timeout. The message explains a failure
 // the way the kubelet words it.
-func (p *podRT) runProbe(ctx context.Context, c *ctr, pr *runtimev1.Probe) (bool, string) {
+func (p *managedPod) runProbe(ctx context.Context, c *container, pr *runtimev1.Probe) (bool, string) {
 	timeout := time.Duration(pr.GetTimeoutSeconds()) * time.Second
 	if timeout <= 0 {
 		timeout = time.Second
@@ -268,7 +268,7 @@ const (
 // probes passed and with false once failureThreshold consecutive probes
 // failed (and again on every later probe, as the kubelet's results); it
 // returns false to end the loop. Each failure is an Unhealthy event.
-func (p *podRT) probeLoop(ctx context.Context, c *ctr, kind probeKind, pr *runtimev1.Probe, startedAt time.Time, on func(bool) bool) {
+func (p *managedPod) probeLoop(ctx context.Context, c *container, kind probeKind, pr *runtimev1.Probe, startedAt time.Time, on func(bool) bool) {
 	period := time.Duration(pr.GetPeriodSeconds()) * time.Second
 	if period <= 0 {
 		period = 10 * time.Second
@@ -314,7 +314,7 @@ func (p *podRT) probeLoop(ctx context.Context, c *ctr, kind probeKind, pr *runti
 // readiness and liveness. A startup or liveness failure sends the kill
 // message on kill. A container without a readiness probe is ready once
 // started.
-func (p *podRT) probe(ctx context.Context, c *ctr, cs *runtimev1.ContainerSpec, startedAt time.Time, restart bool, kill chan<- string) {
+func (p *managedPod) probe(ctx context.Context, c *container, cs *runtimev1.ContainerSpec, startedAt time.Time, restart bool, kill chan<- string) {
 	suffix := ""
 	if restart {
 		suffix = ", will be restarted"
@@ -378,7 +378,7 @@ func (p *podRT) probe(ctx context.Context, c *ctr, cs *runtimev1.ContainerSpec, 
 // startedWithoutProbe marks a running attempt without a startup probe
 // started at once (and ready without a readiness probe), in the same status
 // update that reports it Running. Caller holds the pod's mu.
-func (c *ctr) startedWithoutProbe(cs *runtimev1.ContainerSpec) {
+func (c *container) startedWithoutProbe(cs *runtimev1.ContainerSpec) {
 	if cs.GetStartupProbe() == nil && !c.probeStarted {
 		c.probeStarted = true
 		c.probeReady = cs.GetReadinessProbe() == nil
@@ -386,12 +386,14 @@ func (c *ctr) startedWithoutProbe(cs *runtimev1.ContainerSpec) {
 }
 
 // hookPodName is the kubelet's format.Pod: name_namespace(uid).
-func (p *podRT) hookPodName() string { return fmt.Sprintf("%s_%s(%s)", p.name, p.namespace, p.uid) }
+func (p *managedPod) hookPodName() string {
+	return fmt.Sprintf("%s_%s(%s)", p.name, p.namespace, p.uid)
+}
 
 // runHook runs a postStart or preStop handler until it finishes or ctx
 // ends. As the kubelet, an httpGet hook fails only when the request fails,
 // not on its status code.
-func (p *podRT) runHook(ctx context.Context, c *ctr, h *runtimev1.LifecycleHandler) error {
+func (p *managedPod) runHook(ctx context.Context, c *container, h *runtimev1.LifecycleHandler) error {
 	switch a := h.GetHandler().(type) {
 	case *runtimev1.LifecycleHandler_Exec:
 		out, code, err := p.execIn(ctx, c, a.Exec.GetCommand())

@@ -17,11 +17,11 @@ import (
 
 // Volumes live in <pod>/volumes/<name>: emptyDir and files volumes are
 // directories there; hostPath and local volumes are the host's own paths.
-func (p *podRT) volumeDir(name string) string { return filepath.Join(p.dir, "volumes", name) }
+func (p *managedPod) volumeDir(name string) string { return filepath.Join(p.dir, "volumes", name) }
 
 // setupVolumes creates the pod's volumes once; files volumes are (re)written
 // only when their content differs, so it is cheap to call again.
-func (p *podRT) setupVolumes() error {
+func (p *managedPod) setupVolumes() error {
 	p.volMu.Lock()
 	defer p.volMu.Unlock()
 	if p.volReady {
@@ -39,7 +39,7 @@ func (p *podRT) setupVolumes() error {
 	return nil
 }
 
-func (p *podRT) setupVolume(v *runtimev1.Volume) error {
+func (p *managedPod) setupVolume(v *runtimev1.Volume) error {
 	dir := p.volumeDir(v.GetName())
 	switch {
 	case v.GetEmptyDir() != nil:
@@ -69,7 +69,7 @@ func volumeFiles(f *runtimev1.FilesVolume) []volume.File {
 }
 
 // volumeSource is the host path a volume's mounts bind from.
-func (p *podRT) volumeSource(v *runtimev1.Volume) string {
+func (p *managedPod) volumeSource(v *runtimev1.Volume) string {
 	switch {
 	case v.GetHostPath() != nil:
 		return v.GetHostPath().GetPath()
@@ -83,7 +83,7 @@ func (p *podRT) volumeSource(v *runtimev1.Volume) string {
 // before children. Where mount namespaces exist a mount's target is its
 // mountPath as the container sees it; elsewhere (darwin) it is that path
 // inside the container's root (see docs/runtime.md).
-func (p *podRT) containerMounts(cspec *runtimev1.ContainerSpec, root string, env []string) ([]mounts.Mount, error) {
+func (p *managedPod) containerMounts(cspec *runtimev1.ContainerSpec, root string, env []string) ([]mounts.Mount, error) {
 	if len(cspec.GetVolumeMounts()) == 0 {
 		return nil, nil
 	}
@@ -217,7 +217,7 @@ func (m *Manager) enforceEmptyDirLimits(ctx context.Context) {
 		case <-t.C:
 		}
 		m.mu.Lock()
-		pods := make([]*podRT, 0, len(m.pods))
+		pods := make([]*managedPod, 0, len(m.pods))
 		for _, p := range m.pods {
 			pods = append(pods, p)
 		}
@@ -232,7 +232,7 @@ func (m *Manager) enforceEmptyDirLimits(ctx context.Context) {
 
 // emptyDirOverLimit returns the kubelet's eviction message for the first
 // emptyDir above its sizeLimit, or "".
-func (p *podRT) emptyDirOverLimit() string {
+func (p *managedPod) emptyDirOverLimit() string {
 	p.mu.Lock()
 	if p.terminating || p.evicted != "" {
 		p.mu.Unlock()
@@ -261,7 +261,7 @@ func (p *podRT) emptyDirOverLimit() string {
 
 // evict stops every container at once and leaves the pod Failed with reason
 // Evicted until it is deleted.
-func (m *Manager) evict(p *podRT, msg string) {
+func (m *Manager) evict(p *managedPod, msg string) {
 	p.mu.Lock()
 	if p.terminating || p.evicted != "" {
 		p.mu.Unlock()

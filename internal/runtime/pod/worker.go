@@ -38,7 +38,7 @@ const (
 // starts and the next init container follows once it is started), then
 // every container in parallel, each under the restart policy. Sidecars stop
 // after the main containers, in reverse order.
-func (p *podRT) run(ctx context.Context) {
+func (p *managedPod) run(ctx context.Context) {
 	defer close(p.done)
 	// Ephemeral containers run beside all this and stop when the pod is
 	// deleted or once the worker is done (the pod is terminal); when the
@@ -67,7 +67,7 @@ func (p *podRT) run(ctx context.Context) {
 	policy := p.spec.GetRestartPolicy()
 	p.mu.Unlock()
 	type running struct {
-		c    *ctr
+		c    *container
 		done chan struct{}
 	}
 	var sidecars []running
@@ -120,7 +120,7 @@ func (p *podRT) run(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, c := range p.main {
 		wg.Add(1)
-		go func(c *ctr) {
+		go func(c *container) {
 			defer wg.Done()
 			p.loop(ctx, c, policy)
 		}(c)
@@ -131,7 +131,7 @@ func (p *podRT) run(ctx context.Context) {
 // startEphemeral starts the goroutine of every ephemeral container that has
 // none yet. Each runs once, under restartPolicy Never whatever the pod's
 // (the kubelet never restarts them); a re-attached one is waited for.
-func (p *podRT) startEphemeral() {
+func (p *managedPod) startEphemeral() {
 	p.m.mu.Lock()
 	ctx := p.m.ctx
 	p.m.mu.Unlock()
@@ -140,7 +140,7 @@ func (p *podRT) startEphemeral() {
 	if p.ephClosed || ctx == nil {
 		return
 	}
-	for _, c := range p.eph {
+	for _, c := range p.ephemeral {
 		if c.launched {
 			continue
 		}
@@ -157,10 +157,10 @@ func (p *podRT) startEphemeral() {
 // namespace of its target container (kubectl debug --target), the way exec
 // enters a container. It reports whether it did: then the ephemeral
 // container's own volume mounts are not applied.
-func (p *podRT) enterTarget(c *ctr, argv []string, dir string) ([]string, string, bool, error) {
+func (p *managedPod) enterTarget(c *container, argv []string, dir string) ([]string, string, bool, error) {
 	p.mu.Lock()
 	pid := 0
-	for _, t := range append(append([]*ctr{}, p.init...), p.main...) {
+	for _, t := range append(append([]*container{}, p.init...), p.main...) {
 		if t.name == c.target && t.proc != nil && t.state.Running != nil {
 			pid = t.proc.Pid()
 		}
@@ -177,7 +177,7 @@ func (p *podRT) enterTarget(c *ctr, argv []string, dir string) ([]string, string
 }
 
 // loop runs c's attempts under policy until it stops for good.
-func (p *podRT) loop(ctx context.Context, c *ctr, policy runtimev1.RestartPolicy) {
+func (p *managedPod) loop(ctx context.Context, c *container, policy runtimev1.RestartPolicy) {
 	for {
 		out := p.runOnce(ctx, c)
 		if out == outStopped || out == outDetached {
@@ -201,7 +201,7 @@ func (p *podRT) loop(ctx context.Context, c *ctr, policy runtimev1.RestartPolicy
 // waitStarted waits until the sidecar c is started (running, postStart
 // done, startup probe passed). False means the pod stops or the daemon
 // detaches.
-func (p *podRT) waitStarted(ctx context.Context, c *ctr, done chan struct{}) bool {
+func (p *managedPod) waitStarted(ctx context.Context, c *container, done chan struct{}) bool {
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -224,7 +224,7 @@ func (p *podRT) waitStarted(ctx context.Context, c *ctr, done chan struct{}) boo
 }
 
 // sleep waits d; it returns the reason it was cut short, if it was.
-func (p *podRT) sleep(ctx context.Context, c *ctr, d time.Duration) (outcome, bool) {
+func (p *managedPod) sleep(ctx context.Context, c *container, d time.Duration) (outcome, bool) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -242,7 +242,7 @@ func (p *podRT) sleep(ctx context.Context, c *ctr, d time.Duration) (outcome, bo
 // backoff applies CrashLoopBackOff before a restart: the first restart is
 // immediate, later ones wait base, 2*base ... up to max after the previous
 // attempt finished; a container that ran for BackOffResetAfter starts over.
-func (p *podRT) backoff(ctx context.Context, c *ctr) bool {
+func (p *managedPod) backoff(ctx context.Context, c *container) bool {
 	cfg := p.m.cfg
 	p.mu.Lock()
 	t := c.state.Terminated
@@ -260,9 +260,9 @@ func (p *podRT) backoff(ctx context.Context, c *ctr) bool {
 	c.last = t
 	msg := fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)", d, c.name, p.name, p.namespace, p.uid)
 	if wait > 0 {
-		c.state = cstate{Waiting: &waiting{Reason: "CrashLoopBackOff", Message: msg}}
+		c.state = containerState{Waiting: &waiting{Reason: "CrashLoopBackOff", Message: msg}}
 	} else {
-		c.state = cstate{Waiting: &waiting{Reason: "ContainerCreating"}}
+		c.state = containerState{Waiting: &waiting{Reason: "ContainerCreating"}}
 	}
 	p.mu.Unlock()
 	p.changedNotify()
@@ -276,7 +276,7 @@ func (p *podRT) backoff(ctx context.Context, c *ctr) bool {
 
 // runOnce runs one attempt of c: waits for an attached process, reports a
 // recorded termination, or pulls, prepares and starts a new attempt.
-func (p *podRT) runOnce(ctx context.Context, c *ctr) outcome {
+func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 	p.mu.Lock()
 	if c.proc != nil {
 		p.mu.Unlock()
@@ -333,7 +333,7 @@ func (p *podRT) runOnce(ctx context.Context, c *ctr) outcome {
 	sum := sha256.Sum256([]byte(attempt))
 	c.containerID = "k3sm://" + hex.EncodeToString(sum[:])
 	c.stateDir = filepath.Join(p.dir, "attempts", name, strconv.Itoa(int(n)))
-	c.state = cstate{Waiting: &waiting{Reason: "ContainerCreating"}}
+	c.state = containerState{Waiting: &waiting{Reason: "ContainerCreating"}}
 	if img != nil {
 		c.imageID, c.imageDigest = repoDigestFor(img, c.spec.GetImage()), img.ID
 	}
@@ -361,7 +361,7 @@ func (p *podRT) runOnce(ctx context.Context, c *ctr) outcome {
 	fail := func(msg string) outcome {
 		now := time.Now()
 		p.update(func() {
-			c.state = cstate{Terminated: &terminated{ExitCode: 128, Reason: "StartError", Message: msg, StartedAt: now, FinishedAt: now, ContainerID: c.containerID}}
+			c.state = containerState{Terminated: &terminated{ExitCode: 128, Reason: "StartError", Message: msg, StartedAt: now, FinishedAt: now, ContainerID: c.containerID}}
 		})
 		p.event(warning, "Failed", name, "Error: "+msg)
 		return outExited
@@ -425,7 +425,7 @@ func (p *podRT) runOnce(ctx context.Context, c *ctr) outcome {
 		// hook completed (the kubelet reports it once startContainer
 		// returned).
 		if cspec.GetLifecycle().GetPostStart() == nil {
-			c.state = cstate{Running: &running{StartedAt: proc.StartedAt()}}
+			c.state = containerState{Running: &running{StartedAt: proc.StartedAt()}}
 			c.startedWithoutProbe(cspec)
 		}
 	})
@@ -460,7 +460,7 @@ type waitResult struct {
 // definition change, a failed postStart hook or a failed startup/liveness
 // probe, or detaching when the daemon stops. fresh is a just-started
 // attempt, whose postStart hook runs first.
-func (p *podRT) waitProc(ctx context.Context, c *ctr, fresh bool) outcome {
+func (p *managedPod) waitProc(ctx context.Context, c *container, fresh bool) outcome {
 	p.mu.Lock()
 	proc := c.proc
 	cspec := c.spec
@@ -500,7 +500,7 @@ func (p *podRT) waitProc(ctx context.Context, c *ctr, fresh bool) outcome {
 			p.mu.Lock()
 			changed := c.state.Running == nil || (cspec.GetStartupProbe() == nil && !c.probeStarted)
 			if c.state.Running == nil {
-				c.state = cstate{Running: &running{StartedAt: proc.StartedAt()}}
+				c.state = containerState{Running: &running{StartedAt: proc.StartedAt()}}
 			}
 			c.startedWithoutProbe(cspec)
 			p.mu.Unlock()
@@ -521,7 +521,7 @@ func (p *podRT) waitProc(ctx context.Context, c *ctr, fresh bool) outcome {
 			p.stop(c, proc, ch, fmt.Sprintf("Container %s definition changed, will be restarted", c.name))
 			p.update(func() {
 				c.last = c.state.Terminated
-				c.state = cstate{Waiting: &waiting{Reason: "ContainerCreating"}}
+				c.state = containerState{Waiting: &waiting{Reason: "ContainerCreating"}}
 				c.changed = true
 			})
 			return outRestart
@@ -541,7 +541,7 @@ const minimumGracePeriod = 2 * time.Second
 // stop ends a running attempt: the preStop hook (counted against the grace
 // period), SIGTERM to its process group, the rest of the grace period, then
 // SIGKILL to the group.
-func (p *podRT) stop(c *ctr, proc Process, ch chan waitResult, msg string) {
+func (p *managedPod) stop(c *container, proc Process, ch chan waitResult, msg string) {
 	p.mu.Lock()
 	grace := p.grace
 	if p.terminating && c.sidecar() && grace > 0 {
@@ -602,7 +602,7 @@ func (p *podRT) stop(c *ctr, proc Process, ch chan waitResult, msg string) {
 	}
 }
 
-func (p *podRT) recordExit(c *ctr, r waitResult) {
+func (p *managedPod) recordExit(c *container, r waitResult) {
 	p.update(func() {
 		es := r.es
 		t := &terminated{ExitCode: es.ExitCode, Signal: es.Signal, StartedAt: es.StartedAt, FinishedAt: es.FinishedAt, ContainerID: c.containerID, Message: es.Message}
@@ -619,14 +619,14 @@ func (p *podRT) recordExit(c *ctr, r waitResult) {
 		if t.StartedAt.IsZero() && c.state.Running != nil {
 			t.StartedAt = c.state.Running.StartedAt
 		}
-		c.state = cstate{Terminated: t}
+		c.state = containerState{Terminated: t}
 		c.proc = nil
 	})
 }
 
 // ensureImage applies the pull policy, retrying failed pulls with
 // ImagePullBackOff. It returns nil for image "native".
-func (p *podRT) ensureImage(ctx context.Context, c *ctr) (*image.Image, string, outcome, bool) {
+func (p *managedPod) ensureImage(ctx context.Context, c *container) (*image.Image, string, outcome, bool) {
 	p.mu.Lock()
 	ref := c.spec.GetImage()
 	policy := c.spec.GetImagePullPolicy()
@@ -637,7 +637,7 @@ func (p *podRT) ensureImage(ctx context.Context, c *ctr) (*image.Image, string, 
 		return nil, ref, 0, true
 	}
 	setWaiting := func(reason, msg string) {
-		p.update(func() { c.state = cstate{Waiting: &waiting{Reason: reason, Message: msg}} })
+		p.update(func() { c.state = containerState{Waiting: &waiting{Reason: reason, Message: msg}} })
 	}
 	if _, err := image.ParseRef(ref); err != nil {
 		msg := fmt.Sprintf("Failed to apply default image tag %q: couldn't parse image name %q: %v", ref, ref, err)

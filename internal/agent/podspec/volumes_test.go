@@ -1,4 +1,4 @@
-package node
+package podspec
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 )
 
@@ -40,7 +41,7 @@ func TestVolumesFiles(t *testing.T) {
 		tokens:  &tokens,
 	}
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	tr := &translator{src: src, tokens: &tokenCache{}, now: func() time.Time { return now }}
+	tr := &Translator{src: src, tokens: &tokenCache{}, now: func() time.Time { return now }}
 	pod := volPod(
 		corev1.Volume{Name: "all", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
 			LocalObjectReference: corev1.LocalObjectReference{Name: "cm"}}}},
@@ -126,7 +127,7 @@ func TestVolumesErrors(t *testing.T) {
 		pvs: map[string]*corev1.PersistentVolume{"pv-1": {Spec: corev1.PersistentVolumeSpec{PersistentVolumeSource: corev1.PersistentVolumeSource{
 			HostPath: &corev1.HostPathVolumeSource{Path: "/var/lib/k3sm/storage/pvc-1", Type: ptr.To(corev1.HostPathDirectoryOrCreate)}}}}},
 	}
-	tr := &translator{src: src, protectedDirs: []string{"/var/lib/k3sm"}}
+	tr := &Translator{src: src, protectedDirs: []string{"/var/lib/k3sm"}}
 	cases := []struct {
 		vol  corev1.VolumeSource
 		want string // "" = no error
@@ -152,7 +153,7 @@ func TestVolumesErrors(t *testing.T) {
 			}
 			continue
 		}
-		var ve *volumeError
+		var ve *VolumeError
 		if !errors.As(err, &ve) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), `volume "v"`) {
 			t.Errorf("%+v: got %v (%v), want a volumeError with %q", c.vol, err, vols, c.want)
 		}
@@ -165,12 +166,47 @@ func TestVolumesErrors(t *testing.T) {
 }
 
 func TestAPIServerEnv(t *testing.T) {
-	env := apiServerEnv("https://127.0.0.1:6443")("any")
+	env := APIServerEnv("https://127.0.0.1:6443")("any")
 	m := map[string]string{}
 	for _, e := range env {
 		m[e.Name] = e.Value
 	}
 	if m["KUBERNETES_SERVICE_HOST"] != "127.0.0.1" || m["KUBERNETES_SERVICE_PORT"] != "6443" || m["KUBERNETES_PORT_6443_TCP"] != "tcp://127.0.0.1:6443" {
 		t.Errorf("env: %v", m)
+	}
+}
+
+// countingSource counts the ConfigMap reads.
+type countingSource struct {
+	fakeSource
+	reads *int
+}
+
+func (s countingSource) ConfigMap(ctx context.Context, ns, name string) (*corev1.ConfigMap, error) {
+	*s.reads++
+	return s.fakeSource.ConfigMap(ctx, ns, name)
+}
+
+// A refresh round resolves only files volumes and reads each ConfigMap once
+// however many pods reference it; the next round reads it again.
+func TestVolumeRefreshReadsEachObjectOnce(t *testing.T) {
+	reads := 0
+	tr := New(Config{Source: countingSource{fakeSource: fakeSource{cms: map[string]*corev1.ConfigMap{"cm": {Data: map[string]string{"a": "1"}}}}, reads: &reads}})
+	cm := corev1.Volume{Name: "cfg", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cm"}}}}
+	scratch := corev1.Volume{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
+	round := tr.NewVolumeRefresh()
+	for _, uid := range []string{"u1", "u2", "u3"} {
+		pod := volPod(cm, scratch)
+		pod.UID = types.UID(uid)
+		vols, err := round.FilesVolumes(context.Background(), pod)
+		if err != nil || len(vols) != 1 || vols[0].GetName() != "cfg" || string(vols[0].GetFiles().GetFiles()[0].GetContent()) != "1" {
+			t.Fatalf("%s: %v %v", uid, vols, err)
+		}
+	}
+	if reads != 1 {
+		t.Fatalf("%d reads of the ConfigMap in one round, want 1", reads)
+	}
+	if _, err := tr.NewVolumeRefresh().FilesVolumes(context.Background(), volPod(cm)); err != nil || reads != 2 {
+		t.Fatalf("next round: %d reads, %v", reads, err)
 	}
 }

@@ -1,4 +1,4 @@
-package node
+package podspec
 
 import (
 	"context"
@@ -6,27 +6,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
-	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
-	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/types"
 )
-
-// volumeError is a volume the node cannot set up yet (a missing ConfigMap,
-// an unbound claim, a refused hostPath). As with the kubelet the pod stays
-// ContainerCreating, a FailedMount event says why, and the node retries.
-type volumeError struct {
-	volume string
-	err    error
-}
-
-func (e *volumeError) Error() string {
-	return fmt.Sprintf("MountVolume.SetUp failed for volume %q : %v", e.volume, e.err)
-}
 
 // defaultFileMode is the kubelet's mode for volume files without one.
 const defaultFileMode = 0o644
@@ -35,7 +19,7 @@ const defaultFileMode = 0o644
 // policy is Pod Security admission's job, as upstream) except paths inside
 // k3sm's own data directory, which holds the cluster's database, private
 // keys and every other pod's files.
-func (t *translator) hostPathAllowed(path string) error {
+func (t *Translator) hostPathAllowed(path string) error {
 	if !filepath.IsAbs(path) {
 		return fmt.Errorf("hostPath %q is not an absolute path", path)
 	}
@@ -56,7 +40,7 @@ func within(path, dir string) bool {
 
 // volumes resolves the pod's volumes. With filesOnly only configMap, secret,
 // downwardAPI and projected volumes are resolved (the periodic refresh).
-func (t *translator) volumes(ctx context.Context, pod *corev1.Pod, filesOnly bool) ([]*runtimev1.Volume, error) {
+func (t *Translator) volumes(ctx context.Context, pod *corev1.Pod, filesOnly bool) ([]*runtimev1.Volume, error) {
 	var out []*runtimev1.Volume
 	for i := range pod.Spec.Volumes {
 		v := &pod.Spec.Volumes[i]
@@ -78,7 +62,7 @@ func (t *translator) volumes(ctx context.Context, pod *corev1.Pod, filesOnly boo
 		}
 		if isFiles {
 			if err != nil {
-				return nil, &volumeError{v.Name, err}
+				return nil, &VolumeError{v.Name, err}
 			}
 			rv.Source = &runtimev1.Volume_Files{Files: &runtimev1.FilesVolume{Files: files}}
 			out = append(out, rv)
@@ -96,7 +80,7 @@ func (t *translator) volumes(ctx context.Context, pod *corev1.Pod, filesOnly boo
 			rv.Source = &runtimev1.Volume_EmptyDir{EmptyDir: ed}
 		case v.HostPath != nil:
 			if err := t.hostPathAllowed(v.HostPath.Path); err != nil {
-				return nil, &volumeError{v.Name, err}
+				return nil, &VolumeError{v.Name, err}
 			}
 			typ := ""
 			if v.HostPath.Type != nil {
@@ -105,15 +89,15 @@ func (t *translator) volumes(ctx context.Context, pod *corev1.Pod, filesOnly boo
 			rv.Source = &runtimev1.Volume_HostPath{HostPath: &runtimev1.HostPathVolume{Path: v.HostPath.Path, Type: typ}}
 		case v.PersistentVolumeClaim != nil:
 			if err := t.claimVolume(ctx, pod.Namespace, v.PersistentVolumeClaim.ClaimName, rv); err != nil {
-				return nil, &volumeError{v.Name, err}
+				return nil, &VolumeError{v.Name, err}
 			}
 		case v.Ephemeral != nil:
 			// The ephemeral volume controller names the claim <pod>-<volume>.
 			if err := t.claimVolume(ctx, pod.Namespace, pod.Name+"-"+v.Name, rv); err != nil {
-				return nil, &volumeError{v.Name, err}
+				return nil, &VolumeError{v.Name, err}
 			}
 		default:
-			return nil, &volumeError{v.Name, fmt.Errorf("this volume type is not supported by k3sm's native pods; supported: emptyDir, configMap, secret, downwardAPI, projected, hostPath, persistentVolumeClaim (storageClassName local-path), ephemeral")}
+			return nil, &VolumeError{v.Name, fmt.Errorf("this volume type is not supported by k3sm's native pods; supported: emptyDir, configMap, secret, downwardAPI, projected, hostPath, persistentVolumeClaim (storageClassName local-path), ephemeral")}
 		}
 		out = append(out, rv)
 	}
@@ -123,8 +107,8 @@ func (t *translator) volumes(ctx context.Context, pod *corev1.Pod, filesOnly boo
 // claimVolume resolves a PersistentVolumeClaim to the directory of its bound
 // PersistentVolume (hostPath, as the local-path provisioner makes them, or
 // local).
-func (t *translator) claimVolume(ctx context.Context, ns, claim string, rv *runtimev1.Volume) error {
-	pvc, err := t.src.claim(ctx, ns, claim)
+func (t *Translator) claimVolume(ctx context.Context, ns, claim string, rv *runtimev1.Volume) error {
+	pvc, err := t.src.Claim(ctx, ns, claim)
 	if err != nil {
 		if apierrors.IsNotFound(err) {
 			return fmt.Errorf("persistentvolumeclaim %q not found", claim)
@@ -137,7 +121,7 @@ func (t *translator) claimVolume(ctx context.Context, ns, claim string, rv *runt
 	if pvc.Status.Phase != corev1.ClaimBound || pvc.Spec.VolumeName == "" {
 		return fmt.Errorf("persistentvolumeclaim %q is not bound yet (phase %s)", claim, pvc.Status.Phase)
 	}
-	pv, err := t.src.volume(ctx, pvc.Spec.VolumeName)
+	pv, err := t.src.Volume(ctx, pvc.Spec.VolumeName)
 	if err != nil {
 		return fmt.Errorf("persistentvolume %q of claim %q: %w", pvc.Spec.VolumeName, claim, err)
 	}
@@ -188,8 +172,8 @@ func keyFiles(kind, name string, data map[string][]byte, items []corev1.KeyToPat
 	return files, nil
 }
 
-func (t *translator) configMapFiles(ctx context.Context, pod *corev1.Pod, name string, items []corev1.KeyToPath, opt *bool, def *int32) ([]*runtimev1.VolumeFile, error) {
-	cm, err := t.src.configMap(ctx, pod.Namespace, name)
+func (t *Translator) configMapFiles(ctx context.Context, pod *corev1.Pod, name string, items []corev1.KeyToPath, opt *bool, def *int32) ([]*runtimev1.VolumeFile, error) {
+	cm, err := t.src.ConfigMap(ctx, pod.Namespace, name)
 	if apierrors.IsNotFound(err) {
 		if optional(opt) {
 			return nil, nil
@@ -209,8 +193,8 @@ func (t *translator) configMapFiles(ctx context.Context, pod *corev1.Pod, name s
 	return keyFiles("configmap", name, data, items, optional(opt), def)
 }
 
-func (t *translator) secretFiles(ctx context.Context, pod *corev1.Pod, name string, items []corev1.KeyToPath, opt *bool, def *int32) ([]*runtimev1.VolumeFile, error) {
-	s, err := t.src.secret(ctx, pod.Namespace, name)
+func (t *Translator) secretFiles(ctx context.Context, pod *corev1.Pod, name string, items []corev1.KeyToPath, opt *bool, def *int32) ([]*runtimev1.VolumeFile, error) {
+	s, err := t.src.Secret(ctx, pod.Namespace, name)
 	if apierrors.IsNotFound(err) {
 		if optional(opt) {
 			return nil, nil
@@ -225,7 +209,7 @@ func (t *translator) secretFiles(ctx context.Context, pod *corev1.Pod, name stri
 
 // downwardFiles renders downwardAPI items as the kubelet does (labels and
 // annotations as sorted key="value" lines).
-func (t *translator) downwardFiles(pod *corev1.Pod, items []corev1.DownwardAPIVolumeFile, def *int32) ([]*runtimev1.VolumeFile, error) {
+func (t *Translator) downwardFiles(pod *corev1.Pod, items []corev1.DownwardAPIVolumeFile, def *int32) ([]*runtimev1.VolumeFile, error) {
 	var files []*runtimev1.VolumeFile
 	for _, it := range items {
 		var val string
@@ -277,7 +261,7 @@ func formatMap(m map[string]string) string {
 	return b.String()
 }
 
-func (t *translator) projectedFiles(ctx context.Context, pod *corev1.Pod, volume string, p *corev1.ProjectedVolumeSource) ([]*runtimev1.VolumeFile, error) {
+func (t *Translator) projectedFiles(ctx context.Context, pod *corev1.Pod, volume string, p *corev1.ProjectedVolumeSource) ([]*runtimev1.VolumeFile, error) {
 	var files []*runtimev1.VolumeFile
 	def := p.DefaultMode
 	for _, s := range p.Sources {
@@ -312,112 +296,6 @@ func (t *translator) projectedFiles(ctx context.Context, pod *corev1.Pod, volume
 	return files, nil
 }
 
-// token returns a service-account token for a projected volume, bound to the
-// pod, from the cache while it is fresh: like the kubelet's token manager it
-// requests a new one once 80% of its lifetime (or 24 h) has passed.
-func (t *translator) token(ctx context.Context, pod *corev1.Pod, volume string, s *corev1.ServiceAccountTokenProjection) (string, error) {
-	exp := int64(3600)
-	if s.ExpirationSeconds != nil {
-		exp = *s.ExpirationSeconds
-	}
-	sa := pod.Spec.ServiceAccountName
-	if sa == "" {
-		sa = "default"
-	}
-	k := tokenKey{pod: pod.UID, sa: sa, audience: s.Audience, seconds: exp}
-	now := t.clock()
-	if tok, ok := t.tokens.get(k, now); ok {
-		return tok, nil
-	}
-	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
-		ExpirationSeconds: &exp,
-		BoundObjectRef:    &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
-	}}
-	if s.Audience != "" {
-		req.Spec.Audiences = []string{s.Audience}
-	}
-	res, err := t.src.token(ctx, pod.Namespace, sa, req)
-	if err != nil {
-		return "", fmt.Errorf("token for service account %q: %w", sa, err)
-	}
-	expires := res.Status.ExpirationTimestamp.Time
-	// The apiserver may extend a token's validity; refresh on the lifetime
-	// asked for, so a rotated key or revoked binding is picked up.
-	if asked := now.Add(time.Duration(exp) * time.Second); expires.IsZero() || expires.After(asked) {
-		expires = asked
-	}
-	t.tokens.put(k, cachedToken{token: res.Status.Token, issued: now, expires: expires})
-	return res.Status.Token, nil
-}
-
-func (t *translator) clock() time.Time {
-	if t.now != nil {
-		return t.now()
-	}
-	return time.Now()
-}
-
-type tokenKey struct {
-	pod      types.UID
-	sa       string
-	audience string
-	seconds  int64
-}
-
-type cachedToken struct {
-	token           string
-	issued, expires time.Time
-}
-
-// tokenCache holds the projected tokens of the node's pods.
-type tokenCache struct {
-	mu sync.Mutex
-	m  map[tokenKey]cachedToken
-}
-
-func (c *tokenCache) get(k tokenKey, now time.Time) (string, bool) {
-	if c == nil {
-		return "", false
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.m[k]
-	if !ok {
-		return "", false
-	}
-	life := e.expires.Sub(e.issued)
-	if now.After(e.issued.Add(life*8/10)) || now.Sub(e.issued) > 24*time.Hour {
-		return "", false
-	}
-	return e.token, true
-}
-
-func (c *tokenCache) put(k tokenKey, e cachedToken) {
-	if c == nil {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m == nil {
-		c.m = map[tokenKey]cachedToken{}
-	}
-	c.m[k] = e
-}
-
-// forget drops a deleted pod's tokens.
-func (c *tokenCache) forget(uid types.UID) {
-	if c == nil {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for k := range c.m {
-		if k.pod == uid {
-			delete(c.m, k)
-		}
-	}
-}
-
 // volumeMounts translates a container's mounts; a claim mounted readOnly at
 // the pod level is read-only in every container.
 func volumeMounts(pod *corev1.Pod, c *corev1.Container) []*runtimev1.VolumeMount {
@@ -435,8 +313,8 @@ func volumeMounts(pod *corev1.Pod, c *corev1.Container) []*runtimev1.VolumeMount
 	return out
 }
 
-// hasFilesVolumes: the pod has volumes the periodic refresh rewrites.
-func hasFilesVolumes(pod *corev1.Pod) bool {
+// HasFilesVolumes: the pod has volumes the periodic refresh rewrites.
+func HasFilesVolumes(pod *corev1.Pod) bool {
 	return slices.ContainsFunc(pod.Spec.Volumes, func(v corev1.Volume) bool {
 		return v.ConfigMap != nil || v.Secret != nil || v.DownwardAPI != nil || v.Projected != nil
 	})
