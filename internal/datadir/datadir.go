@@ -12,13 +12,17 @@
 //	  server/               control plane: db/state.db, tls/, cred/, flexvolume/, kine.sock,
 //	                        snapshots/, audit-policy.yaml; logs/audit.log
 //	  agent/                the node: its kubeconfigs, tls/, runtime-events.json
-//	  pods/<uid>/           pod roots and state (the runtime daemon)
+//	  pods/<uid>/           a pod (the runtime daemon): pod.json, roots/<container>/,
+//	                        volumes/<name>/, attempts/<container>/<n>/
 //	  images/               the image store (the runtime daemon)
 //	  storage/              local-path PersistentVolumes
 //	  quarantine/           what is left of pods whose state could not be read
 package datadir
 
-import "path/filepath"
+import (
+	"path/filepath"
+	"strconv"
+)
 
 // Layout names the files under one data directory. The zero value is
 // unusable; Root must be set (it may be relative).
@@ -90,6 +94,20 @@ func (l Layout) PodDir(uid string) string {
 	return filepath.Join(l.PodsDir(), uid)
 }
 func (l Layout) ImagesDir() string { return filepath.Join(l.Root, "images") }
+
+// Inside a pod's directory: its state, each container's root, its volumes,
+// and each container start attempt's state (attempts/<container>/<n>).
+func (l Layout) PodStateFile(uid string) string { return filepath.Join(l.PodDir(uid), "pod.json") }
+func (l Layout) PodRootDir(uid, container string) string {
+	return filepath.Join(l.PodDir(uid), "roots", container)
+}
+func (l Layout) PodVolumeDir(uid, volume string) string {
+	return filepath.Join(l.PodDir(uid), "volumes", volume)
+}
+func (l Layout) PodAttemptsDir(uid string) string { return filepath.Join(l.PodDir(uid), "attempts") }
+func (l Layout) PodAttemptDir(uid, container string, attempt int) string {
+	return filepath.Join(l.PodAttemptsDir(uid), container, strconv.Itoa(attempt))
+}
 
 // PodLogsDir holds the CRI container logs, one directory per pod named
 // <namespace>_<name>_<uid> as the kubelet does.

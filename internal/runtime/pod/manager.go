@@ -13,7 +13,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -22,6 +21,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/datadir"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -122,7 +123,8 @@ func NewManager(cfg Config) (*Manager, error) {
 // meaningful within one boot.
 func (m *Manager) BootID() string { return m.bootID }
 
-func (m *Manager) podDir(uid string) string { return datadir.New(m.cfg.DataDir).PodDir(uid) }
+func (m *Manager) dirs() datadir.Layout     { return datadir.New(m.cfg.DataDir) }
+func (m *Manager) podDir(uid string) string { return m.dirs().PodDir(uid) }
 
 // logDir is <data>/logs/pods/<ns>_<name>_<uid>, as the kubelet lays out
 // /var/log/pods.
@@ -754,8 +756,6 @@ type persistedPod struct {
 	Containers   []persistedContainer `json:"containers"`
 }
 
-const stateFile = "pod.json"
-
 // managedPod is one pod the Manager runs: its spec, its containers' states
 // and its worker's life.
 type managedPod struct {
@@ -807,7 +807,7 @@ func (p *managedPod) all() []*container {
 	return append(append(append([]*container{}, p.init...), p.main...), p.ephemeral...)
 }
 
-func (p *managedPod) rootDir(c *container) string { return filepath.Join(p.dir, "roots", c.name) }
+func (p *managedPod) rootDir(c *container) string { return p.m.dirs().PodRootDir(p.uid, c.name) }
 
 // save writes pod.json. The snapshot is taken under p.mu, the write is
 // not: on ext4 a replace-by-rename may wait for writeback, and status reads
@@ -829,7 +829,8 @@ func (p *managedPod) write(b []byte, seq uint64) error {
 	if seq <= p.written {
 		return nil
 	}
-	if err := writeDurable(p.dir, stateFile, b); err != nil {
+	state := p.m.dirs().PodStateFile(p.uid)
+	if err := writeDurable(filepath.Dir(state), filepath.Base(state), b); err != nil {
 		return err
 	}
 	p.written = seq
@@ -889,20 +890,20 @@ func (p *managedPod) snapshotLocked() ([]byte, uint64, error) {
 // load rebuilds a pod from pod.json and re-attaches to its shims. It
 // returns how many containers are still running.
 func (m *Manager) load(uid string) (*managedPod, int, error) {
-	b, err := os.ReadFile(filepath.Join(m.podDir(uid), stateFile))
+	b, err := os.ReadFile(m.dirs().PodStateFile(uid))
 	if err != nil {
 		return nil, 0, err
 	}
 	var pp persistedPod
 	if err := json.Unmarshal(b, &pp); err != nil {
-		return nil, 0, fmt.Errorf("%s: %w", stateFile, err)
+		return nil, 0, fmt.Errorf("%s: %w", filepath.Base(m.dirs().PodStateFile(uid)), err)
 	}
 	spec := &runtimev1.PodSpec{}
 	if err := protojson.Unmarshal(pp.Spec, spec); err != nil {
-		return nil, 0, fmt.Errorf("%s spec: %w", stateFile, err)
+		return nil, 0, fmt.Errorf("%s spec: %w", filepath.Base(m.dirs().PodStateFile(uid)), err)
 	}
 	if spec.GetUid() != uid {
-		return nil, 0, fmt.Errorf("%s names uid %q, not its directory's", stateFile, spec.GetUid())
+		return nil, 0, fmt.Errorf("%s names uid %q, not its directory's", filepath.Base(m.dirs().PodStateFile(uid)), spec.GetUid())
 	}
 	p := m.newPod(spec)
 	p.startTime = pp.StartTime

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/datadir"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 )
@@ -28,7 +29,7 @@ func (m *Manager) unreadable(uid string, cause error) {
 	dir := m.podDir(uid)
 	ns, name, logDir := m.namesFromLogs(uid)
 	killed, failed := 0, 0
-	attempts, _ := filepath.Glob(filepath.Join(dir, "attempts", "*", "*"))
+	attempts, _ := filepath.Glob(filepath.Join(m.dirs().PodAttemptsDir(uid), "*", "*"))
 	for _, a := range attempts {
 		proc, alive, err := m.cfg.Starter.Attach(a)
 		if err != nil {
@@ -54,8 +55,9 @@ func (m *Manager) unreadable(uid string, cause error) {
 	q := filepath.Join(datadir.New(m.cfg.DataDir).QuarantineDir(), uid+"-"+time.Now().UTC().Format("20060102T150405Z"))
 	kept := []string{}
 	if err := os.MkdirAll(q, 0o700); err == nil {
-		if os.Rename(filepath.Join(dir, stateFile), filepath.Join(q, stateFile)) == nil {
-			kept = append(kept, stateFile)
+		state := m.dirs().PodStateFile(uid)
+		if os.Rename(state, filepath.Join(q, filepath.Base(state))) == nil {
+			kept = append(kept, filepath.Base(state))
 		}
 		if logDir != "" && os.Rename(logDir, filepath.Join(q, "logs")) == nil {
 			kept = append(kept, "logs")

@@ -17,7 +17,7 @@ import (
 
 // Volumes live in <pod>/volumes/<name>: emptyDir and files volumes are
 // directories there; hostPath and local volumes are the host's own paths.
-func (p *managedPod) volumeDir(name string) string { return filepath.Join(p.dir, "volumes", name) }
+func (p *managedPod) volumeDir(name string) string { return p.m.dirs().PodVolumeDir(p.uid, name) }
 
 // setupVolumes creates the pod's volumes once; files volumes are (re)written
 // only when their content differs, so it is cheap to call again.

@@ -332,7 +332,7 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 	attempt := fmt.Sprintf("%s/%s/%d", p.uid, name, n)
 	sum := sha256.Sum256([]byte(attempt))
 	c.containerID = "k3sm://" + hex.EncodeToString(sum[:])
-	c.stateDir = filepath.Join(p.dir, "attempts", name, strconv.Itoa(int(n)))
+	c.stateDir = p.m.dirs().PodAttemptDir(p.uid, name, int(n))
 	c.state = containerState{Waiting: &waiting{Reason: "ContainerCreating"}}
 	if img != nil {
 		c.imageID, c.imageDigest = repoDigestFor(img, c.spec.GetImage()), img.ID
@@ -349,12 +349,12 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 
 	if redo {
 		// What the unstarted attempt left (a config, a shim log).
-		os.RemoveAll(filepath.Join(p.dir, "attempts", name, strconv.Itoa(int(n))))
+		os.RemoveAll(p.m.dirs().PodAttemptDir(p.uid, name, int(n)))
 	}
 	// Older attempts than the previous one are not needed (kubelet keeps
 	// the previous log for --previous).
 	if n >= 2 {
-		os.RemoveAll(filepath.Join(p.dir, "attempts", name, strconv.Itoa(int(n-2))))
+		os.RemoveAll(p.m.dirs().PodAttemptDir(p.uid, name, int(n-2)))
 		criolog.RemoveAll(filepath.Join(p.logDir(), name, strconv.Itoa(int(n-2))+".log"))
 	}
 
