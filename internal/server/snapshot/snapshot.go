@@ -216,7 +216,7 @@ func Save(ctx context.Context, o SaveOptions) (Metadata, []string, error) {
 			return m, nil, err
 		}
 		for _, f := range files {
-			m.Files = append(m.Files, rel(l, f))
+			m.Files = append(m.Files, rel(snap, f)) // as laid out in the snapshot
 		}
 	}
 	data, err := json.MarshalIndent(m, "", "  ")
@@ -226,16 +226,18 @@ func Save(ctx context.Context, o SaveOptions) (Metadata, []string, error) {
 	if err := atomicfile.WriteFile(filepath.Join(tmp, MetadataFile), append(data, '\n'), 0o600); err != nil {
 		return m, nil, err
 	}
-	if err := os.Rename(tmp, final); err != nil { // fails when another save took the name meanwhile
-		return m, nil, fmt.Errorf("snapshot %s: %w", m.Name, err)
-	}
-	ok = true
+	// Pruned before the new one appears, so a listing never shows more
+	// than Keep (a failed rename then leaves one fewer).
 	var pruned []string
 	if o.Keep > 0 {
-		if pruned, err = Prune(o.Dir, o.Prefix, o.Keep); err != nil {
+		if pruned, err = Prune(o.Dir, o.Prefix, o.Keep-1); err != nil {
 			return m, pruned, err
 		}
 	}
+	if err := os.Rename(tmp, final); err != nil { // fails when another save took the name meanwhile
+		return m, pruned, fmt.Errorf("snapshot %s: %w", m.Name, err)
+	}
+	ok = true
 	return m, pruned, nil
 }
 
