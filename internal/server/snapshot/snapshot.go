@@ -128,7 +128,7 @@ type SaveOptions struct {
 	DataDir string
 	Dir     string // default <data-dir>/server/snapshots
 	Prefix  string // default DefaultPrefix
-	Keep    int    // snapshots of Prefix kept after this one; 0 keeps all
+	Keep    int    // snapshots of Prefix kept, this one included; 0 keeps all
 	Now     func() time.Time
 }
 
