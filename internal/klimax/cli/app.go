@@ -15,6 +15,7 @@ import (
 
 	"github.com/k3sm-dev/k3sm/internal/klimax/cluster"
 	"github.com/k3sm-dev/k3sm/internal/klimax/config"
+	"github.com/k3sm-dev/k3sm/internal/klimax/docker"
 	"github.com/k3sm-dev/k3sm/internal/klimax/platform"
 	"github.com/k3sm-dev/k3sm/internal/klimax/ui"
 	"github.com/k3sm-dev/k3sm/internal/klimax/vm"
@@ -181,6 +182,15 @@ func (a *App) Clusters() (*cluster.Manager, error) {
 	}
 	if nr, ok := p.(interface{ NetworkReady(context.Context) error }); ok {
 		m.Preflight = nr.NetworkReady
+	}
+	host := p.DockerHost()
+	m.ImageExists = func(ctx context.Context, ref string) (bool, error) {
+		dc, err := docker.New(host)
+		if err != nil {
+			return false, err
+		}
+		defer dc.Close()
+		return dc.ImageExists(ctx, ref)
 	}
 	if p.Driver().NeedsRoute() {
 		m.ListenAddress = "0.0.0.0" // reachable from the host through the VM's address

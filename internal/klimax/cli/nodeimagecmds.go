@@ -2,10 +2,13 @@ package cli
 
 import (
 	"fmt"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/k3sm-dev/k3sm/internal/klimax/cluster"
 	"github.com/k3sm-dev/k3sm/internal/klimax/nodeimage"
 )
 
@@ -41,13 +44,21 @@ Runs on Linux (as root for the first debootstrap), from the k3sm clone
 			if err != nil {
 				return err
 			}
+			if len(res.MetalLBManifest) > 0 {
+				mf := &cluster.Manifests{Dir: filepath.Join(app.klimaxHome(), "cache", "manifests")}
+				if seeded, err := mf.Seed(nodeimage.MetalLBVersion, res.MetalLBManifest); err != nil {
+					return err
+				} else if seeded {
+					fmt.Fprintf(app.Err, "seeded the MetalLB %s manifest in %s\n", nodeimage.MetalLBVersion, mf.Dir)
+				}
+			}
 			how := "built"
 			if res.Cached {
 				how = "already built"
 			}
 			fmt.Fprintf(app.Out, "node image %s %s (key %s) in %s; registry mirror image %s\n", res.Tag, how, res.Key,
 				time.Since(start).Round(time.Second), res.MirrorImage)
-			fmt.Fprintf(app.Out, "use it: set kind.nodeImage: %s in %s (klimax config edit), or pass --node-image\n", res.Tag, app.configPath())
+			fmt.Fprintf(app.Out, "klimax cluster create uses %s when kind.nodeVersion is %s (and kind.nodeImage is empty or %s); config: %s\n", res.Tag, ver(res.Tag), nodeimage.DefaultRepository, app.configPath())
 			return nil
 		},
 	}
@@ -58,4 +69,12 @@ Runs on Linux (as root for the first debootstrap), from the k3sm clone
 	f.StringVar(&opts.CacheDir, "cache-dir", "", "where parts are cached (default $XDG_CACHE_HOME/klimax/node-image or ~/.cache/klimax/node-image)")
 	f.BoolVar(&opts.Rebuild, "rebuild", false, "rebuild the image even when the engine has one with the same key (cached parts are reused)")
 	return c
+}
+
+// ver is the tag part of an image reference.
+func ver(ref string) string {
+	if i := strings.LastIndex(ref, ":"); i >= 0 {
+		return ref[i+1:]
+	}
+	return ref
 }

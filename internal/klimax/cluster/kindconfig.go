@@ -43,11 +43,13 @@ type Spec struct {
 	Name        string
 	Slot        slot.Slot
 	NodeVersion string // kindest/node tag, e.g. v1.35.0
-	Region      string
-	Zone        string
-	Fleet       string
-	DependsOn   []string
-	Labels      map[string]string
+	// NodeImage is the full node image reference; "" is kindest/node:<NodeVersion>.
+	NodeImage string
+	Region    string
+	Zone      string
+	Fleet     string
+	DependsOn []string
+	Labels    map[string]string
 	// ListenAddress is where the API server port is published in the guest
 	// (0.0.0.0 in a VM so the host reaches it, 127.0.0.1 on a Linux host).
 	ListenAddress string
@@ -83,6 +85,19 @@ func (s Spec) NodeLabels() map[string]string {
 // where klimax writes one hosts.toml per mirror.
 const containerdCertsPatch = `[plugins."io.containerd.grpc.v1.cri".registry]
   config_path = "/etc/containerd/certs.d"`
+
+// kubeletPatch lets the kubelet start on a cgroup v1 host (Kubernetes 1.35
+// and later refuse one unless failCgroupV1 is false); on cgroup v2 it has
+// no effect.
+const kubeletPatch = "kind: KubeletConfiguration\nfailCgroupV1: false\n"
+
+// Image is the node image of s.
+func (s Spec) Image() string {
+	if s.NodeImage != "" {
+		return s.NodeImage
+	}
+	return "kindest/node:" + s.NodeVersion
+}
 
 // KindConfig builds the kind cluster config for s.
 func KindConfig(s Spec) (*KindCluster, error) {
@@ -123,9 +138,9 @@ func KindConfig(s Spec) (*KindCluster, error) {
 		ContainerdConfigPatches: []string{containerdCertsPatch},
 		Nodes: []KindNode{{
 			Role:                 "control-plane",
-			Image:                "kindest/node:" + s.NodeVersion,
+			Image:                s.Image(),
 			Labels:               s.NodeLabels(),
-			KubeadmConfigPatches: []string{san.String()},
+			KubeadmConfigPatches: []string{san.String(), kubeletPatch},
 		}},
 	}, nil
 }

@@ -67,6 +67,45 @@ type Manager struct {
 	// Preflight, when set, must pass before kind creates anything (the
 	// platform checks that `klimax up` made the network).
 	Preflight func(ctx context.Context) error
+	// ImageExists, when set, reports whether the engine has a node image,
+	// so a locally built klimax/node image is found (and a missing one is
+	// named) before kind would try to pull it.
+	ImageExists func(ctx context.Context, ref string) (bool, error)
+}
+
+// LocalNodeRepository is the repository `klimax node-image build` tags
+// (nodeimage.DefaultRepository).
+const LocalNodeRepository = "klimax/node"
+
+// NodeImage picks the node image for a Kubernetes version: kind.nodeImage's
+// repository when set (klimax/node must then be in the engine), else
+// klimax/node when the engine has it, else kindest/node.
+func (m *Manager) NodeImage(ctx context.Context, version string) (string, error) {
+	has := func(ref string) (bool, error) {
+		if m.ImageExists == nil {
+			return false, nil
+		}
+		return m.ImageExists(ctx, ref)
+	}
+	repo := m.Config.Kind.NodeImage
+	if repo == "" {
+		ref := LocalNodeRepository + ":" + version
+		if ok, err := has(ref); err == nil && ok {
+			return ref, nil
+		}
+		return "kindest/node:" + version, nil
+	}
+	ref := repo + ":" + version
+	if repo == LocalNodeRepository && m.ImageExists != nil {
+		ok, err := has(ref)
+		if err != nil {
+			return "", err
+		}
+		if !ok {
+			return "", fmt.Errorf("no node image %s in the Docker engine: run `klimax node-image build` (it builds the Kubernetes version of the k3sm source tree), or set kind.nodeVersion to the version you built", ref)
+		}
+	}
+	return ref, nil
 }
 
 func (m *Manager) progress() Progress {
@@ -206,7 +245,11 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 	if nodeVersion == "" {
 		nodeVersion = m.Config.Kind.NodeVersion
 	}
-	spec := Spec{Name: o.Name, Slot: s, NodeVersion: nodeVersion, Region: o.Region, Zone: o.Zone,
+	image, err := m.NodeImage(ctx, nodeVersion)
+	if err != nil {
+		return nil, fmt.Errorf("cluster %s: %w", o.Name, err)
+	}
+	spec := Spec{Name: o.Name, Slot: s, NodeVersion: nodeVersion, NodeImage: image, Region: o.Region, Zone: o.Zone,
 		Fleet: o.Fleet, DependsOn: o.DependsOn, Labels: o.Labels, ListenAddress: m.ListenAddress, APIHost: apiHost}
 	kc, err := KindConfig(spec)
 	if err != nil {
@@ -217,7 +260,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 		return nil, err
 	}
 	prefix := fmt.Sprintf("[%s] ", o.Name)
-	if err := m.step(prefix+fmt.Sprintf("kind create cluster (slot %d, API :%d, kindest/node:%s)", s, s.APIPort(), nodeVersion), func() error {
+	if err := m.step(prefix+fmt.Sprintf("kind create cluster (slot %d, API :%d, %s)", s, s.APIPort(), image), func() error {
 		_, err := m.run(ctx, KindCreateTimeout, rendered, m.kindArgs("create", "cluster", "--name", o.Name, "--config", "-")...)
 		return err
 	}); err != nil {

@@ -11,7 +11,9 @@ import (
 
 // Label keys klimax sets on every cluster's node.
 const (
-	LabelManagedBy = "app.kubernetes.io/managed-by"
+	// klimax.dev/managed-by, not app.kubernetes.io/managed-by: the kubelet
+	// refuses --node-labels in the kubernetes.io namespace it does not own.
+	LabelManagedBy = "klimax.dev/managed-by"
 	ManagedByValue = "klimax"
 	LabelFleet     = "klimax.dev/fleet"
 	LabelSlot      = "klimax.dev/slot"

@@ -30,6 +30,7 @@ import (
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -101,7 +102,11 @@ type Result struct {
 	// MirrorImage is the registry image loaded into the engine for
 	// klimax's pull-through mirrors.
 	MirrorImage string
-	Steps       []Step
+	// MetalLBManifest is MetalLB's own install manifest (metallb-native.yaml
+	// of the module MetalLB was built from), whose images the node preloads;
+	// the CLI seeds klimax's manifest cache with it.
+	MetalLBManifest []byte
+	Steps           []Step
 }
 
 // Step is one timed part of the build.
@@ -183,6 +188,9 @@ func Build(ctx context.Context, opts Options) (*Result, error) {
 		}
 	}
 	b.logf("node image %s (key %s, binaries key %s, cache %s)", b.opts.Tag, b.key, b.binKey, opts.CacheDir)
+	if err := b.metallbManifest(ctx); err != nil {
+		return nil, err
+	}
 	if !opts.Rebuild {
 		if have, _ := b.imageKey(ctx, b.opts.Tag); have == b.key {
 			if have, _ := b.imageKey(ctx, MirrorImage); have == b.key {
@@ -220,6 +228,24 @@ func Build(ctx context.Context, opts Options) (*Result, error) {
 		b.logf("[%d/%d] %s: %s in %s", i+1, len(steps), s.name, how, d)
 	}
 	return &b.res, nil
+}
+
+// metallbManifest reads metallb-native.yaml from the MetalLB module.
+func (b *builder) metallbManifest(ctx context.Context) error {
+	out, err := b.goCmd(ctx, b.opts.CacheDir, nil, "mod", "download", "-json", "go.universe.tf/metallb@"+MetalLBVersion)
+	if err != nil {
+		return fmt.Errorf("MetalLB module %s: %w", MetalLBVersion, err)
+	}
+	var mod struct{ Dir string }
+	if err := json.Unmarshal([]byte(out), &mod); err != nil || mod.Dir == "" {
+		return fmt.Errorf("go mod download go.universe.tf/metallb@%s printed no directory: %v", MetalLBVersion, err)
+	}
+	data, err := os.ReadFile(filepath.Join(mod.Dir, "config", "manifests", "metallb-native.yaml"))
+	if err != nil {
+		return err
+	}
+	b.res.MetalLBManifest = data
+	return nil
 }
 
 func (b *builder) logf(format string, args ...any) {
