@@ -214,10 +214,16 @@ func image(layers []v1.Layer, entrypoint []string, env []string, extra map[strin
 	return mutate.ConfigFile(img, cf)
 }
 
+// imagesTar depends only on the binaries and the rootfs, so it lives with
+// the binaries.
+func (b *builder) imagesTar() string {
+	return filepath.Join(b.bin, fmt.Sprintf("images-%x.tar", shortHash(b.rootfsPath()+builderRevision)))
+}
+
 // componentImages writes every image the node preloads into one
 // docker-archive tarball (images.tar), which ctr imports.
 func (b *builder) componentImages(ctx context.Context) (bool, error) {
-	dst := filepath.Join(b.dir, "images.tar")
+	dst := b.imagesTar()
 	if exists(dst) {
 		return true, nil
 	}
@@ -225,7 +231,7 @@ func (b *builder) componentImages(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	certs := filepath.Join(b.dir, "certs-layer.tar")
+	certs := filepath.Join(b.bin, "certs-layer.tar")
 	if err := b.extractCerts(ctx, certs); err != nil {
 		return false, err
 	}
@@ -234,9 +240,9 @@ func (b *builder) componentImages(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	refs := map[name.Reference]v1.Image{}
-	labels := map[string]string{LabelKey: b.key}
+	labels := map[string]string{LabelKey: b.binKey}
 	for ref, comp := range b.images {
-		lp := filepath.Join(b.dir, "layer-"+comp+".tar")
+		lp := filepath.Join(b.bin, "layer-"+comp+".tar")
 		bin := "usr/local/bin/" + comp
 		if comp == "coredns" {
 			bin = "coredns" // its Deployment passes only args: ENTRYPOINT is /coredns
@@ -449,7 +455,7 @@ func (b *builder) preload(ctx context.Context) (bool, error) {
 	if _, err := exec(nil, "bash", "-c", "for i in $(seq 1 60); do ctr version >/dev/null 2>&1 && exit 0; sleep 0.5; done; cat /var/log/containerd-build.log; exit 1"); err != nil {
 		return false, fmt.Errorf("containerd did not start in the build container: %w", err)
 	}
-	f, err := os.Open(filepath.Join(b.dir, "images.tar"))
+	f, err := os.Open(b.imagesTar())
 	if err != nil {
 		return false, err
 	}
@@ -499,7 +505,7 @@ func (b *builder) mirrorImage(ctx context.Context) (bool, error) {
 	if have, _ := b.imageKey(ctx, MirrorImage); have == b.key {
 		return true, nil
 	}
-	certs, err := layerFromFile(filepath.Join(b.dir, "certs-layer.tar"))
+	certs, err := layerFromFile(filepath.Join(b.bin, "certs-layer.tar"))
 	if err != nil {
 		return false, err
 	}
