@@ -287,6 +287,9 @@ func (b *builder) resolve(ctx context.Context) error {
 			return err
 		}
 		for _, e := range ents {
+			if strings.HasSuffix(e.Name(), "_test.go") {
+				continue // tests are not in the binary
+			}
 			data, err := os.ReadFile(filepath.Join(b.opts.SourceDir, "internal/klimax/nodeimage/cmd", d, e.Name()))
 			if err != nil {
 				return err
