@@ -94,12 +94,13 @@ func (b *builder) buildBinaries(ctx context.Context) (bool, error) {
 		case c.main != "":
 			err = b.buildGenerated(ctx, c, dst)
 		case c.mod != "":
-			_, err = b.goCmd(ctx, b.opts.CacheDir, []string{"GOBIN=" + filepath.Join(b.bin, ".gobin-"+c.name)},
+			gobin := filepath.Join(b.bin, ".gobin-"+c.name)
+			_, err = b.goCmd(ctx, b.opts.CacheDir, []string{"GOBIN=" + gobin},
 				"install", "-tags", c.tags, "-ldflags", b.ldflags(c), c.pkg+"@"+c.version)
 			if err == nil {
-				err = os.Rename(filepath.Join(b.dir, "gobin-"+c.name, filepath.Base(c.pkg)), dst)
-				os.RemoveAll(filepath.Join(b.bin, ".gobin-"+c.name))
+				err = os.Rename(filepath.Join(gobin, filepath.Base(c.pkg)), dst)
 			}
+			os.RemoveAll(gobin)
 		default:
 			_, err = b.goCmd(ctx, b.opts.SourceDir, nil, "build", "-ldflags", b.ldflags(c), "-o", dst+".tmp", c.pkg)
 			if err == nil {
