@@ -227,7 +227,24 @@ func Build(ctx context.Context, opts Options) (*Result, error) {
 		}
 		b.logf("[%d/%d] %s: %s in %s", i+1, len(steps), s.name, how, d)
 	}
+	b.prune()
 	return &b.res, nil
+}
+
+// prune removes the parts of earlier keys of this Kubernetes version (a
+// changed file or pin leaves them behind; each is hundreds of MB).
+func (b *builder) prune() {
+	for _, pat := range []string{b.opts.KubernetesVersion + "-*", "bin-" + b.opts.KubernetesVersion + "-*"} {
+		old, _ := filepath.Glob(filepath.Join(b.opts.CacheDir, pat))
+		for _, d := range old {
+			if d == b.dir || d == b.bin {
+				continue
+			}
+			if err := os.RemoveAll(d); err == nil {
+				b.logf("  removed stale cache %s", d)
+			}
+		}
+	}
 }
 
 // metallbManifest reads metallb-native.yaml from the MetalLB module.
