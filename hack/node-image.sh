@@ -14,7 +14,8 @@ set -euo pipefail
 log() { printf 'node-image: %s\n' "$*" >&2; }
 cd "$(dirname "$0")/.."
 
-KIND_VERSION=${KIND_VERSION:-v0.32.0}
+# the kind klimax pins (guest.DefaultKind)
+KIND_VERSION=${KIND_VERSION:-$(sed -n 's/.*DefaultKind *= Tool{Version: "\(v[^"]*\)".*/\1/p' internal/klimax/guest/provision.go)}
 export PATH="$PATH:$(go env GOPATH)/bin"
 
 if ! docker info >/dev/null 2>&1; then

@@ -32,6 +32,7 @@ import (
 
 	"github.com/k3sm-dev/k3sm/internal/klimax/cluster"
 	"github.com/k3sm-dev/k3sm/internal/klimax/docker/dockertest"
+	"github.com/k3sm-dev/k3sm/internal/klimax/guest"
 	"github.com/k3sm-dev/k3sm/internal/klimax/nodeimage"
 	"github.com/k3sm-dev/k3sm/internal/klimax/slot"
 )
@@ -50,8 +51,11 @@ func TestIntegrationNodeImageFleet(t *testing.T) {
 		t.Skip("-short: creates two kind clusters")
 	}
 	dc := dockertest.Engine(t)
-	if _, err := exec.LookPath("kind"); err != nil {
-		t.Skip("kind is not in PATH: go install sigs.k8s.io/kind@v0.32.0")
+	kindWant := guest.DefaultKind.Version
+	if out, err := exec.Command("kind", "version").Output(); err != nil {
+		t.Skipf("kind is not in PATH (%v): make node-image installs kind %s", err, kindWant)
+	} else if f := strings.Fields(string(out)); len(f) < 2 || f[1] != kindWant {
+		t.Skipf("kind is %q, the node image needs the pinned %s (older kinds write kubeadm configs kubeadm 1.37 refuses): make node-image installs it", strings.TrimSpace(string(out)), kindWant)
 	}
 	version := kubernetesVersion(t)
 	nodeImage := cluster.LocalNodeRepository + ":" + version
