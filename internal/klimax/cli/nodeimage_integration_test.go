@@ -73,7 +73,7 @@ func TestIntegrationNodeImageFleet(t *testing.T) {
 	start := time.Now()
 
 	home := t.TempDir()
-	cidr := dockertest.FreeBridgeCIDR(t, dc)
+	cidr := dockertest.FreeBridgeCIDRLow(t, dc) // not the one a parallel platform test takes
 	prefix := strings.Join(strings.Split(cidr.Addr().String(), ".")[:2], ".")
 	resolverIP := prefix + ".0.53"
 	tag := strings.ToLower(dockertest.UniqueName("it"))
