@@ -23,7 +23,7 @@ LDFLAGS := -s -w \
 
 BINARIES := bin/k3sm bin/k3sm-shim bin/klimax
 
-.PHONY: all build run test test-unit test-e2e test-integration darwin vet bench clean FORCE
+.PHONY: all build run test test-unit test-e2e test-integration darwin vet bench clean node-image FORCE
 all: build
 build: $(BINARIES)
 
@@ -58,6 +58,12 @@ test-e2e: bin/k3sm bin/k3sm-shim
 	@mkdir -p _output
 	K3SM_BIN=$(CURDIR)/bin/k3sm $(GO) test -count=1 -v -timeout 40m ./test/e2e/... 2>&1 | tee _output/e2e.log | \
 		grep -E '^(=== RUN|\s*--- |PASS|FAIL|ok|panic)|_test\.go:[0-9]+:' ; exit $${PIPESTATUS[0]}
+
+# The offline kind node image (klimax node-image build) and kind; cached by
+# version outside the clone, a no-op when built. Without Docker it does
+# nothing, and the node-image integration test skips.
+node-image:
+	./hack/node-image.sh
 
 darwin:
 	GOOS=darwin GOARCH=arm64 CGO_ENABLED=0 $(GO) build ./...

@@ -59,7 +59,7 @@ pool, CoreDNS forwarding and access to shared pull-through registry mirrors.`,
 	root.AddCommand(
 		upCmd(app), downCmd(app), destroyCmd(app), statusCmd(app), doctorCmd(app), shellCmd(app),
 		versionCmd(app), configCmd(app), dockerEnvCmd(app), dockerContextCmd(app),
-		clusterCmd(app), fleetCmd(app), kubeconfigCmd(app), registryCmd(app),
+		clusterCmd(app), fleetCmd(app), kubeconfigCmd(app), registryCmd(app), nodeImageCmd(app),
 	)
 	// cobra adds `completion bash|zsh|fish|powershell` itself.
 	root.CompletionOptions.HiddenDefaultCmd = false

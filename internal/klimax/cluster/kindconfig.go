@@ -44,11 +44,13 @@ type Spec struct {
 	Name        string
 	Slot        slot.Slot
 	NodeVersion string // kindest/node tag, e.g. v1.35.0
-	Region      string
-	Zone        string
-	Fleet       string
-	DependsOn   []string
-	Labels      map[string]string
+	// NodeImage is the full node image reference; "" is kindest/node:<NodeVersion>.
+	NodeImage string
+	Region    string
+	Zone      string
+	Fleet     string
+	DependsOn []string
+	Labels    map[string]string
 	// Workers is the number of worker nodes (0 = the control plane only).
 	Workers int
 	// ListenAddress is where the API server port is published in the guest
@@ -113,6 +115,19 @@ func ValidateWorkers(field string, n int) error {
 const containerdCertsPatch = `[plugins."io.containerd.grpc.v1.cri".registry]
   config_path = "/etc/containerd/certs.d"`
 
+// kubeletPatch lets the kubelet start on a cgroup v1 host (Kubernetes 1.35
+// and later refuse one unless failCgroupV1 is false); on cgroup v2 it has
+// no effect.
+const kubeletPatch = "kind: KubeletConfiguration\nfailCgroupV1: false\n"
+
+// Image is the node image of s.
+func (s Spec) Image() string {
+	if s.NodeImage != "" {
+		return s.NodeImage
+	}
+	return "kindest/node:" + s.NodeVersion
+}
+
 // KindConfig builds the kind cluster config for s.
 func KindConfig(s Spec) (*KindCluster, error) {
 	if err := ValidateName(s.Name); err != nil {
@@ -144,12 +159,13 @@ func KindConfig(s Spec) (*KindCluster, error) {
 	}
 	nodes := []KindNode{{
 		Role:                 "control-plane",
-		Image:                "kindest/node:" + s.NodeVersion,
+		Image:                s.Image(),
 		Labels:               s.NodeLabels(),
-		KubeadmConfigPatches: []string{san.String()},
+		KubeadmConfigPatches: []string{san.String(), kubeletPatch},
 	}}
 	for i := 0; i < s.Workers; i++ {
-		nodes = append(nodes, KindNode{Role: "worker", Image: "kindest/node:" + s.NodeVersion, Labels: s.WorkerLabels()})
+		nodes = append(nodes, KindNode{Role: "worker", Image: s.Image(), Labels: s.WorkerLabels(),
+			KubeadmConfigPatches: []string{kubeletPatch}})
 	}
 	return &KindCluster{
 		Kind:       "Cluster",

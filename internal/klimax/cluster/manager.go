@@ -69,7 +69,9 @@ type Manager struct {
 	// platform checks that `klimax up` made the network).
 	Preflight func(ctx context.Context) error
 	// ImageExists, when set, reports whether the machine's Docker engine
-	// has an image (checked before `kind load docker-image`).
+	// has an image: checked before `kind load docker-image`, and to find a
+	// locally built klimax/node image (or name a missing one) before kind
+	// would try to pull it.
 	ImageExists func(ctx context.Context, ref string) (bool, error)
 	// Leases records slot claims across klimax processes (nil: within
 	// this call only).
@@ -80,6 +82,41 @@ type Manager struct {
 	// LocalMachine is set when kind runs on this host (host driver), so a
 	// directory kind writes is directly ours.
 	LocalMachine bool
+}
+
+// LocalNodeRepository is the repository `klimax node-image build` tags
+// (nodeimage.DefaultRepository).
+const LocalNodeRepository = "klimax/node"
+
+// NodeImage picks the node image for a Kubernetes version: kind.nodeImage's
+// repository when set (klimax/node must then be in the engine), else
+// klimax/node when the engine has it, else kindest/node.
+func (m *Manager) NodeImage(ctx context.Context, version string) (string, error) {
+	has := func(ref string) (bool, error) {
+		if m.ImageExists == nil {
+			return false, nil
+		}
+		return m.ImageExists(ctx, ref)
+	}
+	repo := m.Config.Kind.NodeImage
+	if repo == "" {
+		ref := LocalNodeRepository + ":" + version
+		if ok, err := has(ref); err == nil && ok {
+			return ref, nil
+		}
+		return "kindest/node:" + version, nil
+	}
+	ref := repo + ":" + version
+	if repo == LocalNodeRepository && m.ImageExists != nil {
+		ok, err := has(ref)
+		if err != nil {
+			return "", err
+		}
+		if !ok {
+			return "", fmt.Errorf("no node image %s in the Docker engine: run `klimax node-image build` (it builds the Kubernetes version of the k3sm source tree), or set kind.nodeVersion to the version you built", ref)
+		}
+	}
+	return ref, nil
 }
 
 func (m *Manager) progress() Progress {
@@ -281,7 +318,11 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 	if nodeVersion == "" {
 		nodeVersion = m.Config.Kind.NodeVersion
 	}
-	spec := Spec{Name: o.Name, Slot: s, NodeVersion: nodeVersion, Region: o.Region, Zone: o.Zone,
+	image, err := m.NodeImage(ctx, nodeVersion)
+	if err != nil {
+		return nil, fmt.Errorf("cluster %s: %w", o.Name, err)
+	}
+	spec := Spec{Name: o.Name, Slot: s, NodeVersion: nodeVersion, NodeImage: image, Region: o.Region, Zone: o.Zone,
 		Fleet: o.Fleet, DependsOn: o.DependsOn, Labels: o.Labels, Workers: o.Workers, ListenAddress: m.ListenAddress, APIHost: apiHost}
 	kc, err := KindConfig(spec)
 	if err != nil {
@@ -292,7 +333,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 		return nil, err
 	}
 	prefix := fmt.Sprintf("[%s] ", o.Name)
-	if err := m.step(prefix+fmt.Sprintf("kind create cluster (slot %d, API :%d, kindest/node:%s)", s, s.APIPort(), nodeVersion), func() error {
+	if err := m.step(prefix+fmt.Sprintf("kind create cluster (slot %d, API :%d, %s)", s, s.APIPort(), image), func() error {
 		_, err := m.run(ctx, KindCreateTimeout, rendered, m.kindArgs("create", "cluster", "--name", o.Name, "--config", "-")...)
 		return err
 	}); err != nil {

@@ -77,6 +77,23 @@ func (m *Manifests) MetricsServer(ctx context.Context, version string) ([]*unstr
 	return m.get(ctx, "metrics-server", m.MetricsServerURL, DefaultMetricsServerURL, version)
 }
 
+// Seed stores the MetalLB manifest for version in the cache unless one is
+// there, so clusters install it without downloading (`klimax node-image
+// build` seeds the manifest of the MetalLB it preloads).
+func (m *Manifests) Seed(version string, data []byte) (bool, error) {
+	if !manifestVersionRe.MatchString(version) {
+		return false, fmt.Errorf("metallb version %q is not a release tag like v0.16.1", version)
+	}
+	if objs, err := ParseManifest(data); err != nil || len(objs) == 0 {
+		return false, fmt.Errorf("metallb %s manifest is not a Kubernetes manifest: %v", version, err)
+	}
+	cache := filepath.Join(m.Dir, "metallb", version+".yaml")
+	if _, err := os.Stat(cache); err == nil {
+		return false, nil
+	}
+	return true, config.WriteFileAtomic(cache, data, 0o644)
+}
+
 func (m *Manifests) get(ctx context.Context, what, urlFmt, def, version string) ([]*unstructured.Unstructured, error) {
 	if !manifestVersionRe.MatchString(version) {
 		return nil, fmt.Errorf("%s version %q is not a release tag like v0.16.1", what, version)

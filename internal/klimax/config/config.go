@@ -60,7 +60,12 @@ type NetworkConfig struct {
 
 // KindConfig holds per-cluster defaults.
 type KindConfig struct {
-	NodeVersion          string        `yaml:"nodeVersion" json:"nodeVersion"`
+	NodeVersion string `yaml:"nodeVersion" json:"nodeVersion"`
+	// NodeImage is the repository of kind node images; a cluster runs
+	// <nodeImage>:<nodeVersion>. Empty: klimax/node (built offline by
+	// `klimax node-image build`) when the engine has that tag, else
+	// kindest/node (pulled by kind).
+	NodeImage            string        `yaml:"nodeImage,omitempty" json:"nodeImage,omitempty"`
 	MetalLBVersion       string        `yaml:"metalLBVersion" json:"metalLBVersion"`
 	CustomDNSResolvers   []DNSResolver `yaml:"customDnsResolvers" json:"customDnsResolvers"`
 	AutoMergeKubeconfig  bool          `yaml:"autoMergeKubeconfig" json:"autoMergeKubeconfig"`
@@ -236,6 +241,9 @@ var (
 	dnsLabelRe = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 	sizeRe     = regexp.MustCompile(`^[1-9][0-9]*(MiB|GiB|TiB)$`)
 	versionRe  = regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+$`)
+	// nodeImageRe is an image repository: an optional registry host[:port],
+	// lower-case path components, no tag or digest.
+	nodeImageRe = regexp.MustCompile(`^([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$`)
 )
 
 // IsDNSLabel reports whether s is an RFC 1123 label of at most max characters
@@ -292,6 +300,9 @@ func (c *Config) Validate() error {
 
 	if !versionRe.MatchString(c.Kind.NodeVersion) {
 		add("kind.nodeVersion", fmt.Sprintf("%q is not a version", c.Kind.NodeVersion), "use a kindest/node tag like v1.35.0")
+	}
+	if img := c.Kind.NodeImage; img != "" && !nodeImageRe.MatchString(img) {
+		add("kind.nodeImage", fmt.Sprintf("%q is not an image repository", img), "use a repository without a tag, like klimax/node or kindest/node (the tag is kind.nodeVersion), or leave it empty")
 	}
 	if !versionRe.MatchString(c.Kind.MetalLBVersion) {
 		add("kind.metalLBVersion", fmt.Sprintf("%q is not a version", c.Kind.MetalLBVersion), "use a MetalLB release tag like v0.16.1")

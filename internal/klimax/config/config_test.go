@@ -100,6 +100,8 @@ func TestValidateNamesFieldAndFix(t *testing.T) {
 		{"network:\n  kindBridgeCIDR: 10.200.0.0/16\n", "network.kindBridgeCIDR"},
 		{"kind:\n  nodeVersion: latest\n", "kind.nodeVersion"},
 		{"kind:\n  metalLBVersion: main\n", "kind.metalLBVersion"},
+		{"kind:\n  nodeImage: klimax/node:v1.37.2\n", "kind.nodeImage"},
+		{"kind:\n  nodeImage: Klimax/Node\n", "kind.nodeImage"},
 		{"kind:\n  customDnsResolvers:\n  - domain: 'x;reboot'\n", "kind.customDnsResolvers[0].domain"},
 		{"kind:\n  customDnsResolvers:\n  - domain: a.dev\n  - domain: a.dev\n", "kind.customDnsResolvers[1].domain"},
 		{"kind:\n  customDnsResolvers:\n  - domain: a.dev\n    resolvers: [dns.google]\n", "kind.customDnsResolvers[0].resolvers[0]"},

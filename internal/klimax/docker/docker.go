@@ -93,3 +93,17 @@ func isConflict(err error) bool {
 }
 
 var errNotManaged = errors.New("not created by klimax")
+
+// ImageExists reports whether the engine has the image ref locally.
+func (c *Client) ImageExists(ctx context.Context, ref string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	_, err := c.api.ImageInspect(ctx, ref)
+	if isNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("inspect image %s: %w", ref, err)
+	}
+	return true, nil
+}

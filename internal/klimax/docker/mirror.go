@@ -228,18 +228,6 @@ func isPortError(err error) bool {
 	return strings.Contains(msg, "port is already allocated") || strings.Contains(msg, "address already in use")
 }
 
-// ImageExists reports whether the engine has the image ref.
-func (c *Client) ImageExists(ctx context.Context, ref string) (bool, error) {
-	_, err := c.api.ImageInspect(ctx, ref)
-	if err == nil {
-		return true, nil
-	}
-	if isNotFound(err) {
-		return false, nil
-	}
-	return false, fmt.Errorf("inspect image %s: %w", ref, err)
-}
-
 func (c *Client) ensureImage(ctx context.Context, ref string) error {
 	if _, err := c.api.ImageInspect(ctx, ref); err == nil {
 		return nil

@@ -28,10 +28,12 @@ type Tool struct {
 	SHA256  map[string]string
 }
 
-// Pinned defaults. kind v0.31.0 creates kindest/node v1.35.0 clusters (the
-// default kind.nodeVersion) and kubectl matches that minor version.
+// Pinned defaults. kind v0.32.0 creates kindest/node v1.35.0 clusters (the
+// default kind.nodeVersion) and the klimax/node v1.37.2 image `klimax
+// node-image build` makes (v0.31.0 writes kubeadm v1beta3 configs, which
+// kubeadm 1.36+ no longer reads); kubectl matches the default node version.
 var (
-	DefaultKind    = Tool{Version: "v0.31.0"}
+	DefaultKind    = Tool{Version: "v0.32.0"}
 	DefaultKubectl = Tool{Version: "v1.35.0"}
 )
 

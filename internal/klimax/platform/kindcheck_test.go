@@ -26,18 +26,18 @@ func TestKindCheck(t *testing.T) {
 		name, script, status, detail string
 	}{
 		{"missing", "", Fail, "kind version"},
-		{"pinned", "echo kind v0.31.0 go1.25.5 linux/amd64", Pass, "kind v0.31.0"},
+		{"pinned", "echo kind v0.32.0 go1.25.5 linux/amd64", Pass, "kind v0.32.0"},
 		{"other version", "echo kind v0.20.0 go1.20 linux/amd64", Warn, "v0.20.0"},
 		{"not kind", "echo hello", Fail, "hello"},
 		{"broken", "exit 2", Fail, "failed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fakeKind(t, tc.script)
-			c := KindCheck(context.Background(), vm.NewHost(), "v0.31.0")
+			c := KindCheck(context.Background(), vm.NewHost(), "v0.32.0")
 			if c.Status != tc.status || !strings.Contains(c.Detail, tc.detail) {
 				t.Fatalf("%+v, want %s with %q", c, tc.status, tc.detail)
 			}
-			if c.Status != Pass && !strings.Contains(c.Fix, "sigs.k8s.io/kind@v0.31.0") {
+			if c.Status != Pass && !strings.Contains(c.Fix, "sigs.k8s.io/kind@v0.32.0") {
 				t.Errorf("fix %q does not say how to install the pinned kind", c.Fix)
 			}
 		})

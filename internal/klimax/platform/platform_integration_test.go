@@ -107,7 +107,7 @@ func TestIntegrationHostUpDownDestroy(t *testing.T) {
 	}
 	// kind cannot create clusters here; doctor only asks its version.
 	kindDir := t.TempDir()
-	os.WriteFile(filepath.Join(kindDir, "kind"), []byte("#!/bin/sh\necho kind v0.31.0 go1.25.5 linux/amd64\n"), 0o755)
+	os.WriteFile(filepath.Join(kindDir, "kind"), []byte("#!/bin/sh\necho kind v0.32.0 go1.25.5 linux/amd64\n"), 0o755)
 	t.Setenv("PATH", kindDir+string(os.PathListSeparator)+os.Getenv("PATH"))
 	for _, c := range p.Doctor(ctx) {
 		if c.Status != platform.Pass {

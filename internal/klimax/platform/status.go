@@ -238,7 +238,7 @@ func KindCheck(ctx context.Context, r vm.Runner, want string) Check {
 	if err != nil {
 		return Check{Name: "kind", Status: Fail, Detail: "`kind version` failed: " + err.Error(), Fix: install}
 	}
-	// "kind v0.31.0 go1.25.5 linux/amd64"
+	// "kind v0.32.0 go1.25.5 linux/amd64"
 	f := strings.Fields(string(res.Stdout))
 	if len(f) < 2 || f[0] != "kind" {
 		return Check{Name: "kind", Status: Fail, Detail: fmt.Sprintf("`kind version` printed %q", strings.TrimSpace(string(res.Stdout))), Fix: install}

@@ -162,6 +162,19 @@ func FreePort(t testing.TB) int {
 // traffic is sent anywhere).
 func FreeBridgeCIDR(t testing.TB, c *docker.Client) netip.Prefix {
 	t.Helper()
+	return freeBridgeCIDR(t, c, false)
+}
+
+// FreeBridgeCIDRLow is FreeBridgeCIDR searching from the low end (just above
+// what Docker allocates first), so a test running in parallel with one that
+// uses FreeBridgeCIDR does not pick the same /16.
+func FreeBridgeCIDRLow(t testing.TB, c *docker.Client) netip.Prefix {
+	t.Helper()
+	return freeBridgeCIDR(t, c, true)
+}
+
+func freeBridgeCIDR(t testing.TB, c *docker.Client, low bool) netip.Prefix {
+	t.Helper()
 	var used []netip.Prefix
 	res, err := c.API().NetworkList(context.Background(), client.NetworkListOptions{})
 	if err != nil {
@@ -183,7 +196,11 @@ func FreeBridgeCIDR(t testing.TB, c *docker.Client) netip.Prefix {
 			}
 		}
 	}
-	for b := 31; b >= 18; b-- { // high end first: Docker allocates from the low end
+	for i := 0; i < 14; i++ { // high end first: Docker allocates from the low end
+		b := 31 - i
+		if low {
+			b = 22 + i%10 // 172.22-31, leaving 172.17-21 to Docker's own allocations
+		}
 		p := netip.MustParsePrefix(fmt.Sprintf("172.%d.0.0/16", b))
 		free := true
 		for _, u := range used {

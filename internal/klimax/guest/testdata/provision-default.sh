@@ -82,7 +82,7 @@ install_tool() {
 want=''
 case "$arch" in
 esac
-install_tool 'kind' 'v0.31.0' "https://github.com/kubernetes-sigs/kind/releases/download/v0.31.0/kind-linux-${arch}" "$want" "https://github.com/kubernetes-sigs/kind/releases/download/v0.31.0/kind-linux-${arch}.sha256sum"
+install_tool 'kind' 'v0.32.0' "https://github.com/kubernetes-sigs/kind/releases/download/v0.32.0/kind-linux-${arch}" "$want" "https://github.com/kubernetes-sigs/kind/releases/download/v0.32.0/kind-linux-${arch}.sha256sum"
 
 want=''
 case "$arch" in
