@@ -39,12 +39,13 @@ run: bin/k3sm bin/k3sm-shim
 	./bin/k3sm server $(SERVER_ARGS)
 
 # Everything CI runs: vet, unit tests (with -race where there is
-# concurrency), the darwin build, then integration and end-to-end tests
-# against the real binaries.
-test: vet test-unit darwin test-integration test-e2e
+# concurrency), the darwin build, the offline kind node image (built once per
+# machine, then reused), then integration tests (klimax creates real kind
+# clusters from that image) and end-to-end tests against the real binaries.
+test: vet test-unit darwin node-image test-integration test-e2e
 
 vet:
-	@unformatted=$$(gofmt -l cmd internal api test bench 2>/dev/null); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	@unformatted=$$(gofmt -l cmd internal api test bench hack 2>/dev/null); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 
 UNIT_PKGS = $$($(GO) list ./... | grep -v -e /test/e2e -e /internal/upstream -e /cmd/k3sm$$)
