@@ -235,14 +235,15 @@ func TestShimAttachStdinAndOutput(t *testing.T) {
 		t.Fatal(err)
 	}
 	sc.Close()
-	// Wait for the container to have read it before the next client.
-	var seenErr []byte
-	for !strings.Contains(string(seenErr), "got:hello") {
-		_, e, ex, err := watcher.Recv()
+	// Wait for the container to have read it, and written what follows,
+	// before the next client attaches: it must see only what comes after.
+	var seenOut, seenErr []byte
+	for !strings.Contains(string(seenErr), "got:hello") || !strings.Contains(string(seenOut), "out\n") {
+		o, e, ex, err := watcher.Recv()
 		if err != nil || ex != nil {
-			t.Fatalf("watcher: %v %+v (stderr so far %q)", err, ex, seenErr)
+			t.Fatalf("watcher: %v %+v (stdout so far %q, stderr %q)", err, ex, seenOut, seenErr)
 		}
-		seenErr = append(seenErr, e...)
+		seenOut, seenErr = append(seenOut, o...), append(seenErr, e...)
 	}
 	sc2, err := p.(pod.Attachable).AttachStdio(ctx, true)
 	if err != nil {
