@@ -2,6 +2,8 @@ package cli
 
 import (
 	"fmt"
+	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -9,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/k3sm-dev/k3sm/internal/klimax/cluster"
+	"github.com/k3sm-dev/k3sm/internal/klimax/docker"
 	"github.com/k3sm-dev/k3sm/internal/klimax/nodeimage"
 )
 
@@ -17,8 +20,124 @@ func nodeImageCmd(app *App) *cobra.Command {
 		Use:   "node-image",
 		Short: "Build the kind node image klimax clusters run, offline",
 	}
-	c.AddCommand(nodeImageBuildCmd(app))
+	c.AddCommand(nodeImageBuildCmd(app), nodeImageSaveCmd(app), nodeImageLoadCmd(app))
 	return c
+}
+
+// nodeImageSaveCmd writes the bundle an air-gapped machine loads.
+func nodeImageSaveCmd(app *App) *cobra.Command {
+	var tag, output string
+	c := &cobra.Command{
+		Use:   "save",
+		Short: "Write the node image, the registry-mirror image and the MetalLB manifest to one file, for machines that cannot build them",
+		Long: `Writes a bundle (a tar) with the node image built by ` + "`klimax node-image build`" + `,
+the registry image klimax's mirrors run and the MetalLB manifest the build
+seeded. On the other machine, ` + "`klimax node-image load <file>`" + ` puts them in place
+and ` + "`klimax cluster create`" + ` needs nothing from the network.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			p, err := app.Platform()
+			if err != nil {
+				return err
+			}
+			dc, err := docker.New(p.DockerHost())
+			if err != nil {
+				return err
+			}
+			defer dc.Close()
+			if tag == "" {
+				tags, err := dc.ImageTags(ctx, nodeimage.DefaultRepository)
+				if err != nil {
+					return err
+				}
+				switch len(tags) {
+				case 0:
+					return fmt.Errorf("no %s image in the Docker engine: run `klimax node-image build` first", nodeimage.DefaultRepository)
+				case 1:
+					tag = tags[0]
+				default:
+					return fmt.Errorf("the engine has several node images (%s): pick one with --tag", strings.Join(tags, ", "))
+				}
+			}
+			if output == "" {
+				output = "klimax-node-" + ver(tag) + ".tar"
+			}
+			b := nodeimage.Bundle{Images: []string{tag, nodeimage.MirrorImage}, MetalLBVersion: nodeimage.MetalLBVersion}
+			mf := filepath.Join(app.klimaxHome(), "cache", "manifests", "metallb", nodeimage.MetalLBVersion+".yaml")
+			if b.MetalLBManifest, err = os.ReadFile(mf); err != nil {
+				return fmt.Errorf("the MetalLB %s manifest is not in klimax's cache (%v): run `klimax node-image build`, which seeds it", nodeimage.MetalLBVersion, err)
+			}
+			return atomicOutput(output, func(w io.Writer) error {
+				fmt.Fprintf(app.Err, "saving %s and %s to %s ...\n", tag, nodeimage.MirrorImage, output)
+				return nodeimage.WriteBundle(ctx, dc, w, b, filepath.Dir(output))
+			}, func() {
+				fmt.Fprintf(app.Out, "bundle %s: %s, %s, MetalLB %s manifest; load it with `klimax node-image load %s`\n", output, tag, nodeimage.MirrorImage, nodeimage.MetalLBVersion, output)
+			})
+		},
+	}
+	c.Flags().StringVar(&tag, "tag", "", "node image to save (default: the only "+nodeimage.DefaultRepository+" image in the engine)")
+	c.Flags().StringVarP(&output, "output", "o", "", "bundle file (default klimax-node-<version>.tar)")
+	return c
+}
+
+// nodeImageLoadCmd loads a bundle written by save.
+func nodeImageLoadCmd(app *App) *cobra.Command {
+	return &cobra.Command{
+		Use:   "load <bundle>",
+		Short: "Load a bundle written by `klimax node-image save`: its images into Docker, its MetalLB manifest into klimax's cache",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			f, err := os.Open(args[0])
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			p, err := app.Platform()
+			if err != nil {
+				return err
+			}
+			dc, err := docker.New(p.DockerHost())
+			if err != nil {
+				return err
+			}
+			defer dc.Close()
+			b, err := nodeimage.ReadBundle(cmd.Context(), dc, f)
+			if err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			if b.MetalLBVersion != "" {
+				mf := &cluster.Manifests{Dir: filepath.Join(app.klimaxHome(), "cache", "manifests")}
+				if _, err := mf.Seed(b.MetalLBVersion, b.MetalLBManifest); err != nil {
+					return err
+				}
+			}
+			fmt.Fprintf(app.Out, "loaded %s; MetalLB %s manifest cached\n", strings.Join(b.Images, ", "), b.MetalLBVersion)
+			return nil
+		},
+	}
+}
+
+// atomicOutput writes a file through a temporary one renamed into place, so
+// a failed save leaves no partial bundle.
+func atomicOutput(path string, write func(io.Writer) error, done func()) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".*.partial")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if err := write(tmp); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	done()
+	return nil
 }
 
 func nodeImageBuildCmd(app *App) *cobra.Command {

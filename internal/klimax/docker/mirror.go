@@ -325,17 +325,6 @@ func (c *Client) RemoveMirror(ctx context.Context, name string) error {
 
 // LoadImage loads a `docker save` tar stream into the engine.
 func (c *Client) LoadImage(ctx context.Context, r io.Reader) error {
-	res, err := c.api.ImageLoad(ctx, r, client.ImageLoadWithQuiet(true))
-	if err != nil {
-		return fmt.Errorf("load image: %w", err)
-	}
-	defer res.Close()
-	out, err := io.ReadAll(res)
-	if err != nil {
-		return fmt.Errorf("load image: %w", err)
-	}
-	if strings.Contains(string(out), `"error"`) {
-		return fmt.Errorf("load image: %s", strings.TrimSpace(string(out)))
-	}
-	return nil
+	_, err := c.LoadImages(ctx, r)
+	return err
 }
