@@ -13,8 +13,9 @@ import (
 	"time"
 )
 
-// SettledSignal is what the supervisor sends a Command.Settle child once it
-// is ready: start-up is over.
+// SettledSignal is what the supervisor sends a Command.Settle child once
+// the server is up (Supervisor.Settle) and the child is ready: start-up is
+// over.
 const SettledSignal = syscall.SIGUSR1
 
 // IdleGCPercentEnv overrides DefaultIdleGCPercent for every child (and the

@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -42,9 +43,11 @@ type Command struct {
 	Args []string
 	Env  []string // appended to the supervisor's environment
 	Dir  string
-	// Settle sends the process SettledSignal once Ready first passes after
-	// each start. Only for children that call OnSettled at start: the
-	// signal's default action would kill any other.
+	// Settle sends the process SettledSignal once the supervisor has
+	// settled (Supervisor.Settle, when the whole server is up) and the
+	// process is ready; a restarted process gets it when it is ready again.
+	// Only for children that call OnSettled at start: the signal's default
+	// action would kill any other.
 	Settle bool
 }
 
@@ -78,6 +81,7 @@ type Supervisor struct {
 	children []*Child
 	pipeR    *os.File
 	pipeW    *os.File
+	settled  bool // Settle was called
 }
 
 // New returns a supervisor writing child logs under logDir.
@@ -110,6 +114,8 @@ type Child struct {
 
 	mu       sync.Mutex
 	cmd      *exec.Cmd
+	settle   bool // cmd's Command.Settle
+	live     bool // cmd passed Ready
 	stopping bool
 	restarts int
 	done     chan struct{} // closed when the supervise loop ends
@@ -167,8 +173,9 @@ func (ch *Child) WaitReady(ctx context.Context) error {
 }
 
 // probeReady polls one process's readiness: the first success of any
-// process marks the child ready, and a Settle child is told it settled.
-func (ch *Child) probeReady(cmd *exec.Cmd, exited <-chan struct{}, settle bool) {
+// process marks the child ready, and a Settle child is told it settled once
+// the supervisor has.
+func (ch *Child) probeReady(cmd *exec.Cmd, exited <-chan struct{}) {
 	ctx, cancel := context.WithCancel(ch.ctx)
 	defer cancel()
 	go func() {
@@ -184,13 +191,17 @@ func (ch *Child) probeReady(cmd *exec.Cmd, exited <-chan struct{}, settle bool) 
 	for {
 		if err := ch.c.Ready(ctx); err == nil {
 			ch.readyOnce.Do(func() { close(ch.ready) })
-			if settle {
-				select {
-				case <-exited: // gone meanwhile; its pid may be reused
-				default:
-					_ = cmd.Process.Signal(SettledSignal)
+			ch.s.mu.Lock()
+			settled := ch.s.settled
+			ch.s.mu.Unlock()
+			ch.mu.Lock()
+			if ch.cmd == cmd {
+				ch.live = true
+				if settled {
+					ch.signalSettled()
 				}
 			}
+			ch.mu.Unlock()
 			return
 		}
 		select {
@@ -198,6 +209,34 @@ func (ch *Child) probeReady(cmd *exec.Cmd, exited <-chan struct{}, settle bool) 
 			return
 		case <-t.C:
 		}
+	}
+}
+
+// signalSettled tells the current process it settled; ch.mu is held.
+func (ch *Child) signalSettled() {
+	if !ch.settle || !ch.live || ch.cmd == nil {
+		return
+	}
+	select {
+	case <-ch.exited: // gone meanwhile
+	default:
+		_ = ch.cmd.Process.Signal(SettledSignal) // a pidfd on Linux: never another process
+	}
+}
+
+// Settle is called once the whole server is up: start-up is over, so every
+// Settle child that is ready is told, and any that (re)starts later is told
+// when it is ready. Settling earlier would slow what is still starting (the
+// controller-manager starts its controllers after its health check passes).
+func (s *Supervisor) Settle() {
+	s.mu.Lock()
+	s.settled = true
+	children := slices.Clone(s.children)
+	s.mu.Unlock()
+	for _, ch := range children {
+		ch.mu.Lock()
+		ch.signalSettled()
+		ch.mu.Unlock()
 	}
 }
 
@@ -221,14 +260,14 @@ func (ch *Child) spawn() error {
 	}
 	exited := make(chan struct{})
 	ch.mu.Lock()
-	ch.cmd, ch.exited = cmd, exited
+	ch.cmd, ch.exited, ch.settle, ch.live = cmd, exited, spec.Settle, false
 	stopping := ch.stopping
 	ch.mu.Unlock()
 	if stopping {
 		// Stop ran while this process was being started: it must not survive.
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	}
-	go ch.probeReady(cmd, exited, spec.Settle)
+	go ch.probeReady(cmd, exited)
 	return nil
 }
 

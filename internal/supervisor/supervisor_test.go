@@ -229,8 +229,9 @@ func (c settlingChild) Command() Command {
 }
 func (c settlingChild) Ready(ctx context.Context) error { return child{c.sock}.Ready(ctx) }
 
-// A Settle child is told once it is ready, after its first start and after
-// a restart, and lowers its GC target to the idle one.
+// A Settle child is told once the supervisor settled and it is ready: not
+// before Settle, at Settle, and after a restart once ready again; it then
+// lowers its GC target to the idle one.
 func TestSettledAfterEachStart(t *testing.T) {
 	s := newTestSupervisor(t)
 	dir := t.TempDir()
@@ -260,6 +261,11 @@ func TestSettledAfterEachStart(t *testing.T) {
 	if err := ch.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
+	time.Sleep(300 * time.Millisecond)
+	if b, err := os.ReadFile(c.settled); err == nil {
+		t.Fatalf("settled before the supervisor did: %q", b)
+	}
+	s.Settle()
 	first := ch.Pid()
 	waitSettled(first)
 	os.Remove(c.settled)

@@ -145,7 +145,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 	}
 	log.Info(fmt.Sprintf("k3sm is up in %s: API %s, kubeconfig %s, data %s, logs %s",
 		time.Since(start).Round(time.Millisecond), cfg.LocalAPIURL(), p.Layout.AdminKubeconfig(), cfg.DataDir, p.Layout.LogDir()))
-	// Start-up is over: the supervisor now only waits on its children.
+	// Start-up is over: the children lower their GC targets, and the
+	// supervisor, which now only waits on them, does too.
+	sup.Settle()
 	supervisor.SettleSelf()
 	<-ctx.Done()
 	log.Info("stopping", "reason", context.Cause(ctx).Error())
