@@ -62,7 +62,11 @@ func (e *fakeEngine) LoadImages(_ context.Context, r io.Reader) ([]string, error
 	}
 	var loaded []string
 	for _, m := range manifest {
-		e.images[m.RepoTags[0]] = layers[m.Layers[0]]
+		layer, ok := layers[m.Layers[0]]
+		if !ok {
+			return nil, fmt.Errorf("docker load: layer %s of %s is missing", m.Layers[0], m.RepoTags[0])
+		}
+		e.images[m.RepoTags[0]] = layer
 		loaded = append(loaded, m.RepoTags[0])
 	}
 	return loaded, nil
