@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"k8s.io/client-go/rest"
+
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -93,13 +95,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 	if err != nil {
 		return err
 	}
-	rc, err := clientcmd.BuildConfigFromFlags("", p.Layout.Cred("admin"))
+	rc, err := p.AdminConfig()
 	if err != nil {
 		return err
 	}
-	rc.UserAgent = "k3sm-supervisor"
-	// client-go's default of 5 requests/s would add seconds to start-up.
-	rc.QPS, rc.Burst = 100, 200
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return err
@@ -186,4 +185,17 @@ func startAndWait(ctx context.Context, sup *supervisor.Supervisor, c supervisor.
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	return ch.WaitReady(wctx)
+}
+
+// AdminConfig is the server's own admin client config (user agent
+// k3sm-supervisor). client-go's default of 5 requests/s would add seconds
+// to start-up.
+func (p *Plane) AdminConfig() (*rest.Config, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", p.Layout.Cred("admin"))
+	if err != nil {
+		return nil, err
+	}
+	rc.UserAgent = "k3sm-supervisor"
+	rc.QPS, rc.Burst = 100, 200
+	return rc, nil
 }

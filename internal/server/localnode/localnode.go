@@ -24,8 +24,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	aggregator "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
 )
 
@@ -67,7 +65,7 @@ func Addon(log *slog.Logger) controlplane.Addon {
 			return err
 		},
 		Verified: func(ctx context.Context, p *controlplane.Plane, sup *supervisor.Supervisor) error {
-			rc, err := adminConfig(p)
+			rc, err := p.AdminConfig()
 			if err != nil {
 				return err
 			}
@@ -149,16 +147,6 @@ func Addon(log *slog.Logger) controlplane.Addon {
 			return err
 		},
 	}
-}
-
-func adminConfig(p *controlplane.Plane) (*rest.Config, error) {
-	rc, err := clientcmd.BuildConfigFromFlags("", p.Layout.Cred("admin"))
-	if err != nil {
-		return nil, err
-	}
-	rc.UserAgent = "k3sm-supervisor"
-	rc.QPS, rc.Burst = 100, 200
-	return rc, nil
 }
 
 // runtimeConfig is what the runtime daemon runs with.
