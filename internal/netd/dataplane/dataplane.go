@@ -1,0 +1,81 @@
+// Package dataplane owns every change k3sm-netd makes to the system for the
+// pod network: on Linux a network namespace per pod, a veth pair to the
+// node's bridge, addresses, routes and the nftables rules (masquerade, the
+// forward accepts); on darwin the lo0 aliases and the pf anchor, rendered as
+// commands netd runs itself. Every name and argument is rendered here from
+// typed values; nothing a client sent is ever used as text.
+package dataplane
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"net/netip"
+)
+
+// Node is the node side of the pod network: one bridge whose address (the
+// first of the CIDR) is every pod's gateway.
+type Node struct {
+	// CIDR is the node's pod range (Node.spec.podCIDR), e.g. 100.64.0.0/24.
+	CIDR netip.Prefix
+	// Gateway is CIDR's first address, on the bridge (Linux) or lo0 (darwin).
+	Gateway netip.Addr
+	// Bridge is the host interface name ("k3sm0").
+	Bridge string
+}
+
+// Pod is one pod's network.
+type Pod struct {
+	// UID is the pod's UID (validated by the caller: [0-9a-f-], ≤ 64).
+	UID string
+	// IP is the pod's address inside Node.CIDR.
+	IP netip.Addr
+	// NetNS is the path netd bind-mounts the pod's network namespace on
+	// (Linux), under the directory netd owns; empty on darwin.
+	NetNS string
+	// HostIf is the host end of the pod's veth (Linux), derived from UID by
+	// HostIfName; empty on darwin.
+	HostIf string
+}
+
+// Inventory is what exists on the system and is ours, for resync after a
+// restart and for refusing what is not ours.
+type Inventory struct {
+	// NetNS are the pod namespace files under the netns directory.
+	NetNS []string
+	// HostIfs are host links named with the k3sm pod prefix.
+	HostIfs []string
+	// NodeReady reports that the bridge and the rules of Node exist.
+	NodeReady bool
+}
+
+// Dataplane applies the pod network to the system. Every method is
+// idempotent: it creates what is missing, keeps what exists and matches,
+// and replaces what exists and differs. Implementations: Linux (netlink,
+// netns, google/nftables), darwin (rendered ifconfig/pfctl commands), and a
+// fallback that refuses with a clear error.
+type Dataplane interface {
+	// EnsureNode sets up the bridge (or lo0 gateway alias), IPv4
+	// forwarding, and the NAT and forward rules for n.CIDR.
+	EnsureNode(n Node) error
+	// AddPod creates the pod's namespace at p.NetNS (if missing), its veth
+	// pair (host end p.HostIf on n.Bridge, peer "eth0" inside with
+	// p.IP/len(n.CIDR), up), lo up, and the default route via n.Gateway.
+	AddPod(n Node, p Pod) error
+	// DelPod removes the pod's veth and namespace (unmount + remove the
+	// file). Missing parts are not an error.
+	DelPod(p Pod) error
+	// Inventory lists what is ours on the system.
+	Inventory(n Node) (Inventory, error)
+	// DelNode removes the bridge and the rules (k3sm uninstall, tests).
+	DelNode(n Node) error
+}
+
+// HostIfPrefix starts the name of every pod's host-side veth.
+const HostIfPrefix = "k3v"
+
+// HostIfName is the host end of a pod's veth: the prefix and the first 10
+// hex digits of the UID's SHA-256 (13 bytes, under IFNAMSIZ's 15).
+func HostIfName(uid string) string {
+	sum := sha256.Sum256([]byte(uid))
+	return HostIfPrefix + hex.EncodeToString(sum[:5])
+}
