@@ -1,0 +1,123 @@
+package wire
+
+import (
+	"fmt"
+	"net/netip"
+	"regexp"
+)
+
+var (
+	uidRE = regexp.MustCompile(`^[0-9a-f][0-9a-f-]{0,63}$`)
+	// DNS-1123 label and subdomain, as Kubernetes validates namespaces and
+	// pod names.
+	labelRE     = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+	subdomainRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+)
+
+// Ranges a pod CIDR may not touch: the host's own, "this network" and
+// multicast.
+var reserved = []netip.Prefix{
+	netip.MustParsePrefix("127.0.0.0/8"),
+	netip.MustParsePrefix("0.0.0.0/8"),
+	netip.MustParsePrefix("224.0.0.0/4"),
+}
+
+// Validate checks r completely: version, verb, that exactly the verb's
+// arguments are present, and every field.
+func (r *Request) Validate() error {
+	if r.Version != Version {
+		return fmt.Errorf("version: got %d, k3sm-netd speaks %d (run k3sm and k3sm-netd of the same release)", r.Version, Version)
+	}
+	n := 0
+	for _, set := range []bool{r.Configure != nil, r.SetupPod != nil, r.TeardownPod != nil} {
+		if set {
+			n++
+		}
+	}
+	want := func(field string, present bool) error {
+		if !present || n != 1 {
+			return fmt.Errorf("verb %s takes exactly its %q arguments and no others", r.Verb, field)
+		}
+		return nil
+	}
+	switch r.Verb {
+	case VerbConfigure:
+		if err := want("configure", r.Configure != nil); err != nil {
+			return err
+		}
+		_, err := ParsePodCIDR(r.Configure.PodCIDR)
+		return err
+	case VerbSetupPod:
+		if err := want("setupPod", r.SetupPod != nil); err != nil {
+			return err
+		}
+		a := r.SetupPod
+		if err := CheckUID(a.UID); err != nil {
+			return err
+		}
+		if err := CheckNamespace(a.Namespace); err != nil {
+			return err
+		}
+		return CheckName(a.Name)
+	case VerbTeardownPod:
+		if err := want("teardownPod", r.TeardownPod != nil); err != nil {
+			return err
+		}
+		return CheckUID(r.TeardownPod.UID)
+	case VerbListPods:
+		if n != 0 {
+			return fmt.Errorf("verb ListPods takes no arguments")
+		}
+		return nil
+	default:
+		return fmt.Errorf("verb: %q is not one of Configure, SetupPod, TeardownPod, ListPods", r.Verb)
+	}
+}
+
+// CheckUID accepts a Kubernetes pod UID: lowercase hex and dashes, at most 64.
+func CheckUID(uid string) error {
+	if !uidRE.MatchString(uid) {
+		return fmt.Errorf("uid: %q is not a pod UID (lowercase hex digits and dashes, starting with a hex digit, at most 64)", uid)
+	}
+	return nil
+}
+
+// CheckNamespace accepts a DNS-1123 label.
+func CheckNamespace(ns string) error {
+	if len(ns) > 63 || !labelRE.MatchString(ns) {
+		return fmt.Errorf("namespace: %q is not a DNS-1123 label (lowercase letters, digits and '-', starting and ending alphanumeric, at most 63)", ns)
+	}
+	return nil
+}
+
+// CheckName accepts a DNS-1123 subdomain.
+func CheckName(name string) error {
+	if len(name) > 253 || !subdomainRE.MatchString(name) {
+		return fmt.Errorf("name: %q is not a DNS-1123 subdomain (dot-separated lowercase labels, at most 253)", name)
+	}
+	return nil
+}
+
+// ParsePodCIDR parses a node's pod range: IPv4, no host bits, /16 to /28,
+// clear of loopback, 0.0.0.0/8 and multicast.
+func ParsePodCIDR(s string) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("podCIDR: %q is not a CIDR (want e.g. 10.42.0.0/24): %v", s, err)
+	}
+	if !p.Addr().Is4() {
+		return netip.Prefix{}, fmt.Errorf("podCIDR: %s is not IPv4 (the pod network is IPv4 only)", s)
+	}
+	if p.Masked() != p {
+		return netip.Prefix{}, fmt.Errorf("podCIDR: %s has host bits set (did you mean %s?)", s, p.Masked())
+	}
+	if p.Bits() < 16 || p.Bits() > 28 {
+		return netip.Prefix{}, fmt.Errorf("podCIDR: %s is a /%d; a node's range is /16 to /28", s, p.Bits())
+	}
+	for _, r := range reserved {
+		if p.Overlaps(r) {
+			return netip.Prefix{}, fmt.Errorf("podCIDR: %s overlaps the reserved %s; choose another range", s, r)
+		}
+	}
+	return p, nil
+}

@@ -1,0 +1,195 @@
+// Package wire owns the protocol between k3sm's unprivileged processes and
+// k3sm-netd, the root helper: a closed set of typed, versioned requests in
+// length-prefixed JSON frames. It refuses what it does not know (unknown
+// fields, verbs, versions, trailing data, oversized frames) and validates
+// every field, so nothing a client sends reaches the system unchecked. It
+// imports only the standard library.
+package wire
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Version is the protocol version; k3sm and k3sm-netd come from the same
+// release, so a mismatch is refused rather than negotiated.
+const Version = 1
+
+// MaxFrame bounds a request body: the root process never allocates more
+// than this for a client.
+const MaxFrame = 64 << 10
+
+// MaxResponseFrame bounds a response body, read by the unprivileged client:
+// ListPods of a full /16 does not fit in MaxFrame.
+const MaxResponseFrame = 16 << 20
+
+// Verb names a request.
+type Verb string
+
+const (
+	VerbConfigure   Verb = "Configure"
+	VerbSetupPod    Verb = "SetupPod"
+	VerbTeardownPod Verb = "TeardownPod"
+	VerbListPods    Verb = "ListPods"
+)
+
+// Codes of Response.Code: what a client may act on.
+const (
+	CodeInvalid       = "invalid"        // the request is malformed; retrying does not help
+	CodeDenied        = "denied"         // the peer's uid may not use netd
+	CodeNotFound      = "not-found"      // the pod has no network netd owns
+	CodeConflict      = "conflict"       // the request contradicts the state (CIDR change, exhausted range)
+	CodeNotConfigured = "not-configured" // SetupPod before Configure
+	CodeInternal      = "internal"       // the system refused; see Error
+)
+
+// Request is one call. Exactly one of the argument fields is set, the one
+// Verb names (none for ListPods).
+type Request struct {
+	Version     int              `json:"version"`
+	Verb        Verb             `json:"verb"`
+	Configure   *ConfigureArgs   `json:"configure,omitempty"`
+	SetupPod    *SetupPodArgs    `json:"setupPod,omitempty"`
+	TeardownPod *TeardownPodArgs `json:"teardownPod,omitempty"`
+}
+
+// ConfigureArgs sets up the node's side of the pod network.
+type ConfigureArgs struct {
+	// PodCIDR is the node's spec.podCIDR: IPv4, /16 to /28.
+	PodCIDR string `json:"podCIDR"`
+}
+
+// SetupPodArgs gives a pod its address (idempotent per UID).
+type SetupPodArgs struct {
+	UID       string `json:"uid"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+}
+
+// TeardownPodArgs releases a pod's network.
+type TeardownPodArgs struct {
+	UID string `json:"uid"`
+}
+
+// Response answers one Request. Error and Code are set together on failure.
+type Response struct {
+	Version   int         `json:"version"`
+	Error     string      `json:"error,omitempty"`
+	Code      string      `json:"code,omitempty"`
+	Configure *NodeResult `json:"configure,omitempty"`
+	Pod       *PodResult  `json:"pod,omitempty"`
+	Pods      []PodResult `json:"pods,omitempty"`
+}
+
+// NodeResult is the node's pod network.
+type NodeResult struct {
+	PodCIDR string `json:"podCIDR"`
+	Gateway string `json:"gateway"`
+	Bridge  string `json:"bridge"`
+}
+
+// PodResult is one pod's network.
+type PodResult struct {
+	UID       string `json:"uid"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	IP        string `json:"ip"`
+	PrefixLen int    `json:"prefixLen"`
+	Gateway   string `json:"gateway"`
+	// NetNS is the pod's network namespace file (Linux; empty elsewhere).
+	NetNS string `json:"netns,omitempty"`
+}
+
+// ErrFrameTooLarge is a length header over the limit. The body is not read,
+// so the stream cannot continue.
+var ErrFrameTooLarge = errors.New("frame too large")
+
+// ErrMalformed is a frame read whole whose body is not a valid message; the
+// stream is still in step and may continue.
+var ErrMalformed = errors.New("malformed frame")
+
+// WriteRequest validates r and writes it as one frame.
+func WriteRequest(w io.Writer, r *Request) error {
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	return writeFrame(w, r, MaxFrame)
+}
+
+// ReadRequest reads one frame and returns the request only if it decodes
+// strictly and validates. Errors wrap ErrFrameTooLarge or ErrMalformed, or
+// are the reader's (io.EOF between frames).
+func ReadRequest(rd io.Reader) (*Request, error) {
+	var r Request
+	if err := readFrame(rd, &r, MaxFrame); err != nil {
+		return nil, err
+	}
+	if err := r.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	return &r, nil
+}
+
+// WriteResponse writes r as one frame.
+func WriteResponse(w io.Writer, r *Response) error {
+	return writeFrame(w, r, MaxResponseFrame)
+}
+
+// ReadResponse reads one response frame, refusing another protocol version.
+func ReadResponse(rd io.Reader) (*Response, error) {
+	var r Response
+	if err := readFrame(rd, &r, MaxResponseFrame); err != nil {
+		return nil, err
+	}
+	if r.Version != Version {
+		return nil, fmt.Errorf("%w: k3sm-netd speaks protocol version %d, this client %d (run k3sm and k3sm-netd of the same release)", ErrMalformed, r.Version, Version)
+	}
+	return &r, nil
+}
+
+func writeFrame(w io.Writer, v any, limit int) error {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if len(body) > limit {
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooLarge, len(body), limit)
+	}
+	// One write: the header and the body never interleave with another
+	// writer's, and a unix socket gets one message.
+	buf := make([]byte, 4, 4+len(body))
+	binary.BigEndian.PutUint32(buf, uint32(len(body)))
+	_, err = w.Write(append(buf, body...))
+	return err
+}
+
+func readFrame(rd io.Reader, v any, limit int) error {
+	var hdr [4]byte
+	if _, err := io.ReadFull(rd, hdr[:]); err != nil {
+		return err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if uint64(n) > uint64(limit) {
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrFrameTooLarge, n, limit)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(rd, body); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("%w: trailing data after the JSON body", ErrMalformed)
+	}
+	return nil
+}

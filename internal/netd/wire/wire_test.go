@@ -1,0 +1,159 @@
+package wire
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+const uid = "0b7a3f2e-5c1d-4e8f-9a6b-1c2d3e4f5a6b"
+
+func frame(body string) []byte {
+	b := binary.BigEndian.AppendUint32(nil, uint32(len(body)))
+	return append(b, body...)
+}
+
+func TestRoundTrip(t *testing.T) {
+	for _, r := range []*Request{
+		{Version: Version, Verb: VerbConfigure, Configure: &ConfigureArgs{PodCIDR: "100.64.0.0/24"}},
+		{Version: Version, Verb: VerbSetupPod, SetupPod: &SetupPodArgs{UID: uid, Namespace: "kube-system", Name: "coredns-7d4f.x"}},
+		{Version: Version, Verb: VerbTeardownPod, TeardownPod: &TeardownPodArgs{UID: uid}},
+		{Version: Version, Verb: VerbListPods},
+	} {
+		var buf bytes.Buffer
+		if err := WriteRequest(&buf, r); err != nil {
+			t.Fatal(err)
+		}
+		got, err := ReadRequest(&buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, r) {
+			t.Fatalf("got %+v, want %+v", got, r)
+		}
+	}
+	resp := &Response{Version: Version, Pods: []PodResult{{UID: uid, IP: "100.64.0.2", PrefixLen: 24}}}
+	var buf bytes.Buffer
+	if err := WriteResponse(&buf, resp); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ReadResponse(&buf); err != nil || !reflect.DeepEqual(got, resp) {
+		t.Fatalf("%+v %v", got, err)
+	}
+}
+
+func TestReadRequestRefuses(t *testing.T) {
+	for name, tc := range map[string]struct {
+		data []byte
+		want error
+		msg  string
+	}{
+		"unknown field":    {frame(`{"version":1,"verb":"ListPods","extra":1}`), ErrMalformed, "unknown field"},
+		"trailing data":    {frame(`{"version":1,"verb":"ListPods"}{}`), ErrMalformed, "trailing"},
+		"not json":         {frame(`hello`), ErrMalformed, "invalid"},
+		"empty body":       {frame(``), ErrMalformed, "EOF"},
+		"null":             {frame(`null`), ErrMalformed, "version"},
+		"old version":      {frame(`{"version":0,"verb":"ListPods"}`), ErrMalformed, "version: got 0"},
+		"unknown verb":     {frame(`{"version":1,"verb":"Exec"}`), ErrMalformed, `"Exec" is not one of`},
+		"missing args":     {frame(`{"version":1,"verb":"SetupPod"}`), ErrMalformed, "setupPod"},
+		"wrong args":       {frame(`{"version":1,"verb":"SetupPod","teardownPod":{"uid":"ab"}}`), ErrMalformed, "setupPod"},
+		"two args":         {frame(`{"version":1,"verb":"TeardownPod","teardownPod":{"uid":"ab"},"configure":{"podCIDR":"10.0.0.0/24"}}`), ErrMalformed, "no others"},
+		"args on ListPods": {frame(`{"version":1,"verb":"ListPods","teardownPod":{"uid":"ab"}}`), ErrMalformed, "no arguments"},
+		"oversized":        {binary.BigEndian.AppendUint32(nil, MaxFrame+1), ErrFrameTooLarge, "limit"},
+		"huge length":      {[]byte{0xff, 0xff, 0xff, 0xff}, ErrFrameTooLarge, "limit"},
+		"truncated body":   {frame(`{"version":1}`)[:8], io.ErrUnexpectedEOF, "unexpected EOF"},
+		"truncated header": {[]byte{0, 0}, io.ErrUnexpectedEOF, "unexpected EOF"},
+	} {
+		_, err := ReadRequest(bytes.NewReader(tc.data))
+		if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%s: got %v, want %v containing %q", name, err, tc.want, tc.msg)
+		}
+	}
+	if _, err := ReadRequest(bytes.NewReader(nil)); err != io.EOF {
+		t.Errorf("no data: got %v, want io.EOF (a clean end between frames)", err)
+	}
+}
+
+func TestValidateFields(t *testing.T) {
+	setup := func(uid, ns, name string) *Request {
+		return &Request{Version: Version, Verb: VerbSetupPod, SetupPod: &SetupPodArgs{UID: uid, Namespace: ns, Name: name}}
+	}
+	long := strings.Repeat("a", 64)
+	for _, tc := range []struct {
+		r   *Request
+		bad string // the field the error names; "" when valid
+	}{
+		{setup(uid, "default", "web-0"), ""},
+		{setup(long, long[:63], strings.Repeat("a.", 126)+"a"), ""},
+		{setup(long+"a", "default", "p"), "uid"},
+		{setup("0B7A", "default", "p"), "uid"},
+		{setup("-abc", "default", "p"), "uid"},
+		{setup("../../etc", "default", "p"), "uid"},
+		{setup("", "default", "p"), "uid"},
+		{setup(uid, "Default", "p"), "namespace"},
+		{setup(uid, long, "p"), "namespace"},
+		{setup(uid, "a.b", "p"), "namespace"},
+		{setup(uid, "", "p"), "namespace"},
+		{setup(uid, "ns", "p-"), "name"},
+		{setup(uid, "ns", "a..b"), "name"},
+		{setup(uid, "ns", strings.Repeat("a", 254)), "name"},
+		{setup(uid, "ns", "a b"), "name"},
+		{setup(uid, "ns", "a\n"), "name"},
+	} {
+		err := tc.r.Validate()
+		if tc.bad == "" && err != nil {
+			t.Errorf("%+v: %v", tc.r.SetupPod, err)
+		}
+		if tc.bad != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.bad+":")) {
+			t.Errorf("%+v: got %v, want an error naming %s", tc.r.SetupPod, err, tc.bad)
+		}
+	}
+}
+
+func TestParsePodCIDR(t *testing.T) {
+	for s, want := range map[string]string{
+		"100.64.0.0/24":       "",
+		"10.42.0.0/16":        "",
+		"10.42.1.16/28":       "",
+		"10.42.0.0/15":        "/16 to /28",
+		"10.42.0.0/29":        "/16 to /28",
+		"10.42.0.1/24":        "host bits set (did you mean 10.42.0.0/24?)",
+		"fd00::/64":           "not IPv4",
+		"::ffff:10.0.0.0/120": "not IPv4",
+		"127.0.0.0/16":        "reserved 127.0.0.0/8",
+		"0.0.0.0/16":          "reserved 0.0.0.0/8",
+		"239.1.0.0/16":        "reserved 224.0.0.0/4",
+		"10.42.0.0":           "not a CIDR",
+		"":                    "not a CIDR",
+		"010.42.0.0/24":       "not a CIDR",
+	} {
+		_, err := ParsePodCIDR(s)
+		if want == "" && err != nil {
+			t.Errorf("%q: %v", s, err)
+		}
+		if want != "" && (err == nil || !strings.Contains(err.Error(), want) || !strings.HasPrefix(err.Error(), "podCIDR:")) {
+			t.Errorf("%q: got %v, want %q", s, err, want)
+		}
+	}
+}
+
+func TestWriteRefusesInvalidAndOversized(t *testing.T) {
+	var buf bytes.Buffer
+	if err := WriteRequest(&buf, &Request{Version: Version, Verb: "Nope"}); err == nil || buf.Len() != 0 {
+		t.Fatalf("an invalid request was written: %v", err)
+	}
+	big := &Response{Version: Version, Error: strings.Repeat("x", MaxResponseFrame)}
+	if err := WriteResponse(&buf, big); !errors.Is(err, ErrFrameTooLarge) || buf.Len() != 0 {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestReadResponseRefusesOtherVersion(t *testing.T) {
+	if _, err := ReadResponse(bytes.NewReader(frame(`{"version":2}`))); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("got %v", err)
+	}
+}
