@@ -1,0 +1,147 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/k3sm-dev/k3sm/internal/netd/dataplane"
+)
+
+// fakeDP is the system in memory, refusing what the real data path would:
+// pods before their node, addresses outside the node's range or taken by
+// another pod, host names not derived from the UID. It makes and removes
+// the namespace files for real, as the Linux one bind-mounts them.
+type fakeDP struct {
+	mu       sync.Mutex
+	netnsDir string
+	node     *dataplane.Node
+	links    map[string]dataplane.Pod // by host interface
+	failAdd  map[string]error         // by UID
+	calls    []string
+}
+
+func newFakeDP(netnsDir string) *fakeDP {
+	return &fakeDP{netnsDir: netnsDir, links: map[string]dataplane.Pod{}, failAdd: map[string]error{}}
+}
+
+func (f *fakeDP) factory() (dataplane.Dataplane, error) { return f, nil }
+
+func (f *fakeDP) record(format string, a ...any) {
+	f.calls = append(f.calls, fmt.Sprintf(format, a...))
+}
+
+// count reports how many calls start with prefix.
+func (f *fakeDP) count(prefix string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, c := range f.calls {
+		if strings.HasPrefix(c, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+func (f *fakeDP) EnsureNode(n dataplane.Node) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("EnsureNode %s", n.CIDR)
+	if !n.CIDR.IsValid() || n.Gateway != n.CIDR.Addr().Next() || n.Bridge == "" {
+		return fmt.Errorf("bad node %+v", n)
+	}
+	f.node = &n
+	return nil
+}
+
+func (f *fakeDP) AddPod(n dataplane.Node, p dataplane.Pod) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("AddPod %s %s", p.UID, p.IP)
+	switch {
+	case f.node == nil || *f.node != n:
+		return errors.New("AddPod before EnsureNode of its node")
+	case !n.CIDR.Contains(p.IP) || p.IP == n.CIDR.Addr() || p.IP == n.Gateway || p.IP == broadcast(n.CIDR):
+		return fmt.Errorf("address %s is not a pod address of %s", p.IP, n.CIDR)
+	case p.HostIf != dataplane.HostIfName(p.UID):
+		return fmt.Errorf("host interface %q is not %s's", p.HostIf, p.UID)
+	case filepath.Dir(p.NetNS) != f.netnsDir:
+		return fmt.Errorf("netns %q is not under %s", p.NetNS, f.netnsDir)
+	}
+	if err := f.failAdd[p.UID]; err != nil {
+		return err
+	}
+	for h, q := range f.links {
+		if q.IP == p.IP && h != p.HostIf {
+			return fmt.Errorf("%s is already %s's", p.IP, q.UID)
+		}
+	}
+	if err := os.MkdirAll(f.netnsDir, 0o700); err != nil {
+		return err
+	}
+	if _, err := os.Stat(p.NetNS); err != nil {
+		if err := os.WriteFile(p.NetNS, nil, 0o600); err != nil {
+			return err
+		}
+	}
+	f.links[p.HostIf] = p
+	return nil
+}
+
+func (f *fakeDP) DelPod(p dataplane.Pod) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("DelPod %s %s %s", p.UID, p.HostIf, p.NetNS)
+	if p.HostIf != "" {
+		delete(f.links, p.HostIf)
+	}
+	if p.NetNS != "" {
+		if err := os.Remove(p.NetNS); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+func (f *fakeDP) Inventory(n dataplane.Node) (dataplane.Inventory, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	inv := dataplane.Inventory{NodeReady: f.node != nil && *f.node == n}
+	for h := range f.links {
+		inv.HostIfs = append(inv.HostIfs, h)
+	}
+	entries, _ := os.ReadDir(f.netnsDir)
+	for _, e := range entries {
+		inv.NetNS = append(inv.NetNS, filepath.Join(f.netnsDir, e.Name()))
+	}
+	slices.Sort(inv.HostIfs)
+	return inv, nil
+}
+
+func (f *fakeDP) DelNode(n dataplane.Node) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("DelNode %s", n.CIDR)
+	f.node = nil
+	return nil
+}
+
+func (f *fakeDP) link(uid string) (dataplane.Pod, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.links[dataplane.HostIfName(uid)]
+	return p, ok
+}
+
+func (f *fakeDP) linkCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.links)
+}
+
+var _ dataplane.Dataplane = (*fakeDP)(nil)

@@ -1,0 +1,498 @@
+// Package server is k3sm-netd: it serves the wire protocol on a unix
+// socket to the one uid allowed to call (checked from the kernel's peer
+// credentials on every connection), allocates each pod an address from the
+// node's range, keeps the allocations in a state file, and applies them
+// through the dataplane. At start it resyncs the system to that file, so
+// running pods keep their addresses across a netd restart.
+package server
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/netd/dataplane"
+	"github.com/k3sm-dev/k3sm/internal/netd/wire"
+)
+
+// BridgeName is the node's bridge, every pod's gateway.
+const BridgeName = "k3sm0"
+
+// DataplaneFactory builds the system's data path; Start calls it once.
+type DataplaneFactory func() (dataplane.Dataplane, error)
+
+// Config is one netd.
+type Config struct {
+	// Socket is the unix socket to serve on. Its directory is created 0700
+	// (owned by AllowedUID) when missing and must not be writable by others.
+	Socket string
+	// StateFile keeps the node's range and the allocations.
+	StateFile string
+	// NetNSDir holds the pods' network namespace files (Linux).
+	NetNSDir string
+	// AllowedUID is the only uid that may call: k3sm's own.
+	AllowedUID int
+	// NewDataplane builds the data path.
+	NewDataplane DataplaneFactory
+	// Logger defaults to text on stderr.
+	Logger *slog.Logger
+	// IdleTimeout bounds the wait for a connection's next request (default 30s).
+	IdleTimeout time.Duration
+}
+
+// Server is a running netd.
+type Server struct {
+	cfg Config
+	log *slog.Logger
+	dp  dataplane.Dataplane
+	ln  *net.UnixListener
+
+	mu   sync.Mutex // the state and the dataplane
+	cidr netip.Prefix
+	last netip.Addr
+	pods map[string]*pod
+
+	conns     sync.WaitGroup
+	connMu    sync.Mutex
+	open      map[net.Conn]struct{}
+	closed    bool
+	done      chan struct{}
+	serveErr  error
+	closeOnce sync.Once
+}
+
+// netnsFiles: only Linux gives pods a namespace of their own; elsewhere
+// pods share the host's stack and have no file to prove them alive.
+var netnsFiles = runtime.GOOS == "linux"
+
+// Start loads the state, resyncs the system to it, and serves on the socket.
+func Start(cfg Config) (*Server, error) {
+	if !filepath.IsAbs(cfg.Socket) || !filepath.IsAbs(cfg.StateFile) || !filepath.IsAbs(cfg.NetNSDir) {
+		return nil, fmt.Errorf("netd: socket, stateFile and netnsDir must be absolute paths (got %q, %q, %q)", cfg.Socket, cfg.StateFile, cfg.NetNSDir)
+	}
+	if cfg.AllowedUID < 0 {
+		return nil, fmt.Errorf("netd: allowedUID %d is not a uid", cfg.AllowedUID)
+	}
+	if cfg.NewDataplane == nil {
+		return nil, errors.New("netd: no dataplane")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = 30 * time.Second
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, open: map[net.Conn]struct{}{}, done: make(chan struct{})}
+	var err error
+	if s.cidr, s.last, s.pods, err = loadState(cfg.StateFile); err != nil {
+		return nil, fmt.Errorf("netd: %w", err)
+	}
+	if s.dp, err = cfg.NewDataplane(); err != nil {
+		return nil, fmt.Errorf("netd: dataplane: %w", err)
+	}
+	if err := s.resync(); err != nil {
+		return nil, fmt.Errorf("netd: resync: %w", err)
+	}
+	if s.ln, err = listen(cfg.Socket, cfg.AllowedUID); err != nil {
+		return nil, fmt.Errorf("netd: %w", err)
+	}
+	s.log.Info("k3sm-netd serving", "socket", cfg.Socket, "allowedUID", cfg.AllowedUID, "podCIDR", s.cidrString(), "pods", len(s.pods))
+	go s.serve()
+	return s, nil
+}
+
+// listen makes the socket: 0600 and owned by uid, in a directory others
+// cannot write (so nobody swaps the socket under the client); a stale
+// socket from an earlier run is removed.
+func listen(path string, uid int) (*net.UnixListener, error) {
+	dir := filepath.Dir(path)
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, err
+		}
+		if err := os.Chown(dir, uid, -1); err != nil {
+			return nil, err
+		}
+	}
+	st, err := os.Stat(dir)
+	if err != nil {
+		return nil, err
+	}
+	if !st.IsDir() || st.Mode().Perm()&0o022 != 0 {
+		return nil, fmt.Errorf("socket directory %s is %v: it must be a directory others cannot write (chmod go-w %s)", dir, st.Mode(), dir)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != fs.ModeSocket {
+			return nil, fmt.Errorf("%s exists and is not a socket; remove it", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, err
+		}
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	ln.SetUnlinkOnClose(true)
+	if err := os.Chmod(path, 0o600); err == nil {
+		err = os.Chown(path, uid, -1)
+	}
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// Close stops serving, removes the socket and waits for the connections
+// to end. Pods keep their network: a netd restart must not cut them off.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		s.connMu.Lock()
+		s.closed = true
+		for c := range s.open {
+			c.Close()
+		}
+		s.connMu.Unlock()
+		s.ln.Close()
+	})
+	<-s.done
+	s.conns.Wait()
+	return nil
+}
+
+// Wait returns when serving stops: nil after Close, else why it failed.
+func (s *Server) Wait() error {
+	<-s.done
+	return s.serveErr
+}
+
+func (s *Server) serve() {
+	defer close(s.done)
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			s.connMu.Lock()
+			closed := s.closed
+			s.connMu.Unlock()
+			if !closed {
+				s.serveErr = err
+				s.log.Error("accept", "err", err)
+			}
+			return
+		}
+		s.connMu.Lock()
+		if s.closed {
+			s.connMu.Unlock()
+			c.Close()
+			continue
+		}
+		s.open[c] = struct{}{}
+		s.conns.Add(1)
+		s.connMu.Unlock()
+		go func() {
+			defer s.conns.Done()
+			s.handle(c)
+			s.connMu.Lock()
+			delete(s.open, c)
+			s.connMu.Unlock()
+			c.Close()
+		}()
+	}
+}
+
+const writeTimeout = 10 * time.Second
+
+func (s *Server) reply(c net.Conn, r *wire.Response) error {
+	r.Version = wire.Version
+	c.SetWriteDeadline(time.Now().Add(writeTimeout))
+	return wire.WriteResponse(c, r)
+}
+
+func failure(code, format string, a ...any) *wire.Response {
+	return &wire.Response{Code: code, Error: fmt.Sprintf(format, a...)}
+}
+
+// handle serves one connection: the peer's uid first, then one request
+// per frame until the peer closes, idles out or breaks the framing.
+func (s *Server) handle(c *net.UnixConn) {
+	uid, err := peerUID(c)
+	if err != nil || uid != s.cfg.AllowedUID {
+		s.log.Warn("refused a connection", "uid", uid, "err", err)
+		msg := fmt.Sprintf("uid %d may not use k3sm-netd", uid)
+		if err != nil {
+			msg = "cannot read the peer's credentials: " + err.Error()
+		}
+		s.reply(c, failure(wire.CodeDenied, "%s", msg))
+		// Closing with the peer's request unread would reset the
+		// connection, and the peer might never see why: end our side and
+		// let it finish (bounded in time and bytes).
+		c.CloseWrite()
+		c.SetReadDeadline(time.Now().Add(time.Second))
+		io.Copy(io.Discard, io.LimitReader(c, wire.MaxFrame))
+		return
+	}
+	for {
+		c.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
+		req, err := wire.ReadRequest(c)
+		var resp *wire.Response
+		switch {
+		case err == nil:
+			resp = s.dispatch(req)
+		case errors.Is(err, wire.ErrMalformed):
+			// The frame was read whole: answer and keep the connection.
+			resp = failure(wire.CodeInvalid, "%v", err)
+		case errors.Is(err, wire.ErrFrameTooLarge):
+			// The body was not read: answer, then drop the connection.
+			s.log.Warn("oversized frame", "err", err)
+			s.reply(c, failure(wire.CodeInvalid, "%v", err))
+			return
+		default:
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				s.log.Debug("connection ended", "err", err)
+			}
+			return
+		}
+		if err := s.reply(c, resp); err != nil {
+			return
+		}
+	}
+}
+
+func (s *Server) dispatch(req *wire.Request) *wire.Response {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch req.Verb {
+	case wire.VerbConfigure:
+		return s.configure(req.Configure)
+	case wire.VerbSetupPod:
+		return s.setupPod(req.SetupPod)
+	case wire.VerbTeardownPod:
+		return s.teardownPod(req.TeardownPod)
+	case wire.VerbListPods:
+		resp := &wire.Response{Pods: []wire.PodResult{}}
+		for _, p := range sortedPods(s.pods) {
+			resp.Pods = append(resp.Pods, s.podResult(p))
+		}
+		return resp
+	}
+	return failure(wire.CodeInvalid, "verb %q", req.Verb) // Validate refused it already
+}
+
+func (s *Server) node() dataplane.Node {
+	return dataplane.Node{CIDR: s.cidr, Gateway: gateway(s.cidr), Bridge: BridgeName}
+}
+
+func (s *Server) cidrString() string {
+	if !s.cidr.IsValid() {
+		return ""
+	}
+	return s.cidr.String()
+}
+
+func (s *Server) dpPod(p *pod) dataplane.Pod {
+	dp := dataplane.Pod{UID: p.uid, IP: p.ip}
+	if netnsFiles {
+		dp.NetNS = filepath.Join(s.cfg.NetNSDir, p.uid)
+		dp.HostIf = dataplane.HostIfName(p.uid)
+	}
+	return dp
+}
+
+func (s *Server) podResult(p *pod) wire.PodResult {
+	return wire.PodResult{UID: p.uid, Namespace: p.namespace, Name: p.name, IP: p.ip.String(),
+		PrefixLen: s.cidr.Bits(), Gateway: gateway(s.cidr).String(), NetNS: s.dpPod(p).NetNS}
+}
+
+func (s *Server) save() error {
+	return saveState(s.cfg.StateFile, s.cidr, s.last, s.pods)
+}
+
+func (s *Server) configure(a *wire.ConfigureArgs) *wire.Response {
+	cidr, err := wire.ParsePodCIDR(a.PodCIDR)
+	if err != nil {
+		return failure(wire.CodeInvalid, "%v", err)
+	}
+	if s.cidr.IsValid() && cidr != s.cidr {
+		if len(s.pods) > 0 {
+			return failure(wire.CodeConflict, "the node's pod CIDR is %s and %d pods hold addresses in it; it cannot become %s until they are torn down", s.cidr, len(s.pods), cidr)
+		}
+		if err := s.dp.DelNode(s.node()); err != nil {
+			return failure(wire.CodeInternal, "removing the node's network for %s: %v", s.cidr, err)
+		}
+		s.log.Info("pod CIDR changed", "from", s.cidr, "to", cidr)
+	}
+	if cidr != s.cidr {
+		// Recorded before the system changes, so a crash in between is
+		// resynced at the next start.
+		s.cidr, s.last = cidr, netip.Addr{}
+		if err := s.save(); err != nil {
+			return failure(wire.CodeInternal, "%v", err)
+		}
+	}
+	n := s.node()
+	if err := s.dp.EnsureNode(n); err != nil {
+		return failure(wire.CodeInternal, "setting up the node's network for %s: %v", cidr, err)
+	}
+	return &wire.Response{Configure: &wire.NodeResult{PodCIDR: cidr.String(), Gateway: n.Gateway.String(), Bridge: n.Bridge}}
+}
+
+func (s *Server) setupPod(a *wire.SetupPodArgs) *wire.Response {
+	if !s.cidr.IsValid() {
+		return failure(wire.CodeNotConfigured, "the node's pod network is not configured yet (Configure with the node's podCIDR first)")
+	}
+	if p := s.pods[a.UID]; p != nil {
+		if p.namespace != a.Namespace || p.name != a.Name {
+			return failure(wire.CodeConflict, "pod uid %s is %s/%s, not %s/%s", a.UID, p.namespace, p.name, a.Namespace, a.Name)
+		}
+		// Again: same address, and AddPod repairs what is missing.
+		if err := s.dp.AddPod(s.node(), s.dpPod(p)); err != nil {
+			return failure(wire.CodeInternal, "pod %s/%s: %v", p.namespace, p.name, err)
+		}
+		return &wire.Response{Pod: ptr(s.podResult(p))}
+	}
+	used := make(map[netip.Addr]bool, len(s.pods))
+	for _, p := range s.pods {
+		used[p.ip] = true
+	}
+	ip, ok := allocate(s.cidr, s.last, func(ip netip.Addr) bool { return used[ip] })
+	if !ok {
+		return failure(wire.CodeConflict, "no free pod address: all %d of %s are in use (lower the node's maxPods or give it a larger podCIDR)", len(s.pods), s.cidr)
+	}
+	p := &pod{uid: a.UID, namespace: a.Namespace, name: a.Name, ip: ip}
+	prevLast := s.last
+	s.pods[p.uid], s.last = p, ip
+	// Persisted before the system changes: a crash in between leaves a
+	// record that the next start resyncs or cleans up.
+	if err := s.save(); err != nil {
+		delete(s.pods, p.uid)
+		s.last = prevLast
+		return failure(wire.CodeInternal, "%v", err)
+	}
+	if err := s.dp.AddPod(s.node(), s.dpPod(p)); err != nil {
+		if derr := s.dp.DelPod(s.dpPod(p)); derr != nil {
+			s.log.Error("rolling back a failed pod setup", "uid", p.uid, "err", derr)
+		}
+		delete(s.pods, p.uid)
+		if serr := s.save(); serr != nil {
+			s.log.Error("rolling back a failed pod setup", "uid", p.uid, "err", serr)
+		}
+		return failure(wire.CodeInternal, "pod %s/%s: %v", p.namespace, p.name, err)
+	}
+	s.log.Info("pod network up", "uid", p.uid, "pod", p.namespace+"/"+p.name, "ip", ip)
+	return &wire.Response{Pod: ptr(s.podResult(p))}
+}
+
+func (s *Server) teardownPod(a *wire.TeardownPodArgs) *wire.Response {
+	p := s.pods[a.UID]
+	if p == nil {
+		return failure(wire.CodeNotFound, "pod uid %s has no network from k3sm-netd", a.UID)
+	}
+	if err := s.dp.DelPod(s.dpPod(p)); err != nil {
+		return failure(wire.CodeInternal, "pod %s/%s: %v", p.namespace, p.name, err)
+	}
+	delete(s.pods, p.uid)
+	if err := s.save(); err != nil {
+		return failure(wire.CodeInternal, "%v", err)
+	}
+	s.log.Info("pod network down", "uid", p.uid, "pod", p.namespace+"/"+p.name, "ip", p.ip)
+	return &wire.Response{}
+}
+
+// resync makes the system match the state: the node, every pod that still
+// runs (its namespace file exists), nothing for the rest, and none of our
+// links or namespaces that no record claims. Only the node's failures stop
+// the start; a pod that cannot be repaired or removed is logged and kept
+// for the next try.
+func (s *Server) resync() error {
+	if !s.cidr.IsValid() {
+		return nil
+	}
+	n := s.node()
+	if err := s.dp.EnsureNode(n); err != nil {
+		return err
+	}
+	changed := false
+	for _, p := range sortedPods(s.pods) {
+		dp := s.dpPod(p)
+		if netnsFiles {
+			if _, err := os.Lstat(dp.NetNS); errors.Is(err, fs.ErrNotExist) {
+				s.log.Info("pod gone while netd was down, releasing its address", "uid", p.uid, "pod", p.namespace+"/"+p.name, "ip", p.ip)
+				if err := s.dp.DelPod(dp); err != nil {
+					s.log.Error("removing a gone pod's network", "uid", p.uid, "err", err)
+					continue
+				}
+				delete(s.pods, p.uid)
+				changed = true
+				continue
+			}
+		}
+		// AddPod keeps what exists: a running pod is not disturbed.
+		if err := s.dp.AddPod(n, dp); err != nil {
+			s.log.Error("repairing a pod's network", "uid", p.uid, "pod", p.namespace+"/"+p.name, "err", err)
+		}
+	}
+	if changed {
+		if err := s.save(); err != nil {
+			return err
+		}
+	}
+	inv, err := s.dp.Inventory(n)
+	if err != nil {
+		return err
+	}
+	claimedIf, claimedNS := map[string]bool{}, map[string]bool{}
+	for _, p := range s.pods {
+		dp := s.dpPod(p)
+		claimedIf[dp.HostIf], claimedNS[dp.NetNS] = true, true
+	}
+	for _, h := range inv.HostIfs {
+		if !claimedIf[h] && strings.HasPrefix(h, dataplane.HostIfPrefix) {
+			s.log.Info("removing an unclaimed pod link", "link", h)
+			if err := s.dp.DelPod(dataplane.Pod{HostIf: h}); err != nil {
+				s.log.Error("removing an unclaimed pod link", "link", h, "err", err)
+			}
+		}
+	}
+	for _, ns := range inv.NetNS {
+		if !filepath.IsAbs(ns) {
+			ns = filepath.Join(s.cfg.NetNSDir, ns)
+		}
+		// Only files under our directory are ours to remove.
+		if claimedNS[ns] || filepath.Dir(ns) != filepath.Clean(s.cfg.NetNSDir) {
+			continue
+		}
+		uid := filepath.Base(ns)
+		p := dataplane.Pod{NetNS: ns}
+		if wire.CheckUID(uid) == nil {
+			p.UID, p.HostIf = uid, dataplane.HostIfName(uid)
+		}
+		s.log.Info("removing an unclaimed pod namespace", "netns", ns)
+		if err := s.dp.DelPod(p); err != nil {
+			s.log.Error("removing an unclaimed pod namespace", "netns", ns, "err", err)
+		}
+	}
+	return nil
+}
+
+func sortedPods(pods map[string]*pod) []*pod {
+	out := make([]*pod, 0, len(pods))
+	for _, p := range pods {
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b *pod) int { return a.ip.Compare(b.ip) })
+	return out
+}
+
+func ptr[T any](v T) *T { return &v }

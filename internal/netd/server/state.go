@@ -1,0 +1,157 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"os"
+
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
+	"github.com/k3sm-dev/k3sm/internal/netd/wire"
+)
+
+const stateVersion = 1
+
+// stateFile is what netd keeps across restarts: the node's range and every
+// address it handed out, so running pods keep theirs.
+type stateFile struct {
+	Version int    `json:"version"`
+	PodCIDR string `json:"podCIDR,omitempty"`
+	// LastIP is the round-robin cursor, kept so a restart does not hand a
+	// just-released address out again at once.
+	LastIP string      `json:"lastIP,omitempty"`
+	Pods   []podRecord `json:"pods"`
+}
+
+type podRecord struct {
+	UID       string `json:"uid"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	IP        string `json:"ip"`
+}
+
+// pod is a record in memory.
+type pod struct {
+	uid, namespace, name string
+	ip                   netip.Addr
+}
+
+// loadState reads path; a missing file is an empty state. A file that does
+// not parse or contradicts itself stops netd: guessing would take running
+// pods' addresses away or hand them out twice.
+func loadState(path string) (cidr netip.Prefix, last netip.Addr, pods map[string]*pod, err error) {
+	pods = map[string]*pod{}
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return cidr, last, pods, nil
+	}
+	if err != nil {
+		return cidr, last, nil, err
+	}
+	fail := func(format string, a ...any) error {
+		return fmt.Errorf("state %s: %s (fix or remove the file; removing it forgets every pod's address)", path, fmt.Sprintf(format, a...))
+	}
+	var st stateFile
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&st); err != nil {
+		return cidr, last, nil, fail("%v", err)
+	}
+	if st.Version != stateVersion {
+		return cidr, last, nil, fail("version %d, this netd reads %d", st.Version, stateVersion)
+	}
+	if st.PodCIDR == "" {
+		if len(st.Pods) > 0 {
+			return cidr, last, nil, fail("pods recorded without a podCIDR")
+		}
+		return cidr, last, pods, nil
+	}
+	if cidr, err = wire.ParsePodCIDR(st.PodCIDR); err != nil {
+		return cidr, last, nil, fail("%v", err)
+	}
+	if st.LastIP != "" {
+		if last, err = netip.ParseAddr(st.LastIP); err != nil || !cidr.Contains(last) {
+			return cidr, last, nil, fail("lastIP %q is not in %s", st.LastIP, cidr)
+		}
+	}
+	used := map[netip.Addr]string{}
+	for _, r := range st.Pods {
+		ip, err := netip.ParseAddr(r.IP)
+		switch {
+		case wire.CheckUID(r.UID) != nil || wire.CheckNamespace(r.Namespace) != nil || wire.CheckName(r.Name) != nil:
+			return cidr, last, nil, fail("pod %q/%q uid %q is not valid", r.Namespace, r.Name, r.UID)
+		case err != nil || !usable(cidr, ip):
+			return cidr, last, nil, fail("pod %s has IP %q, not a pod address of %s", r.UID, r.IP, cidr)
+		case pods[r.UID] != nil:
+			return cidr, last, nil, fail("pod %s recorded twice", r.UID)
+		case used[ip] != "":
+			return cidr, last, nil, fail("pods %s and %s share %s", used[ip], r.UID, ip)
+		}
+		used[ip] = r.UID
+		pods[r.UID] = &pod{uid: r.UID, namespace: r.Namespace, name: r.Name, ip: ip}
+	}
+	return cidr, last, pods, nil
+}
+
+// saveState replaces path atomically (fsynced) with the state.
+func saveState(path string, cidr netip.Prefix, last netip.Addr, pods map[string]*pod) error {
+	st := stateFile{Version: stateVersion, Pods: []podRecord{}}
+	if cidr.IsValid() {
+		st.PodCIDR = cidr.String()
+	}
+	if last.IsValid() {
+		st.LastIP = last.String()
+	}
+	for _, p := range sortedPods(pods) {
+		st.Pods = append(st.Pods, podRecord{UID: p.uid, Namespace: p.namespace, Name: p.name, IP: p.ip.String()})
+	}
+	data, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.WriteFile(path, append(data, '\n'), 0o600); err != nil {
+		return fmt.Errorf("state %s: %w", path, err)
+	}
+	return nil
+}
+
+// gateway is the node's address in cidr: its first host address.
+func gateway(cidr netip.Prefix) netip.Addr { return cidr.Addr().Next() }
+
+// broadcast is cidr's last address.
+func broadcast(cidr netip.Prefix) netip.Addr {
+	a := cidr.Addr().As4()
+	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
+	v |= 1<<(32-cidr.Bits()) - 1
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// usable reports whether ip may be a pod's: in cidr, and not the network,
+// the gateway or the broadcast address.
+func usable(cidr netip.Prefix, ip netip.Addr) bool {
+	return cidr.Contains(ip) && ip != cidr.Addr() && ip != gateway(cidr) && ip != broadcast(cidr)
+}
+
+// allocate returns the next free pod address after last, wrapping: an
+// address just released is the last to be handed out again, so a stale
+// client still talking to the old pod does not reach a new one.
+func allocate(cidr netip.Prefix, last netip.Addr, used func(netip.Addr) bool) (netip.Addr, bool) {
+	first, end := gateway(cidr).Next(), broadcast(cidr) // end is exclusive
+	ip := last
+	if !usable(cidr, ip) {
+		ip = end.Prev()
+	}
+	n := 1 << (32 - cidr.Bits())
+	for range n {
+		if ip = ip.Next(); ip == end {
+			ip = first
+		}
+		if !used(ip) {
+			return ip, true
+		}
+	}
+	return netip.Addr{}, false
+}
