@@ -1,0 +1,132 @@
+// Package client calls k3sm-netd for the runtime daemon: one typed method
+// per verb, a connection per call, errors carrying the server's code. It
+// imports only the standard library and the wire protocol.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/netd/wire"
+)
+
+// Client talks to the netd on one socket. It is safe for concurrent use.
+type Client struct {
+	socket string
+}
+
+// New returns a client of the netd serving on socket.
+func New(socket string) *Client { return &Client{socket: socket} }
+
+// Error is a refusal by netd (or of a request the client would not send).
+type Error struct {
+	Code    string // a wire.Code* value
+	Message string
+}
+
+func (e *Error) Error() string { return "k3sm-netd: " + e.Message + " (" + e.Code + ")" }
+
+// IsNotFound reports whether err is netd saying it owns no network for the pod.
+func IsNotFound(err error) bool { return hasCode(err, wire.CodeNotFound) }
+
+// IsNotConfigured reports whether err is SetupPod before Configure.
+func IsNotConfigured(err error) bool { return hasCode(err, wire.CodeNotConfigured) }
+
+func hasCode(err error, code string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == code
+}
+
+// defaultTimeout bounds a call whose context has no deadline: netd answers
+// in milliseconds, and a stuck root helper must not hang a pod start.
+const defaultTimeout = 30 * time.Second
+
+// Configure sets up the node's pod network for podCIDR (idempotent).
+func (c *Client) Configure(ctx context.Context, podCIDR string) (wire.NodeResult, error) {
+	resp, err := c.do(ctx, &wire.Request{Verb: wire.VerbConfigure, Configure: &wire.ConfigureArgs{PodCIDR: podCIDR}})
+	if err != nil {
+		return wire.NodeResult{}, err
+	}
+	if resp.Configure == nil {
+		return wire.NodeResult{}, errors.New("k3sm-netd: Configure answered without a result")
+	}
+	return *resp.Configure, nil
+}
+
+// SetupPod gives the pod its address and namespace; again for the same UID
+// returns the same address.
+func (c *Client) SetupPod(ctx context.Context, uid, namespace, name string) (wire.PodResult, error) {
+	resp, err := c.do(ctx, &wire.Request{Verb: wire.VerbSetupPod, SetupPod: &wire.SetupPodArgs{UID: uid, Namespace: namespace, Name: name}})
+	if err != nil {
+		return wire.PodResult{}, err
+	}
+	if resp.Pod == nil {
+		return wire.PodResult{}, errors.New("k3sm-netd: SetupPod answered without a result")
+	}
+	return *resp.Pod, nil
+}
+
+// TeardownPod releases the pod's network; IsNotFound(err) when netd has
+// none for it.
+func (c *Client) TeardownPod(ctx context.Context, uid string) error {
+	_, err := c.do(ctx, &wire.Request{Verb: wire.VerbTeardownPod, TeardownPod: &wire.TeardownPodArgs{UID: uid}})
+	return err
+}
+
+// ListPods returns every pod netd has given an address.
+func (c *Client) ListPods(ctx context.Context) ([]wire.PodResult, error) {
+	resp, err := c.do(ctx, &wire.Request{Verb: wire.VerbListPods})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Pods, nil
+}
+
+func (c *Client) do(ctx context.Context, req *wire.Request) (*wire.Response, error) {
+	req.Version = wire.Version
+	if err := req.Validate(); err != nil {
+		return nil, &Error{Code: wire.CodeInvalid, Message: err.Error()}
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, defaultTimeout)
+		defer cancel()
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", c.socket)
+	if err != nil {
+		return nil, fmt.Errorf("k3sm-netd: %w", err)
+	}
+	defer conn.Close()
+	deadline, _ := ctx.Deadline()
+	conn.SetDeadline(deadline)
+	// Cancellation before the deadline ends the call at once.
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	werr := wire.WriteRequest(conn, req)
+	// netd may refuse before reading (a denied uid): its answer is read
+	// even when the write failed.
+	resp, err := wire.ReadResponse(conn)
+	if err != nil {
+		if werr != nil {
+			err = werr
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			// Only the context sets the connection's deadline; its own
+			// timer may not have fired yet.
+			<-ctx.Done()
+		}
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return nil, fmt.Errorf("k3sm-netd %s: %w", req.Verb, err)
+	}
+	if resp.Code != "" || resp.Error != "" {
+		return nil, &Error{Code: resp.Code, Message: resp.Error}
+	}
+	return resp, nil
+}
