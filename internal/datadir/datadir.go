@@ -8,10 +8,11 @@
 //	  registries.yaml       image registry mirrors and credentials (optional)
 //	  admin.kubeconfig      cluster-admin credential
 //	  logs/                 component logs; logs/pods/ the CRI container logs
-//	  run/                  sockets: runtime.sock, shims/, runtimed.lock, role configs
+//	  run/                  sockets: runtime.sock, shims/, runtimed.lock, netd.sock, role configs;
+//	                        netns/<uid> the pods' network namespaces (k3sm-netd)
 //	  server/               control plane: db/state.db, tls/, cred/, flexvolume/, kine.sock,
 //	                        snapshots/, audit-policy.yaml; logs/audit.log
-//	  agent/                the node: its kubeconfigs, tls/, runtime-events.json
+//	  agent/                the node: its kubeconfigs, tls/, runtime-events.json, netd-state.json
 //	  pods/<uid>/           a pod (the runtime daemon): pod.json, roots/<container>/,
 //	                        volumes/<name>/, attempts/<container>/<n>/
 //	  images/               the image store (the runtime daemon)
@@ -94,6 +95,15 @@ func (l Layout) PodDir(uid string) string {
 	return filepath.Join(l.PodsDir(), uid)
 }
 func (l Layout) ImagesDir() string { return filepath.Join(l.Root, "images") }
+
+// k3sm-netd, the root network helper: its socket, the pods' addresses, and
+// the pods' network namespace files.
+func (l Layout) NetdSocket() string    { return filepath.Join(l.RunDir(), "netd.sock") }
+func (l Layout) NetdStateFile() string { return filepath.Join(l.AgentDir(), "netd-state.json") }
+func (l Layout) NetNSDir() string      { return filepath.Join(l.RunDir(), "netns") }
+func (l Layout) PodNetNS(uid string) string {
+	return filepath.Join(l.NetNSDir(), uid)
+}
 
 // Inside a pod's directory: its state, each container's root, its volumes,
 // and each container start attempt's state (attempts/<container>/<n>).

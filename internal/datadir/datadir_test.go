@@ -22,6 +22,8 @@ func TestLayoutIsStable(t *testing.T) {
 		l.SnapshotsDir(): "/d/server/snapshots", l.EncryptionConfig(): "/d/server/cred/encryption-config.yaml",
 		l.AuditPolicy(): "/d/server/audit-policy.yaml", l.AuditLog(): "/d/logs/audit.log",
 		l.DBSidecars()[0]: "/d/server/db/state.db-wal", l.DBSidecars()[1]: "/d/server/db/state.db-shm",
+		l.NetdSocket(): "/d/run/netd.sock", l.NetdStateFile(): "/d/agent/netd-state.json",
+		l.NetNSDir(): "/d/run/netns", l.PodNetNS("u"): "/d/run/netns/u",
 	} {
 		if got != want {
 			t.Errorf("got %s, want %s", got, want)

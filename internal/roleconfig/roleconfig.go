@@ -18,6 +18,7 @@ import (
 
 	"github.com/k3sm-dev/k3sm/internal/atomicfile"
 	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
+	"github.com/k3sm-dev/k3sm/internal/roleconfig/netdconfig"
 )
 
 // Hidden roles of the k3sm binary: its first argument when the supervisor
@@ -29,7 +30,14 @@ const (
 	ControllerManager = "kube-controller-manager"
 	Runtime           = "runtimed"
 	Node              = "node"
+	// Netd is k3sm-netd, the root network helper: a binary of its own
+	// (`k3sm-netd --config=<file>`), not a role of the k3sm binary.
+	Netd = netdconfig.Role
 )
+
+// NetdConfig is k3sm-netd's configuration; it lives in netdconfig so the
+// root helper reads it without linking this package.
+type NetdConfig = netdconfig.Config
 
 // KineConfig is the datastore role.
 type KineConfig struct {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
+	"github.com/k3sm-dev/k3sm/internal/roleconfig/netdconfig"
 )
 
 // What the server writes is what the child reads, field for field.
@@ -46,6 +47,26 @@ func TestReadRefuses(t *testing.T) {
 	} {
 		if err := Read(Node, tc.args, &cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Read(%v) = %v, want an error with %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// What the server writes for k3sm-netd is what netd reads.
+func TestNetdConfigRoundTrip(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "netd.json")
+	want := NetdConfig{Socket: "/d/run/netd.sock", StateFile: "/d/agent/netd-state.json", NetNSDir: "/d/run/netns", AllowedUID: 1000}
+	args, err := Write(path, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := netdconfig.Read(args)
+	if err != nil || got != want {
+		t.Fatalf("%+v %v", got, err)
+	}
+	data, _ := os.ReadFile(path)
+	for _, key := range []string{`"socket"`, `"stateFile"`, `"netnsDir"`, `"allowedUID"`} {
+		if !strings.Contains(string(data), key) {
+			t.Errorf("%s lacks %s", data, key)
 		}
 	}
 }
