@@ -21,9 +21,9 @@ LDFLAGS := -s -w \
 	-X github.com/k3sm-dev/k3sm/internal/version.Version=$(VERSION) \
 	-X github.com/k3sm-dev/k3sm/internal/version.GitCommit=$(COMMIT)
 
-BINARIES := bin/k3sm bin/k3sm-shim bin/klimax
+BINARIES := bin/k3sm bin/k3sm-shim bin/k3sm-netd bin/klimax
 
-.PHONY: all build run test test-unit test-e2e test-integration darwin vet bench clean node-image FORCE
+.PHONY: all build run test test-unit test-e2e test-integration fuzz-netd darwin vet bench clean node-image FORCE
 all: build
 build: $(BINARIES)
 
@@ -31,11 +31,13 @@ bin/k3sm: FORCE
 	$(GO) build -ldflags '$(LDFLAGS)' -o $@ ./cmd/k3sm
 bin/k3sm-shim: FORCE
 	$(GO) build -ldflags '-s -w' -o $@ ./cmd/k3sm-shim
+bin/k3sm-netd: FORCE
+	$(GO) build -ldflags '-s -w' -o $@ ./cmd/k3sm-netd
 bin/klimax: FORCE
 	$(GO) build -ldflags '-s -w -X github.com/k3sm-dev/k3sm/internal/version.Version=$(VERSION)' -o $@ ./cmd/klimax
 
 # A single-node cluster in the foreground; Ctrl-C stops it.
-run: bin/k3sm bin/k3sm-shim
+run: bin/k3sm bin/k3sm-shim bin/k3sm-netd
 	./bin/k3sm server $(SERVER_ARGS)
 
 # Everything CI runs: vet, unit tests (with -race where there is
@@ -51,11 +53,16 @@ vet:
 UNIT_PKGS = $$($(GO) list ./... | grep -v -e /test/e2e -e /internal/upstream -e /cmd/k3sm$$)
 test-unit:
 	CGO_ENABLED=1 $(GO) test -race -short -count=1 $(UNIT_PKGS)
+	$(GO) test -run '^$$' -fuzz FuzzReadRequest -fuzztime 10s ./internal/netd/wire
+
+# The parser of k3sm-netd, the root helper, under the fuzzer for longer.
+fuzz-netd:
+	$(GO) test -run '^$$' -fuzz FuzzReadRequest -fuzztime 10m ./internal/netd/wire
 
 test-integration:
 	$(GO) test -count=1 -run Integration -timeout 20m $(UNIT_PKGS)
 
-test-e2e: bin/k3sm bin/k3sm-shim
+test-e2e: bin/k3sm bin/k3sm-shim bin/k3sm-netd
 	@mkdir -p _output
 	K3SM_BIN=$(CURDIR)/bin/k3sm $(GO) test -count=1 -v -timeout 40m ./test/e2e/... 2>&1 | tee _output/e2e.log | \
 		grep -E '^(=== RUN|\s*--- |PASS|FAIL|ok|panic)|_test\.go:[0-9]+:' ; exit $${PIPESTATUS[0]}
@@ -69,7 +76,7 @@ node-image:
 darwin:
 	GOOS=darwin GOARCH=arm64 CGO_ENABLED=0 $(GO) build ./...
 
-bench: bin/k3sm bin/k3sm-shim
+bench: bin/k3sm bin/k3sm-shim bin/k3sm-netd
 	K3SM_BIN=$(CURDIR)/bin/k3sm ./bench/run.sh
 
 clean:

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -14,7 +15,7 @@ const module = "github.com/k3sm-dev/k3sm/"
 // Where each part of the tree lives.
 var (
 	serverSide = []string{"internal/server", "internal/upstream"}
-	agentSide  = []string{"internal/agent", "internal/runtime"}
+	agentSide  = []string{"internal/agent", "internal/runtime", "internal/netd"}
 	shared     = []string{"internal/datadir", "internal/roleconfig", "internal/supervisor", "internal/pki",
 		"internal/atomicfile", "internal/kubeconfig", "internal/version", "internal/diskpolicy", "api/runtime/v1"}
 )
@@ -126,6 +127,31 @@ func TestShimStaysSmall(t *testing.T) {
 		case strings.HasPrefix(d, module) && under(d, allowed):
 		default:
 			t.Errorf("k3sm-shim links %s: the shim may use only the standard library, x/sys, pty and %v", d, allowed)
+		}
+	}
+}
+
+// k3sm-netd runs as root, so it links as little as it can: the standard
+// library, x/sys, the data path's netlink and nftables libraries (and
+// their own dependencies), and a few small k3sm packages. Nothing of
+// Kubernetes, gRPC or protobuf.
+func TestNetdStaysSmall(t *testing.T) {
+	pkgs := list(t, "./cmd/k3sm-netd")
+	netd := pkgs[module+"cmd/k3sm-netd"]
+	if netd.ImportPath == "" {
+		t.Fatal("cmd/k3sm-netd not listed")
+	}
+	allowed := []string{"internal/netd", "internal/roleconfig/netdconfig", "internal/atomicfile", "internal/datadir"}
+	thirdParty := []string{"golang.org/x/sys/", "golang.org/x/net/", "golang.org/x/sync/",
+		"github.com/vishvananda/netlink", "github.com/vishvananda/netns", "github.com/google/nftables",
+		"github.com/mdlayher/netlink", "github.com/mdlayher/socket", "github.com/josharian/native"}
+	for _, d := range netd.Deps {
+		switch {
+		case pkgs[d].Standard, strings.HasPrefix(d, "vendor/"):
+		case strings.HasPrefix(d, module) && under(d, allowed):
+		case slices.ContainsFunc(thirdParty, func(p string) bool { return d == p || strings.HasPrefix(d, strings.TrimSuffix(p, "/")+"/") }):
+		default:
+			t.Errorf("k3sm-netd links %s: the root helper may use only the standard library, %v and %v", d, thirdParty, allowed)
 		}
 	}
 }

@@ -1,0 +1,55 @@
+// Command k3sm-netd is k3sm's only privileged process: it gives each pod an
+// address on the node's pod network (see internal/netd/server) and serves
+// only k3sm's own uid. It stays small, linking the standard library, x/sys,
+// the data path's netlink and nftables libraries and a few small k3sm
+// packages (checked by internal/architecture).
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime"
+	"syscall"
+
+	"github.com/k3sm-dev/k3sm/internal/netd/dataplane"
+	"github.com/k3sm-dev/k3sm/internal/netd/server"
+	"github.com/k3sm-dev/k3sm/internal/roleconfig/netdconfig"
+)
+
+func main() { os.Exit(run(os.Args[1:])) }
+
+func run(args []string) int {
+	// A handful of requests a minute: no need for a thread per core.
+	runtime.GOMAXPROCS(2)
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	cfg, err := netdconfig.Read(args)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	srv, err := server.Start(server.Config{
+		Socket: cfg.Socket, StateFile: cfg.StateFile, NetNSDir: cfg.NetNSDir, AllowedUID: cfg.AllowedUID,
+		NewDataplane: func() (dataplane.Dataplane, error) { return dataplane.New(dataplane.Options{}) },
+		Logger:       log,
+	})
+	if err != nil {
+		log.Error("k3sm-netd cannot start", "err", err)
+		return 1
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	stopped := make(chan error, 1)
+	go func() { stopped <- srv.Wait() }()
+	select {
+	case s := <-sig:
+		// Pods keep their network: only the socket goes.
+		log.Info("k3sm-netd stopping", "signal", s.String())
+		srv.Close()
+		return 0
+	case err := <-stopped:
+		log.Error("k3sm-netd stopped", "err", err)
+		return 1
+	}
+}
