@@ -406,8 +406,10 @@ func TestIdempotent(t *testing.T) {
 		}
 	}
 	before := index()
+	quiet := f.watch(f.hostNS, f.a.NetNS)
 	f.up()
 	f.up()
+	quiet()
 	if after := index(); !mapsEqual(before, after) {
 		t.Errorf("ifindexes changed on a repeat: %v → %v", before, after)
 	}
@@ -472,6 +474,55 @@ func TestIdempotent(t *testing.T) {
 	sa := serve(t, f.a.NetNS, 8080)
 	sa.reach(t, f.b.NetNS, at(f.a.IP))
 	serve(t, f.b.NetNS, 8080).reach(t, f.a.NetNS, at(f.b.IP))
+}
+
+// watch records link, address and route changes in the namespaces until
+// the returned func, which fails the test if there were any: a repeat on
+// a healthy node must not flap a link or touch an address or route.
+func (f *fixture) watch(nsPaths ...string) func() {
+	f.t.Helper()
+	done := make(chan struct{})
+	var drains []func()
+	for _, p := range nsPaths {
+		ns, err := netns.GetFromPath(p)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		defer ns.Close()
+		// One channel per subscription: each closes its own when done.
+		links := make(chan netlink.LinkUpdate, 64)
+		addrs := make(chan netlink.AddrUpdate, 64)
+		routes := make(chan netlink.RouteUpdate, 64)
+		if err := netlink.LinkSubscribeAt(ns, links, done); err != nil {
+			f.t.Fatal(err)
+		}
+		if err := netlink.AddrSubscribeAt(ns, addrs, done); err != nil {
+			f.t.Fatal(err)
+		}
+		if err := netlink.RouteSubscribeAt(ns, routes, done); err != nil {
+			f.t.Fatal(err)
+		}
+		name := filepath.Base(p)
+		drains = append(drains, func() {
+			for u := range links {
+				f.t.Errorf("%s: link change on a repeat: %s flags %v", name, u.Attrs().Name, u.Attrs().Flags)
+			}
+			for u := range addrs {
+				f.t.Errorf("%s: address change on a repeat: %v new=%v", name, u.LinkAddress, u.NewAddr)
+			}
+			for u := range routes {
+				f.t.Errorf("%s: route change on a repeat: %v", name, u.Route)
+			}
+		})
+	}
+	return func() {
+		f.t.Helper()
+		time.Sleep(100 * time.Millisecond) // let late notifications arrive
+		close(done)
+		for _, d := range drains {
+			d()
+		}
+	}
 }
 
 func mapsEqual(a, b map[string]int) bool {
@@ -631,5 +682,28 @@ func TestPodNames(t *testing.T) {
 		if err := d.checkPodNames(p); err == nil {
 			t.Errorf("%+v accepted", p)
 		}
+	}
+}
+
+// TestStaleNetNSFile: a namespace file that is no longer a mount (what a
+// reboot leaves when the directory survives) gets a fresh namespace.
+func TestStaleNetNSFile(t *testing.T) {
+	f := newFixture(t)
+	f.up()
+	if err := unix.Unmount(f.a.NetNS, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := isNetNS(f.a.NetNS); err != nil || ok {
+		t.Fatalf("isNetNS after unmount = %v, %v", ok, err)
+	}
+	if err := f.dp.AddPod(testNode, f.a); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := isNetNS(f.a.NetNS); !ok {
+		t.Fatal("AddPod left the file unmounted")
+	}
+	sa := serve(t, f.a.NetNS, 8080)
+	if src := sa.reach(t, f.b.NetNS, at(f.a.IP)); src != f.b.IP {
+		t.Errorf("B → A in its new namespace arrived from %v", src)
 	}
 }
