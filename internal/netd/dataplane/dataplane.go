@@ -46,6 +46,41 @@ type Inventory struct {
 	HostIfs []string
 	// NodeReady reports that the bridge and the rules of Node exist.
 	NodeReady bool
+	// Addrs (darwin) are the pod addresses aliased on lo0 inside
+	// Node.CIDR, the gateway excluded: darwin has no namespace or link per
+	// pod, so the alias is what marks a pod as present.
+	Addrs []netip.Addr
+}
+
+// Options configures New. Every field is portable so that netd builds the
+// same struct on every OS; each OS reads only its own fields.
+type Options struct {
+	// HostNSPath (Linux) is a network namespace file treated as "the host":
+	// the bridge, the host ends of the veths, forwarding and the rules go
+	// there. Empty means the namespace of the calling process. Tests pass a
+	// namespace of their own so that nothing touches the real host.
+	HostNSPath string
+	// NetNSDir (Linux) is the directory netd owns for the pods' namespace
+	// files. Every Pod.NetNS must sit directly in it, so that DelPod never
+	// unmounts or removes anything else; Inventory lists it.
+	NetNSDir string
+	// MTU (Linux) of the bridge and of both ends of every veth; 0 = 1500.
+	MTU int
+
+	// Runner (darwin) runs one rendered command (argv, never a shell);
+	// nil runs it with os/exec.
+	Runner func(argv []string) error
+	// Output (darwin) runs a rendered command and returns its standard
+	// output, for what must be read back (ifconfig lo0, route get, the pf
+	// enable token); nil runs it with os/exec.
+	Output func(argv []string) ([]byte, error)
+	// PFDir (darwin) is the directory, owned by netd, the pf anchor file is
+	// written into before pfctl loads it.
+	PFDir string
+	// Egress (darwin) is the interface the pods' outbound traffic is
+	// translated on; empty means the default route's interface, looked up
+	// at EnsureNode.
+	Egress string
 }
 
 // Dataplane applies the pod network to the system. Every method is
