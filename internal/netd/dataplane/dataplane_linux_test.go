@@ -406,6 +406,13 @@ func TestIdempotent(t *testing.T) {
 		}
 	}
 	before := index()
+	// The bridge turns RUNNING (carrier) asynchronously once a port is up:
+	// let that settle before watching for changes we would cause.
+	waitRunning := time.Now().Add(5 * time.Second)
+	for f.link(f.hostNS, "k3sm0").Attrs().RawFlags&unix.IFF_RUNNING == 0 && time.Now().Before(waitRunning) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
 	quiet := f.watch(f.hostNS, f.a.NetNS)
 	f.up()
 	f.up()

@@ -238,7 +238,17 @@ func (p *managedPod) emptyDirOverLimit() string {
 		p.mu.Unlock()
 		return ""
 	}
-	vols := p.spec.GetVolumes()
+	// Read under mu: UpdateVolumes replaces a volume's source in place.
+	type limited struct {
+		name  string
+		limit int64
+	}
+	var vols []limited
+	for _, v := range p.spec.GetVolumes() {
+		if l := v.GetEmptyDir().GetSizeLimitBytes(); l > 0 {
+			vols = append(vols, limited{v.GetName(), l})
+		}
+	}
 	p.mu.Unlock()
 	p.volMu.Lock()
 	ready := p.volReady
@@ -247,13 +257,9 @@ func (p *managedPod) emptyDirOverLimit() string {
 		return ""
 	}
 	for _, v := range vols {
-		limit := v.GetEmptyDir().GetSizeLimitBytes()
-		if limit <= 0 {
-			continue
-		}
-		used, err := volume.Usage(p.volumeDir(v.GetName()))
-		if err == nil && used > limit {
-			return fmt.Sprintf("Usage of EmptyDir volume %q exceeds the limit %q. ", v.GetName(), quantity(limit))
+		used, err := volume.Usage(p.volumeDir(v.name))
+		if err == nil && used > v.limit {
+			return fmt.Sprintf("Usage of EmptyDir volume %q exceeds the limit %q. ", v.name, quantity(v.limit))
 		}
 	}
 	return ""
