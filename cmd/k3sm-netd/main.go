@@ -31,7 +31,9 @@ func run(args []string) int {
 	}
 	srv, err := server.Start(server.Config{
 		Socket: cfg.Socket, StateFile: cfg.StateFile, NetNSDir: cfg.NetNSDir, AllowedUID: cfg.AllowedUID,
-		NewDataplane: func() (dataplane.Dataplane, error) { return dataplane.New(dataplane.Options{}) },
+		NewDataplane: func() (dataplane.Dataplane, error) {
+			return dataplane.New(dataplane.Options{NetNSDir: cfg.NetNSDir})
+		},
 		Logger:       log,
 	})
 	if err != nil {
@@ -40,6 +42,7 @@ func run(args []string) int {
 	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	watchParent(func() { sig <- syscall.SIGTERM })
 	stopped := make(chan error, 1)
 	go func() { stopped <- srv.Wait() }()
 	select {
@@ -52,4 +55,29 @@ func run(args []string) int {
 		log.Error("k3sm-netd stopped", "err", err)
 		return 1
 	}
+}
+
+// parentFDEnv is internal/supervisor's ParentFDEnv (pinned by a test; not
+// imported, to keep the supervisor's log rotation out of the root binary):
+// the supervisor's end of a pipe on fd 3 that closes when it dies. netd then
+// stops as every supervised child does, so a new server never finds an
+// orphaned netd on its socket.
+const parentFDEnv = "K3SM_PARENT_FD"
+
+func watchParent(onGone func()) {
+	if os.Getenv(parentFDEnv) != "3" {
+		return
+	}
+	os.Unsetenv(parentFDEnv)
+	syscall.CloseOnExec(3)
+	f := os.NewFile(3, "parent-pipe")
+	go func() {
+		var b [1]byte
+		for {
+			if _, err := f.Read(b[:]); err != nil {
+				onGone()
+				return
+			}
+		}
+	}()
 }
