@@ -56,6 +56,10 @@ type RuntimeConfig struct {
 	MaxPods        int64  `json:"maxPods"`
 	// Disk: container log rotation is the runtime's part of it.
 	Disk diskpolicy.Config `json:"disk"`
+	// NetdSocket is k3sm-netd's socket, when pods get a network of their
+	// own; otherwise NoPodNetworkReason says why they share the node's.
+	NetdSocket         string `json:"netdSocket,omitempty"`
+	NoPodNetworkReason string `json:"noPodNetworkReason,omitempty"`
 }
 
 // NodeConfig is the node role: the Virtual Kubelet of this machine.

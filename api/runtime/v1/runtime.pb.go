@@ -342,7 +342,7 @@ func (x WatchPodStatusResponse_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchPodStatusResponse_Kind.Descriptor instead.
 func (WatchPodStatusResponse_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{42, 0}
+	return file_runtime_proto_rawDescGZIP(), []int{44, 0}
 }
 
 // PodSpec is what the provider resolved from the Kubernetes Pod.
@@ -376,8 +376,11 @@ type PodSpec struct {
 	// part in the pod's phase or readiness, has no probes, and stops with the
 	// pod.
 	EphemeralContainers []*EphemeralContainerSpec `protobuf:"bytes,21,rep,name=ephemeral_containers,json=ephemeralContainers,proto3" json:"ephemeral_containers,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The pod uses the node's network (spec.hostNetwork): no namespace or
+	// address of its own.
+	HostNetwork   bool `protobuf:"varint,22,opt,name=host_network,json=hostNetwork,proto3" json:"host_network,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PodSpec) Reset() {
@@ -506,6 +509,13 @@ func (x *PodSpec) GetEphemeralContainers() []*EphemeralContainerSpec {
 		return x.EphemeralContainers
 	}
 	return nil
+}
+
+func (x *PodSpec) GetHostNetwork() bool {
+	if x != nil {
+		return x.HostNetwork
+	}
+	return false
 }
 
 // EphemeralContainerSpec is a debugging container added to a running pod.
@@ -781,7 +791,12 @@ type EnvVar struct {
 	// kubelet does, and left values from Secrets, ConfigMaps and the downward
 	// API as they are). Unset (older providers): the daemon expands $(VAR)
 	// references in value from the variables before it, $$ being a literal $.
-	Verbatim      bool `protobuf:"varint,3,opt,name=verbatim,proto3" json:"verbatim,omitempty"`
+	Verbatim bool `protobuf:"varint,3,opt,name=verbatim,proto3" json:"verbatim,omitempty"`
+	// value holds PodIPPlaceholder (see podip.go) where the pod's own
+	// address goes (status.podIP / status.podIPs, directly or through
+	// $(VAR) expansion); the daemon fills it in once the pod has its
+	// address, as the kubelet resolves these after the pod sandbox exists.
+	PodIp         bool `protobuf:"varint,4,opt,name=pod_ip,json=podIp,proto3" json:"pod_ip,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -833,6 +848,13 @@ func (x *EnvVar) GetValue() string {
 func (x *EnvVar) GetVerbatim() bool {
 	if x != nil {
 		return x.Verbatim
+	}
+	return false
+}
+
+func (x *EnvVar) GetPodIp() bool {
+	if x != nil {
+		return x.PodIp
 	}
 	return false
 }
@@ -2083,8 +2105,10 @@ type PodStatus struct {
 	// Set once DeletePod was called; the pod disappears (a DELETED watch
 	// message) when everything is torn down.
 	Terminating bool `protobuf:"varint,12,opt,name=terminating,proto3" json:"terminating,omitempty"`
-	// Pod IP when the pod has one of its own (roadmap: per-pod network
-	// namespace). Empty means the pod uses the node's network.
+	// Pod IP when the pod has a network of its own (a network namespace on
+	// Linux, an lo0 alias on darwin). Empty means the pod uses the node's
+	// network (hostNetwork, or no pod network on this node), or it has no
+	// address yet.
 	PodIp string `protobuf:"bytes,13,opt,name=pod_ip,json=podIp,proto3" json:"pod_ip,omitempty"`
 	// Grows by one with every change of this pod's status.
 	Revision uint64 `protobuf:"varint,14,opt,name=revision,proto3" json:"revision,omitempty"`
@@ -2804,9 +2828,14 @@ type GetRuntimeInfoResponse struct {
 	BootId string `protobuf:"bytes,10,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
 	// How pod roots are materialized on this data dir: reflink, clonefile or
 	// copy.
-	CloneMethod   string `protobuf:"bytes,11,opt,name=clone_method,json=cloneMethod,proto3" json:"clone_method,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CloneMethod string `protobuf:"bytes,11,opt,name=clone_method,json=cloneMethod,proto3" json:"clone_method,omitempty"`
+	// The pod network: "netns" (a network namespace and address per pod,
+	// through k3sm-netd) or "host" (pods share the node's network).
+	PodNetwork string `protobuf:"bytes,12,opt,name=pod_network,json=podNetwork,proto3" json:"pod_network,omitempty"`
+	// Why pod_network is "host", or the node's pod range once configured.
+	PodNetworkDetail string `protobuf:"bytes,13,opt,name=pod_network_detail,json=podNetworkDetail,proto3" json:"pod_network_detail,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *GetRuntimeInfoResponse) Reset() {
@@ -2916,6 +2945,101 @@ func (x *GetRuntimeInfoResponse) GetCloneMethod() string {
 	return ""
 }
 
+func (x *GetRuntimeInfoResponse) GetPodNetwork() string {
+	if x != nil {
+		return x.PodNetwork
+	}
+	return ""
+}
+
+func (x *GetRuntimeInfoResponse) GetPodNetworkDetail() string {
+	if x != nil {
+		return x.PodNetworkDetail
+	}
+	return ""
+}
+
+type UpdateRuntimeConfigRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node's pod range, e.g. 100.64.0.0/24.
+	PodCidr       string `protobuf:"bytes,1,opt,name=pod_cidr,json=podCidr,proto3" json:"pod_cidr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateRuntimeConfigRequest) Reset() {
+	*x = UpdateRuntimeConfigRequest{}
+	mi := &file_runtime_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateRuntimeConfigRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateRuntimeConfigRequest) ProtoMessage() {}
+
+func (x *UpdateRuntimeConfigRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_runtime_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateRuntimeConfigRequest.ProtoReflect.Descriptor instead.
+func (*UpdateRuntimeConfigRequest) Descriptor() ([]byte, []int) {
+	return file_runtime_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *UpdateRuntimeConfigRequest) GetPodCidr() string {
+	if x != nil {
+		return x.PodCidr
+	}
+	return ""
+}
+
+type UpdateRuntimeConfigResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateRuntimeConfigResponse) Reset() {
+	*x = UpdateRuntimeConfigResponse{}
+	mi := &file_runtime_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateRuntimeConfigResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateRuntimeConfigResponse) ProtoMessage() {}
+
+func (x *UpdateRuntimeConfigResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_runtime_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateRuntimeConfigResponse.ProtoReflect.Descriptor instead.
+func (*UpdateRuntimeConfigResponse) Descriptor() ([]byte, []int) {
+	return file_runtime_proto_rawDescGZIP(), []int{32}
+}
+
 type CreatePodRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Pod           *PodSpec               `protobuf:"bytes,1,opt,name=pod,proto3" json:"pod,omitempty"`
@@ -2925,7 +3049,7 @@ type CreatePodRequest struct {
 
 func (x *CreatePodRequest) Reset() {
 	*x = CreatePodRequest{}
-	mi := &file_runtime_proto_msgTypes[31]
+	mi := &file_runtime_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2937,7 +3061,7 @@ func (x *CreatePodRequest) String() string {
 func (*CreatePodRequest) ProtoMessage() {}
 
 func (x *CreatePodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[31]
+	mi := &file_runtime_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2950,7 +3074,7 @@ func (x *CreatePodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePodRequest.ProtoReflect.Descriptor instead.
 func (*CreatePodRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{31}
+	return file_runtime_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CreatePodRequest) GetPod() *PodSpec {
@@ -2969,7 +3093,7 @@ type CreatePodResponse struct {
 
 func (x *CreatePodResponse) Reset() {
 	*x = CreatePodResponse{}
-	mi := &file_runtime_proto_msgTypes[32]
+	mi := &file_runtime_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2981,7 +3105,7 @@ func (x *CreatePodResponse) String() string {
 func (*CreatePodResponse) ProtoMessage() {}
 
 func (x *CreatePodResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[32]
+	mi := &file_runtime_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2994,7 +3118,7 @@ func (x *CreatePodResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePodResponse.ProtoReflect.Descriptor instead.
 func (*CreatePodResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{32}
+	return file_runtime_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CreatePodResponse) GetStatus() *PodStatus {
@@ -3013,7 +3137,7 @@ type UpdatePodRequest struct {
 
 func (x *UpdatePodRequest) Reset() {
 	*x = UpdatePodRequest{}
-	mi := &file_runtime_proto_msgTypes[33]
+	mi := &file_runtime_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3025,7 +3149,7 @@ func (x *UpdatePodRequest) String() string {
 func (*UpdatePodRequest) ProtoMessage() {}
 
 func (x *UpdatePodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[33]
+	mi := &file_runtime_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3038,7 +3162,7 @@ func (x *UpdatePodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePodRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePodRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{33}
+	return file_runtime_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *UpdatePodRequest) GetPod() *PodSpec {
@@ -3057,7 +3181,7 @@ type UpdatePodResponse struct {
 
 func (x *UpdatePodResponse) Reset() {
 	*x = UpdatePodResponse{}
-	mi := &file_runtime_proto_msgTypes[34]
+	mi := &file_runtime_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3069,7 +3193,7 @@ func (x *UpdatePodResponse) String() string {
 func (*UpdatePodResponse) ProtoMessage() {}
 
 func (x *UpdatePodResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[34]
+	mi := &file_runtime_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3082,7 +3206,7 @@ func (x *UpdatePodResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePodResponse.ProtoReflect.Descriptor instead.
 func (*UpdatePodResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{34}
+	return file_runtime_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *UpdatePodResponse) GetStatus() *PodStatus {
@@ -3106,7 +3230,7 @@ type DeletePodRequest struct {
 
 func (x *DeletePodRequest) Reset() {
 	*x = DeletePodRequest{}
-	mi := &file_runtime_proto_msgTypes[35]
+	mi := &file_runtime_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3118,7 +3242,7 @@ func (x *DeletePodRequest) String() string {
 func (*DeletePodRequest) ProtoMessage() {}
 
 func (x *DeletePodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[35]
+	mi := &file_runtime_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3131,7 +3255,7 @@ func (x *DeletePodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePodRequest.ProtoReflect.Descriptor instead.
 func (*DeletePodRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{35}
+	return file_runtime_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DeletePodRequest) GetUid() string {
@@ -3163,7 +3287,7 @@ type DeletePodResponse struct {
 
 func (x *DeletePodResponse) Reset() {
 	*x = DeletePodResponse{}
-	mi := &file_runtime_proto_msgTypes[36]
+	mi := &file_runtime_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3175,7 +3299,7 @@ func (x *DeletePodResponse) String() string {
 func (*DeletePodResponse) ProtoMessage() {}
 
 func (x *DeletePodResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[36]
+	mi := &file_runtime_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3188,7 +3312,7 @@ func (x *DeletePodResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePodResponse.ProtoReflect.Descriptor instead.
 func (*DeletePodResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{36}
+	return file_runtime_proto_rawDescGZIP(), []int{38}
 }
 
 type GetPodStatusRequest struct {
@@ -3200,7 +3324,7 @@ type GetPodStatusRequest struct {
 
 func (x *GetPodStatusRequest) Reset() {
 	*x = GetPodStatusRequest{}
-	mi := &file_runtime_proto_msgTypes[37]
+	mi := &file_runtime_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3212,7 +3336,7 @@ func (x *GetPodStatusRequest) String() string {
 func (*GetPodStatusRequest) ProtoMessage() {}
 
 func (x *GetPodStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[37]
+	mi := &file_runtime_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3225,7 +3349,7 @@ func (x *GetPodStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPodStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetPodStatusRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{37}
+	return file_runtime_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GetPodStatusRequest) GetUid() string {
@@ -3244,7 +3368,7 @@ type GetPodStatusResponse struct {
 
 func (x *GetPodStatusResponse) Reset() {
 	*x = GetPodStatusResponse{}
-	mi := &file_runtime_proto_msgTypes[38]
+	mi := &file_runtime_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3256,7 +3380,7 @@ func (x *GetPodStatusResponse) String() string {
 func (*GetPodStatusResponse) ProtoMessage() {}
 
 func (x *GetPodStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[38]
+	mi := &file_runtime_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3269,7 +3393,7 @@ func (x *GetPodStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPodStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetPodStatusResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{38}
+	return file_runtime_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GetPodStatusResponse) GetStatus() *PodStatus {
@@ -3287,7 +3411,7 @@ type ListPodsRequest struct {
 
 func (x *ListPodsRequest) Reset() {
 	*x = ListPodsRequest{}
-	mi := &file_runtime_proto_msgTypes[39]
+	mi := &file_runtime_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3299,7 +3423,7 @@ func (x *ListPodsRequest) String() string {
 func (*ListPodsRequest) ProtoMessage() {}
 
 func (x *ListPodsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[39]
+	mi := &file_runtime_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3312,7 +3436,7 @@ func (x *ListPodsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodsRequest.ProtoReflect.Descriptor instead.
 func (*ListPodsRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{39}
+	return file_runtime_proto_rawDescGZIP(), []int{41}
 }
 
 type ListPodsResponse struct {
@@ -3326,7 +3450,7 @@ type ListPodsResponse struct {
 
 func (x *ListPodsResponse) Reset() {
 	*x = ListPodsResponse{}
-	mi := &file_runtime_proto_msgTypes[40]
+	mi := &file_runtime_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3338,7 +3462,7 @@ func (x *ListPodsResponse) String() string {
 func (*ListPodsResponse) ProtoMessage() {}
 
 func (x *ListPodsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[40]
+	mi := &file_runtime_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3351,7 +3475,7 @@ func (x *ListPodsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodsResponse.ProtoReflect.Descriptor instead.
 func (*ListPodsResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{40}
+	return file_runtime_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListPodsResponse) GetPods() []*PodStatus {
@@ -3381,7 +3505,7 @@ type WatchPodStatusRequest struct {
 
 func (x *WatchPodStatusRequest) Reset() {
 	*x = WatchPodStatusRequest{}
-	mi := &file_runtime_proto_msgTypes[41]
+	mi := &file_runtime_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3393,7 +3517,7 @@ func (x *WatchPodStatusRequest) String() string {
 func (*WatchPodStatusRequest) ProtoMessage() {}
 
 func (x *WatchPodStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[41]
+	mi := &file_runtime_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3406,7 +3530,7 @@ func (x *WatchPodStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchPodStatusRequest.ProtoReflect.Descriptor instead.
 func (*WatchPodStatusRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{41}
+	return file_runtime_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *WatchPodStatusRequest) GetEventsBootId() string {
@@ -3435,7 +3559,7 @@ type WatchPodStatusResponse struct {
 
 func (x *WatchPodStatusResponse) Reset() {
 	*x = WatchPodStatusResponse{}
-	mi := &file_runtime_proto_msgTypes[42]
+	mi := &file_runtime_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3447,7 +3571,7 @@ func (x *WatchPodStatusResponse) String() string {
 func (*WatchPodStatusResponse) ProtoMessage() {}
 
 func (x *WatchPodStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[42]
+	mi := &file_runtime_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3460,7 +3584,7 @@ func (x *WatchPodStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchPodStatusResponse.ProtoReflect.Descriptor instead.
 func (*WatchPodStatusResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{42}
+	return file_runtime_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *WatchPodStatusResponse) GetKind() WatchPodStatusResponse_Kind {
@@ -3510,7 +3634,7 @@ type GetLogsRequest struct {
 
 func (x *GetLogsRequest) Reset() {
 	*x = GetLogsRequest{}
-	mi := &file_runtime_proto_msgTypes[43]
+	mi := &file_runtime_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3522,7 +3646,7 @@ func (x *GetLogsRequest) String() string {
 func (*GetLogsRequest) ProtoMessage() {}
 
 func (x *GetLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[43]
+	mi := &file_runtime_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3535,7 +3659,7 @@ func (x *GetLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLogsRequest.ProtoReflect.Descriptor instead.
 func (*GetLogsRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{43}
+	return file_runtime_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetLogsRequest) GetPodUid() string {
@@ -3605,7 +3729,7 @@ type GetLogsResponse struct {
 
 func (x *GetLogsResponse) Reset() {
 	*x = GetLogsResponse{}
-	mi := &file_runtime_proto_msgTypes[44]
+	mi := &file_runtime_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3617,7 +3741,7 @@ func (x *GetLogsResponse) String() string {
 func (*GetLogsResponse) ProtoMessage() {}
 
 func (x *GetLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[44]
+	mi := &file_runtime_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3630,7 +3754,7 @@ func (x *GetLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLogsResponse.ProtoReflect.Descriptor instead.
 func (*GetLogsResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{44}
+	return file_runtime_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetLogsResponse) GetData() []byte {
@@ -3650,7 +3774,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_runtime_proto_msgTypes[45]
+	mi := &file_runtime_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3662,7 +3786,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[45]
+	mi := &file_runtime_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3675,7 +3799,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{45}
+	return file_runtime_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *TerminalSize) GetWidth() uint32 {
@@ -3706,7 +3830,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_runtime_proto_msgTypes[46]
+	mi := &file_runtime_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3718,7 +3842,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[46]
+	mi := &file_runtime_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3731,7 +3855,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{46}
+	return file_runtime_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ExecStart) GetPodUid() string {
@@ -3791,7 +3915,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_runtime_proto_msgTypes[47]
+	mi := &file_runtime_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3803,7 +3927,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[47]
+	mi := &file_runtime_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3816,7 +3940,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{47}
+	return file_runtime_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -3902,7 +4026,7 @@ type ExitStatus struct {
 
 func (x *ExitStatus) Reset() {
 	*x = ExitStatus{}
-	mi := &file_runtime_proto_msgTypes[48]
+	mi := &file_runtime_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3914,7 +4038,7 @@ func (x *ExitStatus) String() string {
 func (*ExitStatus) ProtoMessage() {}
 
 func (x *ExitStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[48]
+	mi := &file_runtime_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3927,7 +4051,7 @@ func (x *ExitStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExitStatus.ProtoReflect.Descriptor instead.
 func (*ExitStatus) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{48}
+	return file_runtime_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ExitStatus) GetExitCode() int32 {
@@ -3965,7 +4089,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_runtime_proto_msgTypes[49]
+	mi := &file_runtime_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3977,7 +4101,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[49]
+	mi := &file_runtime_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3990,7 +4114,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{49}
+	return file_runtime_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ExecResponse) GetMsg() isExecResponse_Msg {
@@ -4061,7 +4185,7 @@ type AttachStart struct {
 
 func (x *AttachStart) Reset() {
 	*x = AttachStart{}
-	mi := &file_runtime_proto_msgTypes[50]
+	mi := &file_runtime_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4073,7 +4197,7 @@ func (x *AttachStart) String() string {
 func (*AttachStart) ProtoMessage() {}
 
 func (x *AttachStart) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[50]
+	mi := &file_runtime_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4086,7 +4210,7 @@ func (x *AttachStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachStart.ProtoReflect.Descriptor instead.
 func (*AttachStart) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{50}
+	return file_runtime_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *AttachStart) GetPodUid() string {
@@ -4132,7 +4256,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_runtime_proto_msgTypes[51]
+	mi := &file_runtime_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4144,7 +4268,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[51]
+	mi := &file_runtime_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4157,7 +4281,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{51}
+	return file_runtime_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *AttachRequest) GetMsg() isAttachRequest_Msg {
@@ -4245,7 +4369,7 @@ type AttachResponse struct {
 
 func (x *AttachResponse) Reset() {
 	*x = AttachResponse{}
-	mi := &file_runtime_proto_msgTypes[52]
+	mi := &file_runtime_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4257,7 +4381,7 @@ func (x *AttachResponse) String() string {
 func (*AttachResponse) ProtoMessage() {}
 
 func (x *AttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[52]
+	mi := &file_runtime_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4270,7 +4394,7 @@ func (x *AttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachResponse.ProtoReflect.Descriptor instead.
 func (*AttachResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{52}
+	return file_runtime_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *AttachResponse) GetMsg() isAttachResponse_Msg {
@@ -4339,7 +4463,7 @@ type PortForwardStart struct {
 
 func (x *PortForwardStart) Reset() {
 	*x = PortForwardStart{}
-	mi := &file_runtime_proto_msgTypes[53]
+	mi := &file_runtime_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4351,7 +4475,7 @@ func (x *PortForwardStart) String() string {
 func (*PortForwardStart) ProtoMessage() {}
 
 func (x *PortForwardStart) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[53]
+	mi := &file_runtime_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4364,7 +4488,7 @@ func (x *PortForwardStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForwardStart.ProtoReflect.Descriptor instead.
 func (*PortForwardStart) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{53}
+	return file_runtime_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *PortForwardStart) GetPodUid() string {
@@ -4395,7 +4519,7 @@ type PortForwardRequest struct {
 
 func (x *PortForwardRequest) Reset() {
 	*x = PortForwardRequest{}
-	mi := &file_runtime_proto_msgTypes[54]
+	mi := &file_runtime_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4407,7 +4531,7 @@ func (x *PortForwardRequest) String() string {
 func (*PortForwardRequest) ProtoMessage() {}
 
 func (x *PortForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[54]
+	mi := &file_runtime_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4420,7 +4544,7 @@ func (x *PortForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForwardRequest.ProtoReflect.Descriptor instead.
 func (*PortForwardRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{54}
+	return file_runtime_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *PortForwardRequest) GetMsg() isPortForwardRequest_Msg {
@@ -4493,7 +4617,7 @@ type PortForwardResponse struct {
 
 func (x *PortForwardResponse) Reset() {
 	*x = PortForwardResponse{}
-	mi := &file_runtime_proto_msgTypes[55]
+	mi := &file_runtime_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4505,7 +4629,7 @@ func (x *PortForwardResponse) String() string {
 func (*PortForwardResponse) ProtoMessage() {}
 
 func (x *PortForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[55]
+	mi := &file_runtime_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4518,7 +4642,7 @@ func (x *PortForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForwardResponse.ProtoReflect.Descriptor instead.
 func (*PortForwardResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{55}
+	return file_runtime_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *PortForwardResponse) GetMsg() isPortForwardResponse_Msg {
@@ -4573,7 +4697,7 @@ type ListPodStatsRequest struct {
 
 func (x *ListPodStatsRequest) Reset() {
 	*x = ListPodStatsRequest{}
-	mi := &file_runtime_proto_msgTypes[56]
+	mi := &file_runtime_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4585,7 +4709,7 @@ func (x *ListPodStatsRequest) String() string {
 func (*ListPodStatsRequest) ProtoMessage() {}
 
 func (x *ListPodStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[56]
+	mi := &file_runtime_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4598,7 +4722,7 @@ func (x *ListPodStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodStatsRequest.ProtoReflect.Descriptor instead.
 func (*ListPodStatsRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{56}
+	return file_runtime_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ListPodStatsRequest) GetPodUid() string {
@@ -4622,7 +4746,7 @@ type ContainerStats struct {
 
 func (x *ContainerStats) Reset() {
 	*x = ContainerStats{}
-	mi := &file_runtime_proto_msgTypes[57]
+	mi := &file_runtime_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4634,7 +4758,7 @@ func (x *ContainerStats) String() string {
 func (*ContainerStats) ProtoMessage() {}
 
 func (x *ContainerStats) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[57]
+	mi := &file_runtime_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4647,7 +4771,7 @@ func (x *ContainerStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStats.ProtoReflect.Descriptor instead.
 func (*ContainerStats) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{57}
+	return file_runtime_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ContainerStats) GetName() string {
@@ -4704,7 +4828,7 @@ type PodStats struct {
 
 func (x *PodStats) Reset() {
 	*x = PodStats{}
-	mi := &file_runtime_proto_msgTypes[58]
+	mi := &file_runtime_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4716,7 +4840,7 @@ func (x *PodStats) String() string {
 func (*PodStats) ProtoMessage() {}
 
 func (x *PodStats) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[58]
+	mi := &file_runtime_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4729,7 +4853,7 @@ func (x *PodStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodStats.ProtoReflect.Descriptor instead.
 func (*PodStats) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{58}
+	return file_runtime_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *PodStats) GetUid() string {
@@ -4769,7 +4893,7 @@ type ListPodStatsResponse struct {
 
 func (x *ListPodStatsResponse) Reset() {
 	*x = ListPodStatsResponse{}
-	mi := &file_runtime_proto_msgTypes[59]
+	mi := &file_runtime_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4781,7 +4905,7 @@ func (x *ListPodStatsResponse) String() string {
 func (*ListPodStatsResponse) ProtoMessage() {}
 
 func (x *ListPodStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[59]
+	mi := &file_runtime_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4794,7 +4918,7 @@ func (x *ListPodStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodStatsResponse.ProtoReflect.Descriptor instead.
 func (*ListPodStatsResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{59}
+	return file_runtime_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListPodStatsResponse) GetPods() []*PodStats {
@@ -4819,7 +4943,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_runtime_proto_msgTypes[60]
+	mi := &file_runtime_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4831,7 +4955,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[60]
+	mi := &file_runtime_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4844,7 +4968,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{60}
+	return file_runtime_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *Image) GetId() string {
@@ -4897,7 +5021,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_runtime_proto_msgTypes[61]
+	mi := &file_runtime_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4909,7 +5033,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[61]
+	mi := &file_runtime_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4922,7 +5046,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{61}
+	return file_runtime_proto_rawDescGZIP(), []int{63}
 }
 
 type ListImagesResponse struct {
@@ -4934,7 +5058,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_runtime_proto_msgTypes[62]
+	mi := &file_runtime_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4946,7 +5070,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[62]
+	mi := &file_runtime_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4959,7 +5083,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{62}
+	return file_runtime_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -4979,7 +5103,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_runtime_proto_msgTypes[63]
+	mi := &file_runtime_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4991,7 +5115,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[63]
+	mi := &file_runtime_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5004,7 +5128,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{63}
+	return file_runtime_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *PullImageRequest) GetImage() string {
@@ -5030,7 +5154,7 @@ type PullImageResponse struct {
 
 func (x *PullImageResponse) Reset() {
 	*x = PullImageResponse{}
-	mi := &file_runtime_proto_msgTypes[64]
+	mi := &file_runtime_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5042,7 +5166,7 @@ func (x *PullImageResponse) String() string {
 func (*PullImageResponse) ProtoMessage() {}
 
 func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[64]
+	mi := &file_runtime_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5055,7 +5179,7 @@ func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageResponse.ProtoReflect.Descriptor instead.
 func (*PullImageResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{64}
+	return file_runtime_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *PullImageResponse) GetImage() *Image {
@@ -5075,7 +5199,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_runtime_proto_msgTypes[65]
+	mi := &file_runtime_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5087,7 +5211,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[65]
+	mi := &file_runtime_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5100,7 +5224,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{65}
+	return file_runtime_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *RemoveImageRequest) GetImage() string {
@@ -5118,7 +5242,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_runtime_proto_msgTypes[66]
+	mi := &file_runtime_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5130,7 +5254,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[66]
+	mi := &file_runtime_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5143,7 +5267,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{66}
+	return file_runtime_proto_rawDescGZIP(), []int{68}
 }
 
 type ImageFsInfoRequest struct {
@@ -5154,7 +5278,7 @@ type ImageFsInfoRequest struct {
 
 func (x *ImageFsInfoRequest) Reset() {
 	*x = ImageFsInfoRequest{}
-	mi := &file_runtime_proto_msgTypes[67]
+	mi := &file_runtime_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5166,7 +5290,7 @@ func (x *ImageFsInfoRequest) String() string {
 func (*ImageFsInfoRequest) ProtoMessage() {}
 
 func (x *ImageFsInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[67]
+	mi := &file_runtime_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5179,7 +5303,7 @@ func (x *ImageFsInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageFsInfoRequest.ProtoReflect.Descriptor instead.
 func (*ImageFsInfoRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{67}
+	return file_runtime_proto_rawDescGZIP(), []int{69}
 }
 
 type ImageFsInfoResponse struct {
@@ -5195,7 +5319,7 @@ type ImageFsInfoResponse struct {
 
 func (x *ImageFsInfoResponse) Reset() {
 	*x = ImageFsInfoResponse{}
-	mi := &file_runtime_proto_msgTypes[68]
+	mi := &file_runtime_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5207,7 +5331,7 @@ func (x *ImageFsInfoResponse) String() string {
 func (*ImageFsInfoResponse) ProtoMessage() {}
 
 func (x *ImageFsInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[68]
+	mi := &file_runtime_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5220,7 +5344,7 @@ func (x *ImageFsInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageFsInfoResponse.ProtoReflect.Descriptor instead.
 func (*ImageFsInfoResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{68}
+	return file_runtime_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ImageFsInfoResponse) GetMountpoint() string {
@@ -5262,7 +5386,7 @@ var File_runtime_proto protoreflect.FileDescriptor
 
 const file_runtime_proto_rawDesc = "" +
 	"\n" +
-	"\rruntime.proto\x12\x0fk3sm.runtime.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x92\a\n" +
+	"\rruntime.proto\x12\x0fk3sm.runtime.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb5\a\n" +
 	"\aPodSpec\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
@@ -5280,7 +5404,8 @@ const file_runtime_proto_rawDesc = "" +
 	"\vannotations\x18\v \x03(\v2).k3sm.runtime.v1.PodSpec.AnnotationsEntryR\vannotations\x12,\n" +
 	"\x12runtime_class_name\x18\f \x01(\tR\x10runtimeClassName\x121\n" +
 	"\avolumes\x18\x14 \x03(\v2\x17.k3sm.runtime.v1.VolumeR\avolumes\x12Z\n" +
-	"\x14ephemeral_containers\x18\x15 \x03(\v2'.k3sm.runtime.v1.EphemeralContainerSpecR\x13ephemeralContainers\x1a9\n" +
+	"\x14ephemeral_containers\x18\x15 \x03(\v2'.k3sm.runtime.v1.EphemeralContainerSpecR\x13ephemeralContainers\x12!\n" +
+	"\fhost_network\x18\x16 \x01(\bR\vhostNetwork\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a>\n" +
@@ -5313,11 +5438,12 @@ const file_runtime_proto_rawDesc = "" +
 	"\x0freadiness_probe\x18\x16 \x01(\v2\x16.k3sm.runtime.v1.ProbeR\x0ereadinessProbe\x12;\n" +
 	"\rstartup_probe\x18\x17 \x01(\v2\x16.k3sm.runtime.v1.ProbeR\fstartupProbe\x128\n" +
 	"\tlifecycle\x18\x18 \x01(\v2\x1a.k3sm.runtime.v1.LifecycleR\tlifecycle\x12'\n" +
-	"\x0fdefinition_hash\x18\x1e \x01(\tR\x0edefinitionHash\"N\n" +
+	"\x0fdefinition_hash\x18\x1e \x01(\tR\x0edefinitionHash\"e\n" +
 	"\x06EnvVar\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\x12\x1a\n" +
-	"\bverbatim\x18\x03 \x01(\bR\bverbatim\"f\n" +
+	"\bverbatim\x18\x03 \x01(\bR\bverbatim\x12\x15\n" +
+	"\x06pod_ip\x18\x04 \x01(\bR\x05podIp\"f\n" +
 	"\rContainerPort\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x0econtainer_port\x18\x02 \x01(\x05R\rcontainerPort\x12\x1a\n" +
@@ -5465,7 +5591,7 @@ const file_runtime_proto_rawDesc = "" +
 	"\tcontainer\x18\a \x01(\tR\tcontainer\x12.\n" +
 	"\x04time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x10\n" +
 	"\x03seq\x18\t \x01(\x04R\x03seq\"\x17\n" +
-	"\x15GetRuntimeInfoRequest\"\xe7\x02\n" +
+	"\x15GetRuntimeInfoRequest\"\xb6\x03\n" +
 	"\x16GetRuntimeInfoResponse\x12!\n" +
 	"\fruntime_name\x18\x01 \x01(\tR\vruntimeName\x12'\n" +
 	"\x0fruntime_version\x18\x02 \x01(\tR\x0eruntimeVersion\x12\x1f\n" +
@@ -5479,7 +5605,13 @@ const file_runtime_proto_rawDesc = "" +
 	"\bmax_pods\x18\t \x01(\x03R\amaxPods\x12\x17\n" +
 	"\aboot_id\x18\n" +
 	" \x01(\tR\x06bootId\x12!\n" +
-	"\fclone_method\x18\v \x01(\tR\vcloneMethod\">\n" +
+	"\fclone_method\x18\v \x01(\tR\vcloneMethod\x12\x1f\n" +
+	"\vpod_network\x18\f \x01(\tR\n" +
+	"podNetwork\x12,\n" +
+	"\x12pod_network_detail\x18\r \x01(\tR\x10podNetworkDetail\"7\n" +
+	"\x1aUpdateRuntimeConfigRequest\x12\x19\n" +
+	"\bpod_cidr\x18\x01 \x01(\tR\apodCidr\"\x1d\n" +
+	"\x1bUpdateRuntimeConfigResponse\">\n" +
 	"\x10CreatePodRequest\x12*\n" +
 	"\x03pod\x18\x01 \x01(\v2\x18.k3sm.runtime.v1.PodSpecR\x03pod\"G\n" +
 	"\x11CreatePodResponse\x122\n" +
@@ -5664,7 +5796,7 @@ const file_runtime_proto_rawDesc = "" +
 	"\tEventType\x12\x1a\n" +
 	"\x16EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11EVENT_TYPE_NORMAL\x10\x01\x12\x16\n" +
-	"\x12EVENT_TYPE_WARNING\x10\x022\x87\t\n" +
+	"\x12EVENT_TYPE_WARNING\x10\x022\xf9\t\n" +
 	"\aRuntime\x12a\n" +
 	"\x0eGetRuntimeInfo\x12&.k3sm.runtime.v1.GetRuntimeInfoRequest\x1a'.k3sm.runtime.v1.GetRuntimeInfoResponse\x12R\n" +
 	"\tCreatePod\x12!.k3sm.runtime.v1.CreatePodRequest\x1a\".k3sm.runtime.v1.CreatePodResponse\x12R\n" +
@@ -5678,7 +5810,8 @@ const file_runtime_proto_rawDesc = "" +
 	"\x04Exec\x12\x1c.k3sm.runtime.v1.ExecRequest\x1a\x1d.k3sm.runtime.v1.ExecResponse(\x010\x01\x12M\n" +
 	"\x06Attach\x12\x1e.k3sm.runtime.v1.AttachRequest\x1a\x1f.k3sm.runtime.v1.AttachResponse(\x010\x01\x12\\\n" +
 	"\vPortForward\x12#.k3sm.runtime.v1.PortForwardRequest\x1a$.k3sm.runtime.v1.PortForwardResponse(\x010\x01\x12[\n" +
-	"\fListPodStats\x12$.k3sm.runtime.v1.ListPodStatsRequest\x1a%.k3sm.runtime.v1.ListPodStatsResponse2\xe7\x02\n" +
+	"\fListPodStats\x12$.k3sm.runtime.v1.ListPodStatsRequest\x1a%.k3sm.runtime.v1.ListPodStatsResponse\x12p\n" +
+	"\x13UpdateRuntimeConfig\x12+.k3sm.runtime.v1.UpdateRuntimeConfigRequest\x1a,.k3sm.runtime.v1.UpdateRuntimeConfigResponse2\xe7\x02\n" +
 	"\x06Images\x12U\n" +
 	"\n" +
 	"ListImages\x12\".k3sm.runtime.v1.ListImagesRequest\x1a#.k3sm.runtime.v1.ListImagesResponse\x12R\n" +
@@ -5699,93 +5832,95 @@ func file_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
+var file_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
 var file_runtime_proto_goTypes = []any{
-	(RestartPolicy)(0),               // 0: k3sm.runtime.v1.RestartPolicy
-	(PullPolicy)(0),                  // 1: k3sm.runtime.v1.PullPolicy
-	(ContainerRestartPolicy)(0),      // 2: k3sm.runtime.v1.ContainerRestartPolicy
-	(PodPhase)(0),                    // 3: k3sm.runtime.v1.PodPhase
-	(EventType)(0),                   // 4: k3sm.runtime.v1.EventType
-	(WatchPodStatusResponse_Kind)(0), // 5: k3sm.runtime.v1.WatchPodStatusResponse.Kind
-	(*PodSpec)(nil),                  // 6: k3sm.runtime.v1.PodSpec
-	(*EphemeralContainerSpec)(nil),   // 7: k3sm.runtime.v1.EphemeralContainerSpec
-	(*ContainerSpec)(nil),            // 8: k3sm.runtime.v1.ContainerSpec
-	(*EnvVar)(nil),                   // 9: k3sm.runtime.v1.EnvVar
-	(*ContainerPort)(nil),            // 10: k3sm.runtime.v1.ContainerPort
-	(*Resources)(nil),                // 11: k3sm.runtime.v1.Resources
-	(*Volume)(nil),                   // 12: k3sm.runtime.v1.Volume
-	(*EmptyDirVolume)(nil),           // 13: k3sm.runtime.v1.EmptyDirVolume
-	(*FilesVolume)(nil),              // 14: k3sm.runtime.v1.FilesVolume
-	(*VolumeFile)(nil),               // 15: k3sm.runtime.v1.VolumeFile
-	(*HostPathVolume)(nil),           // 16: k3sm.runtime.v1.HostPathVolume
-	(*LocalPathVolume)(nil),          // 17: k3sm.runtime.v1.LocalPathVolume
-	(*VolumeMount)(nil),              // 18: k3sm.runtime.v1.VolumeMount
-	(*UpdatePodVolumesRequest)(nil),  // 19: k3sm.runtime.v1.UpdatePodVolumesRequest
-	(*UpdatePodVolumesResponse)(nil), // 20: k3sm.runtime.v1.UpdatePodVolumesResponse
-	(*Probe)(nil),                    // 21: k3sm.runtime.v1.Probe
-	(*ExecAction)(nil),               // 22: k3sm.runtime.v1.ExecAction
-	(*HTTPGetAction)(nil),            // 23: k3sm.runtime.v1.HTTPGetAction
-	(*TCPSocketAction)(nil),          // 24: k3sm.runtime.v1.TCPSocketAction
-	(*GRPCAction)(nil),               // 25: k3sm.runtime.v1.GRPCAction
-	(*Lifecycle)(nil),                // 26: k3sm.runtime.v1.Lifecycle
-	(*LifecycleHandler)(nil),         // 27: k3sm.runtime.v1.LifecycleHandler
-	(*PodStatus)(nil),                // 28: k3sm.runtime.v1.PodStatus
-	(*ContainerStatus)(nil),          // 29: k3sm.runtime.v1.ContainerStatus
-	(*ContainerState)(nil),           // 30: k3sm.runtime.v1.ContainerState
-	(*ContainerStateWaiting)(nil),    // 31: k3sm.runtime.v1.ContainerStateWaiting
-	(*ContainerStateRunning)(nil),    // 32: k3sm.runtime.v1.ContainerStateRunning
-	(*ContainerStateTerminated)(nil), // 33: k3sm.runtime.v1.ContainerStateTerminated
-	(*PodEvent)(nil),                 // 34: k3sm.runtime.v1.PodEvent
-	(*GetRuntimeInfoRequest)(nil),    // 35: k3sm.runtime.v1.GetRuntimeInfoRequest
-	(*GetRuntimeInfoResponse)(nil),   // 36: k3sm.runtime.v1.GetRuntimeInfoResponse
-	(*CreatePodRequest)(nil),         // 37: k3sm.runtime.v1.CreatePodRequest
-	(*CreatePodResponse)(nil),        // 38: k3sm.runtime.v1.CreatePodResponse
-	(*UpdatePodRequest)(nil),         // 39: k3sm.runtime.v1.UpdatePodRequest
-	(*UpdatePodResponse)(nil),        // 40: k3sm.runtime.v1.UpdatePodResponse
-	(*DeletePodRequest)(nil),         // 41: k3sm.runtime.v1.DeletePodRequest
-	(*DeletePodResponse)(nil),        // 42: k3sm.runtime.v1.DeletePodResponse
-	(*GetPodStatusRequest)(nil),      // 43: k3sm.runtime.v1.GetPodStatusRequest
-	(*GetPodStatusResponse)(nil),     // 44: k3sm.runtime.v1.GetPodStatusResponse
-	(*ListPodsRequest)(nil),          // 45: k3sm.runtime.v1.ListPodsRequest
-	(*ListPodsResponse)(nil),         // 46: k3sm.runtime.v1.ListPodsResponse
-	(*WatchPodStatusRequest)(nil),    // 47: k3sm.runtime.v1.WatchPodStatusRequest
-	(*WatchPodStatusResponse)(nil),   // 48: k3sm.runtime.v1.WatchPodStatusResponse
-	(*GetLogsRequest)(nil),           // 49: k3sm.runtime.v1.GetLogsRequest
-	(*GetLogsResponse)(nil),          // 50: k3sm.runtime.v1.GetLogsResponse
-	(*TerminalSize)(nil),             // 51: k3sm.runtime.v1.TerminalSize
-	(*ExecStart)(nil),                // 52: k3sm.runtime.v1.ExecStart
-	(*ExecRequest)(nil),              // 53: k3sm.runtime.v1.ExecRequest
-	(*ExitStatus)(nil),               // 54: k3sm.runtime.v1.ExitStatus
-	(*ExecResponse)(nil),             // 55: k3sm.runtime.v1.ExecResponse
-	(*AttachStart)(nil),              // 56: k3sm.runtime.v1.AttachStart
-	(*AttachRequest)(nil),            // 57: k3sm.runtime.v1.AttachRequest
-	(*AttachResponse)(nil),           // 58: k3sm.runtime.v1.AttachResponse
-	(*PortForwardStart)(nil),         // 59: k3sm.runtime.v1.PortForwardStart
-	(*PortForwardRequest)(nil),       // 60: k3sm.runtime.v1.PortForwardRequest
-	(*PortForwardResponse)(nil),      // 61: k3sm.runtime.v1.PortForwardResponse
-	(*ListPodStatsRequest)(nil),      // 62: k3sm.runtime.v1.ListPodStatsRequest
-	(*ContainerStats)(nil),           // 63: k3sm.runtime.v1.ContainerStats
-	(*PodStats)(nil),                 // 64: k3sm.runtime.v1.PodStats
-	(*ListPodStatsResponse)(nil),     // 65: k3sm.runtime.v1.ListPodStatsResponse
-	(*Image)(nil),                    // 66: k3sm.runtime.v1.Image
-	(*ListImagesRequest)(nil),        // 67: k3sm.runtime.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),       // 68: k3sm.runtime.v1.ListImagesResponse
-	(*PullImageRequest)(nil),         // 69: k3sm.runtime.v1.PullImageRequest
-	(*PullImageResponse)(nil),        // 70: k3sm.runtime.v1.PullImageResponse
-	(*RemoveImageRequest)(nil),       // 71: k3sm.runtime.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),      // 72: k3sm.runtime.v1.RemoveImageResponse
-	(*ImageFsInfoRequest)(nil),       // 73: k3sm.runtime.v1.ImageFsInfoRequest
-	(*ImageFsInfoResponse)(nil),      // 74: k3sm.runtime.v1.ImageFsInfoResponse
-	nil,                              // 75: k3sm.runtime.v1.PodSpec.LabelsEntry
-	nil,                              // 76: k3sm.runtime.v1.PodSpec.AnnotationsEntry
-	(*timestamppb.Timestamp)(nil),    // 77: google.protobuf.Timestamp
+	(RestartPolicy)(0),                  // 0: k3sm.runtime.v1.RestartPolicy
+	(PullPolicy)(0),                     // 1: k3sm.runtime.v1.PullPolicy
+	(ContainerRestartPolicy)(0),         // 2: k3sm.runtime.v1.ContainerRestartPolicy
+	(PodPhase)(0),                       // 3: k3sm.runtime.v1.PodPhase
+	(EventType)(0),                      // 4: k3sm.runtime.v1.EventType
+	(WatchPodStatusResponse_Kind)(0),    // 5: k3sm.runtime.v1.WatchPodStatusResponse.Kind
+	(*PodSpec)(nil),                     // 6: k3sm.runtime.v1.PodSpec
+	(*EphemeralContainerSpec)(nil),      // 7: k3sm.runtime.v1.EphemeralContainerSpec
+	(*ContainerSpec)(nil),               // 8: k3sm.runtime.v1.ContainerSpec
+	(*EnvVar)(nil),                      // 9: k3sm.runtime.v1.EnvVar
+	(*ContainerPort)(nil),               // 10: k3sm.runtime.v1.ContainerPort
+	(*Resources)(nil),                   // 11: k3sm.runtime.v1.Resources
+	(*Volume)(nil),                      // 12: k3sm.runtime.v1.Volume
+	(*EmptyDirVolume)(nil),              // 13: k3sm.runtime.v1.EmptyDirVolume
+	(*FilesVolume)(nil),                 // 14: k3sm.runtime.v1.FilesVolume
+	(*VolumeFile)(nil),                  // 15: k3sm.runtime.v1.VolumeFile
+	(*HostPathVolume)(nil),              // 16: k3sm.runtime.v1.HostPathVolume
+	(*LocalPathVolume)(nil),             // 17: k3sm.runtime.v1.LocalPathVolume
+	(*VolumeMount)(nil),                 // 18: k3sm.runtime.v1.VolumeMount
+	(*UpdatePodVolumesRequest)(nil),     // 19: k3sm.runtime.v1.UpdatePodVolumesRequest
+	(*UpdatePodVolumesResponse)(nil),    // 20: k3sm.runtime.v1.UpdatePodVolumesResponse
+	(*Probe)(nil),                       // 21: k3sm.runtime.v1.Probe
+	(*ExecAction)(nil),                  // 22: k3sm.runtime.v1.ExecAction
+	(*HTTPGetAction)(nil),               // 23: k3sm.runtime.v1.HTTPGetAction
+	(*TCPSocketAction)(nil),             // 24: k3sm.runtime.v1.TCPSocketAction
+	(*GRPCAction)(nil),                  // 25: k3sm.runtime.v1.GRPCAction
+	(*Lifecycle)(nil),                   // 26: k3sm.runtime.v1.Lifecycle
+	(*LifecycleHandler)(nil),            // 27: k3sm.runtime.v1.LifecycleHandler
+	(*PodStatus)(nil),                   // 28: k3sm.runtime.v1.PodStatus
+	(*ContainerStatus)(nil),             // 29: k3sm.runtime.v1.ContainerStatus
+	(*ContainerState)(nil),              // 30: k3sm.runtime.v1.ContainerState
+	(*ContainerStateWaiting)(nil),       // 31: k3sm.runtime.v1.ContainerStateWaiting
+	(*ContainerStateRunning)(nil),       // 32: k3sm.runtime.v1.ContainerStateRunning
+	(*ContainerStateTerminated)(nil),    // 33: k3sm.runtime.v1.ContainerStateTerminated
+	(*PodEvent)(nil),                    // 34: k3sm.runtime.v1.PodEvent
+	(*GetRuntimeInfoRequest)(nil),       // 35: k3sm.runtime.v1.GetRuntimeInfoRequest
+	(*GetRuntimeInfoResponse)(nil),      // 36: k3sm.runtime.v1.GetRuntimeInfoResponse
+	(*UpdateRuntimeConfigRequest)(nil),  // 37: k3sm.runtime.v1.UpdateRuntimeConfigRequest
+	(*UpdateRuntimeConfigResponse)(nil), // 38: k3sm.runtime.v1.UpdateRuntimeConfigResponse
+	(*CreatePodRequest)(nil),            // 39: k3sm.runtime.v1.CreatePodRequest
+	(*CreatePodResponse)(nil),           // 40: k3sm.runtime.v1.CreatePodResponse
+	(*UpdatePodRequest)(nil),            // 41: k3sm.runtime.v1.UpdatePodRequest
+	(*UpdatePodResponse)(nil),           // 42: k3sm.runtime.v1.UpdatePodResponse
+	(*DeletePodRequest)(nil),            // 43: k3sm.runtime.v1.DeletePodRequest
+	(*DeletePodResponse)(nil),           // 44: k3sm.runtime.v1.DeletePodResponse
+	(*GetPodStatusRequest)(nil),         // 45: k3sm.runtime.v1.GetPodStatusRequest
+	(*GetPodStatusResponse)(nil),        // 46: k3sm.runtime.v1.GetPodStatusResponse
+	(*ListPodsRequest)(nil),             // 47: k3sm.runtime.v1.ListPodsRequest
+	(*ListPodsResponse)(nil),            // 48: k3sm.runtime.v1.ListPodsResponse
+	(*WatchPodStatusRequest)(nil),       // 49: k3sm.runtime.v1.WatchPodStatusRequest
+	(*WatchPodStatusResponse)(nil),      // 50: k3sm.runtime.v1.WatchPodStatusResponse
+	(*GetLogsRequest)(nil),              // 51: k3sm.runtime.v1.GetLogsRequest
+	(*GetLogsResponse)(nil),             // 52: k3sm.runtime.v1.GetLogsResponse
+	(*TerminalSize)(nil),                // 53: k3sm.runtime.v1.TerminalSize
+	(*ExecStart)(nil),                   // 54: k3sm.runtime.v1.ExecStart
+	(*ExecRequest)(nil),                 // 55: k3sm.runtime.v1.ExecRequest
+	(*ExitStatus)(nil),                  // 56: k3sm.runtime.v1.ExitStatus
+	(*ExecResponse)(nil),                // 57: k3sm.runtime.v1.ExecResponse
+	(*AttachStart)(nil),                 // 58: k3sm.runtime.v1.AttachStart
+	(*AttachRequest)(nil),               // 59: k3sm.runtime.v1.AttachRequest
+	(*AttachResponse)(nil),              // 60: k3sm.runtime.v1.AttachResponse
+	(*PortForwardStart)(nil),            // 61: k3sm.runtime.v1.PortForwardStart
+	(*PortForwardRequest)(nil),          // 62: k3sm.runtime.v1.PortForwardRequest
+	(*PortForwardResponse)(nil),         // 63: k3sm.runtime.v1.PortForwardResponse
+	(*ListPodStatsRequest)(nil),         // 64: k3sm.runtime.v1.ListPodStatsRequest
+	(*ContainerStats)(nil),              // 65: k3sm.runtime.v1.ContainerStats
+	(*PodStats)(nil),                    // 66: k3sm.runtime.v1.PodStats
+	(*ListPodStatsResponse)(nil),        // 67: k3sm.runtime.v1.ListPodStatsResponse
+	(*Image)(nil),                       // 68: k3sm.runtime.v1.Image
+	(*ListImagesRequest)(nil),           // 69: k3sm.runtime.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),          // 70: k3sm.runtime.v1.ListImagesResponse
+	(*PullImageRequest)(nil),            // 71: k3sm.runtime.v1.PullImageRequest
+	(*PullImageResponse)(nil),           // 72: k3sm.runtime.v1.PullImageResponse
+	(*RemoveImageRequest)(nil),          // 73: k3sm.runtime.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),         // 74: k3sm.runtime.v1.RemoveImageResponse
+	(*ImageFsInfoRequest)(nil),          // 75: k3sm.runtime.v1.ImageFsInfoRequest
+	(*ImageFsInfoResponse)(nil),         // 76: k3sm.runtime.v1.ImageFsInfoResponse
+	nil,                                 // 77: k3sm.runtime.v1.PodSpec.LabelsEntry
+	nil,                                 // 78: k3sm.runtime.v1.PodSpec.AnnotationsEntry
+	(*timestamppb.Timestamp)(nil),       // 79: google.protobuf.Timestamp
 }
 var file_runtime_proto_depIdxs = []int32{
 	0,  // 0: k3sm.runtime.v1.PodSpec.restart_policy:type_name -> k3sm.runtime.v1.RestartPolicy
 	8,  // 1: k3sm.runtime.v1.PodSpec.init_containers:type_name -> k3sm.runtime.v1.ContainerSpec
 	8,  // 2: k3sm.runtime.v1.PodSpec.containers:type_name -> k3sm.runtime.v1.ContainerSpec
-	75, // 3: k3sm.runtime.v1.PodSpec.labels:type_name -> k3sm.runtime.v1.PodSpec.LabelsEntry
-	76, // 4: k3sm.runtime.v1.PodSpec.annotations:type_name -> k3sm.runtime.v1.PodSpec.AnnotationsEntry
+	77, // 3: k3sm.runtime.v1.PodSpec.labels:type_name -> k3sm.runtime.v1.PodSpec.LabelsEntry
+	78, // 4: k3sm.runtime.v1.PodSpec.annotations:type_name -> k3sm.runtime.v1.PodSpec.AnnotationsEntry
 	12, // 5: k3sm.runtime.v1.PodSpec.volumes:type_name -> k3sm.runtime.v1.Volume
 	7,  // 6: k3sm.runtime.v1.PodSpec.ephemeral_containers:type_name -> k3sm.runtime.v1.EphemeralContainerSpec
 	8,  // 7: k3sm.runtime.v1.EphemeralContainerSpec.container:type_name -> k3sm.runtime.v1.ContainerSpec
@@ -5816,7 +5951,7 @@ var file_runtime_proto_depIdxs = []int32{
 	23, // 32: k3sm.runtime.v1.LifecycleHandler.http_get:type_name -> k3sm.runtime.v1.HTTPGetAction
 	24, // 33: k3sm.runtime.v1.LifecycleHandler.tcp_socket:type_name -> k3sm.runtime.v1.TCPSocketAction
 	3,  // 34: k3sm.runtime.v1.PodStatus.phase:type_name -> k3sm.runtime.v1.PodPhase
-	77, // 35: k3sm.runtime.v1.PodStatus.start_time:type_name -> google.protobuf.Timestamp
+	79, // 35: k3sm.runtime.v1.PodStatus.start_time:type_name -> google.protobuf.Timestamp
 	29, // 36: k3sm.runtime.v1.PodStatus.init_container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
 	29, // 37: k3sm.runtime.v1.PodStatus.container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
 	29, // 38: k3sm.runtime.v1.PodStatus.ephemeral_container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
@@ -5825,11 +5960,11 @@ var file_runtime_proto_depIdxs = []int32{
 	31, // 41: k3sm.runtime.v1.ContainerState.waiting:type_name -> k3sm.runtime.v1.ContainerStateWaiting
 	32, // 42: k3sm.runtime.v1.ContainerState.running:type_name -> k3sm.runtime.v1.ContainerStateRunning
 	33, // 43: k3sm.runtime.v1.ContainerState.terminated:type_name -> k3sm.runtime.v1.ContainerStateTerminated
-	77, // 44: k3sm.runtime.v1.ContainerStateRunning.started_at:type_name -> google.protobuf.Timestamp
-	77, // 45: k3sm.runtime.v1.ContainerStateTerminated.started_at:type_name -> google.protobuf.Timestamp
-	77, // 46: k3sm.runtime.v1.ContainerStateTerminated.finished_at:type_name -> google.protobuf.Timestamp
+	79, // 44: k3sm.runtime.v1.ContainerStateRunning.started_at:type_name -> google.protobuf.Timestamp
+	79, // 45: k3sm.runtime.v1.ContainerStateTerminated.started_at:type_name -> google.protobuf.Timestamp
+	79, // 46: k3sm.runtime.v1.ContainerStateTerminated.finished_at:type_name -> google.protobuf.Timestamp
 	4,  // 47: k3sm.runtime.v1.PodEvent.type:type_name -> k3sm.runtime.v1.EventType
-	77, // 48: k3sm.runtime.v1.PodEvent.time:type_name -> google.protobuf.Timestamp
+	79, // 48: k3sm.runtime.v1.PodEvent.time:type_name -> google.protobuf.Timestamp
 	6,  // 49: k3sm.runtime.v1.CreatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
 	28, // 50: k3sm.runtime.v1.CreatePodResponse.status:type_name -> k3sm.runtime.v1.PodStatus
 	6,  // 51: k3sm.runtime.v1.UpdatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
@@ -5840,56 +5975,58 @@ var file_runtime_proto_depIdxs = []int32{
 	5,  // 56: k3sm.runtime.v1.WatchPodStatusResponse.kind:type_name -> k3sm.runtime.v1.WatchPodStatusResponse.Kind
 	28, // 57: k3sm.runtime.v1.WatchPodStatusResponse.status:type_name -> k3sm.runtime.v1.PodStatus
 	34, // 58: k3sm.runtime.v1.WatchPodStatusResponse.event:type_name -> k3sm.runtime.v1.PodEvent
-	77, // 59: k3sm.runtime.v1.GetLogsRequest.since_time:type_name -> google.protobuf.Timestamp
-	51, // 60: k3sm.runtime.v1.ExecStart.initial_size:type_name -> k3sm.runtime.v1.TerminalSize
-	52, // 61: k3sm.runtime.v1.ExecRequest.start:type_name -> k3sm.runtime.v1.ExecStart
-	51, // 62: k3sm.runtime.v1.ExecRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
-	54, // 63: k3sm.runtime.v1.ExecResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
-	56, // 64: k3sm.runtime.v1.AttachRequest.start:type_name -> k3sm.runtime.v1.AttachStart
-	51, // 65: k3sm.runtime.v1.AttachRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
-	54, // 66: k3sm.runtime.v1.AttachResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
-	59, // 67: k3sm.runtime.v1.PortForwardRequest.start:type_name -> k3sm.runtime.v1.PortForwardStart
-	77, // 68: k3sm.runtime.v1.ContainerStats.timestamp:type_name -> google.protobuf.Timestamp
-	63, // 69: k3sm.runtime.v1.PodStats.containers:type_name -> k3sm.runtime.v1.ContainerStats
-	64, // 70: k3sm.runtime.v1.ListPodStatsResponse.pods:type_name -> k3sm.runtime.v1.PodStats
-	66, // 71: k3sm.runtime.v1.ListImagesResponse.images:type_name -> k3sm.runtime.v1.Image
-	66, // 72: k3sm.runtime.v1.PullImageResponse.image:type_name -> k3sm.runtime.v1.Image
+	79, // 59: k3sm.runtime.v1.GetLogsRequest.since_time:type_name -> google.protobuf.Timestamp
+	53, // 60: k3sm.runtime.v1.ExecStart.initial_size:type_name -> k3sm.runtime.v1.TerminalSize
+	54, // 61: k3sm.runtime.v1.ExecRequest.start:type_name -> k3sm.runtime.v1.ExecStart
+	53, // 62: k3sm.runtime.v1.ExecRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
+	56, // 63: k3sm.runtime.v1.ExecResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
+	58, // 64: k3sm.runtime.v1.AttachRequest.start:type_name -> k3sm.runtime.v1.AttachStart
+	53, // 65: k3sm.runtime.v1.AttachRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
+	56, // 66: k3sm.runtime.v1.AttachResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
+	61, // 67: k3sm.runtime.v1.PortForwardRequest.start:type_name -> k3sm.runtime.v1.PortForwardStart
+	79, // 68: k3sm.runtime.v1.ContainerStats.timestamp:type_name -> google.protobuf.Timestamp
+	65, // 69: k3sm.runtime.v1.PodStats.containers:type_name -> k3sm.runtime.v1.ContainerStats
+	66, // 70: k3sm.runtime.v1.ListPodStatsResponse.pods:type_name -> k3sm.runtime.v1.PodStats
+	68, // 71: k3sm.runtime.v1.ListImagesResponse.images:type_name -> k3sm.runtime.v1.Image
+	68, // 72: k3sm.runtime.v1.PullImageResponse.image:type_name -> k3sm.runtime.v1.Image
 	35, // 73: k3sm.runtime.v1.Runtime.GetRuntimeInfo:input_type -> k3sm.runtime.v1.GetRuntimeInfoRequest
-	37, // 74: k3sm.runtime.v1.Runtime.CreatePod:input_type -> k3sm.runtime.v1.CreatePodRequest
-	39, // 75: k3sm.runtime.v1.Runtime.UpdatePod:input_type -> k3sm.runtime.v1.UpdatePodRequest
+	39, // 74: k3sm.runtime.v1.Runtime.CreatePod:input_type -> k3sm.runtime.v1.CreatePodRequest
+	41, // 75: k3sm.runtime.v1.Runtime.UpdatePod:input_type -> k3sm.runtime.v1.UpdatePodRequest
 	19, // 76: k3sm.runtime.v1.Runtime.UpdatePodVolumes:input_type -> k3sm.runtime.v1.UpdatePodVolumesRequest
-	41, // 77: k3sm.runtime.v1.Runtime.DeletePod:input_type -> k3sm.runtime.v1.DeletePodRequest
-	43, // 78: k3sm.runtime.v1.Runtime.GetPodStatus:input_type -> k3sm.runtime.v1.GetPodStatusRequest
-	45, // 79: k3sm.runtime.v1.Runtime.ListPods:input_type -> k3sm.runtime.v1.ListPodsRequest
-	47, // 80: k3sm.runtime.v1.Runtime.WatchPodStatus:input_type -> k3sm.runtime.v1.WatchPodStatusRequest
-	49, // 81: k3sm.runtime.v1.Runtime.GetLogs:input_type -> k3sm.runtime.v1.GetLogsRequest
-	53, // 82: k3sm.runtime.v1.Runtime.Exec:input_type -> k3sm.runtime.v1.ExecRequest
-	57, // 83: k3sm.runtime.v1.Runtime.Attach:input_type -> k3sm.runtime.v1.AttachRequest
-	60, // 84: k3sm.runtime.v1.Runtime.PortForward:input_type -> k3sm.runtime.v1.PortForwardRequest
-	62, // 85: k3sm.runtime.v1.Runtime.ListPodStats:input_type -> k3sm.runtime.v1.ListPodStatsRequest
-	67, // 86: k3sm.runtime.v1.Images.ListImages:input_type -> k3sm.runtime.v1.ListImagesRequest
-	69, // 87: k3sm.runtime.v1.Images.PullImage:input_type -> k3sm.runtime.v1.PullImageRequest
-	71, // 88: k3sm.runtime.v1.Images.RemoveImage:input_type -> k3sm.runtime.v1.RemoveImageRequest
-	73, // 89: k3sm.runtime.v1.Images.ImageFsInfo:input_type -> k3sm.runtime.v1.ImageFsInfoRequest
-	36, // 90: k3sm.runtime.v1.Runtime.GetRuntimeInfo:output_type -> k3sm.runtime.v1.GetRuntimeInfoResponse
-	38, // 91: k3sm.runtime.v1.Runtime.CreatePod:output_type -> k3sm.runtime.v1.CreatePodResponse
-	40, // 92: k3sm.runtime.v1.Runtime.UpdatePod:output_type -> k3sm.runtime.v1.UpdatePodResponse
-	20, // 93: k3sm.runtime.v1.Runtime.UpdatePodVolumes:output_type -> k3sm.runtime.v1.UpdatePodVolumesResponse
-	42, // 94: k3sm.runtime.v1.Runtime.DeletePod:output_type -> k3sm.runtime.v1.DeletePodResponse
-	44, // 95: k3sm.runtime.v1.Runtime.GetPodStatus:output_type -> k3sm.runtime.v1.GetPodStatusResponse
-	46, // 96: k3sm.runtime.v1.Runtime.ListPods:output_type -> k3sm.runtime.v1.ListPodsResponse
-	48, // 97: k3sm.runtime.v1.Runtime.WatchPodStatus:output_type -> k3sm.runtime.v1.WatchPodStatusResponse
-	50, // 98: k3sm.runtime.v1.Runtime.GetLogs:output_type -> k3sm.runtime.v1.GetLogsResponse
-	55, // 99: k3sm.runtime.v1.Runtime.Exec:output_type -> k3sm.runtime.v1.ExecResponse
-	58, // 100: k3sm.runtime.v1.Runtime.Attach:output_type -> k3sm.runtime.v1.AttachResponse
-	61, // 101: k3sm.runtime.v1.Runtime.PortForward:output_type -> k3sm.runtime.v1.PortForwardResponse
-	65, // 102: k3sm.runtime.v1.Runtime.ListPodStats:output_type -> k3sm.runtime.v1.ListPodStatsResponse
-	68, // 103: k3sm.runtime.v1.Images.ListImages:output_type -> k3sm.runtime.v1.ListImagesResponse
-	70, // 104: k3sm.runtime.v1.Images.PullImage:output_type -> k3sm.runtime.v1.PullImageResponse
-	72, // 105: k3sm.runtime.v1.Images.RemoveImage:output_type -> k3sm.runtime.v1.RemoveImageResponse
-	74, // 106: k3sm.runtime.v1.Images.ImageFsInfo:output_type -> k3sm.runtime.v1.ImageFsInfoResponse
-	90, // [90:107] is the sub-list for method output_type
-	73, // [73:90] is the sub-list for method input_type
+	43, // 77: k3sm.runtime.v1.Runtime.DeletePod:input_type -> k3sm.runtime.v1.DeletePodRequest
+	45, // 78: k3sm.runtime.v1.Runtime.GetPodStatus:input_type -> k3sm.runtime.v1.GetPodStatusRequest
+	47, // 79: k3sm.runtime.v1.Runtime.ListPods:input_type -> k3sm.runtime.v1.ListPodsRequest
+	49, // 80: k3sm.runtime.v1.Runtime.WatchPodStatus:input_type -> k3sm.runtime.v1.WatchPodStatusRequest
+	51, // 81: k3sm.runtime.v1.Runtime.GetLogs:input_type -> k3sm.runtime.v1.GetLogsRequest
+	55, // 82: k3sm.runtime.v1.Runtime.Exec:input_type -> k3sm.runtime.v1.ExecRequest
+	59, // 83: k3sm.runtime.v1.Runtime.Attach:input_type -> k3sm.runtime.v1.AttachRequest
+	62, // 84: k3sm.runtime.v1.Runtime.PortForward:input_type -> k3sm.runtime.v1.PortForwardRequest
+	64, // 85: k3sm.runtime.v1.Runtime.ListPodStats:input_type -> k3sm.runtime.v1.ListPodStatsRequest
+	37, // 86: k3sm.runtime.v1.Runtime.UpdateRuntimeConfig:input_type -> k3sm.runtime.v1.UpdateRuntimeConfigRequest
+	69, // 87: k3sm.runtime.v1.Images.ListImages:input_type -> k3sm.runtime.v1.ListImagesRequest
+	71, // 88: k3sm.runtime.v1.Images.PullImage:input_type -> k3sm.runtime.v1.PullImageRequest
+	73, // 89: k3sm.runtime.v1.Images.RemoveImage:input_type -> k3sm.runtime.v1.RemoveImageRequest
+	75, // 90: k3sm.runtime.v1.Images.ImageFsInfo:input_type -> k3sm.runtime.v1.ImageFsInfoRequest
+	36, // 91: k3sm.runtime.v1.Runtime.GetRuntimeInfo:output_type -> k3sm.runtime.v1.GetRuntimeInfoResponse
+	40, // 92: k3sm.runtime.v1.Runtime.CreatePod:output_type -> k3sm.runtime.v1.CreatePodResponse
+	42, // 93: k3sm.runtime.v1.Runtime.UpdatePod:output_type -> k3sm.runtime.v1.UpdatePodResponse
+	20, // 94: k3sm.runtime.v1.Runtime.UpdatePodVolumes:output_type -> k3sm.runtime.v1.UpdatePodVolumesResponse
+	44, // 95: k3sm.runtime.v1.Runtime.DeletePod:output_type -> k3sm.runtime.v1.DeletePodResponse
+	46, // 96: k3sm.runtime.v1.Runtime.GetPodStatus:output_type -> k3sm.runtime.v1.GetPodStatusResponse
+	48, // 97: k3sm.runtime.v1.Runtime.ListPods:output_type -> k3sm.runtime.v1.ListPodsResponse
+	50, // 98: k3sm.runtime.v1.Runtime.WatchPodStatus:output_type -> k3sm.runtime.v1.WatchPodStatusResponse
+	52, // 99: k3sm.runtime.v1.Runtime.GetLogs:output_type -> k3sm.runtime.v1.GetLogsResponse
+	57, // 100: k3sm.runtime.v1.Runtime.Exec:output_type -> k3sm.runtime.v1.ExecResponse
+	60, // 101: k3sm.runtime.v1.Runtime.Attach:output_type -> k3sm.runtime.v1.AttachResponse
+	63, // 102: k3sm.runtime.v1.Runtime.PortForward:output_type -> k3sm.runtime.v1.PortForwardResponse
+	67, // 103: k3sm.runtime.v1.Runtime.ListPodStats:output_type -> k3sm.runtime.v1.ListPodStatsResponse
+	38, // 104: k3sm.runtime.v1.Runtime.UpdateRuntimeConfig:output_type -> k3sm.runtime.v1.UpdateRuntimeConfigResponse
+	70, // 105: k3sm.runtime.v1.Images.ListImages:output_type -> k3sm.runtime.v1.ListImagesResponse
+	72, // 106: k3sm.runtime.v1.Images.PullImage:output_type -> k3sm.runtime.v1.PullImageResponse
+	74, // 107: k3sm.runtime.v1.Images.RemoveImage:output_type -> k3sm.runtime.v1.RemoveImageResponse
+	76, // 108: k3sm.runtime.v1.Images.ImageFsInfo:output_type -> k3sm.runtime.v1.ImageFsInfoResponse
+	91, // [91:109] is the sub-list for method output_type
+	73, // [73:91] is the sub-list for method input_type
 	73, // [73:73] is the sub-list for extension type_name
 	73, // [73:73] is the sub-list for extension extendee
 	0,  // [0:73] is the sub-list for field type_name
@@ -5924,36 +6061,36 @@ func file_runtime_proto_init() {
 		(*ContainerState_Running)(nil),
 		(*ContainerState_Terminated)(nil),
 	}
-	file_runtime_proto_msgTypes[35].OneofWrappers = []any{}
-	file_runtime_proto_msgTypes[43].OneofWrappers = []any{}
-	file_runtime_proto_msgTypes[47].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[37].OneofWrappers = []any{}
+	file_runtime_proto_msgTypes[45].OneofWrappers = []any{}
+	file_runtime_proto_msgTypes[49].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_Resize)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 	}
-	file_runtime_proto_msgTypes[49].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[51].OneofWrappers = []any{
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_runtime_proto_msgTypes[51].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[53].OneofWrappers = []any{
 		(*AttachRequest_Start)(nil),
 		(*AttachRequest_Stdin)(nil),
 		(*AttachRequest_Resize)(nil),
 		(*AttachRequest_CloseStdin)(nil),
 	}
-	file_runtime_proto_msgTypes[52].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[54].OneofWrappers = []any{
 		(*AttachResponse_Stdout)(nil),
 		(*AttachResponse_Stderr)(nil),
 		(*AttachResponse_Exit)(nil),
 	}
-	file_runtime_proto_msgTypes[54].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[56].OneofWrappers = []any{
 		(*PortForwardRequest_Start)(nil),
 		(*PortForwardRequest_Data)(nil),
 		(*PortForwardRequest_CloseWrite)(nil),
 	}
-	file_runtime_proto_msgTypes[55].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[57].OneofWrappers = []any{
 		(*PortForwardResponse_Data)(nil),
 		(*PortForwardResponse_Error)(nil),
 	}
@@ -5963,7 +6100,7 @@ func file_runtime_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_runtime_proto_rawDesc), len(file_runtime_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   71,
+			NumMessages:   73,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

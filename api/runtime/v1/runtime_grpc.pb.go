@@ -27,19 +27,20 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Runtime_GetRuntimeInfo_FullMethodName   = "/k3sm.runtime.v1.Runtime/GetRuntimeInfo"
-	Runtime_CreatePod_FullMethodName        = "/k3sm.runtime.v1.Runtime/CreatePod"
-	Runtime_UpdatePod_FullMethodName        = "/k3sm.runtime.v1.Runtime/UpdatePod"
-	Runtime_UpdatePodVolumes_FullMethodName = "/k3sm.runtime.v1.Runtime/UpdatePodVolumes"
-	Runtime_DeletePod_FullMethodName        = "/k3sm.runtime.v1.Runtime/DeletePod"
-	Runtime_GetPodStatus_FullMethodName     = "/k3sm.runtime.v1.Runtime/GetPodStatus"
-	Runtime_ListPods_FullMethodName         = "/k3sm.runtime.v1.Runtime/ListPods"
-	Runtime_WatchPodStatus_FullMethodName   = "/k3sm.runtime.v1.Runtime/WatchPodStatus"
-	Runtime_GetLogs_FullMethodName          = "/k3sm.runtime.v1.Runtime/GetLogs"
-	Runtime_Exec_FullMethodName             = "/k3sm.runtime.v1.Runtime/Exec"
-	Runtime_Attach_FullMethodName           = "/k3sm.runtime.v1.Runtime/Attach"
-	Runtime_PortForward_FullMethodName      = "/k3sm.runtime.v1.Runtime/PortForward"
-	Runtime_ListPodStats_FullMethodName     = "/k3sm.runtime.v1.Runtime/ListPodStats"
+	Runtime_GetRuntimeInfo_FullMethodName      = "/k3sm.runtime.v1.Runtime/GetRuntimeInfo"
+	Runtime_CreatePod_FullMethodName           = "/k3sm.runtime.v1.Runtime/CreatePod"
+	Runtime_UpdatePod_FullMethodName           = "/k3sm.runtime.v1.Runtime/UpdatePod"
+	Runtime_UpdatePodVolumes_FullMethodName    = "/k3sm.runtime.v1.Runtime/UpdatePodVolumes"
+	Runtime_DeletePod_FullMethodName           = "/k3sm.runtime.v1.Runtime/DeletePod"
+	Runtime_GetPodStatus_FullMethodName        = "/k3sm.runtime.v1.Runtime/GetPodStatus"
+	Runtime_ListPods_FullMethodName            = "/k3sm.runtime.v1.Runtime/ListPods"
+	Runtime_WatchPodStatus_FullMethodName      = "/k3sm.runtime.v1.Runtime/WatchPodStatus"
+	Runtime_GetLogs_FullMethodName             = "/k3sm.runtime.v1.Runtime/GetLogs"
+	Runtime_Exec_FullMethodName                = "/k3sm.runtime.v1.Runtime/Exec"
+	Runtime_Attach_FullMethodName              = "/k3sm.runtime.v1.Runtime/Attach"
+	Runtime_PortForward_FullMethodName         = "/k3sm.runtime.v1.Runtime/PortForward"
+	Runtime_ListPodStats_FullMethodName        = "/k3sm.runtime.v1.Runtime/ListPodStats"
+	Runtime_UpdateRuntimeConfig_FullMethodName = "/k3sm.runtime.v1.Runtime/UpdateRuntimeConfig"
 )
 
 // RuntimeClient is the client API for Runtime service.
@@ -88,6 +89,10 @@ type RuntimeClient interface {
 	PortForward(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PortForwardRequest, PortForwardResponse], error)
 	// ListPodStats samples CPU and memory per container.
 	ListPodStats(ctx context.Context, in *ListPodStatsRequest, opts ...grpc.CallOption) (*ListPodStatsResponse, error)
+	// UpdateRuntimeConfig hands the daemon the node's pod range
+	// (Node.spec.podCIDR), as the kubelet does through CRI: pods get their
+	// addresses from it. Sending the same range again is a no-op.
+	UpdateRuntimeConfig(ctx context.Context, in *UpdateRuntimeConfigRequest, opts ...grpc.CallOption) (*UpdateRuntimeConfigResponse, error)
 }
 
 type runtimeClient struct {
@@ -255,6 +260,16 @@ func (c *runtimeClient) ListPodStats(ctx context.Context, in *ListPodStatsReques
 	return out, nil
 }
 
+func (c *runtimeClient) UpdateRuntimeConfig(ctx context.Context, in *UpdateRuntimeConfigRequest, opts ...grpc.CallOption) (*UpdateRuntimeConfigResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateRuntimeConfigResponse)
+	err := c.cc.Invoke(ctx, Runtime_UpdateRuntimeConfig_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RuntimeServer is the server API for Runtime service.
 // All implementations must embed UnimplementedRuntimeServer
 // for forward compatibility.
@@ -301,6 +316,10 @@ type RuntimeServer interface {
 	PortForward(grpc.BidiStreamingServer[PortForwardRequest, PortForwardResponse]) error
 	// ListPodStats samples CPU and memory per container.
 	ListPodStats(context.Context, *ListPodStatsRequest) (*ListPodStatsResponse, error)
+	// UpdateRuntimeConfig hands the daemon the node's pod range
+	// (Node.spec.podCIDR), as the kubelet does through CRI: pods get their
+	// addresses from it. Sending the same range again is a no-op.
+	UpdateRuntimeConfig(context.Context, *UpdateRuntimeConfigRequest) (*UpdateRuntimeConfigResponse, error)
 	mustEmbedUnimplementedRuntimeServer()
 }
 
@@ -349,6 +368,9 @@ func (UnimplementedRuntimeServer) PortForward(grpc.BidiStreamingServer[PortForwa
 }
 func (UnimplementedRuntimeServer) ListPodStats(context.Context, *ListPodStatsRequest) (*ListPodStatsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListPodStats not implemented")
+}
+func (UnimplementedRuntimeServer) UpdateRuntimeConfig(context.Context, *UpdateRuntimeConfigRequest) (*UpdateRuntimeConfigResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateRuntimeConfig not implemented")
 }
 func (UnimplementedRuntimeServer) mustEmbedUnimplementedRuntimeServer() {}
 func (UnimplementedRuntimeServer) testEmbeddedByValue()                 {}
@@ -558,6 +580,24 @@ func _Runtime_ListPodStats_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Runtime_UpdateRuntimeConfig_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateRuntimeConfigRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RuntimeServer).UpdateRuntimeConfig(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Runtime_UpdateRuntimeConfig_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RuntimeServer).UpdateRuntimeConfig(ctx, req.(*UpdateRuntimeConfigRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Runtime_ServiceDesc is the grpc.ServiceDesc for Runtime service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -596,6 +636,10 @@ var Runtime_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListPodStats",
 			Handler:    _Runtime_ListPodStats_Handler,
+		},
+		{
+			MethodName: "UpdateRuntimeConfig",
+			Handler:    _Runtime_UpdateRuntimeConfig_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

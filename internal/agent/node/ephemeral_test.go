@@ -48,7 +48,7 @@ func TestEphemeralContainerStatus(t *testing.T) {
 			State: &runtimev1.ContainerState{State: &runtimev1.ContainerState_Terminated{Terminated: &runtimev1.ContainerStateTerminated{
 				ExitCode: 3, Reason: "Error", StartedAt: now, FinishedAt: now, ContainerId: "k3sm://x"}}}}},
 	}
-	st := podStatus(pod, rs, "192.0.2.1")
+	st := podStatus(pod, rs, "192.0.2.1", false)
 	if len(st.EphemeralContainerStatuses) != 1 || len(st.ContainerStatuses) != 1 {
 		t.Fatalf("statuses: %+v", st)
 	}

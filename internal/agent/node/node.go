@@ -105,7 +105,8 @@ func Run(ctx context.Context, cfg Config) error {
 	recorder := eb.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet", Host: cfg.Name})
 
 	var provider *Provider
-	translatorConfig := podspec.Config{Source: podspec.APISource(kc), NodeIP: cfg.IP, ServiceEnv: podspec.APIServerEnv(rc.Host),
+	podNetwork := info.GetPodNetwork() == "netns"
+	translatorConfig := podspec.Config{Source: podspec.APISource(kc), NodeIP: cfg.IP, PodNetwork: podNetwork, ServiceEnv: podspec.APIServerEnv(rc.Host),
 		EphemeralFailed: func(pod *corev1.Pod, container string, err error) {
 			log.Warn("ephemeral container left out", "pod", pod.Namespace+"/"+pod.Name, "container", container, "err", err)
 			provider.event(pod, container, corev1.EventTypeWarning, "Failed", "Error: "+err.Error())
@@ -115,6 +116,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	provider = newProvider(rt, podspec.New(translatorConfig), cfg.IP, recorder, log, cfg.Instant)
 	provider.nodeName = cfg.Name
+	provider.podNetwork = podNetwork
 	provider.remove = func(ns, name string, uid types.UID) {
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
@@ -227,6 +229,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return nil
 	}
 	go func() { errc <- pc.Run(ctx, cfg.Workers) }()
+	if podNetwork {
+		go syncPodCIDR(ctx, kc.CoreV1().Nodes(), cfg.Name, rt.Runtime, log)
+	}
 	if health.disk != nil {
 		go health.disk.run(ctx)
 	}

@@ -31,6 +31,7 @@ type Provider struct {
 	translator *podspec.Translator
 	nodeName   string
 	nodeIP     string
+	podNetwork bool // the runtime gives pods their own addresses
 	recorder   record.EventRecorder
 	log        *slog.Logger
 	// instant marks pods Running without starting anything: the floor of
@@ -596,7 +597,7 @@ func (p *Provider) update(rs *runtimev1.PodStatus) {
 	}
 	st.known = true
 	if !st.gone {
-		st.pod.Status = podStatus(st.pod, rs, p.nodeIP)
+		st.pod.Status = podStatus(st.pod, rs, p.nodeIP, p.podNetwork)
 	}
 	p.mu.Unlock()
 	p.dirty <- uid
@@ -721,5 +722,5 @@ func instantStatus(pod *corev1.Pod, nodeIP string) corev1.PodStatus {
 		rs.ContainerStatuses = append(rs.ContainerStatuses, &runtimev1.ContainerStatus{Name: c.Name, Image: c.Image, Ready: true, Started: true,
 			State: &runtimev1.ContainerState{State: &runtimev1.ContainerState_Running{Running: &runtimev1.ContainerStateRunning{StartedAt: now}}}})
 	}
-	return podStatus(pod, rs, nodeIP)
+	return podStatus(pod, rs, nodeIP, false)
 }

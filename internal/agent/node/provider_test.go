@@ -84,7 +84,7 @@ func TestStatusNeverGoesBack(t *testing.T) {
 
 func TestPodStatusConditions(t *testing.T) {
 	pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c"}}}}
-	st := podStatus(pod, running("u", 1), "10.0.0.1")
+	st := podStatus(pod, running("u", 1), "10.0.0.1", false)
 	want := map[corev1.PodConditionType]corev1.ConditionStatus{
 		corev1.PodInitialized: corev1.ConditionTrue, corev1.ContainersReady: corev1.ConditionTrue,
 		corev1.PodReady: corev1.ConditionTrue, corev1.PodScheduled: corev1.ConditionTrue,
@@ -99,7 +99,7 @@ func TestPodStatusConditions(t *testing.T) {
 	}
 	// Transition times are kept while a condition does not change.
 	pod.Status = st
-	again := podStatus(pod, running("u", 2), "10.0.0.1")
+	again := podStatus(pod, running("u", 2), "10.0.0.1", false)
 	if !again.Conditions[3].LastTransitionTime.Equal(&st.Conditions[3].LastTransitionTime) {
 		t.Fatal("Ready's transition time moved without a transition")
 	}

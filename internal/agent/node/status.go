@@ -8,8 +8,10 @@ import (
 )
 
 // podStatus maps the runtime's status onto the Kubernetes PodStatus of pod,
-// keeping condition transition times stable across updates.
-func podStatus(pod *corev1.Pod, rs *runtimev1.PodStatus, nodeIP string) corev1.PodStatus {
+// keeping condition transition times stable across updates. podNetwork: the
+// runtime gives pods addresses of their own, so a pod without one yet has
+// no podIP (hostNetwork pods always have the node's).
+func podStatus(pod *corev1.Pod, rs *runtimev1.PodStatus, nodeIP string, podNetwork bool) corev1.PodStatus {
 	prev := pod.Status
 	st := corev1.PodStatus{
 		Phase:    phase(rs.Phase),
@@ -22,8 +24,8 @@ func podStatus(pod *corev1.Pod, rs *runtimev1.PodStatus, nodeIP string) corev1.P
 		st.HostIPs = []corev1.HostIP{{IP: nodeIP}}
 	}
 	podIP := rs.PodIp
-	if podIP == "" {
-		podIP = nodeIP // native pods share the node's network for now
+	if podIP == "" && (pod.Spec.HostNetwork || !podNetwork) {
+		podIP = nodeIP
 	}
 	if podIP != "" {
 		st.PodIP = podIP
@@ -158,7 +160,7 @@ func waitingStatus(pod *corev1.Pod, reason, message, container, nodeIP string) c
 	}
 	add(&rs.InitContainerStatuses, pod.Spec.InitContainers)
 	add(&rs.ContainerStatuses, pod.Spec.Containers)
-	return podStatus(pod, rs, nodeIP)
+	return podStatus(pod, rs, nodeIP, false)
 }
 
 func timestampNow() *timestamppb.Timestamp { return timestamppb.Now() }

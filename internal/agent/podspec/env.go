@@ -37,6 +37,11 @@ func (t *Translator) env(ctx context.Context, pod *corev1.Pod, c *corev1.Contain
 		index[name] = len(out)
 		out = append(out, &runtimev1.EnvVar{Name: name, Value: value, Verbatim: true})
 	}
+	defer func() {
+		for _, v := range out {
+			v.PodIp = strings.Contains(v.Value, runtimev1.PodIPPlaceholder)
+		}
+	}()
 	// declared holds envFrom and env variables (the kubelet's tmpEnv),
 	// services the service links; expansion looks in that order.
 	declared, services := map[string]string{}, map[string]string{}
@@ -160,10 +165,13 @@ func (t *Translator) fieldRef(pod *corev1.Pod, path string) (string, error) {
 		return pod.Spec.NodeName, nil
 	case "spec.serviceAccountName":
 		return pod.Spec.ServiceAccountName, nil
-	case "status.hostIP", "status.podIP":
-		// Pods share the node's network until per-pod addresses land.
+	case "status.hostIP", "status.hostIPs":
 		return t.nodeIP, nil
-	case "status.hostIPs", "status.podIPs":
+	case "status.podIP", "status.podIPs":
+		if t.podNetwork && !pod.Spec.HostNetwork {
+			// Known once the runtime made the pod's network.
+			return runtimev1.PodIPPlaceholder, nil
+		}
 		return t.nodeIP, nil
 	}
 	return "", fmt.Errorf("unsupported fieldRef %q", path)

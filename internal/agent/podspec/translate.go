@@ -33,9 +33,13 @@ import (
 type Config struct {
 	// Source reads the objects pods reference.
 	Source Source
-	// NodeIP answers status.hostIP and status.podIP (pods share the node's
-	// network until per-pod addresses land).
+	// NodeIP answers status.hostIP, and status.podIP for pods in the
+	// node's network.
 	NodeIP string
+	// PodNetwork: the runtime gives pods their own addresses, so
+	// status.podIP of a pod without hostNetwork is left for the runtime
+	// to fill in (runtimev1.PodIPPlaceholder).
+	PodNetwork bool
 	// ServiceEnv gives the service-link variables of a namespace (see
 	// APIServerEnv); nil: none.
 	ServiceEnv func(ns string) []corev1.EnvVar
@@ -52,6 +56,7 @@ type Config struct {
 type Translator struct {
 	src           Source
 	nodeIP        string
+	podNetwork    bool
 	serviceEnv    func(ns string) []corev1.EnvVar
 	protectedDirs []string
 	tokens        *tokenCache
@@ -62,7 +67,7 @@ type Translator struct {
 
 // New returns a Translator.
 func New(cfg Config) *Translator {
-	return &Translator{src: cfg.Source, nodeIP: cfg.NodeIP, serviceEnv: cfg.ServiceEnv,
+	return &Translator{src: cfg.Source, nodeIP: cfg.NodeIP, podNetwork: cfg.PodNetwork, serviceEnv: cfg.ServiceEnv,
 		protectedDirs: slices.Clone(cfg.ProtectedDirs), tokens: &tokenCache{}, ephemeralFailed: cfg.EphemeralFailed}
 }
 
@@ -114,6 +119,7 @@ func (t *Translator) translate(ctx context.Context, pod *corev1.Pod) (*runtimev1
 		Hostname:      pod.Name,
 		Labels:        maps.Clone(pod.Labels),
 		Annotations:   maps.Clone(pod.Annotations),
+		HostNetwork:   pod.Spec.HostNetwork,
 	}
 	if pod.Spec.Hostname != "" {
 		spec.Hostname = pod.Spec.Hostname

@@ -63,6 +63,11 @@ type Config struct {
 	// never rotates.
 	ContainerLogMaxSize  int64
 	ContainerLogMaxFiles int
+	// NetdSocket is k3sm-netd's socket: pods get a network namespace and
+	// an address of their own. Empty: pods share the node's network (the
+	// reason is NoPodNetworkReason).
+	NetdSocket         string
+	NoPodNetworkReason string
 	// Version is reported by GetRuntimeInfo.
 	Version string
 	Logger  *slog.Logger
@@ -153,7 +158,13 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	starter := &shimclient.Starter{ShimPath: cfg.ShimPath, SocketDir: shimDir}
-	mgr, err := pod.NewManager(pod.Config{DataDir: dataDir, Images: store, Starter: starter,
+	var network pod.Network
+	var netd *netdNetwork
+	if cfg.NetdSocket != "" {
+		netd = newNetdNetwork(cfg.NetdSocket)
+		network = netd
+	}
+	mgr, err := pod.NewManager(pod.Config{DataDir: dataDir, Images: store, Starter: starter, Network: network,
 		CrashLoopBackOffBase: cfg.CrashLoopBackOffBase, CrashLoopBackOffMax: cfg.CrashLoopBackOffMax,
 		BackOffResetAfter: cfg.BackOffResetAfter, ImagePullBackOffBase: cfg.ImagePullBackOffBase,
 		ImagePullBackOffMax: cfg.ImagePullBackOffMax, EmptyDirCheckInterval: cfg.EmptyDirCheckInterval,
@@ -168,7 +179,7 @@ func Run(ctx context.Context, cfg Config) error {
 		ln.Close()
 		return err
 	}
-	srv := &server{cfg: cfg, mgr: mgr, store: store, log: log, cloneMethod: string(clone.Probe(dirs.PodsDir()))}
+	srv := &server{cfg: cfg, mgr: mgr, store: store, log: log, cloneMethod: string(clone.Probe(dirs.PodsDir())), netd: netd}
 	g := grpc.NewServer()
 	runtimev1.RegisterRuntimeServer(g, srv)
 	runtimev1.RegisterImagesServer(g, &imagesServer{store: store})

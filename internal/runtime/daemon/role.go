@@ -48,5 +48,6 @@ func configFromRole(rc roleconfig.RuntimeConfig) (Config, error) {
 		size = -1
 	}
 	return Config{DataDir: rc.DataDir, Socket: rc.Socket, RegistriesFile: rc.RegistriesFile, MaxPods: rc.MaxPods,
+		NetdSocket: rc.NetdSocket, NoPodNetworkReason: rc.NoPodNetworkReason,
 		ContainerLogMaxSize: size, ContainerLogMaxFiles: rc.Disk.ContainerLogMaxFiles, Version: version.Version}, nil
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -35,6 +36,7 @@ type server struct {
 	store       *image.Store
 	log         *slog.Logger
 	cloneMethod string
+	netd        *netdNetwork // nil: pods share the node's network
 }
 
 // grpcErr maps lifecycle errors onto gRPC codes.
@@ -63,9 +65,29 @@ func (s *server) GetRuntimeInfo(ctx context.Context, _ *runtimev1.GetRuntimeInfo
 	if v == "" {
 		v = "dev"
 	}
+	podNetwork, detail := "host", s.cfg.NoPodNetworkReason
+	if s.netd != nil {
+		podNetwork, detail = "netns", s.netd.configured()
+	}
 	return &runtimev1.GetRuntimeInfoResponse{RuntimeName: "k3sm-runtimed", RuntimeVersion: v, ApiVersion: APIVersion,
 		Os: runtime.GOOS, Arch: runtime.GOARCH, KernelVersion: kernel, CpuCores: int64(runtime.NumCPU()),
-		MemoryBytes: int64(memTotal()), MaxPods: s.cfg.MaxPods, BootId: s.mgr.BootID(), CloneMethod: s.cloneMethod}, nil
+		MemoryBytes: int64(memTotal()), MaxPods: s.cfg.MaxPods, BootId: s.mgr.BootID(), CloneMethod: s.cloneMethod,
+		PodNetwork: podNetwork, PodNetworkDetail: detail}, nil
+}
+
+// UpdateRuntimeConfig passes the node's pod range on to k3sm-netd.
+func (s *server) UpdateRuntimeConfig(ctx context.Context, req *runtimev1.UpdateRuntimeConfigRequest) (*runtimev1.UpdateRuntimeConfigResponse, error) {
+	if s.netd == nil {
+		return &runtimev1.UpdateRuntimeConfigResponse{}, nil // pods use the node's network
+	}
+	if _, err := netip.ParsePrefix(req.GetPodCidr()); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "pod_cidr %q: %v", req.GetPodCidr(), err)
+	}
+	if err := s.netd.Configure(ctx, req.GetPodCidr()); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "configure the pod network through k3sm-netd: %v", err)
+	}
+	s.log.Info("pod network configured", "podCIDR", req.GetPodCidr())
+	return &runtimev1.UpdateRuntimeConfigResponse{}, nil
 }
 
 func (s *server) CreatePod(ctx context.Context, req *runtimev1.CreatePodRequest) (*runtimev1.CreatePodResponse, error) {
@@ -379,8 +401,10 @@ func (w *logWriter) flush(err error) error {
 	return err
 }
 
-// PortForward: pods share the node's network until per-pod network
-// namespaces land, so the pod's port is the port on 127.0.0.1.
+// PortForward connects to the port on the pod's own loopback, inside its
+// network namespace (never the host's, which would reach every loopback
+// service of the node); a pod in the node's network is reached on
+// 127.0.0.1.
 func (s *server) PortForward(stream runtimev1.Runtime_PortForwardServer) error {
 	first, err := stream.Recv()
 	if err != nil {
@@ -396,7 +420,9 @@ func (s *server) PortForward(stream runtimev1.Runtime_PortForwardServer) error {
 	if _, err := s.mgr.Status(start.GetPodUid()); err != nil {
 		return grpcErr(err)
 	}
-	conn, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(start.GetPort()))), 5*time.Second)
+	dctx, cancel := context.WithTimeout(stream.Context(), 5*time.Second)
+	conn, err := s.mgr.PortForwardDial(dctx, start.GetPodUid(), start.GetPort())
+	cancel()
 	if err != nil {
 		return stream.Send(&runtimev1.PortForwardResponse{Msg: &runtimev1.PortForwardResponse_Error{
 			Error: fmt.Sprintf("pod %s: connect to port %d: %v", start.GetPodUid(), start.GetPort(), err)}})

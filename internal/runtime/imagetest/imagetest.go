@@ -41,10 +41,14 @@ import (
 //	pid:PATH    write the pid to PATH
 //	failonce:PATH  exit 1 if PATH does not exist (creating it), else go on
 //	trapfile:PATH:D  on SIGTERM append "got SIGTERM" to PATH, wait D, exit 0
-//	http:PORT:PATH   serve HTTP on 127.0.0.1:PORT in the background: 200 "ok"
+//	http:PORT:PATH   serve HTTP on :PORT in the background: 200 "ok"
 //	                 while PATH does not exist, 500 "unhealthy" once it does
-//	tcp:PORT[:PATH]  accept (and close) TCP connections on 127.0.0.1:PORT in
+//	tcp:PORT[:PATH]  accept (and close) TCP connections on :PORT in
 //	                 the background; stop listening once PATH exists
+//	serve:PORT  answer each TCP connection on :PORT with "from <client
+//	            address> to <local address>" in the background
+//	dial:ADDR   connect to ADDR (host:port), print what it sends (or the
+//	            error, exiting 1)
 //	rm:PATH     remove PATH (host path)
 //	absent:PATH exit 1 (printing "PATH exists") if PATH exists, else go on
 //	onterm:PATH:TEXT on SIGTERM append TEXT to PATH and exit 0
@@ -122,7 +126,7 @@ func main() {
 			io.Copy(os.Stdout, os.Stdin)
 		case "http":
 			port, flag, _ := strings.Cut(arg, ":")
-			l, err := net.Listen("tcp", "127.0.0.1:"+port)
+			l, err := net.Listen("tcp", ":"+port)
 			if err != nil {
 				fmt.Fprintln(os.Stderr, err)
 				os.Exit(3)
@@ -137,7 +141,7 @@ func main() {
 			}))
 		case "tcp":
 			port, flag, _ := strings.Cut(arg, ":")
-			l, err := net.Listen("tcp", "127.0.0.1:"+port)
+			l, err := net.Listen("tcp", ":"+port)
 			if err != nil {
 				fmt.Fprintln(os.Stderr, err)
 				os.Exit(3)
@@ -162,6 +166,30 @@ func main() {
 					c.Close()
 				}
 			}()
+		case "serve":
+			l, err := net.Listen("tcp", ":"+arg)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(3)
+			}
+			go func() {
+				for {
+					c, err := l.Accept()
+					if err != nil {
+						return
+					}
+					fmt.Fprintf(c, "from %s to %s\n", c.RemoteAddr(), c.LocalAddr())
+					c.Close()
+				}
+			}()
+		case "dial":
+			c, err := net.DialTimeout("tcp", arg, 5*time.Second)
+			if err != nil {
+				fmt.Println(err)
+				os.Exit(1)
+			}
+			io.Copy(os.Stdout, c)
+			c.Close()
 		case "rm":
 			os.Remove(arg)
 		case "absent":

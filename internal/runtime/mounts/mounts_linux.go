@@ -106,7 +106,8 @@ var (
 )
 
 // EnterArgv returns the command line that runs argv inside the mount
-// namespace (and user namespace, when it has its own) of process pid, with
+// namespace, the network namespace (the pod's own network) and the user
+// namespace of process pid, each where it differs from the caller's, with
 // util-linux's nsenter: a multi-threaded Go process cannot setns(2) into a
 // mount namespace itself. dir is the working directory as seen inside the
 // namespace ("" = the namespace's root); it may not exist outside, so run
@@ -114,23 +115,41 @@ var (
 // caller's user (--preserve-credentials) and nsenter execs it: same pid,
 // process group, terminal and exit status as running argv directly.
 //
-// When pid shares the caller's mount namespace (a container without
-// mounts) argv itself is returned, and the caller runs it in dir as before.
+// When pid shares all of them with the caller (a container without mounts
+// in the node's network) argv itself is returned, and the caller runs it
+// in dir as before.
 func EnterArgv(pid int, dir string, argv []string) ([]string, error) {
 	if len(argv) == 0 {
-		return nil, errors.New("enter mount namespace: empty command")
+		return nil, errors.New("enter container namespaces: empty command")
 	}
-	theirsMnt, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
-	if err != nil {
-		return nil, fmt.Errorf("enter mount namespace of process %d: %w", pid, err)
+	differs := func(ns string) (bool, error) {
+		theirs, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pid, ns))
+		if err != nil {
+			return false, fmt.Errorf("enter namespaces of process %d: %w", pid, err)
+		}
+		ours, err := os.Readlink("/proc/self/ns/" + ns)
+		if err != nil {
+			return false, fmt.Errorf("enter namespaces: %w", err)
+		}
+		return theirs != ours, nil
 	}
-	if oursMnt, err := os.Readlink("/proc/self/ns/mnt"); err == nil && oursMnt == theirsMnt {
+	var flags []string
+	for _, ns := range []struct{ name, flag string }{{"mnt", "--mount"}, {"net", "--net"}, {"user", "--user"}} {
+		d, err := differs(ns.name)
+		if err != nil {
+			return nil, err
+		}
+		if d {
+			flags = append(flags, ns.flag)
+		}
+	}
+	if len(flags) == 0 {
 		return argv, nil
 	}
 	nsenterOnce.Do(func() {
 		nsenterPath, nsenterErr = exec.LookPath("nsenter")
 		if nsenterErr != nil {
-			nsenterErr = fmt.Errorf("nsenter (from util-linux) is needed to run commands in a container's mount namespace: %w", nsenterErr)
+			nsenterErr = fmt.Errorf("nsenter (from util-linux) is needed to run commands in a container's namespaces: %w", nsenterErr)
 			return
 		}
 		out, _ := exec.Command(nsenterPath, "--help").CombinedOutput()
@@ -139,17 +158,9 @@ func EnterArgv(pid int, dir string, argv []string) ([]string, error) {
 	if nsenterErr != nil {
 		return nil, nsenterErr
 	}
-	out := []string{nsenterPath, "--target", fmt.Sprint(pid), "--mount"}
-	theirs, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/user", pid))
-	if err != nil {
-		return nil, fmt.Errorf("enter mount namespace of process %d: %w", pid, err)
-	}
-	ours, err := os.Readlink("/proc/self/ns/user")
-	if err != nil {
-		return nil, fmt.Errorf("enter mount namespace: %w", err)
-	}
-	if theirs != ours {
-		out = append(out, "--user", "--preserve-credentials")
+	out := append([]string{nsenterPath, "--target", fmt.Sprint(pid)}, flags...)
+	if slices.Contains(flags, "--user") {
+		out = append(out, "--preserve-credentials")
 	}
 	switch {
 	case dir == "":

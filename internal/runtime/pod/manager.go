@@ -60,7 +60,10 @@ type Config struct {
 	// (the shim rotates its own); zero size: never.
 	ContainerLogMaxSize  int64
 	ContainerLogMaxFiles int
-	Logger               *slog.Logger
+	// Network gives pods their own network namespace and address; nil:
+	// pods share the node's network.
+	Network Network
+	Logger  *slog.Logger
 }
 
 // ErrNotFound is returned for an unknown pod or container.
@@ -165,6 +168,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		}
 	}
 	go m.enforceEmptyDirLimits(ctx)
+	go m.releaseOrphans(ctx, time.Minute)
 	return nil
 }
 
@@ -493,6 +497,7 @@ func (m *Manager) finishDelete(p *managedPod) {
 	case <-m.ctx.Done():
 		return // daemon stopping: the next daemon finishes the delete
 	}
+	m.releaseNetwork(p)
 	last := p.status()
 	if err := os.RemoveAll(p.dir); err != nil {
 		m.log.Error("remove pod directory", "dir", p.dir, "err", err)
@@ -573,6 +578,8 @@ type ContainerInfo struct {
 	Root string
 	// Image the container runs (nil for native or before the first pull).
 	Image *image.Image
+	// PodIP is the pod's own address ("" in the node's network).
+	PodIP string
 }
 
 // Container looks a container up; name may be empty for a pod with one
@@ -605,7 +612,7 @@ func (m *Manager) Container(uid, name string) (ContainerInfo, error) {
 		return ContainerInfo{}, fmt.Errorf("container %q in pod %s: %w", name, p.key(), ErrNotFound)
 	}
 	info := ContainerInfo{Pod: p.spec, Spec: c.spec, RestartCount: c.restartCount,
-		LogDir: filepath.Join(p.logDir(), c.spec.GetName()), Root: p.rootDir(c)}
+		LogDir: filepath.Join(p.logDir(), c.spec.GetName()), Root: p.rootDir(c), PodIP: p.net.IP}
 	if c.proc != nil && c.state.Running != nil {
 		info.Pid = c.proc.Pid()
 		info.Proc = c.proc
@@ -643,6 +650,7 @@ func (m *Manager) ResolveExec(info ContainerInfo, command []string) (argv, env [
 	if err != nil {
 		return nil, nil, "", err
 	}
+	r.fillPodIP(info.PodIP)
 	argv, dir, err = inContainerMounts(info.Pid, r.Dir, r.Argv)
 	return argv, r.Env, dir, err
 }
@@ -753,6 +761,7 @@ type persistedPod struct {
 	Terminating  bool                 `json:"terminating,omitempty"`
 	GraceSeconds int64                `json:"graceSeconds,omitempty"`
 	Evicted      string               `json:"evicted,omitempty"`
+	Network      *PodNetwork          `json:"network,omitempty"`
 	Containers   []persistedContainer `json:"containers"`
 }
 
@@ -773,7 +782,8 @@ type managedPod struct {
 	grace       time.Duration
 	graceEnd    time.Time // when the pod's grace period ends (terminating)
 	revision    uint64
-	saveSeq     uint64 // snapshots taken (under mu)
+	saveSeq     uint64     // snapshots taken (under mu)
+	net         PodNetwork // the pod's own network, once set up
 
 	saveMu  sync.Mutex
 	written uint64 // newest snapshot on disk (under saveMu)
@@ -874,6 +884,10 @@ func (p *managedPod) snapshotLocked() ([]byte, uint64, error) {
 		return nil, 0, err
 	}
 	pp := persistedPod{Spec: spec, StartTime: p.startTime, Terminating: p.terminating, GraceSeconds: int64(p.grace / time.Second), Evicted: p.evicted}
+	if p.net.IP != "" {
+		pn := p.net
+		pp.Network = &pn
+	}
 	for _, c := range p.all() {
 		pp.Containers = append(pp.Containers, persistedContainer{Name: c.spec.GetName(), RestartCount: c.restartCount, HasRun: c.hasRun,
 			StateDir: c.stateDir, ContainerID: c.containerID, State: c.state, Last: c.last, ImageID: c.imageID,
@@ -911,6 +925,9 @@ func (m *Manager) load(uid string) (*managedPod, int, error) {
 	p.grace = time.Duration(pp.GraceSeconds) * time.Second
 	p.graceEnd = time.Now().Add(p.grace)
 	p.evicted = pp.Evicted
+	if pp.Network != nil {
+		p.net = *pp.Network
+	}
 	if p.terminating || p.evicted != "" {
 		p.stopAll()
 	}
@@ -988,7 +1005,7 @@ func (p *managedPod) status() *runtimev1.PodStatus {
 
 func (p *managedPod) statusLocked() *runtimev1.PodStatus {
 	st := &runtimev1.PodStatus{Uid: p.uid, Namespace: p.spec.GetNamespace(), Name: p.spec.GetName(),
-		Terminating: p.terminating, Revision: p.revision}
+		Terminating: p.terminating, Revision: p.revision, PodIp: p.net.IP}
 	if !p.startTime.IsZero() {
 		st.StartTime = timestamppb.New(p.startTime)
 	}

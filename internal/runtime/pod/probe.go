@@ -3,7 +3,8 @@ package pod
 // Probes and lifecycle hooks, as the kubelet's prober and handler runner do
 // them: exec runs a command the way the container's own command resolves
 // (same env, working dir and path rules); httpGet, tcpSocket and grpc go to
-// the probe's host, default 127.0.0.1, since pods share the node's network.
+// the probe's host, default the pod's IP, dialed from inside the pod's
+// network (127.0.0.1 for a pod in the node's network).
 
 import (
 	"bytes"
@@ -85,6 +86,9 @@ func (p *managedPod) execIn(ctx context.Context, c *container, command []string)
 	if err != nil {
 		return "", -1, err
 	}
+	p.mu.Lock()
+	res.fillPodIP(p.net.IP)
+	p.mu.Unlock()
 	argv, dir, err := inContainerMounts(pid, res.Dir, res.Argv)
 	if err != nil {
 		return "", -1, err
@@ -118,14 +122,14 @@ func (p *managedPod) execIn(ctx context.Context, c *container, command []string)
 }
 
 // httpRequest builds the kubelet's request for an httpGet action.
-func httpRequest(ctx context.Context, a *runtimev1.HTTPGetAction) (*http.Request, error) {
+func httpRequest(ctx context.Context, a *runtimev1.HTTPGetAction, defaultHost string) (*http.Request, error) {
 	scheme := strings.ToLower(a.GetScheme())
 	if scheme == "" {
 		scheme = "http"
 	}
 	host := a.GetHost()
 	if host == "" {
-		host = "127.0.0.1"
+		host = defaultHost
 	}
 	path := a.GetPath()
 	if !strings.HasPrefix(path, "/") {
@@ -153,8 +157,8 @@ func httpRequest(ctx context.Context, a *runtimev1.HTTPGetAction) (*http.Request
 
 // httpDo sends req without keep-alives and without verifying certificates
 // (as the kubelet); redirects are followed only to the same host.
-func httpDo(req *http.Request) (*http.Response, error) {
-	tr := &http.Transport{DisableKeepAlives: true, TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}
+func httpDo(req *http.Request, dial func(ctx context.Context, network, addr string) (net.Conn, error)) (*http.Response, error) {
+	tr := &http.Transport{DisableKeepAlives: true, TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, DialContext: dial}
 	defer tr.CloseIdleConnections()
 	cl := &http.Client{Transport: tr, CheckRedirect: func(r *http.Request, via []*http.Request) error {
 		if len(via) >= 10 || r.URL.Hostname() != via[0].URL.Hostname() {
@@ -198,11 +202,11 @@ func (p *managedPod) runProbe(ctx context.Context, c *container, pr *runtimev1.P
 		}
 		return true, ""
 	case *runtimev1.Probe_HttpGet:
-		req, err := httpRequest(tctx, h.HttpGet)
+		req, err := httpRequest(tctx, h.HttpGet, p.probeHost(""))
 		if err != nil {
 			return false, err.Error()
 		}
-		resp, err := httpDo(req)
+		resp, err := httpDo(req, p.dialFunc())
 		if err != nil {
 			return false, err.Error()
 		}
@@ -211,27 +215,24 @@ func (p *managedPod) runProbe(ctx context.Context, c *container, pr *runtimev1.P
 		}
 		return true, ""
 	case *runtimev1.Probe_TcpSocket:
-		host := h.TcpSocket.GetHost()
-		if host == "" {
-			host = "127.0.0.1"
-		}
-		var d net.Dialer
-		conn, err := d.DialContext(tctx, "tcp", net.JoinHostPort(host, strconv.Itoa(int(h.TcpSocket.GetPort()))))
+		host := p.probeHost(h.TcpSocket.GetHost())
+		conn, err := p.dialFunc()(tctx, "tcp", net.JoinHostPort(host, strconv.Itoa(int(h.TcpSocket.GetPort()))))
 		if err != nil {
 			return false, err.Error()
 		}
 		conn.Close()
 		return true, ""
 	case *runtimev1.Probe_Grpc:
-		return grpcProbe(tctx, "127.0.0.1", h.Grpc, timeout)
+		return grpcProbe(tctx, p.probeHost(""), h.Grpc, timeout, p.dialFunc())
 	}
 	return false, "probe has no handler (exec, httpGet, tcpSocket or grpc)"
 }
 
 // grpcProbe asks the gRPC health service (grpc.health.v1.Health/Check).
-func grpcProbe(ctx context.Context, host string, a *runtimev1.GRPCAction, timeout time.Duration) (bool, string) {
+func grpcProbe(ctx context.Context, host string, a *runtimev1.GRPCAction, timeout time.Duration, dial func(ctx context.Context, network, addr string) (net.Conn, error)) (bool, string) {
 	addr := net.JoinHostPort(host, strconv.Itoa(int(a.GetPort())))
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUserAgent(probeUserAgent))
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUserAgent(probeUserAgent),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return dial(ctx, "tcp", addr) }))
 	if err != nil {
 		return false, fmt.Sprintf("timeout: failed to connect service %q within %v: %+v", addr, timeout, err)
 	}
@@ -406,9 +407,9 @@ func (p *managedPod) runHook(ctx context.Context, c *container, h *runtimev1.Lif
 		}
 		return nil
 	case *runtimev1.LifecycleHandler_HttpGet:
-		req, err := httpRequest(ctx, a.HttpGet)
+		req, err := httpRequest(ctx, a.HttpGet, p.probeHost(""))
 		if err == nil {
-			_, err = httpDo(req)
+			_, err = httpDo(req, p.dialFunc())
 		}
 		if err != nil {
 			return fmt.Errorf("HTTP lifecycle hook (%s) for Container %q in Pod %q failed - error: %v", a.HttpGet.GetPath(), c.name, p.hookPodName(), err)

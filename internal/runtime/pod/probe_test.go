@@ -9,17 +9,17 @@ import (
 
 func TestHTTPRequestDefaults(t *testing.T) {
 	req, err := httpRequest(context.Background(), &runtimev1.HTTPGetAction{Port: 8080, Path: "healthz",
-		Headers: []*runtimev1.EnvVar{{Name: "X-Probe", Value: "1"}, {Name: "Host", Value: "example.test"}}})
+		Headers: []*runtimev1.EnvVar{{Name: "X-Probe", Value: "1"}, {Name: "Host", Value: "example.test"}}}, "100.64.0.7")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := req.URL.String(); got != "http://127.0.0.1:8080/healthz" {
+	if got := req.URL.String(); got != "http://100.64.0.7:8080/healthz" {
 		t.Errorf("url %s", got)
 	}
 	if req.Host != "example.test" || req.Header.Get("X-Probe") != "1" || req.Header.Get("User-Agent") != probeUserAgent || req.Header.Get("Accept") != "*/*" {
 		t.Errorf("request %v host %s", req.Header, req.Host)
 	}
-	req, _ = httpRequest(context.Background(), &runtimev1.HTTPGetAction{Port: 443, Host: "::1", Scheme: "HTTPS"})
+	req, _ = httpRequest(context.Background(), &runtimev1.HTTPGetAction{Port: 443, Host: "::1", Scheme: "HTTPS"}, "100.64.0.7")
 	if got := req.URL.String(); got != "https://[::1]:443/" {
 		t.Errorf("url %s", got)
 	}

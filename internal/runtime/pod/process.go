@@ -33,6 +33,9 @@ type ProcessSpec struct {
 	// (parents before children). With any, the process gets a mount
 	// namespace of its own (see package mounts).
 	Mounts []mounts.Mount
+	// NetNS is the pod's network namespace (a bound nsfs file) the
+	// process starts in; empty: the node's network.
+	NetNS string
 }
 
 // Starter starts container processes. It is the single seam through which

@@ -25,6 +25,19 @@ type resolved struct {
 	Dir  string
 }
 
+// fillPodIP puts the pod's address where the provider left
+// runtimev1.PodIPPlaceholder (status.podIP in env, and $(VAR) expansions
+// of it in env and in the command).
+func (r *resolved) fillPodIP(ip string) {
+	for _, l := range [][]string{r.Env, r.Argv} {
+		for i, s := range l {
+			if strings.Contains(s, runtimev1.PodIPPlaceholder) {
+				l[i] = strings.ReplaceAll(s, runtimev1.PodIPPlaceholder, ip)
+			}
+		}
+	}
+}
+
 // resolveProcess applies the path rules (see docs/runtime.md, "How commands
 // and paths resolve"): no chroot, so the container's root is a directory on
 // the host and the process sees the host system.

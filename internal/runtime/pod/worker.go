@@ -63,6 +63,13 @@ func (p *managedPod) run(ctx context.Context) {
 		close(finished)
 		p.ephWG.Wait()
 	}()
+	select {
+	case <-p.deleteCh:
+	default:
+		if !p.ensureNetwork(ctx) {
+			return
+		}
+	}
 	p.mu.Lock()
 	policy := p.spec.GetRestartPolicy()
 	p.mu.Unlock()
@@ -344,6 +351,7 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 	cspec := c.spec
 	root := p.rootDir(c)
 	rootImage := c.rootImage
+	netns, podIP := p.net.NetNS, p.net.IP
 	p.mu.Unlock()
 	p.changedNotify()
 
@@ -398,6 +406,7 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 	if err != nil {
 		return fail(err.Error())
 	}
+	res.fillPodIP(podIP)
 	entered := false
 	if c.target != "" {
 		if res.Argv, res.Dir, entered, err = p.enterTarget(c, res.Argv, res.Dir); err != nil {
@@ -413,7 +422,7 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 	proc, err := p.m.cfg.Starter.Start(ctx, ProcessSpec{ID: attempt, Argv: res.Argv, Env: res.Env, Dir: res.Dir,
 		LogPath:    filepath.Join(p.logDir(), name, strconv.Itoa(int(n))+".log"),
 		LogMaxSize: p.m.cfg.ContainerLogMaxSize, LogMaxFiles: p.m.cfg.ContainerLogMaxFiles, StateDir: c.stateDir,
-		Stdin: cspec.GetStdin(), StdinOnce: cspec.GetStdinOnce(), TTY: cspec.GetTty(), Mounts: ms})
+		Stdin: cspec.GetStdin(), StdinOnce: cspec.GetStdinOnce(), TTY: cspec.GetTty(), Mounts: ms, NetNS: netns})
 	release()
 	if err != nil {
 		return fail(err.Error())

@@ -25,6 +25,7 @@ import (
 
 	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
 	"github.com/k3sm-dev/k3sm/internal/runtime/pod"
+	"github.com/k3sm-dev/k3sm/internal/runtime/podnet"
 	"github.com/k3sm-dev/k3sm/internal/runtime/procgroup"
 	"github.com/k3sm-dev/k3sm/internal/runtime/shim"
 )
@@ -94,7 +95,10 @@ func (s *Starter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process,
 		// shim shares the daemon's, as before.
 		cmd.SysProcAttr = mounts.SysProcAttr(cmd.SysProcAttr)
 	}
-	if err := cmd.Start(); err != nil {
+	// In the pod's network namespace: the shim and all it starts (the
+	// workload, and through nsenter exec and hooks) live in the pod's
+	// network.
+	if err := podnet.StartIn(spec.NetNS, cmd.Start); err != nil {
 		rw.Close()
 		return nil, fmt.Errorf("start shim %s: %w", s.ShimPath, err)
 	}

@@ -1,0 +1,193 @@
+package pod
+
+// The pod's own network, the sandbox step the kubelet calls RunPodSandbox:
+// before its first container starts a pod gets a network namespace and an
+// address from the node's Network (k3sm-netd); every container, exec,
+// probe, hook and port-forward of the pod then runs or dials in it. The
+// address is the pod's for its whole life (container restarts, daemon
+// restarts: it is persisted in pod.json) and is released once the pod is
+// gone.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/runtime/podnet"
+)
+
+// Network hands pods their own network. A nil Network (no k3sm-netd: the
+// daemon does not run as root, or the pod network is off) leaves every pod
+// in the node's network, as hostNetwork pods always are.
+type Network interface {
+	// Setup gives the pod its namespace and address; called again for
+	// the same uid it returns the same ones. ErrNetworkNotReady: the node
+	// has no pod range yet (retry).
+	Setup(ctx context.Context, uid, namespace, name string) (PodNetwork, error)
+	// Teardown releases the pod's address and removes its namespace; a
+	// pod the network does not know is not an error.
+	Teardown(ctx context.Context, uid string) error
+	// Pods lists the uids that hold an address, for releasing what a
+	// crash left behind.
+	Pods(ctx context.Context) ([]string, error)
+}
+
+// ErrNetworkNotReady: the node's pod range is not configured yet.
+var ErrNetworkNotReady = errors.New("network not ready: the node has no pod range (Node.spec.podCIDR) yet")
+
+// PodNetwork is one pod's network.
+type PodNetwork struct {
+	IP string `json:"ip"`
+	// NetNS is the path of the pod's network namespace (Linux).
+	NetNS string `json:"netns,omitempty"`
+}
+
+// ownNetwork reports whether the pod gets a network of its own.
+func (p *managedPod) ownNetwork() bool {
+	return p.m.cfg.Network != nil && !p.spec.GetHostNetwork()
+}
+
+// ensureNetwork sets up the pod's network before its first container, and
+// retries (reporting why on the containers and in an Event, as the kubelet's
+// FailedCreatePodSandBox) until it works or the pod goes away.
+func (p *managedPod) ensureNetwork(ctx context.Context) bool {
+	p.mu.Lock()
+	need := p.ownNetwork() && p.net.IP == ""
+	p.mu.Unlock()
+	if !need {
+		return true
+	}
+	delay, lastMsg := 100*time.Millisecond, ""
+	for {
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		pn, err := p.m.cfg.Network.Setup(sctx, p.uid, p.namespace, p.name)
+		cancel()
+		if err == nil {
+			p.update(func() { p.net = pn })
+			if err := p.save(); err != nil {
+				p.m.log.Error("record pod network", "pod", p.key(), "err", err)
+			}
+			return true
+		}
+		msg := "Failed to create pod sandbox: " + err.Error()
+		if msg != lastMsg && !errors.Is(err, ErrNetworkNotReady) {
+			p.event(warning, "FailedCreatePodSandBox", "", msg)
+		}
+		lastMsg = msg
+		p.update(func() {
+			for _, c := range p.all() {
+				if c.state.Waiting != nil {
+					c.state.Waiting.Message = msg
+				}
+			}
+		})
+		select {
+		case <-time.After(delay):
+		case <-p.deleteCh:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+}
+
+// releaseNetwork returns the pod's address once its containers stopped. A
+// network that cannot be reached now is cleaned up by releaseOrphans.
+func (m *Manager) releaseNetwork(p *managedPod) {
+	p.mu.Lock()
+	ip := p.net.IP
+	p.mu.Unlock()
+	if m.cfg.Network == nil || ip == "" {
+		return
+	}
+	for try := 0; ; try++ {
+		ctx, cancel := context.WithTimeout(m.ctx, 10*time.Second)
+		err := m.cfg.Network.Teardown(ctx, p.uid)
+		cancel()
+		if err == nil {
+			return
+		}
+		if try == 2 || m.ctx.Err() != nil {
+			m.log.Warn("release pod network (retried later)", "pod", p.key(), "ip", ip, "err", err)
+			return
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// releaseOrphans releases the addresses of pods this daemon does not run
+// (deleted while the network could not be reached, or by a daemon that
+// crashed mid-delete): at start, then every period.
+func (m *Manager) releaseOrphans(ctx context.Context, period time.Duration) {
+	if m.cfg.Network == nil {
+		return
+	}
+	for {
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		uids, err := m.cfg.Network.Pods(lctx)
+		cancel()
+		if err == nil {
+			for _, uid := range uids {
+				if m.get(uid) != nil {
+					continue
+				}
+				tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				if err := m.cfg.Network.Teardown(tctx, uid); err != nil {
+					m.log.Warn("release orphaned pod network", "uid", uid, "err", err)
+				} else {
+					m.log.Info("released orphaned pod network", "uid", uid)
+				}
+				cancel()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(period):
+		}
+	}
+}
+
+// dialFunc adapts dial to the address form of http.Transport and gRPC.
+func (p *managedPod) dialFunc() func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, _, addr string) (net.Conn, error) {
+		p.mu.Lock()
+		ns := p.net.NetNS
+		p.mu.Unlock()
+		return podnet.Dial(ctx, ns, "tcp", addr)
+	}
+}
+
+// probeHost is the host a probe without one targets: the pod's IP with a
+// network of its own, else 127.0.0.1.
+func (p *managedPod) probeHost(h string) string {
+	if h != "" {
+		return h
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.net.IP != "" {
+		return p.net.IP
+	}
+	return "127.0.0.1"
+}
+
+// PortForwardDial connects to port on the pod's own loopback (inside its
+// network namespace), as CRI runtimes do for kubectl port-forward; a pod
+// without a network of its own is reached on the node's 127.0.0.1.
+func (m *Manager) PortForwardDial(ctx context.Context, uid string, port int32) (net.Conn, error) {
+	p := m.get(uid)
+	if p == nil {
+		return nil, fmt.Errorf("pod %s: %w", uid, ErrNotFound)
+	}
+	p.mu.Lock()
+	pn, own := p.net, p.ownNetwork()
+	p.mu.Unlock()
+	if own && pn.NetNS == "" {
+		return nil, fmt.Errorf("pod %s has no network yet", uid)
+	}
+	return podnet.Dial(ctx, pn.NetNS, "tcp", net.JoinHostPort("127.0.0.1", fmt.Sprint(port)))
+}
