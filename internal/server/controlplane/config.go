@@ -35,6 +35,10 @@ type Config struct {
 	NodeIP           string
 	KubeletPort      int
 	MaxPods          int
+	// PodNetwork: "auto" (a network namespace and address per pod through
+	// k3sm-netd when running as root on Linux, else the node's network),
+	// "netns" (required) or "host" (pods share the node's network).
+	PodNetwork string
 	// RegistriesConfig is a registries.yaml (mirrors, plain-HTTP endpoints, auth) for image pulls.
 	RegistriesConfig string
 	// NodeInstant makes the node mark pods Running without starting them:
@@ -85,6 +89,7 @@ func Defaults() Config {
 		NodeName:              strings.ToLower(host),
 		KubeletPort:           10250,
 		MaxPods:               110,
+		PodNetwork:            "auto",
 		SchedulerPort:         10259,
 		ControllerManagerPort: 10257,
 		Disk:                  diskpolicy.Default(),
@@ -133,6 +138,11 @@ func (c *Config) Validate() error {
 		c.AdvertiseAddress = defaultAdvertise(bind)
 	} else if _, err := netip.ParseAddr(c.AdvertiseAddress); err != nil {
 		add("advertise-address", c.AdvertiseAddress, "not an IP address", "use the address other machines reach this server on")
+	}
+	switch c.PodNetwork {
+	case "", "auto", "netns", "host":
+	default:
+		add("pod-network", c.PodNetwork, "unknown mode", "use auto, netns or host")
 	}
 	if c.MaxPods < 1 {
 		add("max-pods", fmt.Sprint(c.MaxPods), "must be at least 1", "use e.g. 110")

@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	goruntime "runtime"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -57,7 +59,21 @@ func Addon(log *slog.Logger) controlplane.Addon {
 			if metrics, err = prepareMetricsAPI(p); err != nil {
 				return err
 			}
-			args, err := roleconfig.Write(p.Layout.RoleConfig(roleconfig.Runtime), runtimeConfig(p))
+			rcfg := runtimeConfig(p)
+			netns, reason, err := podNetworkMode(p.Cfg.PodNetwork, goruntime.GOOS, os.Geteuid())
+			if err != nil {
+				return err
+			}
+			if netns {
+				if err := startNetd(ctx, p, sup); err != nil {
+					return err
+				}
+				rcfg.NetdSocket = p.Layout.NetdSocket()
+			} else {
+				rcfg.NoPodNetworkReason = reason
+				log.Info("pod network off", "reason", reason)
+			}
+			args, err := roleconfig.Write(p.Layout.RoleConfig(roleconfig.Runtime), rcfg)
 			if err != nil {
 				return err
 			}

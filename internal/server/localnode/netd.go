@@ -1,0 +1,95 @@
+package localnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+
+	"github.com/k3sm-dev/k3sm/internal/roleconfig"
+	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/supervisor"
+)
+
+// NetdBinary is k3sm-netd's file name, next to the k3sm executable: a small
+// binary of its own, since it is the one process that runs as root.
+const NetdBinary = "k3sm-netd"
+
+// netdPath finds k3sm-netd beside exe.
+func netdPath(exe string) (string, error) {
+	p := filepath.Join(filepath.Dir(exe), NetdBinary)
+	fi, err := os.Stat(p)
+	if err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+		return "", fmt.Errorf("pod network: %s not found next to %s: build it (make bin/%s, or go build -o %s ./cmd/k3sm-netd), or run with --pod-network=host", NetdBinary, exe, NetdBinary, p)
+	}
+	return p, nil
+}
+
+// startNetd writes netd's role config and starts it; it returns once netd
+// accepts calls, so the runtime's first pod finds it.
+func startNetd(ctx context.Context, p *controlplane.Plane, sup *supervisor.Supervisor) error {
+	bin, err := netdPath(p.Cfg.Executable)
+	if err != nil {
+		return err
+	}
+	l := p.Layout
+	args, err := roleconfig.Write(l.RoleConfig(roleconfig.Netd), roleconfig.NetdConfig{
+		Socket: l.NetdSocket(), StateFile: l.NetdStateFile(), NetNSDir: l.NetNSDir(),
+		// The runtime daemon is the only client: it runs as this user.
+		AllowedUID: os.Geteuid(),
+	})
+	if err != nil {
+		return err
+	}
+	c, err := sup.Start(ctx, netdComponent{bin: bin, p: p, args: args})
+	if err != nil {
+		return err
+	}
+	return c.WaitReady(ctx)
+}
+
+type netdComponent struct {
+	bin  string
+	p    *controlplane.Plane
+	args []string
+}
+
+func (n netdComponent) Name() string { return roleconfig.Netd }
+func (n netdComponent) Command() supervisor.Command {
+	return supervisor.Command{Path: n.bin, Dir: n.p.Cfg.DataDir, Args: n.args}
+}
+func (n netdComponent) Ready(ctx context.Context) error {
+	c, err := (&net.Dialer{}).DialContext(ctx, "unix", n.p.Layout.NetdSocket())
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
+
+// podNetworkMode resolves --pod-network: "netns" needs root (k3sm-netd);
+// "auto" is netns as root on Linux, else host.
+func podNetworkMode(mode, goos string, euid int) (netns bool, reason string, err error) {
+	switch mode {
+	case "", "auto":
+		if goos != "linux" {
+			return false, "pods share the node's network on " + goos, nil
+		}
+		if euid != 0 {
+			return false, "k3sm is not running as root, so k3sm-netd cannot make pod networks: pods share the node's network (run as root for a network per pod)", nil
+		}
+		return true, "", nil
+	case "netns":
+		if goos != "linux" {
+			return false, "", errors.New("--pod-network=netns: network namespaces exist only on Linux; use --pod-network=host")
+		}
+		if euid != 0 {
+			return false, "", errors.New("--pod-network=netns: k3sm-netd needs root to make pod networks; run k3sm as root, or use --pod-network=host")
+		}
+		return true, "", nil
+	case "host":
+		return false, "--pod-network=host: pods share the node's network", nil
+	}
+	return false, "", fmt.Errorf("--pod-network=%q: use auto, netns or host", mode)
+}
