@@ -26,13 +26,38 @@ import (
 
 var k3smBin string
 
+// inNetNSEnv marks a test process already re-executed in a network
+// namespace of its own.
+const inNetNSEnv = "K3SM_E2E_NETNS"
+
 func TestMain(m *testing.M) {
 	k3smBin = os.Getenv("K3SM_BIN")
 	if k3smBin == "" {
 		fmt.Println("e2e: K3SM_BIN is not set; build with `make bin/k3sm` and run `make test-e2e` (skipping)")
 		os.Exit(0)
 	}
+	if os.Geteuid() == 0 && os.Getenv(inNetNSEnv) == "" {
+		os.Exit(reexecInNetNS())
+	}
 	os.Exit(m.Run())
+}
+
+// reexecInNetNS runs this test binary again in a new network namespace that
+// has only lo: as root, servers give pods addresses of their own
+// (100.64.0.0/10) and Service addresses, and every packet to them must stay
+// in a namespace the test made, never reach the machine's real network.
+func reexecInNetNS() int {
+	cmd := exec.Command("unshare", append([]string{"--net", "--", "sh", "-c", `ip link set lo up && exec "$0" "$@"`}, os.Args...)...)
+	cmd.Env = append(os.Environ(), inNetNSEnv+"=1")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode()
+		}
+		fmt.Fprintf(os.Stderr, "e2e: cannot run in a network namespace of its own (unshare --net, ip from iproute2): %v\n", err)
+		return 1
+	}
+	return 0
 }
 
 // server is one running `k3sm server`.
@@ -70,6 +95,12 @@ func newServer(t *testing.T, extra ...string) *server {
 		// Pods outlive the server by design; a test must not leave them running.
 		if n := killLeftovers(dir); n > 0 {
 			t.Logf("killed %d pod processes left under %s", n, dir)
+		}
+		// Pod network namespaces netd left bound (pods the test did not
+		// delete): unbound, the files can be removed.
+		nsFiles, _ := filepath.Glob(filepath.Join(dir, "run", "netns", "*"))
+		for _, f := range nsFiles {
+			syscall.Unmount(f, syscall.MNT_DETACH)
 		}
 		if !t.Failed() {
 			os.RemoveAll(dir)

@@ -96,6 +96,10 @@ func TestProbesHooksSidecars(t *testing.T) {
 		defer gs.Stop()
 		grpcPort := l.Addr().(*net.TCPAddr).Port
 		p := nativePod("ready", imgs.prog)
+		// The gRPC health server runs in the test, on the node's loopback:
+		// the pod shares the node's network to reach it (probes of pods
+		// with their own network: TestPodNetwork).
+		p.Spec.HostNetwork = true
 		p.Spec.Containers = []corev1.Container{
 			{Name: "exec", Image: imgs.prog, Args: []string{"forever"},
 				ReadinessProbe: fast(corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"/app/prog", "absent:" + flag}}})},
