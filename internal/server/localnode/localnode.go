@@ -83,7 +83,7 @@ func Addon(log *slog.Logger) controlplane.Addon {
 			}
 			var installs errgroup.Group
 			installs.Go(func() error {
-				if err := EnsureOSPolicy(ctx, admin, osOfNodes()); err != nil {
+				if err := EnsureOSPolicy(ctx, admin, osOfNodes(), p.Cfg.NodeTaint); err != nil {
 					return fmt.Errorf("admission policy: %w", err)
 				}
 				return nil
