@@ -83,6 +83,8 @@ type NodeConfig struct {
 	LocalPathDir        string `json:"localPathDir,omitempty"`
 	// Instant is the benchmark floor: pods are marked Running, nothing starts.
 	Instant bool `json:"instant,omitempty"`
+	// Taint registers the node with the provider taint (k3sm.io/provider=native:NoSchedule).
+	Taint bool `json:"taint,omitempty"`
 	// Metrics is the metrics.k8s.io API the node serves (off when Addr is empty).
 	Metrics MetricsAPI `json:"metrics"`
 	// Disk: image GC and DiskPressure are the node's part of it.

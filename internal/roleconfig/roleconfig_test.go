@@ -15,7 +15,7 @@ import (
 // What the server writes is what the child reads, field for field.
 func TestWriteReadRoundTrip(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "node.json")
-	want := NodeConfig{Name: "n", IP: "10.0.0.1", KubeletPort: 10250, Kubeconfig: "/k", DataDir: "/d", Instant: true,
+	want := NodeConfig{Name: "n", IP: "10.0.0.1", KubeletPort: 10250, Kubeconfig: "/k", DataDir: "/d", Instant: true, Taint: true,
 		Metrics: MetricsAPI{Addr: "127.0.0.1:1", AllowedNames: []string{"system:auth-proxy"}, Resolution: 15 * time.Second},
 		Disk:    diskpolicy.Default()}
 	args, err := Write(path, want)

@@ -236,8 +236,7 @@ func TestServerAPI(t *testing.T) {
 			Replicas: ptr.To[int32](3),
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				// Selects the node OS (the admission policy requires it) but does
-				// not tolerate the node's taint: the pods stay Pending.
+				// The image does not exist: the pods are made but never run.
 				Spec: corev1.PodSpec{NodeSelector: map[string]string{"kubernetes.io/os": "linux"},
 					Containers: []corev1.Container{{Name: "web", Image: "example.invalid/web:1"}}}},
 		}}

@@ -54,7 +54,8 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-// Taint keeps workloads that did not ask for native pods off k3sm nodes.
+// Taint keeps workloads that did not ask for native pods off k3sm nodes
+// started with it (NodeConfig.Taint).
 var Taint = corev1.Taint{Key: "k3sm.io/provider", Value: "native", Effect: corev1.TaintEffectNoSchedule}
 
 // Config is what one node runs with: the role config the server wrote,
@@ -268,7 +269,7 @@ func nodeObject(cfg Config, info *runtimev1.GetRuntimeInfoResponse) *corev1.Node
 				corev1.LabelInstanceTypeStable: "k3sm",
 			},
 		},
-		Spec: corev1.NodeSpec{Taints: []corev1.Taint{Taint}},
+		Spec: nodeSpecFor(cfg),
 		Status: corev1.NodeStatus{
 			Phase:           corev1.NodeRunning,
 			Capacity:        capacity,
@@ -292,6 +293,16 @@ func nodeObject(cfg Config, info *runtimev1.GetRuntimeInfoResponse) *corev1.Node
 			},
 		},
 	}
+}
+
+// nodeSpecFor is the spec the node registers with. The taint applies at
+// registration only: NodeRestriction forbids a node to change its own
+// taints later, so the server reconciles them on an existing Node.
+func nodeSpecFor(cfg Config) corev1.NodeSpec {
+	if cfg.Taint {
+		return corev1.NodeSpec{Taints: []corev1.Taint{Taint}}
+	}
+	return corev1.NodeSpec{}
 }
 
 func osImage() string {

@@ -58,12 +58,35 @@ func (e *InvalidNameError) Error() string {
 type PlatformError struct {
 	Ref       string
 	Want      string
-	Available []string
+	Available []string // os/arch of each image offered
 }
 
 func (e *PlatformError) Error() string {
+	if len(e.Available) == 0 {
+		return fmt.Sprintf("image %q offers no image for any platform, so none for this node's platform %s: build or pull an image for %s",
+			e.Ref, e.Want, e.Want)
+	}
 	return fmt.Sprintf("image %q is for %s, not for this node's platform %s: build or pull an image for %s",
 		e.Ref, strings.Join(e.Available, ", "), e.Want, e.Want)
+}
+
+// runsOn reports whether an image that says it is for os/arch runs on
+// platform p. An empty field says nothing: tools that assemble images from
+// layers (crane append, some build scripts) leave the config's os and
+// architecture unset, and containerd runs such a single-platform image.
+func runsOn(os, arch string, p v1.Platform) bool {
+	return (os == "" || os == p.OS) && (arch == "" || arch == p.Architecture)
+}
+
+// platformName is os/arch, with "?" for what an image leaves unsaid.
+func platformName(os, arch string) string {
+	if os == "" {
+		os = "?"
+	}
+	if arch == "" {
+		arch = "?"
+	}
+	return os + "/" + arch
 }
 
 // Store is the content-addressed image store under one directory.
@@ -290,23 +313,7 @@ func (s *Store) pullFrom(ctx context.Context, r name.Reference, ep endpoint, sec
 		if err != nil {
 			return nil, err
 		}
-		var avail []string
-		var chosen *v1.Descriptor
-		for i := range im.Manifests {
-			m := &im.Manifests[i]
-			if m.Platform == nil || m.Platform.OS == "unknown" {
-				continue // attestations
-			}
-			avail = append(avail, m.Platform.OS+"/"+m.Platform.Architecture)
-			if m.Platform.OS == s.platform.OS && m.Platform.Architecture == s.platform.Architecture {
-				chosen = m
-				break
-			}
-		}
-		if chosen == nil {
-			return nil, &PlatformError{Ref: r.String(), Want: s.platform.OS + "/" + s.platform.Architecture, Available: avail}
-		}
-		if img, err = idx.Image(chosen.Digest); err != nil {
+		if img, err = s.choose(r, idx, im); err != nil {
 			return nil, err
 		}
 	} else if desc.MediaType == types.DockerManifestSchema1 || desc.MediaType == types.DockerManifestSchema1Signed {
@@ -318,8 +325,10 @@ func (s *Store) pullFrom(ctx context.Context, r name.Reference, ep endpoint, sec
 	if err != nil {
 		return nil, describe(r.String(), ep.host, err)
 	}
-	if cf.OS != s.platform.OS || cf.Architecture != s.platform.Architecture {
-		return nil, &PlatformError{Ref: r.String(), Want: s.platform.OS + "/" + s.platform.Architecture, Available: []string{cf.OS + "/" + cf.Architecture}}
+	// A config that names another platform is refused even when an index
+	// said otherwise: the config is what the image was built for.
+	if !runsOn(cf.OS, cf.Architecture, s.platform) {
+		return nil, &PlatformError{Ref: r.String(), Want: s.wantName(), Available: []string{platformName(cf.OS, cf.Architecture)}}
 	}
 	dg, err := img.Digest()
 	if err != nil {
@@ -354,6 +363,45 @@ func (s *Store) pullFrom(ctx context.Context, r name.Reference, ep endpoint, sec
 	c := *rec
 	c.RootFS = s.rootfs(dg.Hex)
 	return &c, nil
+}
+
+func (s *Store) wantName() string { return platformName(s.platform.OS, s.platform.Architecture) }
+
+// choose picks the index's image for the host platform by the platform
+// each entry declares. An entry that declares none is an image only if its
+// media type says so (attestations and other artifacts are skipped), and
+// is then judged by its config, as containerd does.
+func (s *Store) choose(r name.Reference, idx v1.ImageIndex, im *v1.IndexManifest) (v1.Image, error) {
+	var avail []string
+	var undeclared []v1.Hash
+	for _, m := range im.Manifests {
+		switch {
+		case m.Platform == nil:
+			if m.MediaType.IsImage() {
+				undeclared = append(undeclared, m.Digest)
+			}
+		case m.Platform.OS == "unknown": // buildkit's attestations
+		case m.Platform.OS == s.platform.OS && m.Platform.Architecture == s.platform.Architecture:
+			return idx.Image(m.Digest)
+		default:
+			avail = append(avail, platformName(m.Platform.OS, m.Platform.Architecture))
+		}
+	}
+	for _, dg := range undeclared {
+		img, err := idx.Image(dg)
+		if err != nil {
+			return nil, err
+		}
+		cf, err := img.ConfigFile()
+		if err != nil {
+			return nil, err
+		}
+		if runsOn(cf.OS, cf.Architecture, s.platform) {
+			return img, nil
+		}
+		avail = append(avail, platformName(cf.OS, cf.Architecture))
+	}
+	return nil, &PlatformError{Ref: r.String(), Want: s.wantName(), Available: avail}
 }
 
 // describe turns registry errors into the messages a user acts on.

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"strings"
 	"time"
 
@@ -39,6 +40,9 @@ type Config struct {
 	// k3sm-netd when running as root on Linux, else the node's network),
 	// "netns" (required) or "host" (pods share the node's network).
 	PodNetwork string
+	// NodeTaint (--node-taint) gives the node the provider taint, so only
+	// pods that tolerate it run there. DefaultNodeTaint says when it is on.
+	NodeTaint bool
 	// RegistriesConfig is a registries.yaml (mirrors, plain-HTTP endpoints, auth) for image pulls.
 	RegistriesConfig string
 	// NodeInstant makes the node mark pods Running without starting them:
@@ -90,12 +94,19 @@ func Defaults() Config {
 		KubeletPort:           10250,
 		MaxPods:               110,
 		PodNetwork:            "auto",
+		NodeTaint:             DefaultNodeTaint(goruntime.GOOS),
 		SchedulerPort:         10259,
 		ControllerManagerPort: 10257,
 		Disk:                  diskpolicy.Default(),
 		Ops:                   Ops{SnapshotRetention: 5},
 	}
 }
+
+// DefaultNodeTaint is whether a node of this OS carries the provider taint
+// unless told otherwise. A pod that names no OS is a Linux pod, so a Linux
+// node runs standard manifests unchanged; a node of any other OS (darwin)
+// keeps such manifests off, as the admission policy does.
+func DefaultNodeTaint(goos string) bool { return goos != "linux" }
 
 // FieldError names the flag at fault and what to do about it.
 type FieldError struct {

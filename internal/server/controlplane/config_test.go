@@ -92,3 +92,11 @@ func TestPKIReuseAndSANChange(t *testing.T) {
 		t.Fatalf("admin subject %v", admin.Subject)
 	}
 }
+
+// Linux nodes run pods that name no OS, so they are untainted unless asked;
+// other OSes keep such pods off with the provider taint.
+func TestDefaultNodeTaint(t *testing.T) {
+	if DefaultNodeTaint("linux") || !DefaultNodeTaint("darwin") {
+		t.Fatalf("linux %v, darwin %v", DefaultNodeTaint("linux"), DefaultNodeTaint("darwin"))
+	}
+}

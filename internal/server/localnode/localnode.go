@@ -99,7 +99,7 @@ func Addon(log *slog.Logger) controlplane.Addon {
 			}
 			var installs errgroup.Group
 			installs.Go(func() error {
-				if err := EnsureOSPolicy(ctx, admin, osOfNodes()); err != nil {
+				if err := EnsureOSPolicy(ctx, admin, osOfNodes(), p.Cfg.NodeTaint); err != nil {
 					return fmt.Errorf("admission policy: %w", err)
 				}
 				return nil
@@ -152,6 +152,9 @@ func Addon(log *slog.Logger) controlplane.Addon {
 			if _, err := admin.CoreV1().Nodes().Patch(ctx, p.Cfg.NodeName, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
 				return err
 			}
+			if err := EnsureProviderTaint(ctx, admin, p.Cfg.NodeName, p.Cfg.NodeTaint); err != nil {
+				return fmt.Errorf("node taint: %w", err)
+			}
 			if metrics.port == 0 {
 				return nil
 			}
@@ -179,7 +182,7 @@ func nodeConfig(p *controlplane.Plane, m metricsAPI) roleconfig.NodeConfig {
 		Kubeconfig: l.NodeKubeconfig(), ServingCert: l.KubeletServingCert(), ServingKey: l.KubeletServingKey(),
 		ClientCAFile: l.KubeletClientCA(), RuntimeSocket: l.RuntimeSocket(), DataDir: cfg.DataDir,
 		LocalPathKubeconfig: l.LocalPathKubeconfig(), LocalPathDir: l.StorageDir(),
-		Instant: cfg.NodeInstant, Metrics: m.serveConfig(p), Disk: cfg.Disk,
+		Instant: cfg.NodeInstant, Taint: cfg.NodeTaint, Metrics: m.serveConfig(p), Disk: cfg.Disk,
 	}
 }
 

@@ -54,3 +54,21 @@ func TestNodeConfigNamesIssuedFiles(t *testing.T) {
 		t.Errorf("runtime config %+v", rc)
 	}
 }
+
+// The node registers with the provider taint exactly when --node-taint says.
+func TestNodeConfigCarriesTaint(t *testing.T) {
+	for _, taint := range []bool{false, true} {
+		cfg := controlplane.Defaults()
+		cfg.DataDir, cfg.NodeTaint = t.TempDir(), taint
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		p, err := controlplane.NewPlane(&cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if nc := nodeConfig(p, metricsAPI{}); nc.Taint != taint {
+			t.Errorf("--node-taint=%v: node config Taint %v", taint, nc.Taint)
+		}
+	}
+}
