@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the k3sm benchmarks and records their figures in bench/RESULTS.md.
 #
-#   bench/run.sh [controlplane|runtime|pods|all]...    (default: all)
+#   bench/run.sh [controlplane|runtime|pods|proxy|all]...    (default: all)
 #
 # `make bench` builds the binaries and runs this with K3SM_BIN set.
 # Environment (all optional):
@@ -12,6 +12,7 @@
 #   K3SM_BENCH_NOTE       control plane: a line for the report (e.g. how the binary was built)
 #   K3SM_BENCH_ARGS       extra flags for bench/controlplane (see: go run ./bench/controlplane -help)
 #   K3SM_BENCH_PODS_ARGS  extra flags for bench/pods (see: go run ./bench/pods -help)
+#   K3SM_BENCH_PROXY_ARGS extra flags for bench/proxy (see: go run ./bench/proxy -help)
 # The runtime benchmark (bench/runtime) reads its own K3SM_BENCH_* variables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,17 +61,26 @@ pods() {
 		${K3SM_BENCH_PODS_ARGS:-} | tee _output/bench/pods.md
 }
 
+proxy() {
+	# Owned by bench/proxy: the Service proxy against a direct loopback connection. It needs no
+	# k3sm binary (the proxy runs in-process over a fake clientset) and prints only: its figures
+	# are recorded in bench/RESULTS.md by hand.
+	$GO build -o _output/bench/proxy ./bench/proxy
+	# shellcheck disable=SC2086 # K3SM_BENCH_PROXY_ARGS is a list of flags
+	_output/bench/proxy ${K3SM_BENCH_PROXY_ARGS:-} | tee _output/bench/proxy.md
+}
+
 targets=("$@")
-if [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]]; then targets=(controlplane runtime pods); fi
+if [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]]; then targets=(controlplane runtime pods proxy); fi
 failed=()
 for t in "${targets[@]}"; do
 	case $t in
-	controlplane | runtime | pods)
+	controlplane | runtime | pods | proxy)
 		echo "=== bench: $t" >&2
 		"$t" || failed+=("$t")
 		;;
 	*)
-		echo "bench: unknown benchmark '$t'; choose controlplane, runtime, pods or all" >&2
+		echo "bench: unknown benchmark '$t'; choose controlplane, runtime, pods, proxy or all" >&2
 		exit 2
 		;;
 	esac

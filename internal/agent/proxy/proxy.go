@@ -1,0 +1,438 @@
+// Package proxy owns the node's Service proxy: a userspace proxy that
+// watches Services and EndpointSlices and owns a listening socket per
+// Service port. k3sm runs no kube-proxy and programs no packet filter, so
+// every ClusterIP, NodePort and LoadBalancer address of a Service is a
+// socket in the node process that accepts connections (or datagrams) and
+// relays them to an endpoint.
+//
+// A TCP port without endpoints has its socket closed, so clients get a
+// connection refused at once, as kube-proxy's reject rule gives them; a UDP
+// port likewise (the kernel answers port unreachable). LoadBalancer
+// Services are served on the node's own IPs, which are reported in
+// status.loadBalancer.ingress. EnsureRBAC grants the proxy's identity what
+// it needs.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	discoverylisters "k8s.io/client-go/listers/discovery/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+)
+
+// Defaults for the zero values of Config's durations.
+const (
+	DefaultDialTimeout    = 2 * time.Second
+	DefaultUDPIdleTimeout = 30 * time.Second
+	DefaultRetryInterval  = 10 * time.Second
+)
+
+// Component is the source of the proxy's Events.
+const Component = "k3sm-proxy"
+
+// Config configures a Proxy.
+type Config struct {
+	Client   kubernetes.Interface // credential of the user EnsureRBAC bound
+	NodeName string               // endpoints with this nodeName are local
+	// NodeIPs are where NodePort and LoadBalancer sockets listen; the
+	// LoadBalancer ingress reports them.
+	NodeIPs []netip.Addr
+	// NodePortAddresses, when not empty, restricts NodePort sockets to the
+	// NodeIPs inside one of these prefixes (kube-proxy's flag of the name).
+	NodePortAddresses []netip.Prefix
+	// Recorder receives Events on Services (a port that cannot be opened).
+	// nil: Run records them through Client.
+	Recorder record.EventRecorder
+	Log      *slog.Logger // nil: slog.Default()
+	// Dial connects to an endpoint ("tcp" or "udp"); the node passes one
+	// that dials from the host network. nil: a net.Dialer.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+
+	DialTimeout    time.Duration // per endpoint attempt; 0: DefaultDialTimeout
+	UDPIdleTimeout time.Duration // a UDP session without traffic ends; 0: DefaultUDPIdleTimeout
+	RetryInterval  time.Duration // a socket that failed to open is tried again; 0: DefaultRetryInterval
+}
+
+// Proxy serves the Services of one node. Run it once.
+type Proxy struct {
+	cfg         Config
+	log         *slog.Logger
+	nodePortIPs []netip.Addr
+	recorder    record.EventRecorder
+	started     atomic.Bool
+
+	ctx         context.Context // Run's; ends dials at shutdown
+	queue       workqueue.TypedRateLimitingInterface[string]
+	svcLister   corelisters.ServiceLister
+	sliceLister discoverylisters.EndpointSliceLister
+
+	services map[string]map[listenerKey]*frontend // by ns/name; the worker's alone
+
+	wg    sync.WaitGroup // accept loops, relays, UDP sessions
+	conns connSet
+
+	// onRelay, when set (by tests), sees both sides of each TCP relay.
+	onRelay func(client, backend net.Conn)
+}
+
+// New checks cfg and returns a Proxy ready to Run.
+func New(cfg Config) (*Proxy, error) {
+	if cfg.Client == nil || cfg.NodeName == "" {
+		return nil, errors.New("proxy: Config needs Client and NodeName")
+	}
+	for _, ip := range cfg.NodeIPs {
+		if !ip.IsValid() || ip.IsUnspecified() {
+			return nil, fmt.Errorf("proxy: node IP %v is not a unicast address", ip)
+		}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Dial == nil {
+		var d net.Dialer
+		cfg.Dial = d.DialContext
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = DefaultDialTimeout
+	}
+	if cfg.UDPIdleTimeout <= 0 {
+		cfg.UDPIdleTimeout = DefaultUDPIdleTimeout
+	}
+	if cfg.RetryInterval <= 0 {
+		cfg.RetryInterval = DefaultRetryInterval
+	}
+	cfg.NodeIPs = unmapAll(cfg.NodeIPs)
+	p := &Proxy{
+		cfg:      cfg,
+		log:      cfg.Log.With("component", "proxy"),
+		recorder: cfg.Recorder,
+		services: map[string]map[listenerKey]*frontend{},
+	}
+	for _, ip := range cfg.NodeIPs {
+		if len(cfg.NodePortAddresses) == 0 || slices.ContainsFunc(cfg.NodePortAddresses, func(pr netip.Prefix) bool { return pr.Contains(ip) }) {
+			p.nodePortIPs = append(p.nodePortIPs, ip)
+		}
+	}
+	return p, nil
+}
+
+func unmapAll(ips []netip.Addr) []netip.Addr {
+	out := make([]netip.Addr, 0, len(ips))
+	for _, ip := range ips {
+		out = append(out, ip.Unmap())
+	}
+	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
+	return slices.Compact(out)
+}
+
+// Run watches Services and EndpointSlices and keeps the sockets in line
+// with them until ctx ends; then it closes every socket and connection and
+// returns nil once all of its goroutines are gone. It returns an error at
+// once when the informers cannot sync.
+func (p *Proxy) Run(ctx context.Context) error {
+	if !p.started.CompareAndSwap(false, true) {
+		return errors.New("proxy: Run called twice")
+	}
+	p.ctx = ctx
+	if p.recorder == nil {
+		eb := record.NewBroadcaster(record.WithContext(ctx))
+		eb.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: p.cfg.Client.CoreV1().Events("")})
+		defer eb.Shutdown()
+		p.recorder = eb.NewRecorder(scheme.Scheme, corev1.EventSource{Component: Component, Host: p.cfg.NodeName})
+	}
+	p.queue = workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
+	defer p.queue.ShutDown()
+
+	// No resync: every change arrives as an event, and failed sockets are
+	// retried through the queue. The caches keep no managed fields, which
+	// the proxy never reads.
+	factory := informers.NewSharedInformerFactoryWithOptions(p.cfg.Client, 0, informers.WithTransform(dropManagedFields))
+	svcInf := factory.Core().V1().Services()
+	sliceInf := factory.Discovery().V1().EndpointSlices()
+	p.svcLister, p.sliceLister = svcInf.Lister(), sliceInf.Lister()
+	// The handlers cannot fail on a factory that has not started.
+	_, _ = svcInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    p.enqueueService,
+		UpdateFunc: func(_, obj any) { p.enqueueService(obj) },
+		DeleteFunc: p.enqueueService,
+	})
+	_, _ = sliceInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: p.enqueueSlice,
+		UpdateFunc: func(old, obj any) {
+			p.enqueueSlice(old) // the service-name label may have changed
+			p.enqueueSlice(obj)
+		},
+		DeleteFunc: p.enqueueSlice,
+	})
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("proxy: %v informer did not sync", typ)
+		}
+	}
+	p.log.Info("service proxy running", "node", p.cfg.NodeName, "nodeIPs", p.cfg.NodeIPs)
+
+	var worker sync.WaitGroup
+	worker.Go(func() {
+		for p.processNext(ctx) {
+		}
+	})
+	<-ctx.Done()
+	p.queue.ShutDown()
+	worker.Wait()
+	for key := range p.services {
+		p.removeService(key)
+	}
+	p.conns.closeAll()
+	p.wg.Wait()
+	return nil
+}
+
+func dropManagedFields(obj any) (any, error) {
+	if m, err := meta.Accessor(obj); err == nil {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+func (p *Proxy) enqueueService(obj any) {
+	if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+		p.queue.Add(key)
+	}
+}
+
+func (p *Proxy) enqueueSlice(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	s, ok := obj.(*discoveryv1.EndpointSlice)
+	if !ok {
+		return
+	}
+	if name := s.Labels[discoveryv1.LabelServiceName]; name != "" {
+		p.queue.Add(s.Namespace + "/" + name)
+	}
+}
+
+func (p *Proxy) processNext(ctx context.Context) bool {
+	key, quit := p.queue.Get()
+	if quit {
+		return false
+	}
+	defer p.queue.Done(key)
+	if err := p.sync(ctx, key); err != nil && ctx.Err() == nil {
+		p.log.Warn("service proxy: will retry", "service", key, "err", err)
+		p.queue.AddRateLimited(key)
+		return true
+	}
+	p.queue.Forget(key)
+	return true
+}
+
+// sync brings the sockets of one Service in line with its spec and
+// endpoints. Sockets whose address stays are kept, with their connections
+// and affinity; only their endpoints change.
+func (p *Proxy) sync(ctx context.Context, key string) error {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return nil
+	}
+	svc, err := p.svcLister.Services(ns).Get(name)
+	if apierrors.IsNotFound(err) {
+		p.removeService(key)
+		return nil
+	} else if err != nil {
+		return err
+	}
+	var eps []*discoveryv1.EndpointSlice
+	if handled(svc) {
+		eps, err = p.sliceLister.EndpointSlices(ns).List(labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: name}))
+		if err != nil {
+			return err
+		}
+	}
+	specs := desiredFrontends(svc, eps, p.cfg.NodeName, p.cfg.NodeIPs, p.nodePortIPs)
+	if len(specs) == 0 {
+		p.removeService(key)
+		return nil
+	}
+	want := make(map[listenerKey]frontendSpec, len(specs))
+	for _, s := range specs {
+		want[s.key] = s
+	}
+	fronts := p.services[key]
+	if fronts == nil {
+		fronts = map[listenerKey]*frontend{}
+		p.services[key] = fronts
+	}
+	for k, f := range fronts {
+		if _, ok := want[k]; !ok {
+			f.shut()
+			delete(fronts, k)
+		}
+	}
+	retry := false
+	for k, s := range want {
+		f := fronts[k]
+		if f == nil {
+			f = &frontend{p: p, key: k, svc: key, pool: newPool()}
+			fronts[k] = f
+		}
+		if err := f.update(s); err != nil {
+			retry = true
+			if f.failed == nil || f.failed.Error() != err.Error() {
+				p.log.Warn("service proxy: cannot listen; retrying", "service", key, "port", s.portName, "address", k.String(), "err", err)
+				reason := "ListenFailed"
+				if errors.Is(err, syscall.EADDRINUSE) {
+					reason = "PortInUse"
+				}
+				p.recorder.Eventf(svc, corev1.EventTypeWarning, reason,
+					"cannot listen on %s for %s port %s: %v; retrying every %s", k, s.kind, portLabel(s), err, p.cfg.RetryInterval)
+			}
+			f.failed = err
+		} else if f.failed != nil {
+			p.log.Info("service proxy: listening now", "service", key, "address", k.String())
+			f.failed = nil
+		}
+	}
+	if retry {
+		p.queue.AddAfter(key, p.cfg.RetryInterval)
+	}
+	if ownsLoadBalancer(svc) {
+		return p.syncIngress(ctx, svc, ingressIPs(p.cfg.NodeIPs, fronts))
+	}
+	return nil
+}
+
+func portLabel(s frontendSpec) string {
+	if s.portName == "" {
+		return fmt.Sprintf("%d", s.key.addr.Port())
+	}
+	return fmt.Sprintf("%q", s.portName)
+}
+
+func (p *Proxy) removeService(key string) {
+	for _, f := range p.services[key] {
+		f.shut()
+	}
+	delete(p.services, key)
+}
+
+// frontend is one listening socket of a Service and what it relays to.
+// Its socket fields belong to the worker; the pool and allow list are read
+// by the serving goroutines.
+type frontend struct {
+	p     *Proxy
+	key   listenerKey
+	svc   string // ns/name
+	kind  kind
+	pool  *pool
+	allow atomic.Pointer[[]netip.Prefix] // nil: every source
+
+	tcp    *net.TCPListener
+	udp    *udpFront
+	failed error // why the socket could not be opened; nil when it is fine
+}
+
+// update applies s: the socket is open while there are endpoints and
+// closed while there are none. The error is from opening it.
+func (f *frontend) update(s frontendSpec) error {
+	f.kind = s.kind
+	if s.allow == nil {
+		f.allow.Store(nil)
+	} else {
+		f.allow.Store(&s.allow)
+	}
+	f.pool.set(s.endpoints, s.affinity)
+	if len(s.endpoints) == 0 {
+		f.shut()
+		return nil
+	}
+	if f.udp != nil {
+		f.udp.dropSessionsNotIn(s.endpoints)
+	}
+	if f.tcp != nil || f.udp != nil {
+		return nil
+	}
+	return f.open()
+}
+
+// allowed reports whether a client at addr may use this frontend.
+func (f *frontend) allowed(addr netip.Addr) bool {
+	allow := f.allow.Load()
+	return allow == nil || slices.ContainsFunc(*allow, func(pr netip.Prefix) bool { return pr.Contains(addr) })
+}
+
+func (f *frontend) open() error {
+	// ClusterIPs need not be assigned to an interface yet (the network
+	// helper routes the Service range), so their bind may be non-local.
+	lc := listenConfig(f.kind == kindClusterIP)
+	switch f.key.proto {
+	case corev1.ProtocolTCP:
+		ln, err := lc.Listen(f.p.ctx, "tcp", f.key.addr.String())
+		if err != nil {
+			return err
+		}
+		f.tcp = ln.(*net.TCPListener)
+		f.p.wg.Go(func() { f.accept(f.tcp) })
+	case corev1.ProtocolUDP:
+		c, err := lc.ListenPacket(f.p.ctx, "udp", f.key.addr.String())
+		if err != nil {
+			return err
+		}
+		f.udp = newUDPFront(f, c.(*net.UDPConn))
+		f.p.wg.Go(f.udp.serve)
+	}
+	return nil
+}
+
+// shut closes the socket. Established TCP connections stay, as they would
+// under kube-proxy; UDP sessions end with the socket they answer from.
+func (f *frontend) shut() {
+	if f.tcp != nil {
+		f.tcp.Close()
+		f.tcp = nil
+	}
+	if f.udp != nil {
+		f.udp.close()
+		f.udp = nil
+	}
+	f.failed = nil
+}
+
+// addrOf returns the IP of a socket address, IPv4 unmapped.
+func addrOf(a net.Addr) netip.Addr {
+	switch a := a.(type) {
+	case *net.TCPAddr:
+		return a.AddrPort().Addr().Unmap()
+	case *net.UDPAddr:
+		return a.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
+}
