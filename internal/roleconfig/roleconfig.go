@@ -60,6 +60,9 @@ type RuntimeConfig struct {
 	// own; otherwise NoPodNetworkReason says why they share the node's.
 	NetdSocket         string `json:"netdSocket,omitempty"`
 	NoPodNetworkReason string `json:"noPodNetworkReason,omitempty"`
+	// ServiceCIDR and ClusterCIDR are the cluster's ranges, for netd.
+	ServiceCIDR string `json:"serviceCIDR,omitempty"`
+	ClusterCIDR string `json:"clusterCIDR,omitempty"`
 }
 
 // NodeConfig is the node role: the Virtual Kubelet of this machine.

@@ -47,7 +47,12 @@ const defaultTimeout = 30 * time.Second
 
 // Configure sets up the node's pod network for podCIDR (idempotent).
 func (c *Client) Configure(ctx context.Context, podCIDR string) (wire.NodeResult, error) {
-	resp, err := c.do(ctx, &wire.Request{Verb: wire.VerbConfigure, Configure: &wire.ConfigureArgs{PodCIDR: podCIDR}})
+	return c.ConfigureRanges(ctx, wire.ConfigureArgs{PodCIDR: podCIDR})
+}
+
+// ConfigureRanges is Configure with the node's Service and cluster ranges.
+func (c *Client) ConfigureRanges(ctx context.Context, a wire.ConfigureArgs) (wire.NodeResult, error) {
+	resp, err := c.do(ctx, &wire.Request{Verb: wire.VerbConfigure, Configure: &a})
 	if err != nil {
 		return wire.NodeResult{}, err
 	}

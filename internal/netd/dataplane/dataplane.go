@@ -21,6 +21,16 @@ type Node struct {
 	Gateway netip.Addr
 	// Bridge is the host interface name ("k3sm0").
 	Bridge string
+	// ServiceCIDR, when set, is made local to the node (Linux: a local
+	// route on lo) so the Service proxy and DNS answer on every ClusterIP
+	// and pods reach them through their default route; nothing addressed
+	// to a Service ever leaves the node.
+	ServiceCIDR netip.Prefix
+	// ClusterCIDR, when set, is unreachable except for the ranges routed
+	// more specifically (this node's CIDR; later the mesh's peers), so a
+	// pod address that is nobody's is refused here instead of leaving by
+	// the default route.
+	ClusterCIDR netip.Prefix
 }
 
 // Pod is one pod's network.

@@ -80,6 +80,9 @@ func (d *linuxPlane) EnsureNode(n Node) error {
 	}); err != nil {
 		return fmt.Errorf("dataplane: enable IPv4 forwarding: %w", err)
 	}
+	if err := ensureRangeRoutes(h, n); err != nil {
+		return err
+	}
 	return d.ensureRules(n)
 }
 
@@ -295,6 +298,9 @@ func (d *linuxPlane) Inventory(n Node) (Inventory, error) {
 	if inv.NodeReady, err = d.bridgeReady(h, n); err != nil || !inv.NodeReady {
 		return inv, err
 	}
+	if inv.NodeReady, err = rangeRoutesReady(h, n); err != nil || !inv.NodeReady {
+		return inv, err
+	}
 	inv.NodeReady, err = d.rulesReady(n)
 	return inv, err
 }
@@ -341,6 +347,9 @@ func (d *linuxPlane) DelNode(n Node) error {
 		}
 	} else if !isNotFound(err) {
 		return fmt.Errorf("dataplane: bridge %s: %w", n.Bridge, err)
+	}
+	if err := delRangeRoutes(h, n); err != nil {
+		return err
 	}
 	return d.delRules(n)
 }

@@ -714,3 +714,66 @@ func TestStaleNetNSFile(t *testing.T) {
 		t.Errorf("B → A in its new namespace arrived from %v", src)
 	}
 }
+
+// The Service range is local to the node (a pod reaches a ClusterIP
+// listener of the node through its default route, with its own address),
+// the rest of the cluster range is refused on the node, and both routes go
+// with DelNode.
+func TestServiceAndClusterRanges(t *testing.T) {
+	f := newFixture(t)
+	n := testNode
+	n.ServiceCIDR = netip.MustParsePrefix("10.96.0.0/16")
+	n.ClusterCIDR = netip.MustParsePrefix("100.64.0.0/10")
+	ready := func() bool {
+		inv, err := f.dp.Inventory(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return inv.NodeReady
+	}
+	if err := f.dp.EnsureNode(n); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.dp.AddPod(n, f.a); err != nil {
+		t.Fatal(err)
+	}
+	// Any Service address is the node's: a listener on the wildcard
+	// answers a ClusterIP, and sees the pod's own address.
+	svc := serve(t, f.hostNS, 8080)
+	if got := svc.reach(t, f.a.NetNS, at(netip.MustParseAddr("10.96.0.10"))); got != f.a.IP {
+		t.Fatalf("the node saw the pod's ClusterIP connection from %v, want %v", got, f.a.IP)
+	}
+	// Another node's pod address that nobody routes: refused at once
+	// (unreachable), never sent on.
+	start := time.Now()
+	err := connect(t, f.a.NetNS, at(netip.MustParseAddr("100.65.0.9")), 3*time.Second)
+	if err == nil || time.Since(start) > 2*time.Second {
+		t.Fatalf("connect to an unrouted cluster address: %v after %v, want an immediate unreachable", err, time.Since(start))
+	}
+	if !ready() {
+		t.Fatal("NodeReady false with both routes present")
+	}
+	h := f.handle(f.hostNS)
+	defer h.Close()
+	rs, err := rangeRoutes(h, n)
+	if err != nil || len(rs) != 2 {
+		t.Fatalf("routes %v %v", rs, err)
+	}
+	if err := h.RouteDel(rs[0]); err != nil {
+		t.Fatal(err)
+	}
+	if ready() {
+		t.Fatal("NodeReady true without the Service route")
+	}
+	if err := f.dp.EnsureNode(n); err != nil || !ready() {
+		t.Fatalf("EnsureNode did not restore the Service route: %v", err)
+	}
+	if err := f.dp.DelNode(n); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rs {
+		if ok, err := hasRoute(h, r); err != nil || ok {
+			t.Fatalf("route %v after DelNode: present=%v %v", r.Dst, ok, err)
+		}
+	}
+}

@@ -23,6 +23,23 @@ func checkNode(n Node) error {
 	if n.Bridge == "" || len(n.Bridge) > ifNameMax || !isIfName(n.Bridge) {
 		return fmt.Errorf("dataplane: bridge name %q is not a valid interface name", n.Bridge)
 	}
+	for _, r := range []struct {
+		name string
+		p    netip.Prefix
+	}{{"service", n.ServiceCIDR}, {"cluster", n.ClusterCIDR}} {
+		if !r.p.IsValid() {
+			continue
+		}
+		if !r.p.Addr().Is4() || r.p != r.p.Masked() || r.p.Bits() < 8 {
+			return fmt.Errorf("dataplane: %s CIDR %v: need a masked IPv4 prefix of /8 or longer", r.name, r.p)
+		}
+	}
+	if n.ServiceCIDR.IsValid() && (n.ServiceCIDR.Overlaps(n.CIDR) || (n.ClusterCIDR.IsValid() && n.ServiceCIDR.Overlaps(n.ClusterCIDR))) {
+		return fmt.Errorf("dataplane: service CIDR %v overlaps the pod ranges", n.ServiceCIDR)
+	}
+	if n.ClusterCIDR.IsValid() && (!n.ClusterCIDR.Contains(n.CIDR.Addr()) || n.ClusterCIDR.Bits() > n.CIDR.Bits()) {
+		return fmt.Errorf("dataplane: node CIDR %v is not inside the cluster CIDR %v", n.CIDR, n.ClusterCIDR)
+	}
 	return nil
 }
 

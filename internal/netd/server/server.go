@@ -60,6 +60,7 @@ type Server struct {
 
 	mu   sync.Mutex // the state and the dataplane
 	cidr netip.Prefix
+	rs   ranges
 	last netip.Addr
 	pods map[string]*pod
 
@@ -95,7 +96,7 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, open: map[net.Conn]struct{}{}, done: make(chan struct{})}
 	var err error
-	if s.cidr, s.last, s.pods, err = loadState(cfg.StateFile); err != nil {
+	if s.cidr, s.last, s.rs, s.pods, err = loadState(cfg.StateFile); err != nil {
 		return nil, fmt.Errorf("netd: %w", err)
 	}
 	if s.dp, err = cfg.NewDataplane(); err != nil {
@@ -291,7 +292,7 @@ func (s *Server) dispatch(req *wire.Request) *wire.Response {
 }
 
 func (s *Server) node() dataplane.Node {
-	return dataplane.Node{CIDR: s.cidr, Gateway: gateway(s.cidr), Bridge: BridgeName}
+	return dataplane.Node{CIDR: s.cidr, Gateway: gateway(s.cidr), Bridge: BridgeName, ServiceCIDR: s.rs.svc, ClusterCIDR: s.rs.cluster}
 }
 
 func (s *Server) cidrString() string {
@@ -316,13 +317,22 @@ func (s *Server) podResult(p *pod) wire.PodResult {
 }
 
 func (s *Server) save() error {
-	return saveState(s.cfg.StateFile, s.cidr, s.last, s.pods)
+	return saveState(s.cfg.StateFile, s.cidr, s.last, s.rs, s.pods)
 }
 
 func (s *Server) configure(a *wire.ConfigureArgs) *wire.Response {
-	cidr, err := wire.ParsePodCIDR(a.PodCIDR)
+	cidr, svc, cluster, err := wire.ParseRanges(a)
 	if err != nil {
 		return failure(wire.CodeInvalid, "%v", err)
+	}
+	rs := ranges{svc, cluster}
+	if s.cidr.IsValid() && cidr == s.cidr && rs != s.rs {
+		if len(s.pods) > 0 {
+			return failure(wire.CodeConflict, "the node's Service range is %v and cluster range %v with %d pods on it; they cannot become %v and %v until the pods are torn down", s.rs.svc, s.rs.cluster, len(s.pods), svc, cluster)
+		}
+		if err := s.dp.DelNode(s.node()); err != nil {
+			return failure(wire.CodeInternal, "removing the node's network for %s: %v", s.cidr, err)
+		}
 	}
 	if s.cidr.IsValid() && cidr != s.cidr {
 		if len(s.pods) > 0 {
@@ -333,10 +343,13 @@ func (s *Server) configure(a *wire.ConfigureArgs) *wire.Response {
 		}
 		s.log.Info("pod CIDR changed", "from", s.cidr, "to", cidr)
 	}
-	if cidr != s.cidr {
+	if cidr != s.cidr || rs != s.rs {
 		// Recorded before the system changes, so a crash in between is
 		// resynced at the next start.
-		s.cidr, s.last = cidr, netip.Addr{}
+		if cidr != s.cidr {
+			s.last = netip.Addr{}
+		}
+		s.cidr, s.rs = cidr, rs
 		if err := s.save(); err != nil {
 			return failure(wire.CodeInternal, "%v", err)
 		}
@@ -345,7 +358,14 @@ func (s *Server) configure(a *wire.ConfigureArgs) *wire.Response {
 	if err := s.dp.EnsureNode(n); err != nil {
 		return failure(wire.CodeInternal, "setting up the node's network for %s: %v", cidr, err)
 	}
-	return &wire.Response{Configure: &wire.NodeResult{PodCIDR: cidr.String(), Gateway: n.Gateway.String(), Bridge: n.Bridge}}
+	res := &wire.NodeResult{PodCIDR: cidr.String(), Gateway: n.Gateway.String(), Bridge: n.Bridge}
+	if svc.IsValid() {
+		res.ServiceCIDR = svc.String()
+	}
+	if cluster.IsValid() {
+		res.ClusterCIDR = cluster.String()
+	}
+	return &wire.Response{Configure: res}
 }
 
 func (s *Server) setupPod(a *wire.SetupPodArgs) *wire.Response {

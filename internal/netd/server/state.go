@@ -20,6 +20,9 @@ const stateVersion = 1
 type stateFile struct {
 	Version int    `json:"version"`
 	PodCIDR string `json:"podCIDR,omitempty"`
+	// The Service and cluster ranges of the last Configure (optional).
+	ServiceCIDR string `json:"serviceCIDR,omitempty"`
+	ClusterCIDR string `json:"clusterCIDR,omitempty"`
 	// LastIP is the round-robin cursor, kept so a restart does not hand a
 	// just-released address out again at once.
 	LastIP string      `json:"lastIP,omitempty"`
@@ -42,14 +45,14 @@ type pod struct {
 // loadState reads path; a missing file is an empty state. A file that does
 // not parse or contradicts itself stops netd: guessing would take running
 // pods' addresses away or hand them out twice.
-func loadState(path string) (cidr netip.Prefix, last netip.Addr, pods map[string]*pod, err error) {
+func loadState(path string) (cidr netip.Prefix, last netip.Addr, rs ranges, pods map[string]*pod, err error) {
 	pods = map[string]*pod{}
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return cidr, last, pods, nil
+		return cidr, last, rs, pods, nil
 	}
 	if err != nil {
-		return cidr, last, nil, err
+		return cidr, last, rs, nil, err
 	}
 	fail := func(format string, a ...any) error {
 		return fmt.Errorf("state %s: %s (fix or remove the file; removing it forgets every pod's address)", path, fmt.Sprintf(format, a...))
@@ -58,23 +61,23 @@ func loadState(path string) (cidr netip.Prefix, last netip.Addr, pods map[string
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&st); err != nil {
-		return cidr, last, nil, fail("%v", err)
+		return cidr, last, rs, nil, fail("%v", err)
 	}
 	if st.Version != stateVersion {
-		return cidr, last, nil, fail("version %d, this netd reads %d", st.Version, stateVersion)
+		return cidr, last, rs, nil, fail("version %d, this netd reads %d", st.Version, stateVersion)
 	}
 	if st.PodCIDR == "" {
 		if len(st.Pods) > 0 {
-			return cidr, last, nil, fail("pods recorded without a podCIDR")
+			return cidr, last, rs, nil, fail("pods recorded without a podCIDR")
 		}
-		return cidr, last, pods, nil
+		return cidr, last, rs, pods, nil
 	}
-	if cidr, err = wire.ParsePodCIDR(st.PodCIDR); err != nil {
-		return cidr, last, nil, fail("%v", err)
+	if cidr, rs.svc, rs.cluster, err = wire.ParseRanges(&wire.ConfigureArgs{PodCIDR: st.PodCIDR, ServiceCIDR: st.ServiceCIDR, ClusterCIDR: st.ClusterCIDR}); err != nil {
+		return cidr, last, rs, nil, fail("%v", err)
 	}
 	if st.LastIP != "" {
 		if last, err = netip.ParseAddr(st.LastIP); err != nil || !cidr.Contains(last) {
-			return cidr, last, nil, fail("lastIP %q is not in %s", st.LastIP, cidr)
+			return cidr, last, rs, nil, fail("lastIP %q is not in %s", st.LastIP, cidr)
 		}
 	}
 	used := map[netip.Addr]string{}
@@ -82,25 +85,31 @@ func loadState(path string) (cidr netip.Prefix, last netip.Addr, pods map[string
 		ip, err := netip.ParseAddr(r.IP)
 		switch {
 		case wire.CheckUID(r.UID) != nil || wire.CheckNamespace(r.Namespace) != nil || wire.CheckName(r.Name) != nil:
-			return cidr, last, nil, fail("pod %q/%q uid %q is not valid", r.Namespace, r.Name, r.UID)
+			return cidr, last, rs, nil, fail("pod %q/%q uid %q is not valid", r.Namespace, r.Name, r.UID)
 		case err != nil || !usable(cidr, ip):
-			return cidr, last, nil, fail("pod %s has IP %q, not a pod address of %s", r.UID, r.IP, cidr)
+			return cidr, last, rs, nil, fail("pod %s has IP %q, not a pod address of %s", r.UID, r.IP, cidr)
 		case pods[r.UID] != nil:
-			return cidr, last, nil, fail("pod %s recorded twice", r.UID)
+			return cidr, last, rs, nil, fail("pod %s recorded twice", r.UID)
 		case used[ip] != "":
-			return cidr, last, nil, fail("pods %s and %s share %s", used[ip], r.UID, ip)
+			return cidr, last, rs, nil, fail("pods %s and %s share %s", used[ip], r.UID, ip)
 		}
 		used[ip] = r.UID
 		pods[r.UID] = &pod{uid: r.UID, namespace: r.Namespace, name: r.Name, ip: ip}
 	}
-	return cidr, last, pods, nil
+	return cidr, last, rs, pods, nil
 }
 
 // saveState replaces path atomically (fsynced) with the state.
-func saveState(path string, cidr netip.Prefix, last netip.Addr, pods map[string]*pod) error {
+func saveState(path string, cidr netip.Prefix, last netip.Addr, rs ranges, pods map[string]*pod) error {
 	st := stateFile{Version: stateVersion, Pods: []podRecord{}}
 	if cidr.IsValid() {
 		st.PodCIDR = cidr.String()
+	}
+	if rs.svc.IsValid() {
+		st.ServiceCIDR = rs.svc.String()
+	}
+	if rs.cluster.IsValid() {
+		st.ClusterCIDR = rs.cluster.String()
 	}
 	if last.IsValid() {
 		st.LastIP = last.String()
@@ -119,6 +128,9 @@ func saveState(path string, cidr netip.Prefix, last netip.Addr, pods map[string]
 }
 
 // gateway is the node's address in cidr: its first host address.
+// ranges are the optional Service and cluster ranges of the node.
+type ranges struct{ svc, cluster netip.Prefix }
+
 func gateway(cidr netip.Prefix) netip.Addr { return cidr.Addr().Next() }
 
 // broadcast is cidr's last address.

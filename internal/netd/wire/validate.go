@@ -45,7 +45,7 @@ func (r *Request) Validate() error {
 		if err := want("configure", r.Configure != nil); err != nil {
 			return err
 		}
-		_, err := ParsePodCIDR(r.Configure.PodCIDR)
+		_, _, _, err := ParseRanges(r.Configure)
 		return err
 	case VerbSetupPod:
 		if err := want("setupPod", r.SetupPod != nil); err != nil {
@@ -120,4 +120,49 @@ func ParsePodCIDR(s string) (netip.Prefix, error) {
 		}
 	}
 	return p, nil
+}
+
+// ParseRanges parses and cross-checks Configure's ranges: the pod range as
+// ParsePodCIDR, the optional Service and cluster ranges IPv4, masked, /8 or
+// longer, clear of the reserved ranges; the cluster range contains the pod
+// range; the Service range overlaps neither.
+func ParseRanges(a *ConfigureArgs) (pod, svc, cluster netip.Prefix, err error) {
+	if pod, err = ParsePodCIDR(a.PodCIDR); err != nil {
+		return
+	}
+	parse := func(field, s string) (netip.Prefix, error) {
+		if s == "" {
+			return netip.Prefix{}, nil
+		}
+		p, err := netip.ParsePrefix(s)
+		switch {
+		case err != nil:
+			return p, fmt.Errorf("%s: %q is not a CIDR (want e.g. 10.43.0.0/16): %v", field, s, err)
+		case !p.Addr().Is4():
+			return p, fmt.Errorf("%s: %s is not IPv4", field, s)
+		case p.Masked() != p:
+			return p, fmt.Errorf("%s: %s has host bits set (did you mean %s?)", field, s, p.Masked())
+		case p.Bits() < 8:
+			return p, fmt.Errorf("%s: %s is larger than a /8", field, s)
+		}
+		for _, r := range reserved {
+			if p.Overlaps(r) {
+				return p, fmt.Errorf("%s: %s overlaps the reserved %s; choose another range", field, s, r)
+			}
+		}
+		return p, nil
+	}
+	if svc, err = parse("serviceCIDR", a.ServiceCIDR); err != nil {
+		return
+	}
+	if cluster, err = parse("clusterCIDR", a.ClusterCIDR); err != nil {
+		return
+	}
+	if cluster.IsValid() && (!cluster.Contains(pod.Addr()) || cluster.Bits() > pod.Bits()) {
+		return pod, svc, cluster, fmt.Errorf("clusterCIDR: %s does not contain the podCIDR %s", cluster, pod)
+	}
+	if svc.IsValid() && (svc.Overlaps(pod) || (cluster.IsValid() && svc.Overlaps(cluster))) {
+		return pod, svc, cluster, fmt.Errorf("serviceCIDR: %s overlaps the pod ranges", svc)
+	}
+	return pod, svc, cluster, nil
 }

@@ -61,6 +61,11 @@ type Request struct {
 type ConfigureArgs struct {
 	// PodCIDR is the node's spec.podCIDR: IPv4, /16 to /28.
 	PodCIDR string `json:"podCIDR"`
+	// ServiceCIDR (optional) becomes local to the node, for the Service
+	// proxy and DNS; ClusterCIDR (optional, containing PodCIDR) becomes
+	// unreachable beyond the node's own range. IPv4, /8 or longer.
+	ServiceCIDR string `json:"serviceCIDR,omitempty"`
+	ClusterCIDR string `json:"clusterCIDR,omitempty"`
 }
 
 // SetupPodArgs gives a pod its address (idempotent per UID).
@@ -87,9 +92,11 @@ type Response struct {
 
 // NodeResult is the node's pod network.
 type NodeResult struct {
-	PodCIDR string `json:"podCIDR"`
-	Gateway string `json:"gateway"`
-	Bridge  string `json:"bridge"`
+	PodCIDR     string `json:"podCIDR"`
+	ServiceCIDR string `json:"serviceCIDR,omitempty"`
+	ClusterCIDR string `json:"clusterCIDR,omitempty"`
+	Gateway     string `json:"gateway"`
+	Bridge      string `json:"bridge"`
 }
 
 // PodResult is one pod's network.

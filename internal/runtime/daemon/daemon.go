@@ -68,6 +68,10 @@ type Config struct {
 	// reason is NoPodNetworkReason).
 	NetdSocket         string
 	NoPodNetworkReason string
+	// ServiceCIDR and ClusterCIDR go to netd with the node's pod range:
+	// Service addresses local to the node, the rest of the cluster range
+	// refused here.
+	ServiceCIDR, ClusterCIDR string
 	// Version is reported by GetRuntimeInfo.
 	Version string
 	Logger  *slog.Logger
@@ -161,7 +165,7 @@ func Run(ctx context.Context, cfg Config) error {
 	var network pod.Network
 	var netd *netdNetwork
 	if cfg.NetdSocket != "" {
-		netd = newNetdNetwork(cfg.NetdSocket)
+		netd = newNetdNetwork(cfg.NetdSocket, cfg.ServiceCIDR, cfg.ClusterCIDR)
 		network = netd
 	}
 	mgr, err := pod.NewManager(pod.Config{DataDir: dataDir, Images: store, Starter: starter, Network: network,

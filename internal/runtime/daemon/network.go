@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	netdclient "github.com/k3sm-dev/k3sm/internal/netd/client"
+	"github.com/k3sm-dev/k3sm/internal/netd/wire"
 	"github.com/k3sm-dev/k3sm/internal/runtime/pod"
 )
 
@@ -14,12 +15,16 @@ import (
 // link and address; the daemon only asks, over netd's typed RPC.
 type netdNetwork struct {
 	c *netdclient.Client
+	// The node's Service and cluster ranges, passed on with the pod range.
+	serviceCIDR, clusterCIDR string
 
 	mu   sync.Mutex
 	cidr string // the pod range last configured (reported by GetRuntimeInfo)
 }
 
-func newNetdNetwork(socket string) *netdNetwork { return &netdNetwork{c: netdclient.New(socket)} }
+func newNetdNetwork(socket, serviceCIDR, clusterCIDR string) *netdNetwork {
+	return &netdNetwork{c: netdclient.New(socket), serviceCIDR: serviceCIDR, clusterCIDR: clusterCIDR}
+}
 
 func (n *netdNetwork) Setup(ctx context.Context, uid, namespace, name string) (pod.PodNetwork, error) {
 	r, err := n.c.SetupPod(ctx, uid, namespace, name)
@@ -57,7 +62,7 @@ func (n *netdNetwork) Pods(ctx context.Context) ([]string, error) {
 
 // Configure hands netd the node's pod range.
 func (n *netdNetwork) Configure(ctx context.Context, cidr string) error {
-	if _, err := n.c.Configure(ctx, cidr); err != nil {
+	if _, err := n.c.ConfigureRanges(ctx, wire.ConfigureArgs{PodCIDR: cidr, ServiceCIDR: n.serviceCIDR, ClusterCIDR: n.clusterCIDR}); err != nil {
 		return err
 	}
 	n.mu.Lock()

@@ -48,6 +48,6 @@ func configFromRole(rc roleconfig.RuntimeConfig) (Config, error) {
 		size = -1
 	}
 	return Config{DataDir: rc.DataDir, Socket: rc.Socket, RegistriesFile: rc.RegistriesFile, MaxPods: rc.MaxPods,
-		NetdSocket: rc.NetdSocket, NoPodNetworkReason: rc.NoPodNetworkReason,
+		NetdSocket: rc.NetdSocket, NoPodNetworkReason: rc.NoPodNetworkReason, ServiceCIDR: rc.ServiceCIDR, ClusterCIDR: rc.ClusterCIDR,
 		ContainerLogMaxSize: size, ContainerLogMaxFiles: rc.Disk.ContainerLogMaxFiles, Version: version.Version}, nil
 }

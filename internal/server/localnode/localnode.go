@@ -69,6 +69,7 @@ func Addon(log *slog.Logger) controlplane.Addon {
 					return err
 				}
 				rcfg.NetdSocket = p.Layout.NetdSocket()
+				rcfg.ServiceCIDR, rcfg.ClusterCIDR = p.Cfg.ServiceCIDR, p.Cfg.ClusterCIDR
 			} else {
 				rcfg.NoPodNetworkReason = reason
 				log.Info("pod network off", "reason", reason)
