@@ -42,6 +42,9 @@ const (
 	// upstreamTimeout bounds one exchange with one upstream; stub resolvers
 	// give up after 5 s, so a dead first upstream leaves time for the next.
 	upstreamTimeout = 2 * time.Second
+	// maxForwards bounds queries waiting on upstreams: with a dead upstream
+	// each waits seconds, and a flood must not grow without limit.
+	maxForwards = 1024
 )
 
 // Config is what a Server serves and where.
@@ -74,6 +77,7 @@ type Server struct {
 	kick  chan struct{} // informer events: the index is stale
 	ready chan struct{} // closed once the first index is served
 	rr    atomic.Uint32 // rotates multi-record answers
+	slots chan struct{} // one per forwarded query in progress (maxForwards)
 }
 
 // New checks cfg, reads the forward file and binds every Listen address
@@ -100,6 +104,7 @@ func New(cfg Config) (*Server, error) {
 		log:    log,
 		kick:   make(chan struct{}, 1),
 		ready:  make(chan struct{}),
+		slots:  make(chan struct{}, maxForwards),
 	}
 	var rules []ForwardRule
 	if cfg.ForwardFile != "" {
@@ -201,8 +206,10 @@ func (s *Server) Run(ctx context.Context) error {
 		_ = srv.ShutdownContext(sctx)
 		scancel()
 	}
+	// Closing the sockets also ends a server that was not started yet when
+	// Shutdown came (miekg refuses to shut those down).
+	s.Close()
 	wg.Wait()
-	s.Close() // a server that failed to start did not close its socket
 	w.stop()
 	return err
 }

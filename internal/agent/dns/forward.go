@@ -223,6 +223,15 @@ func (f *forwarder) exchange(ctx context.Context, req *dns.Msg, lname string, ov
 
 // forwardQuery answers r from the upstreams, or SERVFAIL.
 func (s *Server) forwardQuery(w dns.ResponseWriter, r *dns.Msg, lname string) {
+	select {
+	case s.slots <- struct{}{}:
+		defer func() { <-s.slots }()
+	default:
+		m := reply(r)
+		m.Rcode = dns.RcodeServerFailure
+		respond(w, r, m)
+		return
+	}
 	_, overTCP := w.RemoteAddr().(*net.TCPAddr)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*upstreamTimeout)
 	defer cancel()
