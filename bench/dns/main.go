@@ -380,7 +380,7 @@ func report(o options, addr string, own bool, rounds []round, load0, load1 strin
 	fmt.Printf("\n## Cluster DNS\n\n")
 	fmt.Printf("- Date: %s\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"))
 	fmt.Printf("- Machine: %s, %d CPUs, %s\n", host, runtime.NumCPU(), cpuModel())
-	fmt.Printf("- Command: `go run ./bench/dns %s`\n", strings.Join(os.Args[1:], " "))
+	fmt.Printf("- Command: `%s`\n", strings.TrimSpace("go run ./bench/dns "+strings.Join(os.Args[1:], " ")))
 	if own {
 		fmt.Printf("- Server: k3sm's resolver (internal/agent/dns) in a child process with GOMAXPROCS=1, %d Services\n", o.services)
 	} else {
