@@ -5,6 +5,7 @@ go 1.26.5
 require (
 	github.com/google/nftables v0.3.0
 	github.com/k3s-io/kine v0.17.5
+	github.com/miekg/dns v1.1.73
 	github.com/virtual-kubelet/virtual-kubelet v1.14.1
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
