@@ -108,6 +108,10 @@ func (l Layout) PodNetNS(uid string) string {
 // Inside a pod's directory: its state, each container's root, its volumes,
 // and each container start attempt's state (attempts/<container>/<n>).
 func (l Layout) PodStateFile(uid string) string { return filepath.Join(l.PodDir(uid), "pod.json") }
+
+// PodResolvConf is the pod's /etc/resolv.conf, bound over it in every
+// container.
+func (l Layout) PodResolvConf(uid string) string { return filepath.Join(l.PodDir(uid), "resolv.conf") }
 func (l Layout) PodRootDir(uid, container string) string {
 	return filepath.Join(l.PodDir(uid), "roots", container)
 }

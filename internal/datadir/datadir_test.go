@@ -16,7 +16,7 @@ func TestLayoutIsStable(t *testing.T) {
 		l.LocalPathKubeconfig(): "/d/agent/local-path.kubeconfig", l.RuntimeEventsFile(): "/d/agent/runtime-events.json",
 		l.StorageDir(): "/d/storage", l.RuntimeSocket(): "/d/run/runtime.sock", l.RuntimeLock(): "/d/run/runtimed.lock",
 		l.ShimDir(): "/d/run/shims", l.PodDir("u"): "/d/pods/u", l.ImagesDir(): "/d/images",
-		l.PodStateFile("u"): "/d/pods/u/pod.json", l.PodRootDir("u", "c"): "/d/pods/u/roots/c",
+		l.PodStateFile("u"): "/d/pods/u/pod.json", l.PodResolvConf("u"): "/d/pods/u/resolv.conf", l.PodRootDir("u", "c"): "/d/pods/u/roots/c",
 		l.PodVolumeDir("u", "v"): "/d/pods/u/volumes/v", l.PodAttemptDir("u", "c", 3): "/d/pods/u/attempts/c/3",
 		l.PodLogDir("ns", "p", "u"): "/d/logs/pods/ns_p_u", l.QuarantineDir(): "/d/quarantine",
 		l.SnapshotsDir(): "/d/server/snapshots", l.EncryptionConfig(): "/d/server/cred/encryption-config.yaml",

@@ -88,6 +88,14 @@ type NodeConfig struct {
 	Instant bool `json:"instant,omitempty"`
 	// Taint registers the node with the provider taint (k3sm.io/provider=native:NoSchedule).
 	Taint bool `json:"taint,omitempty"`
+	// Services: with a pod network, the node serves the Service proxy and
+	// cluster DNS on ClusterDNS (zone ClusterDomain, per-domain forwards
+	// from DNSConfig), and pods reach the API through APIServiceIP (the
+	// kubernetes Service).
+	ClusterDNS    string `json:"clusterDNS,omitempty"`
+	ClusterDomain string `json:"clusterDomain,omitempty"`
+	DNSConfig     string `json:"dnsConfig,omitempty"`
+	APIServiceIP  string `json:"apiServiceIP,omitempty"`
 	// Metrics is the metrics.k8s.io API the node serves (off when Addr is empty).
 	Metrics MetricsAPI `json:"metrics"`
 	// Disk: image GC and DiskPressure are the node's part of it.

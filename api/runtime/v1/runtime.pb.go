@@ -378,7 +378,11 @@ type PodSpec struct {
 	EphemeralContainers []*EphemeralContainerSpec `protobuf:"bytes,21,rep,name=ephemeral_containers,json=ephemeralContainers,proto3" json:"ephemeral_containers,omitempty"`
 	// The pod uses the node's network (spec.hostNetwork): no namespace or
 	// address of its own.
-	HostNetwork   bool `protobuf:"varint,22,opt,name=host_network,json=hostNetwork,proto3" json:"host_network,omitempty"`
+	HostNetwork bool `protobuf:"varint,22,opt,name=host_network,json=hostNetwork,proto3" json:"host_network,omitempty"`
+	// The pod's /etc/resolv.conf (its dnsPolicy and dnsConfig, as the
+	// kubelet renders it); every container sees it at /etc/resolv.conf.
+	// Empty: the node's own file.
+	ResolvConf    string `protobuf:"bytes,23,opt,name=resolv_conf,json=resolvConf,proto3" json:"resolv_conf,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -516,6 +520,13 @@ func (x *PodSpec) GetHostNetwork() bool {
 		return x.HostNetwork
 	}
 	return false
+}
+
+func (x *PodSpec) GetResolvConf() string {
+	if x != nil {
+		return x.ResolvConf
+	}
+	return ""
 }
 
 // EphemeralContainerSpec is a debugging container added to a running pod.
@@ -5386,7 +5397,7 @@ var File_runtime_proto protoreflect.FileDescriptor
 
 const file_runtime_proto_rawDesc = "" +
 	"\n" +
-	"\rruntime.proto\x12\x0fk3sm.runtime.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb5\a\n" +
+	"\rruntime.proto\x12\x0fk3sm.runtime.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd6\a\n" +
 	"\aPodSpec\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
@@ -5405,7 +5416,9 @@ const file_runtime_proto_rawDesc = "" +
 	"\x12runtime_class_name\x18\f \x01(\tR\x10runtimeClassName\x121\n" +
 	"\avolumes\x18\x14 \x03(\v2\x17.k3sm.runtime.v1.VolumeR\avolumes\x12Z\n" +
 	"\x14ephemeral_containers\x18\x15 \x03(\v2'.k3sm.runtime.v1.EphemeralContainerSpecR\x13ephemeralContainers\x12!\n" +
-	"\fhost_network\x18\x16 \x01(\bR\vhostNetwork\x1a9\n" +
+	"\fhost_network\x18\x16 \x01(\bR\vhostNetwork\x12\x1f\n" +
+	"\vresolv_conf\x18\x17 \x01(\tR\n" +
+	"resolvConf\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a>\n" +

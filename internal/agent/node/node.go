@@ -107,7 +107,17 @@ func Run(ctx context.Context, cfg Config) error {
 
 	var provider *Provider
 	podNetwork := info.GetPodNetwork() == "netns"
-	translatorConfig := podspec.Config{Source: podspec.APISource(kc), NodeIP: cfg.IP, PodNetwork: podNetwork, ServiceEnv: podspec.APIServerEnv(rc.Host),
+	// With a pod network the node serves Services and DNS itself, and pods
+	// reach the API through the kubernetes Service, as upstream; without
+	// one, through the API's own address on the node's network.
+	services := podNetwork && cfg.APIServiceIP != "" && cfg.ClusterDNS != ""
+	apiEnv := podspec.APIServerEnv(rc.Host)
+	var podDNS *podspec.DNS
+	if services {
+		apiEnv = podspec.APIServerEnv("https://" + net.JoinHostPort(cfg.APIServiceIP, "443"))
+		podDNS = &podspec.DNS{Server: cfg.ClusterDNS, Domain: cfg.ClusterDomain, HostResolvConf: podspec.HostResolvConfPath()}
+	}
+	translatorConfig := podspec.Config{Source: podspec.APISource(kc), NodeIP: cfg.IP, PodNetwork: podNetwork, DNS: podDNS, ServiceEnv: apiEnv,
 		EphemeralFailed: func(pod *corev1.Pod, container string, err error) {
 			log.Warn("ephemeral container left out", "pod", pod.Namespace+"/"+pod.Name, "container", container, "err", err)
 			provider.event(pod, container, corev1.EventTypeWarning, "Failed", "Error: "+err.Error())
@@ -220,7 +230,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 	podFactory.Start(ctx.Done())
 	go provider.reconcileStatuses(ctx, ReconcilePeriod)
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- nc.Run(ctx) }()
 	select {
 	case <-nc.Ready():
@@ -231,7 +241,16 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	go func() { errc <- pc.Run(ctx, cfg.Workers) }()
 	if podNetwork {
-		go syncPodCIDR(ctx, kc.CoreV1().Nodes(), cfg.Name, rt.Runtime, log)
+		go func() {
+			if !syncPodCIDR(ctx, kc.CoreV1().Nodes(), cfg.Name, rt.Runtime, log) || !services {
+				return
+			}
+			// The Service range is the node's now (netd routed it):
+			// the proxy and DNS can bind their ClusterIPs.
+			if err := serveServices(ctx, cfg, kc, recorder, log); err != nil {
+				errc <- err
+			}
+		}()
 	}
 	if health.disk != nil {
 		go health.disk.run(ctx)

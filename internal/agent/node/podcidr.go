@@ -15,7 +15,7 @@ import (
 // set once and never changed), as the kubelet does with CRI's
 // UpdateRuntimeConfig; pods wait for their network until then. It retries
 // until the runtime took it.
-func syncPodCIDR(ctx context.Context, nodes typedcorev1.NodeInterface, name string, rt runtimev1.RuntimeClient, log *slog.Logger) {
+func syncPodCIDR(ctx context.Context, nodes typedcorev1.NodeInterface, name string, rt runtimev1.RuntimeClient, log *slog.Logger) bool {
 	delay := 100 * time.Millisecond
 	warned := time.Now()
 	for {
@@ -26,7 +26,7 @@ func syncPodCIDR(ctx context.Context, nodes typedcorev1.NodeInterface, name stri
 			cancel()
 			if err == nil {
 				log.Info("pod network range", "podCIDR", n.Spec.PodCIDR)
-				return
+				return true
 			}
 		}
 		if time.Since(warned) > 30*time.Second {
@@ -39,7 +39,7 @@ func syncPodCIDR(ctx context.Context, nodes typedcorev1.NodeInterface, name stri
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, 2*time.Second)

@@ -40,6 +40,9 @@ type Config struct {
 	// status.podIP of a pod without hostNetwork is left for the runtime
 	// to fill in (runtimev1.PodIPPlaceholder).
 	PodNetwork bool
+	// DNS is the cluster DNS pods get in their /etc/resolv.conf; nil:
+	// pods keep the node's own resolver configuration.
+	DNS *DNS
 	// ServiceEnv gives the service-link variables of a namespace (see
 	// APIServerEnv); nil: none.
 	ServiceEnv func(ns string) []corev1.EnvVar
@@ -57,6 +60,7 @@ type Translator struct {
 	src           Source
 	nodeIP        string
 	podNetwork    bool
+	dns           *DNS
 	serviceEnv    func(ns string) []corev1.EnvVar
 	protectedDirs []string
 	tokens        *tokenCache
@@ -67,7 +71,7 @@ type Translator struct {
 
 // New returns a Translator.
 func New(cfg Config) *Translator {
-	return &Translator{src: cfg.Source, nodeIP: cfg.NodeIP, podNetwork: cfg.PodNetwork, serviceEnv: cfg.ServiceEnv,
+	return &Translator{src: cfg.Source, nodeIP: cfg.NodeIP, podNetwork: cfg.PodNetwork, dns: cfg.DNS, serviceEnv: cfg.ServiceEnv,
 		protectedDirs: slices.Clone(cfg.ProtectedDirs), tokens: &tokenCache{}, ephemeralFailed: cfg.EphemeralFailed}
 }
 
@@ -124,6 +128,11 @@ func (t *Translator) translate(ctx context.Context, pod *corev1.Pod) (*runtimev1
 	if pod.Spec.Hostname != "" {
 		spec.Hostname = pod.Spec.Hostname
 	}
+	rc, err := ResolvConf(pod, t.dns)
+	if err != nil {
+		return nil, err
+	}
+	spec.ResolvConf = rc
 	if pod.Spec.RuntimeClassName != nil {
 		spec.RuntimeClassName = *pod.Spec.RuntimeClassName
 	}

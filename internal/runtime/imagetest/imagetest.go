@@ -49,6 +49,10 @@ import (
 //	            address> to <local address>" in the background
 //	dial:ADDR   connect to ADDR (host:port), print what it sends (or the
 //	            error, exiting 1)
+//	lookup:NAME print NAME's addresses, sorted, one line ("lookup NAME: a b"),
+//	            resolved through /etc/resolv.conf; exit 1 on failure
+//	udpecho:PORT  echo UDP datagrams on :PORT in the background
+//	udp:ADDR:TEXT send TEXT to ADDR over UDP and print the reply
 //	rm:PATH     remove PATH (host path)
 //	absent:PATH exit 1 (printing "PATH exists") if PATH exists, else go on
 //	onterm:PATH:TEXT on SIGTERM append TEXT to PATH and exit 0
@@ -63,6 +67,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -190,6 +195,47 @@ func main() {
 			}
 			io.Copy(os.Stdout, c)
 			c.Close()
+		case "lookup":
+			addrs, err := net.LookupHost(arg)
+			if err != nil {
+				fmt.Println(err)
+				os.Exit(1)
+			}
+			sort.Strings(addrs)
+			fmt.Printf("lookup %s: %s\n", arg, strings.Join(addrs, " "))
+		case "udpecho":
+			pc, err := net.ListenPacket("udp", ":"+arg)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(3)
+			}
+			go func() {
+				b := make([]byte, 2048)
+				for {
+					n, from, err := pc.ReadFrom(b)
+					if err != nil {
+						return
+					}
+					pc.WriteTo(append([]byte("echo "), b[:n]...), from)
+				}
+			}()
+		case "udp":
+			i := strings.LastIndex(arg, ":")
+			addr, text := arg[:i], arg[i+1:]
+			c, err := net.Dial("udp", addr)
+			if err != nil {
+				fmt.Println(err)
+				os.Exit(1)
+			}
+			c.SetDeadline(time.Now().Add(3 * time.Second))
+			c.Write([]byte(text))
+			b := make([]byte, 2048)
+			n, err := c.Read(b)
+			if err != nil {
+				fmt.Println(err)
+				os.Exit(1)
+			}
+			fmt.Println(string(b[:n]))
 		case "rm":
 			os.Remove(arg)
 		case "absent":

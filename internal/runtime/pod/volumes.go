@@ -297,3 +297,23 @@ func quantity(b int64) string {
 	}
 	return fmt.Sprint(b)
 }
+
+// resolvConfMount writes the pod's resolv.conf (when the provider rendered
+// one) and returns its mount over /etc/resolv.conf, read-only as the
+// kubelet's. Written once per content: containers of the pod share it.
+func (p *managedPod) resolvConfMount(spec *runtimev1.PodSpec) (mounts.Mount, bool, error) {
+	rc := spec.GetResolvConf()
+	if rc == "" || !mounts.Namespaced() {
+		return mounts.Mount{}, false, nil
+	}
+	path := p.m.dirs().PodResolvConf(p.uid)
+	if b, err := os.ReadFile(path); err != nil || string(b) != rc {
+		if err := os.WriteFile(path+".tmp", []byte(rc), 0o644); err != nil {
+			return mounts.Mount{}, false, fmt.Errorf("pod resolv.conf: %w", err)
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
+			return mounts.Mount{}, false, fmt.Errorf("pod resolv.conf: %w", err)
+		}
+	}
+	return mounts.Mount{Source: path, Target: "/etc/resolv.conf", ReadOnly: true}, true, nil
+}

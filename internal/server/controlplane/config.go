@@ -40,6 +40,9 @@ type Config struct {
 	// k3sm-netd when running as root on Linux, else the node's network),
 	// "netns" (required) or "host" (pods share the node's network).
 	PodNetwork string
+	// DNSConfig is the --dns-config file: per-domain forwarding for the
+	// cluster DNS (see docs/networking.md).
+	DNSConfig string
 	// NodeTaint (--node-taint) gives the node the provider taint, so only
 	// pods that tolerate it run there. DefaultNodeTaint says when it is on.
 	NodeTaint bool

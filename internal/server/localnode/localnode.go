@@ -18,7 +18,9 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/k3sm-dev/k3sm/internal/agent/dns"
 	"github.com/k3sm-dev/k3sm/internal/agent/localpath"
+	"github.com/k3sm-dev/k3sm/internal/agent/proxy"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
@@ -59,6 +61,11 @@ func Addon(log *slog.Logger) controlplane.Addon {
 			if metrics, err = prepareMetricsAPI(p); err != nil {
 				return err
 			}
+			if p.Cfg.DNSConfig != "" {
+				if _, err := dns.LoadForwardFile(p.Cfg.DNSConfig, p.Cfg.ClusterDomain); err != nil {
+					return fmt.Errorf("--dns-config: %w", err)
+				}
+			}
 			rcfg := runtimeConfig(p)
 			netns, reason, err := podNetworkMode(p.Cfg.PodNetwork, goruntime.GOOS, os.Geteuid())
 			if err != nil {
@@ -97,6 +104,15 @@ func Addon(log *slog.Logger) controlplane.Addon {
 			// provisioner's RBAC goes first, so its first list succeeds.
 			if err := localpath.EnsureRBAC(ctx, admin, localPathUser(p.Cfg.NodeName)); err != nil {
 				return fmt.Errorf("local-path provisioner RBAC: %w", err)
+			}
+			// The node's Service proxy and DNS read Services and
+			// EndpointSlices, which the Node authorizer does not grant.
+			nodeUser := "system:node:" + p.Cfg.NodeName
+			if err := proxy.EnsureRBAC(ctx, admin, nodeUser); err != nil {
+				return fmt.Errorf("service proxy RBAC: %w", err)
+			}
+			if err := dns.EnsureRBAC(ctx, admin, nodeUser); err != nil {
+				return fmt.Errorf("cluster DNS RBAC: %w", err)
 			}
 			var installs errgroup.Group
 			installs.Go(func() error {
@@ -184,7 +200,18 @@ func nodeConfig(p *controlplane.Plane, m metricsAPI) roleconfig.NodeConfig {
 		ClientCAFile: l.KubeletClientCA(), RuntimeSocket: l.RuntimeSocket(), DataDir: cfg.DataDir,
 		LocalPathKubeconfig: l.LocalPathKubeconfig(), LocalPathDir: l.StorageDir(),
 		Instant: cfg.NodeInstant, Taint: cfg.NodeTaint, Metrics: m.serveConfig(p), Disk: cfg.Disk,
+		ClusterDNS: cfg.ClusterDNS, ClusterDomain: cfg.ClusterDomain, DNSConfig: cfg.DNSConfig, APIServiceIP: apiServiceIP(cfg.ServiceCIDR),
 	}
+}
+
+// apiServiceIP is the kubernetes Service's ClusterIP ("" if the range does
+// not parse, which the config check refused already).
+func apiServiceIP(serviceCIDR string) string {
+	ip, err := controlplane.APIServiceIP(serviceCIDR)
+	if err != nil {
+		return ""
+	}
+	return ip.String()
 }
 
 type runtimeComponent struct {

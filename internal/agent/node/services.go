@@ -1,0 +1,44 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+
+	"github.com/k3sm-dev/k3sm/internal/agent/dns"
+	"github.com/k3sm-dev/k3sm/internal/agent/proxy"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
+)
+
+// serveServices runs the node's Service proxy and cluster DNS (both in this
+// process: another process of the big binary would cost ~30 MiB) until ctx
+// ends. They dial from the node's network, where every pod is reachable.
+func serveServices(ctx context.Context, cfg Config, kc kubernetes.Interface, recorder record.EventRecorder, log *slog.Logger) error {
+	nodeIP, err := netip.ParseAddr(cfg.IP)
+	if err != nil {
+		return fmt.Errorf("service proxy: node IP %q: %w", cfg.IP, err)
+	}
+	px, err := proxy.New(proxy.Config{Client: kc, NodeName: cfg.Name, NodeIPs: []netip.Addr{nodeIP}, Recorder: recorder, Log: log.With("component", "proxy")})
+	if err != nil {
+		return fmt.Errorf("service proxy: %w", err)
+	}
+	// The node itself (unlike its pods) reaches a loopback stub resolver.
+	upstreams, err := dns.ResolvConfUpstreams("/etc/resolv.conf")
+	if err != nil {
+		log.Warn("cluster DNS forwards nothing outside the cluster", "err", err)
+	}
+	ds, err := dns.New(dns.Config{Client: kc, Domain: cfg.ClusterDomain, Listen: []string{net.JoinHostPort(cfg.ClusterDNS, "53")},
+		Upstreams: upstreams, ForwardFile: cfg.DNSConfig, Log: log.With("component", "dns")})
+	if err != nil {
+		return fmt.Errorf("cluster DNS on %s: %w", cfg.ClusterDNS, err)
+	}
+	log.Info("serving Services and cluster DNS", "dns", cfg.ClusterDNS, "domain", cfg.ClusterDomain)
+	var g errgroup.Group
+	g.Go(func() error { return px.Run(ctx) })
+	g.Go(func() error { return ds.Run(ctx) })
+	return g.Wait()
+}
