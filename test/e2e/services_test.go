@@ -27,7 +27,7 @@ func TestServicesAndDNS(t *testing.T) {
 	labels := map[string]string{"app": "web"}
 	spec := nativeSpec(imgs.prog, "serve:8080", "udpecho:5353", "forever")
 	spec.TerminationGracePeriodSeconds = ptr.To[int64](1) // prog ignores SIGTERM
-	spec.NodeSelector, spec.Tolerations = nil, nil // a standard manifest
+	spec.NodeSelector, spec.Tolerations = nil, nil        // a standard manifest
 	spec.Containers[0].ReadinessProbe = &corev1.Probe{PeriodSeconds: 1,
 		ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}}}
 	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "web"}, Spec: appsv1.DeploymentSpec{
