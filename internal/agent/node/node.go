@@ -39,6 +39,7 @@ import (
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -113,8 +114,12 @@ func Run(ctx context.Context, cfg Config) error {
 	services := podNetwork && cfg.APIServiceIP != "" && cfg.ClusterDNS != ""
 	apiEnv := podspec.APIServerEnv(rc.Host)
 	var podDNS *podspec.DNS
+	var svcFactory informers.SharedInformerFactory
 	if services {
-		apiEnv = podspec.APIServerEnv("https://" + net.JoinHostPort(cfg.APIServiceIP, "443"))
+		// Service links (enableServiceLinks) as the kubelet gives them.
+		svcFactory = informers.NewSharedInformerFactoryWithOptions(kc, 0, informers.WithTransform(stripManagedFields))
+		apiEnv = podspec.ServiceLinksEnv(svcFactory.Core().V1().Services().Lister(),
+			podspec.APIServerEnv("https://"+net.JoinHostPort(cfg.APIServiceIP, "443")))
 		podDNS = &podspec.DNS{Server: cfg.ClusterDNS, Domain: cfg.ClusterDomain, HostResolvConf: podspec.HostResolvConfPath()}
 	}
 	translatorConfig := podspec.Config{Source: podspec.APISource(kc), NodeIP: cfg.IP, PodNetwork: podNetwork, DNS: podDNS, ServiceEnv: apiEnv,
@@ -229,6 +234,14 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	podFactory.Start(ctx.Done())
+	if svcFactory != nil {
+		// Pods started before the Services are known would miss their
+		// service links (the kubelet waits too).
+		svcFactory.Start(ctx.Done())
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		svcFactory.WaitForCacheSync(sctx.Done())
+		cancel()
+	}
 	go provider.reconcileStatuses(ctx, ReconcilePeriod)
 	errc := make(chan error, 3)
 	go func() { errc <- nc.Run(ctx) }()
@@ -457,4 +470,12 @@ func startLocalPath(ctx context.Context, cfg Config) error {
 		}
 	}()
 	return nil
+}
+
+// stripManagedFields drops what the node never reads from cached objects.
+func stripManagedFields(obj any) (any, error) {
+	if a, err := meta.Accessor(obj); err == nil {
+		a.SetManagedFields(nil)
+	}
+	return obj, nil
 }

@@ -5,8 +5,14 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/kubernetes/pkg/kubelet/envvars"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -51,7 +57,7 @@ func (t *Translator) env(ctx context.Context, pod *corev1.Pod, c *corev1.Contain
 	}
 	mapping := expansion.MappingFuncFor(declared, services)
 	if t.serviceEnv != nil {
-		for _, e := range t.serviceEnv(pod.Namespace) {
+		for _, e := range t.serviceEnv(pod) {
 			services[e.Name] = e.Value
 			put(e.Name, e.Value)
 		}
@@ -236,7 +242,7 @@ func resourceFieldRef(pod *corev1.Pod, c *corev1.Container, ref *corev1.Resource
 // the kubernetes Service's ClusterIP is not reachable from a pod,
 // so they name the API server's own address, the one this node uses; its
 // serving certificate covers it.
-func APIServerEnv(server string) func(ns string) []corev1.EnvVar {
+func APIServerEnv(server string) func(pod *corev1.Pod) []corev1.EnvVar {
 	u, err := url.Parse(server)
 	if err != nil || u.Hostname() == "" {
 		return nil
@@ -256,5 +262,35 @@ func APIServerEnv(server string) func(ns string) []corev1.EnvVar {
 		{Name: "KUBERNETES_PORT_" + port + "_TCP_PORT", Value: port},
 		{Name: "KUBERNETES_PORT_" + port + "_TCP_ADDR", Value: host},
 	}
-	return func(string) []corev1.EnvVar { return env }
+	return func(*corev1.Pod) []corev1.EnvVar { return env }
+}
+
+// ServiceLinksEnv gives the kubelet's service-link variables from Services
+// (k8s.io/kubernetes/pkg/kubelet/envvars, as the kubelet): the kubernetes
+// Service's for every pod, and with enableServiceLinks (the default) those
+// of every Service with a ClusterIP in the pod's namespace. Until the
+// kubernetes Service is in the lister, fallback gives its variables.
+func ServiceLinksEnv(l corelisters.ServiceLister, fallback func(*corev1.Pod) []corev1.EnvVar) func(pod *corev1.Pod) []corev1.EnvVar {
+	return func(pod *corev1.Pod) []corev1.EnvVar {
+		var svcs []*corev1.Service
+		api, err := l.Services(metav1.NamespaceDefault).Get("kubernetes")
+		if err == nil {
+			svcs = append(svcs, api)
+		}
+		if pod.Spec.EnableServiceLinks == nil || *pod.Spec.EnableServiceLinks {
+			list, _ := l.Services(pod.Namespace).List(labels.Everything())
+			slices.SortFunc(list, func(a, b *corev1.Service) int { return strings.Compare(a.Name, b.Name) })
+			for _, s := range list {
+				if s.Namespace == metav1.NamespaceDefault && s.Name == "kubernetes" {
+					continue
+				}
+				svcs = append(svcs, s)
+			}
+		}
+		env := envvars.FromServices(svcs)
+		if api == nil && fallback != nil {
+			env = append(fallback(pod), env...)
+		}
+		return env
+	}
 }

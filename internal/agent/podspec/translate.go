@@ -45,7 +45,7 @@ type Config struct {
 	DNS *DNS
 	// ServiceEnv gives the service-link variables of a namespace (see
 	// APIServerEnv); nil: none.
-	ServiceEnv func(ns string) []corev1.EnvVar
+	ServiceEnv func(pod *corev1.Pod) []corev1.EnvVar
 	// ProtectedDirs may not be hostPath volumes, nor be inside one: k3sm's
 	// data directory.
 	ProtectedDirs []string
@@ -61,7 +61,7 @@ type Translator struct {
 	nodeIP        string
 	podNetwork    bool
 	dns           *DNS
-	serviceEnv    func(ns string) []corev1.EnvVar
+	serviceEnv    func(pod *corev1.Pod) []corev1.EnvVar
 	protectedDirs []string
 	tokens        *tokenCache
 	now           func() time.Time // tests

@@ -352,7 +352,7 @@ func TestTranslate(t *testing.T) {
 			tr := &Translator{src: tableSource(), nodeIP: "192.0.2.1", protectedDirs: []string{"/var/lib/k3sm"}, tokens: &tokenCache{},
 				now: func() time.Time { return time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC) }}
 			if tc.serviceEnv != nil {
-				tr.serviceEnv = func(string) []corev1.EnvVar { return tc.serviceEnv }
+				tr.serviceEnv = func(*corev1.Pod) []corev1.EnvVar { return tc.serviceEnv }
 			}
 			got, err := tr.PodSpec(context.Background(), tc.pod)
 			if tc.want == nil {
@@ -630,7 +630,7 @@ func TestEnvExpansionAsKubelet(t *testing.T) {
 		secrets: map[string]*corev1.Secret{"s": {Data: map[string][]byte{
 			"pw": []byte("pa$$w0rd"), "home": []byte("$(HOME)x"), "other": []byte("$(A)")}}},
 	}
-	svc := func(string) []corev1.EnvVar {
+	svc := func(*corev1.Pod) []corev1.EnvVar {
 		return []corev1.EnvVar{{Name: "KUBERNETES_PORT", Value: "tcp://127.0.0.1:6443"}, {Name: "A", Value: "svc"}}
 	}
 	tr := &Translator{src: src, nodeIP: "127.0.0.1", serviceEnv: svc}

@@ -166,7 +166,7 @@ func TestVolumesErrors(t *testing.T) {
 }
 
 func TestAPIServerEnv(t *testing.T) {
-	env := APIServerEnv("https://127.0.0.1:6443")("any")
+	env := APIServerEnv("https://127.0.0.1:6443")(&corev1.Pod{})
 	m := map[string]string{}
 	for _, e := range env {
 		m[e.Name] = e.Value
