@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -121,6 +122,149 @@ func TestServicesAndDNS(t *testing.T) {
 		if err != nil || strings.TrimSpace(out) != "echo ping" {
 			t.Fatalf("UDP through the ClusterIP: %v %q", err, out)
 		}
+	})
+
+	t.Run("a web tier calls its backend by DNS name", func(t *testing.T) {
+		front := nativeSpec(imgs.prog, "relay:8080:web:80", "forever")
+		front.NodeSelector, front.Tolerations = nil, nil
+		fl := map[string]string{"app": "front"}
+		fd := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "front"}, Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: fl},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: fl}, Spec: front}}}
+		if _, err := c.AppsV1().Deployments("default").Create(ctx(t), fd, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.CoreV1().Services("default").Create(ctx(t), &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "front"},
+			Spec: corev1.ServiceSpec{Selector: fl, Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 2*time.Minute, "client → front → web", func() error {
+			out, err := exec("dial:front:80")
+			if err != nil || !strings.HasPrefix(out, "relay ") || !strings.Contains(out, "got: from ") || !strings.Contains(out, ":8080") {
+				return fmt.Errorf("%v %q", err, out)
+			}
+			return nil
+		})
+	})
+
+	t.Run("NodePort and LoadBalancer on the node's address", func(t *testing.T) {
+		np, err := c.CoreV1().Services("default").Create(ctx(t), &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web-np"},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Selector: labels,
+				Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodePort := np.Spec.Ports[0].NodePort
+		waitFor(t, 30*time.Second, "NodePort answers on the node", func() error {
+			out, err := dialRead(fmt.Sprintf("127.0.0.1:%d", nodePort))
+			if err != nil || !strings.Contains(out, ":8080") {
+				return fmt.Errorf("%v %q", err, out)
+			}
+			return nil
+		})
+		lbPort := int32(freePort(t))
+		if _, err := c.CoreV1().Services("default").Create(ctx(t), &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web-lb"},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Selector: labels,
+				Ports: []corev1.ServicePort{{Port: lbPort, TargetPort: intstr.FromInt32(8080)}}}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 30*time.Second, "LoadBalancer ingress is the node's address", func() error {
+			lb, err := c.CoreV1().Services("default").Get(ctx(t), "web-lb", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if in := lb.Status.LoadBalancer.Ingress; len(in) != 1 || in[0].IP != "127.0.0.1" {
+				return fmt.Errorf("ingress %+v", in)
+			}
+			out, err := dialRead(fmt.Sprintf("127.0.0.1:%d", lbPort))
+			if err != nil || !strings.Contains(out, ":8080") {
+				return fmt.Errorf("%v %q", err, out)
+			}
+			return nil
+		})
+	})
+
+	t.Run("session affinity sticks to one replica", func(t *testing.T) {
+		aff, err := c.CoreV1().Services("default").Create(ctx(t), &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web-sticky"},
+			Spec: corev1.ServiceSpec{Selector: labels, SessionAffinity: corev1.ServiceAffinityClientIP,
+				Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]bool{}
+		for range 6 {
+			var out string
+			waitFor(t, 30*time.Second, "sticky Service answers", func() error {
+				var err error
+				out, err = exec("dial:" + aff.Spec.ClusterIP + ":80")
+				return err
+			})
+			seen[out[strings.LastIndex(out, " to "):]] = true
+		}
+		if len(seen) != 1 {
+			t.Fatalf("ClientIP affinity reached %d replicas: %v", len(seen), seen)
+		}
+	})
+
+	t.Run("a headless StatefulSet gets per-pod names", func(t *testing.T) {
+		dbl := map[string]string{"app": "db"}
+		if _, err := c.CoreV1().Services("default").Create(ctx(t), &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "db"},
+			Spec: corev1.ServiceSpec{ClusterIP: corev1.ClusterIPNone, Selector: dbl,
+				Ports: []corev1.ServicePort{{Name: "tcp", Port: 8080}}}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		dbSpec := nativeSpec(imgs.prog, "serve:8080", "forever")
+		dbSpec.NodeSelector, dbSpec.Tolerations = nil, nil
+		dbSpec.TerminationGracePeriodSeconds = ptr.To[int64](1)
+		ss := &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: "db"}, Spec: appsv1.StatefulSetSpec{
+			ServiceName: "db", Replicas: ptr.To[int32](2), Selector: &metav1.LabelSelector{MatchLabels: dbl},
+			PodManagementPolicy: appsv1.ParallelPodManagement,
+			Template:            corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: dbl}, Spec: dbSpec}}}
+		if _, err := c.AppsV1().StatefulSets("default").Create(ctx(t), ss, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{"db-0", "db-1"} {
+			p := waitPod(t, c, name, 2*time.Minute, hasIP)
+			waitFor(t, time.Minute, name+".db resolves to its pod", func() error {
+				out, err := exec("lookup:" + name + ".db.default.svc.cluster.local")
+				if err != nil || strings.TrimSpace(out) != "lookup "+name+".db.default.svc.cluster.local: "+p.Status.PodIP {
+					return fmt.Errorf("%v %q (pod IP %s)", err, out, p.Status.PodIP)
+				}
+				return nil
+			})
+		}
+		out, err := exec("lookup:db")
+		if err != nil || len(strings.Fields(out)) != 4 {
+			t.Fatalf("headless db: %v %q, want both pods' addresses", err, out)
+		}
+	})
+
+	t.Run("native pods resolve through glibc (getent)", func(t *testing.T) {
+		if _, err := os.Stat("/usr/bin/getent"); err != nil {
+			t.Skip("no getent on this host")
+		}
+		nat := nativePod("native-dns", "native", "/bin/sleep", "infinity")
+		nat.Spec.Containers[0].Args = nil
+		nat.Spec.Containers[0].Command = []string{"/bin/sleep", "infinity"}
+		nat.Spec.NodeSelector, nat.Spec.Tolerations = nil, nil
+		s.createPod(t, nat)
+		waitPod(t, c, "native-dns", 2*time.Minute, hasIP)
+		api, _ := c.CoreV1().Services("default").Get(ctx(t), "kubernetes", metav1.GetOptions{})
+		out, err := s.kubectl("exec", "native-dns", "--", "getent", "hosts", "kubernetes.default")
+		if err != nil || !strings.HasPrefix(out, api.Spec.ClusterIP+" ") {
+			t.Fatalf("getent hosts kubernetes.default: %v %q (want %s)", err, out, api.Spec.ClusterIP)
+		}
+	})
+
+	t.Run("service links in env", func(t *testing.T) {
+		p := nativePod("links", imgs.prog, "env:WEB_SERVICE_HOST", "env:WEB_SERVICE_PORT_HTTP", "env:KUBERNETES_SERVICE_HOST", "forever")
+		p.Spec.NodeSelector, p.Spec.Tolerations = nil, nil
+		s.createPod(t, p)
+		waitPod(t, c, "links", 2*time.Minute, running)
+		api, _ := c.CoreV1().Services("default").Get(ctx(t), "kubernetes", metav1.GetOptions{})
+		waitLogs(t, s, "links", "WEB_SERVICE_HOST="+clusterIP+"\n")
+		waitLogs(t, s, "links", "WEB_SERVICE_PORT_HTTP=80\n")
+		waitLogs(t, s, "links", "KUBERNETES_SERVICE_HOST="+api.Spec.ClusterIP+"\n")
 	})
 
 	t.Run("scaling to 0 refuses, a new endpoint is used at once", func(t *testing.T) {

@@ -49,6 +49,8 @@ import (
 //	            address> to <local address>" in the background
 //	dial:ADDR   connect to ADDR (host:port), print what it sends (or the
 //	            error, exiting 1)
+//	relay:PORT:ADDR  answer each TCP connection on :PORT with "relay <local
+//	            address> got: " and what ADDR (host:port, dialed then) sent
 //	lookup:NAME print NAME's addresses, sorted, one line ("lookup NAME: a b"),
 //	            resolved through /etc/resolv.conf; exit 1 on failure
 //	udpecho:PORT  echo UDP datagrams on :PORT in the background
@@ -195,6 +197,32 @@ func main() {
 			}
 			io.Copy(os.Stdout, c)
 			c.Close()
+		case "relay":
+			port, target, _ := strings.Cut(arg, ":")
+			l, err := net.Listen("tcp", ":"+port)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(3)
+			}
+			go func() {
+				for {
+					c, err := l.Accept()
+					if err != nil {
+						return
+					}
+					go func(c net.Conn) {
+						defer c.Close()
+						fmt.Fprintf(c, "relay %s got: ", c.LocalAddr())
+						up, err := net.DialTimeout("tcp", target, 5*time.Second)
+						if err != nil {
+							fmt.Fprintln(c, err)
+							return
+						}
+						io.Copy(c, up)
+						up.Close()
+					}(c)
+				}
+			}()
 		case "lookup":
 			addrs, err := net.LookupHost(arg)
 			if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 
@@ -32,6 +33,15 @@ func netdPath(exe string) (string, error) {
 func startNetd(ctx context.Context, p *controlplane.Plane, sup *supervisor.Supervisor) error {
 	bin, err := netdPath(p.Cfg.Executable)
 	if err != nil {
+		return err
+	}
+	ranges := map[string]netip.Prefix{}
+	for flag, s := range map[string]string{"cluster-cidr": p.Cfg.ClusterCIDR, "service-cidr": p.Cfg.ServiceCIDR} {
+		if r, err := netip.ParsePrefix(s); err == nil {
+			ranges[flag] = r
+		}
+	}
+	if err := routeCollision(ranges, "k3sm0"); err != nil {
 		return err
 	}
 	l := p.Layout
