@@ -19,6 +19,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 )
 
@@ -164,14 +165,7 @@ func TestNodeRunsPods(t *testing.T) {
 		}
 		scaleAndWait := func(n int32) {
 			t.Helper()
-			scale, err := c.AppsV1().Deployments("default").GetScale(ctx(t), "prog", metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			scale.Spec.Replicas = n
-			if _, err := c.AppsV1().Deployments("default").UpdateScale(ctx(t), "prog", scale, metav1.UpdateOptions{}); err != nil {
-				t.Fatal(err)
-			}
+			setScale(t, c, "prog", n)
 			waitFor(t, 2*time.Minute, fmt.Sprintf("%d pods Running", n), func() error {
 				pods, err := c.CoreV1().Pods("default").List(ctx(t), metav1.ListOptions{LabelSelector: "app=prog"})
 				if err != nil {
@@ -466,4 +460,22 @@ func TestPodsSurviveRestarts(t *testing.T) {
 	s.cmd = nil
 	s.start()
 	check("server")
+}
+
+// setScale sets a Deployment's replicas, retrying when the controller
+// changed it between the read and the write.
+func setScale(t *testing.T, c kubernetes.Interface, name string, n int32) {
+	t.Helper()
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		sc, err := c.AppsV1().Deployments("default").GetScale(ctx(t), name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		sc.Spec.Replicas = n
+		_, err = c.AppsV1().Deployments("default").UpdateScale(ctx(t), name, sc, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }

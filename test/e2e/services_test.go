@@ -268,16 +268,7 @@ func TestServicesAndDNS(t *testing.T) {
 	})
 
 	t.Run("scaling to 0 refuses, a new endpoint is used at once", func(t *testing.T) {
-		scale := func(n int32) {
-			sc, err := c.AppsV1().Deployments("default").GetScale(ctx(t), "web", metav1.GetOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			sc.Spec.Replicas = n
-			if _, err := c.AppsV1().Deployments("default").UpdateScale(ctx(t), "web", sc, metav1.UpdateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-		}
+		scale := func(n int32) { setScale(t, c, "web", n) }
 		scale(0)
 		waitFor(t, time.Minute, "connection refused with no endpoints", func() error {
 			out, err := exec("dial:" + clusterIP + ":80")

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"net/url"
 
 	"github.com/k3sm-dev/k3sm/internal/agent/dns"
 	"github.com/k3sm-dev/k3sm/internal/agent/proxy"
@@ -17,12 +18,22 @@ import (
 // serveServices runs the node's Service proxy and cluster DNS (both in this
 // process: another process of the big binary would cost ~30 MiB) until ctx
 // ends. They dial from the node's network, where every pod is reachable.
-func serveServices(ctx context.Context, cfg Config, kc kubernetes.Interface, recorder record.EventRecorder, log *slog.Logger) error {
+func serveServices(ctx context.Context, cfg Config, apiURL string, kc kubernetes.Interface, recorder record.EventRecorder, log *slog.Logger) error {
 	nodeIP, err := netip.ParseAddr(cfg.IP)
 	if err != nil {
 		return fmt.Errorf("service proxy: node IP %q: %w", cfg.IP, err)
 	}
-	px, err := proxy.New(proxy.Config{Client: kc, NodeName: cfg.Name, NodeIPs: []netip.Addr{nodeIP}, Recorder: recorder, Log: log.With("component", "proxy")})
+	// The apiserver as this node reaches it: the kubernetes Service's
+	// endpoint when the apiserver publishes none (a loopback address).
+	var api netip.AddrPort
+	if u, err := url.Parse(apiURL); err == nil {
+		port := u.Port()
+		if port == "" {
+			port = "443"
+		}
+		api, _ = netip.ParseAddrPort(net.JoinHostPort(u.Hostname(), port))
+	}
+	px, err := proxy.New(proxy.Config{Client: kc, NodeName: cfg.Name, NodeIPs: []netip.Addr{nodeIP}, APIServer: api, Recorder: recorder, Log: log.With("component", "proxy")})
 	if err != nil {
 		return fmt.Errorf("service proxy: %w", err)
 	}

@@ -30,6 +30,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -69,6 +70,12 @@ type Config struct {
 	// Dial connects to an endpoint ("tcp" or "udp"); the node passes one
 	// that dials from the host network. nil: a net.Dialer.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// APIServer is where this node reaches the apiserver. It serves
+	// default/kubernetes while that Service's EndpointSlices list no
+	// endpoint: the apiserver publishes none for a loopback advertise
+	// address (its endpoint reconciler is off then), yet pods still reach
+	// the API through the Service, as upstream clients expect.
+	APIServer netip.AddrPort
 
 	DialTimeout    time.Duration // per endpoint attempt; 0: DefaultDialTimeout
 	UDPIdleTimeout time.Duration // a UDP session without traffic ends; 0: DefaultUDPIdleTimeout
@@ -278,6 +285,13 @@ func (p *Proxy) sync(ctx context.Context, key string) error {
 		}
 	}
 	specs := desiredFrontends(svc, eps, p.cfg.NodeName, p.cfg.NodeIPs, p.nodePortIPs)
+	if svc.Namespace == metav1.NamespaceDefault && svc.Name == "kubernetes" && p.cfg.APIServer.IsValid() {
+		for i := range specs {
+			if len(specs[i].endpoints) == 0 && specs[i].kind == kindClusterIP {
+				specs[i].endpoints = []netip.AddrPort{p.cfg.APIServer}
+			}
+		}
+	}
 	if len(specs) == 0 {
 		p.removeService(key)
 		return nil

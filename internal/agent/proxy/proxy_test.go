@@ -572,3 +572,35 @@ func TestRunTwice(t *testing.T) {
 		t.Error("second Run did not fail")
 	}
 }
+
+// default/kubernetes without endpoints (a loopback apiserver publishes
+// none) is served by Config.APIServer; once its slices list one, they win.
+func TestKubernetesServiceFallback(t *testing.T) {
+	api, other := tcpBackend(t, "api"), tcpBackend(t, "other")
+	port := freePort(t, clusterIP, tcp)
+	svc := service("kubernetes", corev1.ServiceTypeClusterIP, clusterIP, svcPort("https", tcp, port, 0))
+	svc.Namespace = metav1.NamespaceDefault
+	h := start(t, func(c *Config) {
+		c.APIServer = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(api.port))
+	}, svc)
+	if got, _ := waitServed(t, hostPort(clusterIP, port)); got != "api" {
+		t.Fatalf("kubernetes Service without endpoints answered by %q, want the apiserver", got)
+	}
+	// Another Service without endpoints stays closed.
+	port2 := freePort(t, clusterIP, tcp)
+	web := service("web", corev1.ServiceTypeClusterIP, clusterIP, svcPort("http", tcp, port2, 0))
+	if _, err := h.client.CoreV1().Services(web.Namespace).Create(context.Background(), web, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if _, err := ask(hostPort(clusterIP, port2)); !refused(err) {
+		t.Fatalf("a Service without endpoints answered: %v", err)
+	}
+	s := slice("kubernetes", "kubernetes", tcp, "https", other.port, ready("127.0.0.1"))
+	s.Namespace = metav1.NamespaceDefault
+	h.createSlice(s)
+	eventually(t, "the slice's endpoint serves the kubernetes Service", func() bool {
+		got, err := ask(hostPort(clusterIP, port))
+		return err == nil && got == "other"
+	})
+}
