@@ -65,6 +65,7 @@ type options struct {
 	pods        int
 	workers     int
 	burstRounds int
+	kubeProxy   bool
 }
 
 // The node, as the server would configure it (issue: 100.64.7.0/24).
@@ -85,6 +86,7 @@ func main() {
 	flag.IntVar(&o.pods, "pods", 100, "pods per setup measurement (one at a time, and per burst)")
 	flag.IntVar(&o.workers, "workers", 8, "goroutines setting up the pods of a burst")
 	flag.IntVar(&o.burstRounds, "burst-rounds", 3, "burst rounds per path (0 skips the bursts)")
+	flag.BoolVar(&o.kubeProxy, "kube-proxy", true, "also measure a ClusterIP served by kube-proxy in nftables mode (k8s.io/kubernetes at the pinned version, over a fake clientset)")
 	flag.Parse()
 	if o.rounds < 1 || o.bytes < 1 || o.chunk < 1 || o.pings < 1 || o.pods < 1 || o.pods > 250 || o.workers < 1 || o.burstRounds < 0 {
 		fmt.Fprintln(os.Stderr, "bench/podnet: -rounds, -bytes, -chunk, -pings, -workers must be at least 1, -pods 1 to 250, -burst-rounds at least 0")
@@ -178,11 +180,13 @@ func inner(dir string, o options) (err error) {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer cancel()
 
-	tr, err := trafficBench(ctx, dir, hostNS, o)
+	// Setup first: kube-proxy, once started for the traffic, runs (and
+	// keeps its rules) until the process ends.
+	st, err := setupBench(ctx, dir, hostNS, o)
 	if err != nil {
 		return err
 	}
-	st, err := setupBench(ctx, dir, hostNS, o)
+	tr, err := trafficBench(ctx, dir, hostNS, o)
 	if err != nil {
 		return err
 	}

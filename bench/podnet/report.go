@@ -3,9 +3,23 @@ package main
 import (
 	"fmt"
 	"runtime"
+	"runtime/debug"
 	"slices"
+	"strings"
 	"time"
 )
+
+// k8sVersion is the k8s.io/kubernetes module this program was built with.
+func k8sVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, m := range bi.Deps {
+			if m.Path == "k8s.io/kubernetes" {
+				return m.Version
+			}
+		}
+	}
+	return "(version unknown)"
+}
 
 // Issue goals for the ClusterIP path against direct pod→pod traffic.
 const (
@@ -51,45 +65,72 @@ func report(o options, tr *trafficResult, st *setupResult, loadStart, loadEnd st
 	fmt.Printf("namespace to 127.0.0.1; **pod→pod** = the client in pod A's namespace to %v:%d (veth, bridge, veth);\n", tr.podB.IP, backendPort)
 	fmt.Printf("**ClusterIP** = the client in pod A to %s:%d, served by internal/agent/proxy in the host namespace (fake\n", clusterIP, servicePort)
 	fmt.Printf("clientset: one Service, one EndpointSlice → pod B), which relays by splice(2) to pod B.\n\n")
-	fmt.Printf("| | %s | %s | %s | pod→pod ÷ floor | ClusterIP ÷ pod→pod |\n|---|---:|---:|---:|---:|---:|\n",
-		pathNames[pathLoopback], pathNames[pathPod], pathNames[pathClusterIP])
+	paths := []int{pathLoopback, pathPod, pathClusterIP}
+	if tr.kubeProxy {
+		fmt.Printf("**kube-proxy ClusterIP** = the client in pod A to %s:%d, DNATed to pod B by kube-proxy in nftables mode\n", kubeProxyIP, servicePort)
+		fmt.Printf("(k8s.io/kubernetes %s: cmd/kube-proxy/app's ProxyServer.Run with pkg/proxy/nftables' Proxier, in the host\n", k8sVersion())
+		fmt.Printf("namespace, over its own fake clientset: one Service, one EndpointSlice → pod B; no apiserver, no Node watch).\n\n")
+		paths = append(paths, pathKubeProxy)
+	}
+	fmt.Printf("|")
+	for _, p := range paths {
+		fmt.Printf(" | %s", pathNames[p])
+	}
+	fmt.Printf(" | pod→pod ÷ floor | ClusterIP ÷ pod→pod |")
+	if tr.kubeProxy {
+		fmt.Printf(" kube-proxy ÷ pod→pod | ClusterIP ÷ kube-proxy |")
+	}
+	fmt.Printf("\n|---|%s\n", strings.Repeat("---:|", len(paths)+2+2*len(paths[3:])))
 	row := func(name, unit, prec string, f func(round) float64) [nPaths]float64 {
 		var m [nPaths]float64
-		for p := range nPaths {
+		fmt.Printf("| %s |", name)
+		for _, p := range paths {
 			v := make([]float64, len(tr.rounds[p]))
 			for i, r := range tr.rounds[p] {
 				v[i] = f(r)
 			}
 			m[p] = median(v)
+			fmt.Printf(" "+prec+" %s |", m[p], unit)
 		}
-		fmt.Printf("| %s | "+prec+" %s | "+prec+" %s | "+prec+" %s | %.2f× | %.2f× |\n", name,
-			m[pathLoopback], unit, m[pathPod], unit, m[pathClusterIP], unit,
-			m[pathPod]/m[pathLoopback], m[pathClusterIP]/m[pathPod])
+		fmt.Printf(" %.2f× | %.2f× |", m[pathPod]/m[pathLoopback], m[pathClusterIP]/m[pathPod])
+		if tr.kubeProxy {
+			fmt.Printf(" %.2f× | %.2f× |", m[pathKubeProxy]/m[pathPod], m[pathClusterIP]/m[pathKubeProxy])
+		}
+		fmt.Println()
 		return m
 	}
 	mb := row(fmt.Sprintf("throughput, %s upload in %d KiB writes", size(o.bytes), o.chunk>>10), "MB/s", "%.0f", func(r round) float64 { return r.mbps })
 	p50 := row(fmt.Sprintf("1-byte round trip p50 (%d pings)", o.pings), "µs", "%.1f", func(r round) float64 { return us(r.p50) })
 	row("1-byte round trip p99", "µs", "%.1f", func(r round) float64 { return us(r.p99) })
 
-	// Added latency, paired per round (the two paths ran back to back).
-	var added []float64
-	for i := range tr.rounds[pathPod] {
-		added = append(added, us(tr.rounds[pathClusterIP][i].p50)-us(tr.rounds[pathPod][i].p50))
+	// Added latency, paired per round (the paths ran back to back).
+	addedOver := func(path int) float64 {
+		var added []float64
+		for i := range tr.rounds[pathPod] {
+			added = append(added, us(tr.rounds[path][i].p50)-us(tr.rounds[pathPod][i].p50))
+		}
+		return median(added)
 	}
 	ratio := mb[pathClusterIP] / mb[pathPod]
-	add := median(added)
+	add := addedOver(pathClusterIP)
 	fmt.Printf("\n- ClusterIP throughput is **%.0f %%** of pod→pod (goal ≥ %.0f %%): %s.\n", 100*ratio, 100*goalThroughput, met(ratio >= goalThroughput))
 	fmt.Printf("- ClusterIP adds **%.1f µs** to the p50 round trip over pod→pod (median of the per-round differences; "+
-		"difference of the medians %.1f µs; goal ≤ %.0f µs): %s.\n\n", add, p50[pathClusterIP]-p50[pathPod], us(goalAddedP50), met(add <= us(goalAddedP50)))
+		"difference of the medians %.1f µs; goal ≤ %.0f µs): %s.\n", add, p50[pathClusterIP]-p50[pathPod], us(goalAddedP50), met(add <= us(goalAddedP50)))
+	if tr.kubeProxy {
+		fmt.Printf("- kube-proxy (nftables) ClusterIP: **%.0f %%** of pod→pod throughput, **%.1f µs** added p50; the k3sm proxy moves "+
+			"**%.0f %%** of kube-proxy's throughput and adds %.1f µs p50 over it.\n",
+			100*mb[pathKubeProxy]/mb[pathPod], addedOver(pathKubeProxy), 100*mb[pathClusterIP]/mb[pathKubeProxy], add-addedOver(pathKubeProxy))
+	}
+	fmt.Println()
 
 	fmt.Printf("Every round (MB/s; p50/p99 µs):\n\n| round |")
-	for p := range nPaths {
+	for _, p := range paths {
 		fmt.Printf(" %s |", pathNames[p])
 	}
-	fmt.Printf("\n|---:|---:|---:|---:|\n")
+	fmt.Printf("\n|---:|%s\n", strings.Repeat("---:|", len(paths)))
 	for i := range tr.rounds[pathPod] {
 		fmt.Printf("| %d |", i+1)
-		for p := range nPaths {
+		for _, p := range paths {
 			r := tr.rounds[p][i]
 			fmt.Printf(" %.0f MB/s, %.1f / %.1f |", r.mbps, us(r.p50), us(r.p99))
 		}

@@ -40,10 +40,11 @@ const (
 	pathLoopback  = iota // client and server in pod B's namespace, over 127.0.0.1
 	pathPod              // client in pod A, server in pod B, over the bridge
 	pathClusterIP        // client in pod A, through the Service proxy, to pod B
+	pathKubeProxy        // client in pod A, through kube-proxy's nftables DNAT, to pod B
 	nPaths
 )
 
-var pathNames = [nPaths]string{"loopback floor", "pod→pod", "ClusterIP"}
+var pathNames = [nPaths]string{"loopback floor", "pod→pod", "ClusterIP", "kube-proxy ClusterIP"}
 
 // round is one measurement of one path.
 type round struct {
@@ -52,10 +53,11 @@ type round struct {
 }
 
 type trafficResult struct {
-	rounds [nPaths][]round
-	podA   dataplane.Pod
-	podB   dataplane.Pod
-	setup  time.Duration // EnsureNode + both AddPods
+	rounds    [nPaths][]round
+	podA      dataplane.Pod
+	podB      dataplane.Pod
+	setup     time.Duration // EnsureNode + both AddPods
+	kubeProxy bool          // pathKubeProxy was measured
 }
 
 func pod(netnsDir, uid, ip string) dataplane.Pod {
@@ -109,15 +111,25 @@ func trafficBench(ctx context.Context, dir, hostNS string, o options) (_ *traffi
 	}
 	defer stop()
 
+	paths := []int{pathLoopback, pathPod, pathClusterIP}
+	if o.kubeProxy {
+		if err := startKubeProxy(ctx, r.podA.NetNS, netip.AddrPortFrom(r.podB.IP, backendPort)); err != nil {
+			return nil, err
+		}
+		paths = append(paths, pathKubeProxy)
+		r.kubeProxy = true
+	}
+
 	type target struct{ ns, addr string }
 	targets := [nPaths]target{
 		pathLoopback:  {r.podB.NetNS, net.JoinHostPort("127.0.0.1", strconv.Itoa(backendPort))},
 		pathPod:       {r.podA.NetNS, net.JoinHostPort(r.podB.IP.String(), strconv.Itoa(backendPort))},
 		pathClusterIP: {r.podA.NetNS, net.JoinHostPort(clusterIP, strconv.Itoa(servicePort))},
+		pathKubeProxy: {r.podA.NetNS, net.JoinHostPort(kubeProxyIP, strconv.Itoa(servicePort))},
 	}
 	for i := range o.rounds {
-		for k := range nPaths {
-			path := (i + k) % nPaths // rotate which path goes first
+		for k := range paths {
+			path := paths[(i+k)%len(paths)] // rotate which path goes first
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
@@ -127,7 +139,7 @@ func trafficBench(ctx context.Context, dir, hostNS string, o options) (_ *traffi
 				return nil, fmt.Errorf("%s (%s): %w", pathNames[path], t.addr, err)
 			}
 			r.rounds[path] = append(r.rounds[path], m)
-			fmt.Fprintf(os.Stderr, "round %d %-15s %8.1f MB/s  p50 %v  p99 %v\n", i+1, pathNames[path], m.mbps, m.p50, m.p99)
+			fmt.Fprintf(os.Stderr, "round %d %-20s %8.1f MB/s  p50 %v  p99 %v\n", i+1, pathNames[path], m.mbps, m.p50, m.p99)
 		}
 	}
 	return r, nil
