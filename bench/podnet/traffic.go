@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -113,6 +114,9 @@ func trafficBench(ctx context.Context, dir, hostNS string, o options) (_ *traffi
 
 	paths := []int{pathLoopback, pathPod, pathClusterIP}
 	if o.kubeProxy {
+		if _, err := exec.LookPath("nft"); err != nil {
+			return nil, fmt.Errorf("kube-proxy's nftables mode needs nft(8) on the PATH (or run with -kube-proxy=false): %w", err)
+		}
 		if err := startKubeProxy(ctx, r.podA.NetNS, netip.AddrPortFrom(r.podB.IP, backendPort)); err != nil {
 			return nil, err
 		}
