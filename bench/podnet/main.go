@@ -8,8 +8,11 @@
 //     of the node's userspace Service proxy (internal/agent/proxy, in the
 //     "host" namespace, over a fake clientset); the floor is the same
 //     client and server over one loopback interface (127.0.0.1 inside pod
-//     B's namespace). Each round measures the three paths, rotating which
-//     goes first; the report shows medians over the rounds and the ratios.
+//     B's namespace). The peer (-kube-proxy): a second ClusterIP served by
+//     kube-proxy in nftables mode, from k8s.io/kubernetes at the pinned
+//     version, over its own fake clientset (kubeproxy.go). Each round
+//     measures every path, rotating which goes first; the report shows
+//     medians over the rounds and the ratios.
 //   - setup: what a pod start pays for its network, SetupPod and
 //     TeardownPod through the real k3sm-netd server and client over its
 //     unix socket, against the dataplane's AddPod and DelPod called
