@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the k3sm benchmarks and records their figures in bench/RESULTS.md.
 #
-#   bench/run.sh [controlplane|runtime|pods|proxy|all]...    (default: all)
+#   bench/run.sh [controlplane|runtime|pods|proxy|podnet|all]...    (default: all)
 #
 # `make bench` builds the binaries and runs this with K3SM_BIN set.
 # Environment (all optional):
@@ -13,6 +13,7 @@
 #   K3SM_BENCH_ARGS       extra flags for bench/controlplane (see: go run ./bench/controlplane -help)
 #   K3SM_BENCH_PODS_ARGS  extra flags for bench/pods (see: go run ./bench/pods -help)
 #   K3SM_BENCH_PROXY_ARGS extra flags for bench/proxy (see: go run ./bench/proxy -help)
+#   K3SM_BENCH_PODNET_ARGS extra flags for bench/podnet (see: go run ./bench/podnet -help)
 # The runtime benchmark (bench/runtime) reads its own K3SM_BENCH_* variables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -70,17 +71,27 @@ proxy() {
 	_output/bench/proxy ${K3SM_BENCH_PROXY_ARGS:-} | tee _output/bench/proxy.md
 }
 
+podnet() {
+	# Owned by bench/podnet: pod→pod and ClusterIP traffic over the real dataplane and Service proxy,
+	# and pod network setup through k3sm-netd. Needs root (it skips with a message otherwise); it
+	# re-runs itself under `unshare --net --mount`, so it touches nothing of the machine's network.
+	# Prints only: its figures are recorded in bench/RESULTS.md by hand.
+	$GO build -o _output/bench/podnet ./bench/podnet
+	# shellcheck disable=SC2086 # K3SM_BENCH_PODNET_ARGS is a list of flags
+	_output/bench/podnet ${K3SM_BENCH_PODNET_ARGS:-} | tee _output/bench/podnet.md
+}
+
 targets=("$@")
-if [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]]; then targets=(controlplane runtime pods proxy); fi
+if [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]]; then targets=(controlplane runtime pods proxy podnet); fi
 failed=()
 for t in "${targets[@]}"; do
 	case $t in
-	controlplane | runtime | pods | proxy)
+	controlplane | runtime | pods | proxy | podnet)
 		echo "=== bench: $t" >&2
 		"$t" || failed+=("$t")
 		;;
 	*)
-		echo "bench: unknown benchmark '$t'; choose controlplane, runtime, pods, proxy or all" >&2
+		echo "bench: unknown benchmark '$t'; choose controlplane, runtime, pods, proxy, podnet or all" >&2
 		exit 2
 		;;
 	esac

@@ -1,0 +1,263 @@
+// Command podnet benchmarks the pod network k3sm-netd builds, through the
+// real data path (internal/netd/dataplane), against its floors:
+//
+//   - traffic: a bulk upload (bytes in fixed-size writes, acknowledged by
+//     the backend once all arrived) and a 1-byte ping-pong, from a client
+//     in pod A's network namespace to a server in pod B's, directly
+//     (pod→pod over the veths and the node's bridge) and through a ClusterIP
+//     of the node's userspace Service proxy (internal/agent/proxy, in the
+//     "host" namespace, over a fake clientset); the floor is the same
+//     client and server over one loopback interface (127.0.0.1 inside pod
+//     B's namespace). The peer (-kube-proxy): a second ClusterIP served by
+//     kube-proxy in nftables mode, from k8s.io/kubernetes at the pinned
+//     version, over its own fake clientset (kubeproxy.go). Each round
+//     measures every path, rotating which goes first; the report shows
+//     medians over the rounds and the ratios.
+//   - setup: what a pod start pays for its network, SetupPod and
+//     TeardownPod through the real k3sm-netd server and client over its
+//     unix socket, against the dataplane's AddPod and DelPod called
+//     directly: one pod at a time, interleaved, and a burst from several
+//     goroutines.
+//
+// It needs root. The program re-executes itself under `unshare --net
+// --mount`, so the whole process runs in a fresh network namespace that
+// serves as the node's "host" (bind-mounted on a file in a temp dir and
+// passed as Options.HostNSPath), and every bind mount lives in a private
+// mount namespace that dies with it. Every socket is on 127.0.0.0/8 or on
+// an address inside those namespaces; nothing touches the machine's
+// network. The outer process removes the temp dir when the inner one ends,
+// however it ends. It is a benchmark, not a test: nothing here asserts a
+// figure.
+//
+//	go run ./bench/podnet    (or: bench/run.sh podnet)
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/k3sm-dev/k3sm/internal/netd/dataplane"
+)
+
+// innerEnv, set by the outer process, holds the temp dir the inner one
+// (already in its own network and mount namespaces) works in.
+const innerEnv = "K3SM_BENCH_PODNET_DIR"
+
+// outerNSEnv identifies the network namespace the outer process ran in,
+// which the inner one checks it has left.
+const outerNSEnv = "K3SM_BENCH_PODNET_OUTER_NETNS"
+
+type options struct {
+	rounds      int
+	bytes       int64
+	chunk       int
+	pings       int
+	pods        int
+	workers     int
+	burstRounds int
+	kubeProxy   bool
+}
+
+// The node, as the server would configure it (issue: 100.64.7.0/24).
+var node = dataplane.Node{
+	CIDR:        netip.MustParsePrefix("100.64.7.0/24"),
+	Gateway:     netip.MustParseAddr("100.64.7.1"),
+	Bridge:      "k3sm0",
+	ServiceCIDR: netip.MustParsePrefix("10.96.0.0/16"),
+	ClusterCIDR: netip.MustParsePrefix("100.64.0.0/10"),
+}
+
+func main() {
+	var o options
+	flag.IntVar(&o.rounds, "rounds", 5, "traffic rounds; each measures loopback, pod→pod and ClusterIP")
+	flag.Int64Var(&o.bytes, "bytes", 1<<30, "bytes uploaded per throughput measurement")
+	flag.IntVar(&o.chunk, "chunk", 64<<10, "bytes per write in the throughput measurement")
+	flag.IntVar(&o.pings, "pings", 20000, "1-byte round trips per latency measurement")
+	flag.IntVar(&o.pods, "pods", 100, "pods per setup measurement (one at a time, and per burst)")
+	flag.IntVar(&o.workers, "workers", 8, "goroutines setting up the pods of a burst")
+	flag.IntVar(&o.burstRounds, "burst-rounds", 3, "burst rounds per path (0 skips the bursts)")
+	flag.BoolVar(&o.kubeProxy, "kube-proxy", true, "also measure a ClusterIP served by kube-proxy in nftables mode (k8s.io/kubernetes at the pinned version, over a fake clientset)")
+	flag.Parse()
+	if o.rounds < 1 || o.bytes < 1 || o.chunk < 1 || o.pings < 1 || o.pods < 1 || o.pods > 250 || o.workers < 1 || o.burstRounds < 0 {
+		fmt.Fprintln(os.Stderr, "bench/podnet: -rounds, -bytes, -chunk, -pings, -workers must be at least 1, -pods 1 to 250, -burst-rounds at least 0")
+		os.Exit(2)
+	}
+	if dir := os.Getenv(innerEnv); dir != "" {
+		if err := inner(dir, o); err != nil {
+			fmt.Fprintln(os.Stderr, "bench/podnet:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	os.Exit(outer())
+}
+
+// outer checks what the benchmark needs, and runs this program again in
+// fresh network and mount namespaces with a temp dir it removes afterwards.
+func outer() int {
+	if runtime.GOOS != "linux" {
+		fmt.Fprintln(os.Stderr, "bench/podnet: skipped: pods get network namespaces on Linux only")
+		return 0
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "bench/podnet: skipped: needs root (it creates network namespaces, veths and nftables rules; run it with sudo)")
+		return 0
+	}
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench/podnet: needs unshare(1) from util-linux:", err)
+		return 1
+	}
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench/podnet:", err)
+		return 1
+	}
+	outerNS, err := nsID("/proc/self/ns/net")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench/podnet:", err)
+		return 1
+	}
+	dir, err := os.MkdirTemp("", "k3sm-bench-podnet-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench/podnet:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	// unshare(1) execs the program itself: the child's pid is the inner
+	// benchmark's. Private propagation keeps its bind mounts (the host and
+	// pod namespace files) out of the machine's mount table.
+	cmd := exec.Command(unshare, append([]string{"--net", "--mount", "--propagation", "private", "--", self}, os.Args[1:]...)...)
+	cmd.Env = append(os.Environ(), innerEnv+"="+dir, outerNSEnv+"="+outerNS)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/podnet:", err)
+		return 1
+	}
+	go func() {
+		for s := range sigs {
+			cmd.Process.Signal(s)
+		}
+	}()
+	if err := cmd.Wait(); err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) && ee.ExitCode() > 0 {
+			return ee.ExitCode()
+		}
+		fmt.Fprintln(os.Stderr, "bench/podnet:", err)
+		return 1
+	}
+	return 0
+}
+
+// inner is the benchmark proper, in the namespaces outer made.
+func inner(dir string, o options) (err error) {
+	if err := checkIsolated(); err != nil {
+		return err
+	}
+	loadStart := loadAvg()
+	hostNS := filepath.Join(dir, "host")
+	if err := bindOwnNetNS(hostNS); err != nil {
+		return err
+	}
+	defer unmount(hostNS)
+	if err := loUp(hostNS); err != nil {
+		return err
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer cancel()
+
+	// Setup first: kube-proxy, once started for the traffic, runs (and
+	// keeps its rules) until the process ends.
+	st, err := setupBench(ctx, dir, hostNS, o)
+	if err != nil {
+		return err
+	}
+	tr, err := trafficBench(ctx, dir, hostNS, o)
+	if err != nil {
+		return err
+	}
+	report(o, tr, st, loadStart, loadAvg())
+	return nil
+}
+
+// checkIsolated refuses to run in the network namespace the outer process
+// ran in (or, where it can be read, that of pid 1): everything below
+// assumes a namespace of its own.
+func checkIsolated() error {
+	self, err := nsID("/proc/self/ns/net")
+	if err != nil {
+		return err
+	}
+	outer := os.Getenv(outerNSEnv)
+	if outer == "" {
+		return errors.New("the outer process did not say which namespace it ran in (" + outerNSEnv + ")")
+	}
+	init, _ := nsID("/proc/1/ns/net") // not readable in every container
+	if self == outer || self == init {
+		return errors.New("refusing to run in the machine's network namespace (run the program without " + innerEnv + ")")
+	}
+	return nil
+}
+
+// nsID identifies a namespace by the device and inode of its file.
+func nsID(path string) (string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%d:%d", st.Dev, st.Ino), nil
+}
+
+// bindOwnNetNS bind-mounts the process's network namespace on path, which
+// the dataplane opens as the node's "host".
+func bindOwnNetNS(path string) error {
+	if err := os.WriteFile(path, nil, 0o400); err != nil {
+		return err
+	}
+	if err := unix.Mount("/proc/self/ns/net", path, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind-mount the host namespace on %s: %w", path, err)
+	}
+	return nil
+}
+
+func unmount(path string) {
+	unix.Unmount(path, unix.MNT_DETACH)
+	os.Remove(path)
+}
+
+func kernel() string {
+	b, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	return strings.TrimSpace(string(b))
+}
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// ms is a duration in milliseconds, for the setup figures.
+func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }

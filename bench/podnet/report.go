@@ -1,0 +1,202 @@
+package main
+
+import (
+	"fmt"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
+)
+
+// k8sVersion is the k8s.io/kubernetes module this program was built with.
+func k8sVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, m := range bi.Deps {
+			if m.Path == "k8s.io/kubernetes" {
+				return m.Version
+			}
+		}
+	}
+	return "(version unknown)"
+}
+
+// Issue goals for the ClusterIP path against direct pod→pod traffic.
+const (
+	goalThroughput = 0.90                  // ClusterIP ÷ pod→pod, at least
+	goalAddedP50   = 50 * time.Microsecond // ClusterIP p50 − pod→pod p50, at most
+)
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	v = slices.Sorted(slices.Values(v))
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}
+
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+
+func met(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "**not met**"
+}
+
+func report(o options, tr *trafficResult, st *setupResult, loadStart, loadEnd string) {
+	fmt.Printf("## Pod network (bench/podnet)\n\n")
+	fmt.Printf("- Date: %s\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	fmt.Printf("- Machine: kernel %s, %d CPUs, %s\n", kernel(), runtime.NumCPU(), runtime.Version())
+	fmt.Printf("- Program: `bench/podnet -rounds %d -bytes %d -chunk %d -pings %d -pods %d -workers %d -burst-rounds %d`\n",
+		o.rounds, o.bytes, o.chunk, o.pings, o.pods, o.workers, o.burstRounds)
+	fmt.Printf("- Load average (1/5/15 min) at start %s, at end %s (the machine is shared: rounds rotate which path goes first)\n", loadStart, loadEnd)
+	fmt.Printf("- Setup: the process re-executed under `unshare --net --mount`; its own fresh network namespace is the\n")
+	fmt.Printf("  node's \"host\". internal/netd/dataplane built the node (%v, gateway %v on bridge %s, Service range %v\n",
+		node.CIDR, node.Gateway, node.Bridge, node.ServiceCIDR)
+	fmt.Printf("  local, cluster range %v) and pods A (%v) and B (%v) in %.1f ms; nothing touched the machine's network.\n\n",
+		node.ClusterCIDR, tr.podA.IP, tr.podB.IP, ms(tr.setup))
+
+	fmt.Printf("### Traffic\n\n")
+	fmt.Printf("Median of %d rounds. The server runs in pod B's namespace; **loopback floor** = the client in pod B's\n", o.rounds)
+	fmt.Printf("namespace to 127.0.0.1; **pod→pod** = the client in pod A's namespace to %v:%d (veth, bridge, veth);\n", tr.podB.IP, backendPort)
+	fmt.Printf("**ClusterIP** = the client in pod A to %s:%d, served by internal/agent/proxy in the host namespace (fake\n", clusterIP, servicePort)
+	fmt.Printf("clientset: one Service, one EndpointSlice → pod B), which relays by splice(2) to pod B.\n\n")
+	paths := []int{pathLoopback, pathPod, pathClusterIP}
+	if tr.kubeProxy {
+		fmt.Printf("**kube-proxy ClusterIP** = the client in pod A to %s:%d, DNATed to pod B by kube-proxy in nftables mode\n", kubeProxyIP, servicePort)
+		fmt.Printf("(k8s.io/kubernetes %s: cmd/kube-proxy/app's ProxyServer.Run with pkg/proxy/nftables' Proxier, in the host\n", k8sVersion())
+		fmt.Printf("namespace, over its own fake clientset: one Service, one EndpointSlice → pod B; no apiserver, no Node watch).\n\n")
+		paths = append(paths, pathKubeProxy)
+	}
+	fmt.Printf("|")
+	for _, p := range paths {
+		fmt.Printf(" | %s", pathNames[p])
+	}
+	fmt.Printf(" | pod→pod ÷ floor | ClusterIP ÷ pod→pod |")
+	if tr.kubeProxy {
+		fmt.Printf(" kube-proxy ÷ pod→pod | ClusterIP ÷ kube-proxy |")
+	}
+	fmt.Printf("\n|---|%s\n", strings.Repeat("---:|", len(paths)+2+2*len(paths[3:])))
+	row := func(name, unit, prec string, f func(round) float64) [nPaths]float64 {
+		var m [nPaths]float64
+		fmt.Printf("| %s |", name)
+		for _, p := range paths {
+			v := make([]float64, len(tr.rounds[p]))
+			for i, r := range tr.rounds[p] {
+				v[i] = f(r)
+			}
+			m[p] = median(v)
+			fmt.Printf(" "+prec+" %s |", m[p], unit)
+		}
+		fmt.Printf(" %.2f× | %.2f× |", m[pathPod]/m[pathLoopback], m[pathClusterIP]/m[pathPod])
+		if tr.kubeProxy {
+			fmt.Printf(" %.2f× | %.2f× |", m[pathKubeProxy]/m[pathPod], m[pathClusterIP]/m[pathKubeProxy])
+		}
+		fmt.Println()
+		return m
+	}
+	mb := row(fmt.Sprintf("throughput, %s upload in %d KiB writes", size(o.bytes), o.chunk>>10), "MB/s", "%.0f", func(r round) float64 { return r.mbps })
+	p50 := row(fmt.Sprintf("1-byte round trip p50 (%d pings)", o.pings), "µs", "%.1f", func(r round) float64 { return us(r.p50) })
+	row("1-byte round trip p99", "µs", "%.1f", func(r round) float64 { return us(r.p99) })
+
+	// Added latency, paired per round (the paths ran back to back).
+	addedOver := func(path int) float64 {
+		var added []float64
+		for i := range tr.rounds[pathPod] {
+			added = append(added, us(tr.rounds[path][i].p50)-us(tr.rounds[pathPod][i].p50))
+		}
+		return median(added)
+	}
+	ratio := mb[pathClusterIP] / mb[pathPod]
+	add := addedOver(pathClusterIP)
+	fmt.Printf("\n- ClusterIP throughput is **%.0f %%** of pod→pod (goal ≥ %.0f %%): %s.\n", 100*ratio, 100*goalThroughput, met(ratio >= goalThroughput))
+	fmt.Printf("- ClusterIP adds **%.1f µs** to the p50 round trip over pod→pod (median of the per-round differences; "+
+		"difference of the medians %.1f µs; goal ≤ %.0f µs): %s.\n", add, p50[pathClusterIP]-p50[pathPod], us(goalAddedP50), met(add <= us(goalAddedP50)))
+	if tr.kubeProxy {
+		fmt.Printf("- kube-proxy (nftables) ClusterIP: **%.0f %%** of pod→pod throughput, **%.1f µs** added p50; the k3sm proxy moves "+
+			"**%.0f %%** of kube-proxy's throughput and adds %.1f µs p50 over it.\n",
+			100*mb[pathKubeProxy]/mb[pathPod], addedOver(pathKubeProxy), 100*mb[pathClusterIP]/mb[pathKubeProxy], add-addedOver(pathKubeProxy))
+	}
+	fmt.Println()
+
+	fmt.Printf("Every round (MB/s; p50/p99 µs):\n\n| round |")
+	for _, p := range paths {
+		fmt.Printf(" %s |", pathNames[p])
+	}
+	fmt.Printf("\n|---:|%s\n", strings.Repeat("---:|", len(paths)))
+	for i := range tr.rounds[pathPod] {
+		fmt.Printf("| %d |", i+1)
+		for _, p := range paths {
+			r := tr.rounds[p][i]
+			fmt.Printf(" %.0f MB/s, %.1f / %.1f |", r.mbps, us(r.p50), us(r.p99))
+		}
+		fmt.Println()
+	}
+
+	fmt.Printf("\n### Network setup per pod\n\n")
+	fmt.Printf("**%s**: what a pod start pays, SetupPod and TeardownPod from internal/netd/client over the\n", setupNames[setupNetd])
+	fmt.Printf("unix socket to the real internal/netd/server (peer-credential check, one mutex, state file written per\n")
+	fmt.Printf("change) over the real dataplane in the host namespace; **%s**: AddPod and DelPod of the same\n", setupNames[setupDirect])
+	fmt.Printf("dataplane called in this process, the floor. Each pod's network is a fresh namespace, a veth pair on the\n")
+	fmt.Printf("bridge, its address, lo and the default route.\n\n")
+	fmt.Printf("One at a time: %d pods per path, each set up then torn down before the next, paths alternating.\n\n", o.pods)
+	fmt.Printf("| ms | %s | %s | netd ÷ direct |\n|---|---:|---:|---:|\n", setupNames[setupNetd], setupNames[setupDirect])
+	srow := func(name string, q float64, f func(p int) []time.Duration) {
+		n, d := ms(pct(f(setupNetd), q)), ms(pct(f(setupDirect), q))
+		fmt.Printf("| %s | %.2f | %.2f | %.2f× |\n", name, n, d, n/d)
+	}
+	both := func(p int) []time.Duration {
+		out := make([]time.Duration, len(st.add[p]))
+		for i := range out {
+			out[i] = st.add[p][i] + st.del[p][i]
+		}
+		return out
+	}
+	srow("set up (SetupPod / AddPod) p50", 0.50, func(p int) []time.Duration { return st.add[p] })
+	srow("set up p99", 0.99, func(p int) []time.Duration { return st.add[p] })
+	srow("tear down (TeardownPod / DelPod) p50", 0.50, func(p int) []time.Duration { return st.del[p] })
+	srow("tear down p99", 0.99, func(p int) []time.Duration { return st.del[p] })
+	srow("set up + tear down p50", 0.50, both)
+	srow("set up + tear down p99", 0.99, both)
+
+	if o.burstRounds == 0 {
+		return
+	}
+	fmt.Printf("\nBurst: %d pods set up at once from %d goroutines, then torn down the same way; median of %d rounds\n",
+		o.pods, o.workers, o.burstRounds)
+	fmt.Printf("per path, alternating which goes first. k3sm-netd serves each connection on its own goroutine but\n")
+	fmt.Printf("applies every request under one mutex; the dataplane called directly runs the %d calls in parallel.\n\n", o.workers)
+	fmt.Printf("| ms | %s | %s | netd ÷ direct |\n|---|---:|---:|---:|\n", setupNames[setupNetd], setupNames[setupDirect])
+	brow := func(name, prec string, f func(b burst) float64) {
+		var m [nSetups]float64
+		for p := range nSetups {
+			var v []float64
+			for _, b := range st.bursts[p] {
+				v = append(v, f(b))
+			}
+			m[p] = median(v)
+		}
+		fmt.Printf("| %s | "+prec+" | "+prec+" | %.2f× |\n", name, m[setupNetd], m[setupDirect], m[setupNetd]/m[setupDirect])
+	}
+	brow(fmt.Sprintf("all %d pods set up (wall)", o.pods), "%.0f", func(b burst) float64 { return ms(b.wall) })
+	brow("pods set up per second", "%.0f", func(b burst) float64 { return float64(len(b.calls)) / b.wall.Seconds() })
+	brow("one call p50 (its start to its return)", "%.2f", func(b burst) float64 { return ms(pct(b.calls, 0.5)) })
+	brow("one call p99", "%.2f", func(b burst) float64 { return ms(pct(b.calls, 0.99)) })
+	brow("pod ready p50 (burst start to its return)", "%.0f", func(b burst) float64 { return ms(pct(b.ready, 0.5)) })
+	brow("pod ready p99", "%.0f", func(b burst) float64 { return ms(pct(b.ready, 0.99)) })
+	brow(fmt.Sprintf("all %d torn down (wall)", o.pods), "%.0f", func(b burst) float64 { return ms(b.delWall) })
+}
+
+func size(n int64) string {
+	if n >= 1<<30 && n%(1<<30) == 0 {
+		return fmt.Sprintf("%d GiB", n>>30)
+	}
+	if n >= 1<<20 && n%(1<<20) == 0 {
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%d B", n)
+}
