@@ -34,7 +34,7 @@ func run(args []string) int {
 		NewDataplane: func() (dataplane.Dataplane, error) {
 			return dataplane.New(dataplane.Options{NetNSDir: cfg.NetNSDir})
 		},
-		Logger:       log,
+		Logger: log,
 	})
 	if err != nil {
 		log.Error("k3sm-netd cannot start", "err", err)
