@@ -36,6 +36,9 @@ func IsNotFound(err error) bool { return hasCode(err, wire.CodeNotFound) }
 // IsNotConfigured reports whether err is SetupPod before Configure.
 func IsNotConfigured(err error) bool { return hasCode(err, wire.CodeNotConfigured) }
 
+// IsUnsupported reports whether err is netd saying this OS cannot do it.
+func IsUnsupported(err error) bool { return hasCode(err, wire.CodeUnsupported) }
+
 func hasCode(err error, code string) bool {
 	var e *Error
 	return errors.As(err, &e) && e.Code == code
@@ -79,6 +82,13 @@ func (c *Client) SetupPod(ctx context.Context, uid, namespace, name string) (wir
 // none for it.
 func (c *Client) TeardownPod(ctx context.Context, uid string) error {
 	_, err := c.do(ctx, &wire.Request{Verb: wire.VerbTeardownPod, TeardownPod: &wire.TeardownPodArgs{UID: uid}})
+	return err
+}
+
+// SetPolicy replaces the pod's NetworkPolicy; IsNotFound(err) when netd
+// has no network for it, IsUnsupported(err) where it cannot be enforced.
+func (c *Client) SetPolicy(ctx context.Context, a wire.SetPolicyArgs) error {
+	_, err := c.do(ctx, &wire.Request{Verb: wire.VerbSetPolicy, SetPolicy: &a})
 	return err
 }
 
