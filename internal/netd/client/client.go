@@ -123,6 +123,10 @@ func (c *Client) do(ctx context.Context, req *wire.Request) (*wire.Response, err
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	werr := wire.WriteRequest(conn, req)
+	if errors.Is(werr, wire.ErrFrameTooLarge) {
+		// Nothing was sent, so no answer comes: say so now.
+		return nil, &Error{Code: wire.CodeInvalid, Message: werr.Error()}
+	}
 	// netd may refuse before reading (a denied uid): its answer is read
 	// even when the write failed.
 	resp, err := wire.ReadResponse(conn)
