@@ -41,6 +41,7 @@ const (
 	Runtime_PortForward_FullMethodName         = "/k3sm.runtime.v1.Runtime/PortForward"
 	Runtime_ListPodStats_FullMethodName        = "/k3sm.runtime.v1.Runtime/ListPodStats"
 	Runtime_UpdateRuntimeConfig_FullMethodName = "/k3sm.runtime.v1.Runtime/UpdateRuntimeConfig"
+	Runtime_SetPodNetworkPolicy_FullMethodName = "/k3sm.runtime.v1.Runtime/SetPodNetworkPolicy"
 )
 
 // RuntimeClient is the client API for Runtime service.
@@ -93,6 +94,12 @@ type RuntimeClient interface {
 	// (Node.spec.podCIDR), as the kubelet does through CRI: pods get their
 	// addresses from it. Sending the same range again is a no-op.
 	UpdateRuntimeConfig(ctx context.Context, in *UpdateRuntimeConfigRequest, opts ...grpc.CallOption) (*UpdateRuntimeConfigResponse, error)
+	// SetPodNetworkPolicy replaces what a pod may send and receive, its
+	// NetworkPolicies resolved by the provider to addresses and port numbers.
+	// The daemon passes it on to k3sm-netd. FAILED_PRECONDITION when pods
+	// share the node's network; NOT_FOUND when the pod has no network;
+	// UNIMPLEMENTED when this OS cannot enforce an isolating policy.
+	SetPodNetworkPolicy(ctx context.Context, in *SetPodNetworkPolicyRequest, opts ...grpc.CallOption) (*SetPodNetworkPolicyResponse, error)
 }
 
 type runtimeClient struct {
@@ -270,6 +277,16 @@ func (c *runtimeClient) UpdateRuntimeConfig(ctx context.Context, in *UpdateRunti
 	return out, nil
 }
 
+func (c *runtimeClient) SetPodNetworkPolicy(ctx context.Context, in *SetPodNetworkPolicyRequest, opts ...grpc.CallOption) (*SetPodNetworkPolicyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetPodNetworkPolicyResponse)
+	err := c.cc.Invoke(ctx, Runtime_SetPodNetworkPolicy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RuntimeServer is the server API for Runtime service.
 // All implementations must embed UnimplementedRuntimeServer
 // for forward compatibility.
@@ -320,6 +337,12 @@ type RuntimeServer interface {
 	// (Node.spec.podCIDR), as the kubelet does through CRI: pods get their
 	// addresses from it. Sending the same range again is a no-op.
 	UpdateRuntimeConfig(context.Context, *UpdateRuntimeConfigRequest) (*UpdateRuntimeConfigResponse, error)
+	// SetPodNetworkPolicy replaces what a pod may send and receive, its
+	// NetworkPolicies resolved by the provider to addresses and port numbers.
+	// The daemon passes it on to k3sm-netd. FAILED_PRECONDITION when pods
+	// share the node's network; NOT_FOUND when the pod has no network;
+	// UNIMPLEMENTED when this OS cannot enforce an isolating policy.
+	SetPodNetworkPolicy(context.Context, *SetPodNetworkPolicyRequest) (*SetPodNetworkPolicyResponse, error)
 	mustEmbedUnimplementedRuntimeServer()
 }
 
@@ -371,6 +394,9 @@ func (UnimplementedRuntimeServer) ListPodStats(context.Context, *ListPodStatsReq
 }
 func (UnimplementedRuntimeServer) UpdateRuntimeConfig(context.Context, *UpdateRuntimeConfigRequest) (*UpdateRuntimeConfigResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method UpdateRuntimeConfig not implemented")
+}
+func (UnimplementedRuntimeServer) SetPodNetworkPolicy(context.Context, *SetPodNetworkPolicyRequest) (*SetPodNetworkPolicyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetPodNetworkPolicy not implemented")
 }
 func (UnimplementedRuntimeServer) mustEmbedUnimplementedRuntimeServer() {}
 func (UnimplementedRuntimeServer) testEmbeddedByValue()                 {}
@@ -598,6 +624,24 @@ func _Runtime_UpdateRuntimeConfig_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Runtime_SetPodNetworkPolicy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetPodNetworkPolicyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RuntimeServer).SetPodNetworkPolicy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Runtime_SetPodNetworkPolicy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RuntimeServer).SetPodNetworkPolicy(ctx, req.(*SetPodNetworkPolicyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Runtime_ServiceDesc is the grpc.ServiceDesc for Runtime service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -640,6 +684,10 @@ var Runtime_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "UpdateRuntimeConfig",
 			Handler:    _Runtime_UpdateRuntimeConfig_Handler,
+		},
+		{
+			MethodName: "SetPodNetworkPolicy",
+			Handler:    _Runtime_SetPodNetworkPolicy_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

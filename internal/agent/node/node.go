@@ -28,6 +28,7 @@ import (
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/agent/localpath"
 	"github.com/k3sm-dev/k3sm/internal/agent/metrics"
+	"github.com/k3sm-dev/k3sm/internal/agent/netpol"
 	"github.com/k3sm-dev/k3sm/internal/agent/podspec"
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
@@ -243,7 +244,7 @@ func Run(ctx context.Context, cfg Config) error {
 		cancel()
 	}
 	go provider.reconcileStatuses(ctx, ReconcilePeriod)
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	go func() { errc <- nc.Run(ctx) }()
 	select {
 	case <-nc.Ready():
@@ -254,6 +255,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	go func() { errc <- pc.Run(ctx, cfg.Workers) }()
 	if podNetwork {
+		// Pods have addresses of their own: enforce their NetworkPolicies.
+		np := netpol.New(netpol.Config{Client: kc, NodeName: cfg.Name, Applier: netpol.RuntimeApplier{Runtime: rt.Runtime}, Log: log.With("component", "netpol")})
+		go func() { errc <- np.Run(ctx) }()
 		go func() {
 			if !syncPodCIDR(ctx, kc.CoreV1().Nodes(), cfg.Name, rt.Runtime, log) || !services {
 				return

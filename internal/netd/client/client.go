@@ -36,6 +36,9 @@ func IsNotFound(err error) bool { return hasCode(err, wire.CodeNotFound) }
 // IsNotConfigured reports whether err is SetupPod before Configure.
 func IsNotConfigured(err error) bool { return hasCode(err, wire.CodeNotConfigured) }
 
+// IsUnsupported reports whether err is netd saying this OS cannot do it.
+func IsUnsupported(err error) bool { return hasCode(err, wire.CodeUnsupported) }
+
 func hasCode(err error, code string) bool {
 	var e *Error
 	return errors.As(err, &e) && e.Code == code
@@ -82,6 +85,13 @@ func (c *Client) TeardownPod(ctx context.Context, uid string) error {
 	return err
 }
 
+// SetPolicy replaces the pod's NetworkPolicy; IsNotFound(err) when netd
+// has no network for it, IsUnsupported(err) where it cannot be enforced.
+func (c *Client) SetPolicy(ctx context.Context, a wire.SetPolicyArgs) error {
+	_, err := c.do(ctx, &wire.Request{Verb: wire.VerbSetPolicy, SetPolicy: &a})
+	return err
+}
+
 // ListPods returns every pod netd has given an address.
 func (c *Client) ListPods(ctx context.Context) ([]wire.PodResult, error) {
 	resp, err := c.do(ctx, &wire.Request{Verb: wire.VerbListPods})
@@ -113,6 +123,10 @@ func (c *Client) do(ctx context.Context, req *wire.Request) (*wire.Response, err
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	werr := wire.WriteRequest(conn, req)
+	if errors.Is(werr, wire.ErrFrameTooLarge) {
+		// Nothing was sent, so no answer comes: say so now.
+		return nil, &Error{Code: wire.CodeInvalid, Message: werr.Error()}
+	}
 	// netd may refuse before reading (a denied uid): its answer is read
 	// even when the write failed.
 	resp, err := wire.ReadResponse(conn)

@@ -26,6 +26,9 @@ type nopDP struct{}
 func (nopDP) EnsureNode(dataplane.Node) error            { return nil }
 func (nopDP) AddPod(dataplane.Node, dataplane.Pod) error { return nil }
 func (nopDP) DelPod(dataplane.Pod) error                 { return nil }
+func (nopDP) SetPolicy(dataplane.Node, dataplane.Pod, dataplane.Policy) error {
+	return nil
+}
 func (nopDP) Inventory(dataplane.Node) (dataplane.Inventory, error) {
 	return dataplane.Inventory{}, nil
 }
@@ -62,11 +65,20 @@ func TestClient(t *testing.T) {
 	if err != nil || len(pods) != 1 || pods[0] != p {
 		t.Fatalf("%+v %v", pods, err)
 	}
+	if err := c.SetPolicy(ctx, wire.SetPolicyArgs{UID: uid, Ingress: wire.PolicyDirection{Isolated: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SetPolicy(ctx, wire.SetPolicyArgs{UID: uid, Ingress: wire.PolicyDirection{Rules: []wire.PolicyRule{{}}}}); err == nil {
+		t.Fatal("SetPolicy sent rules without isolation")
+	}
 	if err := c.TeardownPod(ctx, uid); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.TeardownPod(ctx, uid); !IsNotFound(err) {
 		t.Fatalf("got %v", err)
+	}
+	if err := c.SetPolicy(ctx, wire.SetPolicyArgs{UID: uid}); !IsNotFound(err) {
+		t.Fatalf("SetPolicy of a pod without a network: %v", err)
 	}
 	if pods, err := c.ListPods(ctx); err != nil || len(pods) != 0 {
 		t.Fatalf("%+v %v", pods, err)

@@ -1,7 +1,7 @@
 // Package dataplane owns every change k3sm-netd makes to the system for the
 // pod network: on Linux a network namespace per pod, a veth pair to the
 // node's bridge, addresses, routes and the nftables rules (masquerade, the
-// forward accepts); on darwin the lo0 aliases and the pf anchor, rendered as
+// forward accepts, each pod's NetworkPolicy and source guard); on darwin the lo0 aliases and the pf anchor, rendered as
 // commands netd runs itself. Every name and argument is rendered here from
 // typed values; nothing a client sent is ever used as text.
 package dataplane
@@ -9,6 +9,7 @@ package dataplane
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"net/netip"
 )
 
@@ -107,8 +108,13 @@ type Dataplane interface {
 	// p.IP/len(n.CIDR), up), lo up, and the default route via n.Gateway.
 	AddPod(n Node, p Pod) error
 	// DelPod removes the pod's veth and namespace (unmount + remove the
-	// file). Missing parts are not an error.
+	// file) and its policy and source guard. Missing parts are not an error.
 	DelPod(p Pod) error
+	// SetPolicy replaces the pod's NetworkPolicy in one atomic change, and
+	// guards its port so that it sends only from its own address (policy
+	// peers are matched by address). Established connections are never
+	// cut by a change. ErrPolicyUnsupported where it cannot be enforced.
+	SetPolicy(n Node, p Pod, pol Policy) error
 	// Inventory lists what is ours on the system.
 	Inventory(n Node) (Inventory, error)
 	// DelNode removes the bridge and the rules (k3sm uninstall, tests).
@@ -123,4 +129,54 @@ const HostIfPrefix = "k3v"
 func HostIfName(uid string) string {
 	sum := sha256.Sum256([]byte(uid))
 	return HostIfPrefix + hex.EncodeToString(sum[:5])
+}
+
+// ErrPolicyUnsupported is SetPolicy of an isolating policy on a data path
+// that cannot enforce one (darwin's pods share lo0).
+var ErrPolicyUnsupported = errors.New("dataplane: NetworkPolicy is not enforced on this OS")
+
+// Policy is what a pod may send and receive, as the NetworkPolicies that
+// select it say once resolved to addresses and port numbers. Traffic
+// between the pod and the node itself is always allowed (the kubelet's
+// probes, the Service proxy, DNS), as upstream network plugins do.
+type Policy struct {
+	Ingress, Egress Direction
+}
+
+// Direction is one side of a Policy. Not isolated: everything passes and
+// Rules are ignored. Isolated: only what some Rule allows passes (none:
+// nothing), plus replies of connections it allowed.
+type Direction struct {
+	Isolated bool
+	Rules    []Rule
+}
+
+// Rule allows traffic from (ingress) or to (egress) any of Peers on any of
+// Ports. No Peers: any address; no Ports: any protocol and port.
+type Rule struct {
+	Peers []Peer
+	Ports []Port
+}
+
+// Peer is an IPv4 range less its exceptions (pods are /32s).
+type Peer struct {
+	CIDR   netip.Prefix
+	Except []netip.Prefix
+}
+
+// Protocol is an IP protocol number a Port names.
+type Protocol uint8
+
+// The protocols NetworkPolicy ports name.
+const (
+	TCP  Protocol = 6
+	UDP  Protocol = 17
+	SCTP Protocol = 132
+)
+
+// Port is a destination port or range of one protocol. Port 0: every port
+// of the protocol; EndPort 0: Port alone.
+type Port struct {
+	Protocol      Protocol
+	Port, EndPort uint16
 }

@@ -250,6 +250,9 @@ func (d *linuxPlane) DelPod(p Pod) error {
 	if err := d.checkPodNames(p); err != nil {
 		return err
 	}
+	if err := d.delPolicy(p.HostIf); err != nil {
+		return err
+	}
 	h, err := d.hostHandle()
 	if err != nil {
 		return err
@@ -349,6 +352,9 @@ func (d *linuxPlane) DelNode(n Node) error {
 		return fmt.Errorf("dataplane: bridge %s: %w", n.Bridge, err)
 	}
 	if err := delRangeRoutes(h, n); err != nil {
+		return err
+	}
+	if err := d.delPolicyTables(); err != nil {
 		return err
 	}
 	return d.delRules(n)

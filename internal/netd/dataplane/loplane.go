@@ -209,3 +209,17 @@ func (d *loPlane) DelNode(n Node) error {
 	}
 	return nil
 }
+
+// SetPolicy accepts only a policy that isolates nothing: darwin's pods
+// share lo0, so there is no per-pod path to filter (pf could match pod
+// addresses, but a pod can bind any alias of lo0, which makes the source
+// address no proof of the pod).
+func (d *loPlane) SetPolicy(n Node, p Pod, pol Policy) error {
+	if err := checkPolicy(pol); err != nil {
+		return err
+	}
+	if pol.Ingress.Isolated || pol.Egress.Isolated {
+		return ErrPolicyUnsupported
+	}
+	return nil
+}

@@ -1,8 +1,10 @@
 package dataplane
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
+	"slices"
 )
 
 // ifNameMax is the longest interface name Linux accepts (IFNAMSIZ - 1).
@@ -69,4 +71,101 @@ func isIfName(s string) bool {
 		}
 	}
 	return true
+}
+
+// checkPolicy refuses a policy the rules could not express exactly:
+// IPv4 masked ranges whose exceptions lie inside them, known protocols,
+// port ranges that run forward, and rules only where a side is isolated.
+func checkPolicy(pol Policy) error {
+	for _, d := range []struct {
+		name string
+		d    Direction
+	}{{"ingress", pol.Ingress}, {"egress", pol.Egress}} {
+		if !d.d.Isolated && len(d.d.Rules) > 0 {
+			return fmt.Errorf("dataplane: %s has rules but is not isolated", d.name)
+		}
+		for _, r := range d.d.Rules {
+			for _, p := range r.Peers {
+				if !p.CIDR.IsValid() || !p.CIDR.Addr().Is4() || p.CIDR != p.CIDR.Masked() {
+					return fmt.Errorf("dataplane: %s peer %v: need a masked IPv4 prefix", d.name, p.CIDR)
+				}
+				for _, e := range p.Except {
+					if !e.IsValid() || !e.Addr().Is4() || e != e.Masked() || e.Bits() < p.CIDR.Bits() || !p.CIDR.Contains(e.Addr()) {
+						return fmt.Errorf("dataplane: %s peer %v: except %v is not a masked IPv4 prefix inside it", d.name, p.CIDR, e)
+					}
+				}
+			}
+			for _, p := range r.Ports {
+				switch p.Protocol {
+				case TCP, UDP, SCTP:
+				default:
+					return fmt.Errorf("dataplane: %s port: protocol %d is not TCP, UDP or SCTP", d.name, p.Protocol)
+				}
+				if p.EndPort != 0 && (p.Port == 0 || p.EndPort < p.Port) {
+					return fmt.Errorf("dataplane: %s port range %d-%d", d.name, p.Port, p.EndPort)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// addrRange is an inclusive range of IPv4 addresses as numbers.
+type addrRange struct{ lo, hi uint32 }
+
+func addrNum(a netip.Addr) uint32 {
+	b := a.As4()
+	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+}
+
+func numAddr(v uint32) netip.Addr {
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+func prefixRange(p netip.Prefix) addrRange {
+	lo := addrNum(p.Masked().Addr())
+	return addrRange{lo, lo | (uint32(1)<<(32-p.Bits()) - 1)}
+}
+
+// peerRanges is the union of the peers less their exceptions, as sorted,
+// disjoint, non-adjacent ranges: an interval set refuses overlapping
+// elements, and peers of several selectors overlap freely.
+func peerRanges(peers []Peer) []addrRange {
+	var out []addrRange
+	for _, p := range peers {
+		parts := []addrRange{prefixRange(p.CIDR)}
+		for _, e := range p.Except {
+			x := prefixRange(e)
+			var next []addrRange
+			for _, r := range parts {
+				if x.hi < r.lo || x.lo > r.hi {
+					next = append(next, r)
+					continue
+				}
+				if x.lo > r.lo {
+					next = append(next, addrRange{r.lo, x.lo - 1})
+				}
+				if x.hi < r.hi {
+					next = append(next, addrRange{x.hi + 1, r.hi})
+				}
+			}
+			parts = next
+		}
+		out = append(out, parts...)
+	}
+	return mergeRanges(out)
+}
+
+// mergeRanges sorts rs and joins the ranges that overlap or touch.
+func mergeRanges(out []addrRange) []addrRange {
+	slices.SortFunc(out, func(a, b addrRange) int { return cmp.Compare(a.lo, b.lo) })
+	merged := out[:0]
+	for _, r := range out {
+		if n := len(merged); n > 0 && (r.lo <= merged[n-1].hi || r.lo == merged[n-1].hi+1) {
+			merged[n-1].hi = max(merged[n-1].hi, r.hi)
+			continue
+		}
+		merged = append(merged, r)
+	}
+	return merged
 }

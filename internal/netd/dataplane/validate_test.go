@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 )
 
@@ -33,6 +34,26 @@ func TestCheckNode(t *testing.T) {
 	} {
 		if err := checkPodIP(good, netip.MustParseAddr(ip)); (err == nil) != ok {
 			t.Errorf("checkPodIP(%s) = %v, want ok=%v", ip, err, ok)
+		}
+	}
+}
+
+func TestPeerRanges(t *testing.T) {
+	r := func(lo, hi string) addrRange {
+		return addrRange{addrNum(netip.MustParseAddr(lo)), addrNum(netip.MustParseAddr(hi))}
+	}
+	p := netip.MustParsePrefix
+	for _, tc := range []struct {
+		peers []Peer
+		want  []addrRange
+	}{
+		{[]Peer{{CIDR: p("10.0.0.0/24"), Except: []netip.Prefix{p("10.0.0.128/25"), p("10.0.0.0/32")}}}, []addrRange{r("10.0.0.1", "10.0.0.127")}},
+		{[]Peer{{CIDR: p("10.0.0.1/32")}, {CIDR: p("10.0.0.2/32")}, {CIDR: p("10.0.0.0/30")}, {CIDR: p("10.0.0.8/32")}}, []addrRange{r("10.0.0.0", "10.0.0.3"), r("10.0.0.8", "10.0.0.8")}},
+		{[]Peer{{CIDR: p("0.0.0.0/0"), Except: []netip.Prefix{p("10.0.0.0/8")}}}, []addrRange{r("0.0.0.0", "9.255.255.255"), r("11.0.0.0", "255.255.255.255")}},
+		{[]Peer{{CIDR: p("10.0.0.0/8"), Except: []netip.Prefix{p("10.0.0.0/8")}}}, nil},
+	} {
+		if got := peerRanges(tc.peers); !slices.Equal(got, tc.want) {
+			t.Errorf("peerRanges(%v) = %v, want %v", tc.peers, got, tc.want)
 		}
 	}
 }

@@ -20,13 +20,15 @@ type fakeDP struct {
 	mu       sync.Mutex
 	netnsDir string
 	node     *dataplane.Node
-	links    map[string]dataplane.Pod // by host interface
-	failAdd  map[string]error         // by UID
+	links    map[string]dataplane.Pod    // by host interface
+	policies map[string]dataplane.Policy // by host interface
+	failPol  error
+	failAdd  map[string]error // by UID
 	calls    []string
 }
 
 func newFakeDP(netnsDir string) *fakeDP {
-	return &fakeDP{netnsDir: netnsDir, links: map[string]dataplane.Pod{}, failAdd: map[string]error{}}
+	return &fakeDP{netnsDir: netnsDir, links: map[string]dataplane.Pod{}, policies: map[string]dataplane.Policy{}, failAdd: map[string]error{}}
 }
 
 func (f *fakeDP) factory() (dataplane.Dataplane, error) { return f, nil }
@@ -99,6 +101,7 @@ func (f *fakeDP) DelPod(p dataplane.Pod) error {
 	f.record("DelPod %s %s %s", p.UID, p.HostIf, p.NetNS)
 	if p.HostIf != "" {
 		delete(f.links, p.HostIf)
+		delete(f.policies, p.HostIf)
 	}
 	if p.NetNS != "" {
 		if err := os.Remove(p.NetNS); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -106,6 +109,29 @@ func (f *fakeDP) DelPod(p dataplane.Pod) error {
 		}
 	}
 	return nil
+}
+
+func (f *fakeDP) SetPolicy(n dataplane.Node, p dataplane.Pod, pol dataplane.Policy) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("SetPolicy %s", p.UID)
+	switch {
+	case f.node == nil || *f.node != n:
+		return errors.New("SetPolicy before EnsureNode of its node")
+	case f.links[p.HostIf] != p:
+		return fmt.Errorf("SetPolicy of %s, which has no pod network", p.UID)
+	case f.failPol != nil:
+		return f.failPol
+	}
+	f.policies[p.HostIf] = pol
+	return nil
+}
+
+func (f *fakeDP) policy(uid string) (dataplane.Policy, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.policies[dataplane.HostIfName(uid)]
+	return p, ok
 }
 
 func (f *fakeDP) Inventory(n dataplane.Node) (dataplane.Inventory, error) {

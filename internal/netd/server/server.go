@@ -281,6 +281,8 @@ func (s *Server) dispatch(req *wire.Request) *wire.Response {
 		return s.setupPod(req.SetupPod)
 	case wire.VerbTeardownPod:
 		return s.teardownPod(req.TeardownPod)
+	case wire.VerbSetPolicy:
+		return s.setPolicy(req.SetPolicy)
 	case wire.VerbListPods:
 		resp := &wire.Response{Pods: []wire.PodResult{}}
 		for _, p := range sortedPods(s.pods) {
@@ -428,6 +430,67 @@ func (s *Server) teardownPod(a *wire.TeardownPodArgs) *wire.Response {
 	}
 	s.log.Info("pod network down", "uid", p.uid, "pod", p.namespace+"/"+p.name, "ip", p.ip)
 	return &wire.Response{}
+}
+
+// setPolicy applies a pod's NetworkPolicy. It is not kept in the state
+// file: the kernel keeps the rules across a netd restart, DelPod removes
+// them with the pod, and the node sends every pod's policy again
+// periodically, which repairs whatever was lost (a reboot, a flushed
+// ruleset).
+func (s *Server) setPolicy(a *wire.SetPolicyArgs) *wire.Response {
+	p := s.pods[a.UID]
+	if p == nil {
+		return failure(wire.CodeNotFound, "pod uid %s has no network from k3sm-netd", a.UID)
+	}
+	pol, err := dataplanePolicy(a)
+	if err != nil {
+		return failure(wire.CodeInvalid, "%v", err)
+	}
+	if err := s.dp.SetPolicy(s.node(), s.dpPod(p), pol); err != nil {
+		if errors.Is(err, dataplane.ErrPolicyUnsupported) {
+			return failure(wire.CodeUnsupported, "pod %s/%s: %v", p.namespace, p.name, err)
+		}
+		return failure(wire.CodeInternal, "pod %s/%s: %v", p.namespace, p.name, err)
+	}
+	s.log.Debug("pod network policy set", "uid", p.uid, "pod", p.namespace+"/"+p.name,
+		"ingressIsolated", pol.Ingress.Isolated, "ingressRules", len(pol.Ingress.Rules),
+		"egressIsolated", pol.Egress.Isolated, "egressRules", len(pol.Egress.Rules))
+	return &wire.Response{}
+}
+
+// dataplanePolicy re-validates the arguments (ReadRequest did, but the
+// types the data path builds rules from come only from here) and converts
+// them.
+func dataplanePolicy(a *wire.SetPolicyArgs) (dataplane.Policy, error) {
+	var pol dataplane.Policy
+	for _, side := range []struct {
+		name string
+		in   wire.PolicyDirection
+		out  *dataplane.Direction
+	}{{"ingress", a.Ingress, &pol.Ingress}, {"egress", a.Egress, &pol.Egress}} {
+		if err := wire.CheckPolicyDirection(side.name, side.in); err != nil {
+			return pol, err
+		}
+		side.out.Isolated = side.in.Isolated
+		for _, r := range side.in.Rules {
+			var rule dataplane.Rule
+			for _, p := range r.Peers {
+				cidr, _ := wire.ParsePolicyCIDR(p.CIDR)
+				peer := dataplane.Peer{CIDR: cidr}
+				for _, e := range p.Except {
+					ex, _ := wire.ParsePolicyCIDR(e)
+					peer.Except = append(peer.Except, ex)
+				}
+				rule.Peers = append(rule.Peers, peer)
+			}
+			for _, p := range r.Ports {
+				proto, _ := wire.ParsePolicyProtocol(p.Protocol)
+				rule.Ports = append(rule.Ports, dataplane.Port{Protocol: dataplane.Protocol(proto), Port: p.Port, EndPort: p.EndPort})
+			}
+			side.out.Rules = append(side.out.Rules, rule)
+		}
+	}
+	return pol, nil
 }
 
 // resync makes the system match the state: the node, every pod that still

@@ -16,6 +16,8 @@ func FuzzReadRequest(f *testing.F) {
 		`{"version":1,"verb":"SetupPod","setupPod":{"uid":"` + uid + `","namespace":"default","name":"web-0"}}`,
 		`{"version":1,"verb":"TeardownPod","teardownPod":{"uid":"` + uid + `"}}`,
 		`{"version":1,"verb":"ListPods"}`,
+		`{"version":1,"verb":"SetPolicy","setPolicy":{"uid":"` + uid + `","ingress":{"isolated":true,"rules":[{"peers":[{"cidr":"10.0.0.0/8","except":["10.1.0.0/16"]}],"ports":[{"protocol":"TCP","port":80,"endPort":90}]}]},"egress":{}}}`,
+		`{"version":1,"verb":"SetPolicy","setPolicy":{"uid":"` + uid + `","ingress":{"rules":[{}]},"egress":{}}}`,
 		`{"version":1,"verb":"ListPods"} {}`,
 		`{"version":1,"verb":"SetupPod","setupPod":{"uid":"A","namespace":"x","name":"y","z":1}}`,
 		`{"version":2,"verb":"ListPods"}`,

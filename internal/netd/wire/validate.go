@@ -29,7 +29,7 @@ func (r *Request) Validate() error {
 		return fmt.Errorf("version: got %d, k3sm-netd speaks %d (run k3sm and k3sm-netd of the same release)", r.Version, Version)
 	}
 	n := 0
-	for _, set := range []bool{r.Configure != nil, r.SetupPod != nil, r.TeardownPod != nil} {
+	for _, set := range []bool{r.Configure != nil, r.SetupPod != nil, r.TeardownPod != nil, r.SetPolicy != nil} {
 		if set {
 			n++
 		}
@@ -64,13 +64,24 @@ func (r *Request) Validate() error {
 			return err
 		}
 		return CheckUID(r.TeardownPod.UID)
+	case VerbSetPolicy:
+		if err := want("setPolicy", r.SetPolicy != nil); err != nil {
+			return err
+		}
+		if err := CheckUID(r.SetPolicy.UID); err != nil {
+			return err
+		}
+		if err := CheckPolicyDirection("ingress", r.SetPolicy.Ingress); err != nil {
+			return err
+		}
+		return CheckPolicyDirection("egress", r.SetPolicy.Egress)
 	case VerbListPods:
 		if n != 0 {
 			return fmt.Errorf("verb ListPods takes no arguments")
 		}
 		return nil
 	default:
-		return fmt.Errorf("verb: %q is not one of Configure, SetupPod, TeardownPod, ListPods", r.Verb)
+		return fmt.Errorf("verb: %q is not one of Configure, SetupPod, TeardownPod, ListPods, SetPolicy", r.Verb)
 	}
 }
 
@@ -165,4 +176,98 @@ func ParseRanges(a *ConfigureArgs) (pod, svc, cluster netip.Prefix, err error) {
 		return pod, svc, cluster, fmt.Errorf("serviceCIDR: %s overlaps the pod ranges", svc)
 	}
 	return pod, svc, cluster, nil
+}
+
+// Bounds of one direction of a SetPolicy, on top of MaxFrame: what the
+// root process builds rules from stays small whatever a client sends.
+const (
+	MaxPolicyRules   = 256  // rules of one direction
+	MaxPolicyPeers   = 4096 // peers of one direction, all rules together
+	MaxPolicyExcepts = 64   // exceptions of one peer
+	MaxPolicyPorts   = 64   // ports of one rule
+)
+
+// CheckPolicyDirection checks one side of a SetPolicy: within the bounds,
+// rules only when isolated, peers masked IPv4 CIDRs with exceptions inside
+// them, ports of TCP, UDP or SCTP with ranges that run forward.
+func CheckPolicyDirection(side string, d PolicyDirection) error {
+	if !d.Isolated && len(d.Rules) > 0 {
+		return fmt.Errorf("%s: rules without isolation (a side that is not isolated allows everything)", side)
+	}
+	// An empty list is left out: it would not survive a round trip.
+	if d.Rules != nil && len(d.Rules) == 0 {
+		return fmt.Errorf("%s: rules is an empty list (leave it out)", side)
+	}
+	if len(d.Rules) > MaxPolicyRules {
+		return fmt.Errorf("%s: %d rules, at most %d", side, len(d.Rules), MaxPolicyRules)
+	}
+	peers := 0
+	for i, r := range d.Rules {
+		if peers += len(r.Peers); peers > MaxPolicyPeers {
+			return fmt.Errorf("%s: more than %d peers", side, MaxPolicyPeers)
+		}
+		if (r.Peers != nil && len(r.Peers) == 0) || (r.Ports != nil && len(r.Ports) == 0) {
+			return fmt.Errorf("%s rule %d: an empty list of peers or ports (leave it out: absent means any)", side, i)
+		}
+		if len(r.Ports) > MaxPolicyPorts {
+			return fmt.Errorf("%s rule %d: %d ports, at most %d", side, i, len(r.Ports), MaxPolicyPorts)
+		}
+		for _, p := range r.Peers {
+			cidr, err := ParsePolicyCIDR(p.CIDR)
+			if err != nil {
+				return fmt.Errorf("%s rule %d: %w", side, i, err)
+			}
+			if p.Except != nil && len(p.Except) == 0 {
+				return fmt.Errorf("%s rule %d: peer %s: except is an empty list (leave it out)", side, i, p.CIDR)
+			}
+			if len(p.Except) > MaxPolicyExcepts {
+				return fmt.Errorf("%s rule %d: peer %s has %d exceptions, at most %d", side, i, p.CIDR, len(p.Except), MaxPolicyExcepts)
+			}
+			for _, e := range p.Except {
+				ex, err := ParsePolicyCIDR(e)
+				if err != nil {
+					return fmt.Errorf("%s rule %d: except: %w", side, i, err)
+				}
+				if ex.Bits() < cidr.Bits() || !cidr.Contains(ex.Addr()) {
+					return fmt.Errorf("%s rule %d: except %s is not inside %s", side, i, e, p.CIDR)
+				}
+			}
+		}
+		for _, p := range r.Ports {
+			if _, err := ParsePolicyProtocol(p.Protocol); err != nil {
+				return fmt.Errorf("%s rule %d: %w", side, i, err)
+			}
+			if p.EndPort != 0 && (p.Port == 0 || p.EndPort < p.Port) {
+				return fmt.Errorf("%s rule %d: port range %d-%d (endPort needs a port at or below it)", side, i, p.Port, p.EndPort)
+			}
+		}
+	}
+	return nil
+}
+
+// ParsePolicyCIDR parses a peer's CIDR: IPv4 without host bits.
+func ParsePolicyCIDR(s string) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(s)
+	switch {
+	case err != nil:
+		return p, fmt.Errorf("peer %q is not a CIDR: %v", s, err)
+	case !p.Addr().Is4():
+		return p, fmt.Errorf("peer %s is not IPv4 (the pod network is IPv4 only)", s)
+	case p.Masked() != p:
+		return p, fmt.Errorf("peer %s has host bits set (did you mean %s?)", s, p.Masked())
+	}
+	return p, nil
+}
+
+// ParsePolicyProtocol returns the IP protocol number of "TCP", "UDP" or "SCTP".
+func ParsePolicyProtocol(s string) (uint8, error) {
+	switch s {
+	case "TCP":
+		return 6, nil
+	case "UDP":
+		return 17, nil
+	case "SCTP":
+		return 132, nil
+	}
+	return 0, fmt.Errorf("protocol %q is not TCP, UDP or SCTP", s)
 }

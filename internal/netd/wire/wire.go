@@ -35,6 +35,7 @@ const (
 	VerbSetupPod    Verb = "SetupPod"
 	VerbTeardownPod Verb = "TeardownPod"
 	VerbListPods    Verb = "ListPods"
+	VerbSetPolicy   Verb = "SetPolicy"
 )
 
 // Codes of Response.Code: what a client may act on.
@@ -45,6 +46,7 @@ const (
 	CodeConflict      = "conflict"       // the request contradicts the state (CIDR change, exhausted range)
 	CodeNotConfigured = "not-configured" // SetupPod before Configure
 	CodeInternal      = "internal"       // the system refused; see Error
+	CodeUnsupported   = "unsupported"    // this OS's data path cannot do it (NetworkPolicy on darwin)
 )
 
 // Request is one call. Exactly one of the argument fields is set, the one
@@ -55,6 +57,7 @@ type Request struct {
 	Configure   *ConfigureArgs   `json:"configure,omitempty"`
 	SetupPod    *SetupPodArgs    `json:"setupPod,omitempty"`
 	TeardownPod *TeardownPodArgs `json:"teardownPod,omitempty"`
+	SetPolicy   *SetPolicyArgs   `json:"setPolicy,omitempty"`
 }
 
 // ConfigureArgs sets up the node's side of the pod network.
@@ -78,6 +81,43 @@ type SetupPodArgs struct {
 // TeardownPodArgs releases a pod's network.
 type TeardownPodArgs struct {
 	UID string `json:"uid"`
+}
+
+// SetPolicyArgs replaces a pod's NetworkPolicy, resolved to addresses and
+// port numbers by the node. netd keeps no copy: the kernel holds it across
+// a netd restart, and the node sends every pod's again periodically.
+type SetPolicyArgs struct {
+	UID     string          `json:"uid"`
+	Ingress PolicyDirection `json:"ingress"`
+	Egress  PolicyDirection `json:"egress"`
+}
+
+// PolicyDirection: not isolated, everything passes (and Rules must be
+// empty); isolated, only what a rule allows (none: nothing).
+type PolicyDirection struct {
+	Isolated bool         `json:"isolated,omitempty"`
+	Rules    []PolicyRule `json:"rules,omitempty"`
+}
+
+// PolicyRule allows any of Peers (none: any address) on any of Ports
+// (none: any protocol and port).
+type PolicyRule struct {
+	Peers []PolicyPeer `json:"peers,omitempty"`
+	Ports []PolicyPort `json:"ports,omitempty"`
+}
+
+// PolicyPeer is an IPv4 CIDR less the CIDRs in Except (inside it).
+type PolicyPeer struct {
+	CIDR   string   `json:"cidr"`
+	Except []string `json:"except,omitempty"`
+}
+
+// PolicyPort is "TCP", "UDP" or "SCTP" and a port (0: all) or a range
+// Port..EndPort.
+type PolicyPort struct {
+	Protocol string `json:"protocol"`
+	Port     uint16 `json:"port,omitempty"`
+	EndPort  uint16 `json:"endPort,omitempty"`
 }
 
 // Response answers one Request. Error and Code are set together on failure.

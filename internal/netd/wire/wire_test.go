@@ -23,6 +23,11 @@ func TestRoundTrip(t *testing.T) {
 		{Version: Version, Verb: VerbSetupPod, SetupPod: &SetupPodArgs{UID: uid, Namespace: "kube-system", Name: "coredns-7d4f.x"}},
 		{Version: Version, Verb: VerbTeardownPod, TeardownPod: &TeardownPodArgs{UID: uid}},
 		{Version: Version, Verb: VerbListPods},
+		{Version: Version, Verb: VerbSetPolicy, SetPolicy: &SetPolicyArgs{UID: uid, Ingress: PolicyDirection{Isolated: true, Rules: []PolicyRule{
+			{Peers: []PolicyPeer{{CIDR: "100.64.0.2/32"}, {CIDR: "0.0.0.0/0", Except: []string{"10.0.0.0/8"}}}, Ports: []PolicyPort{{Protocol: "TCP", Port: 80}, {Protocol: "UDP", Port: 5000, EndPort: 5999}}},
+			{},
+		}}}},
+		{Version: Version, Verb: VerbSetPolicy, SetPolicy: &SetPolicyArgs{UID: uid}},
 	} {
 		var buf bytes.Buffer
 		if err := WriteRequest(&buf, r); err != nil {
@@ -155,5 +160,55 @@ func TestWriteRefusesInvalidAndOversized(t *testing.T) {
 func TestReadResponseRefusesOtherVersion(t *testing.T) {
 	if _, err := ReadResponse(bytes.NewReader(frame(`{"version":2}`))); !errors.Is(err, ErrMalformed) {
 		t.Fatalf("got %v", err)
+	}
+}
+
+func TestValidatePolicy(t *testing.T) {
+	set := func(d PolicyDirection) *Request {
+		return &Request{Version: Version, Verb: VerbSetPolicy, SetPolicy: &SetPolicyArgs{UID: uid, Egress: d}}
+	}
+	rule := func(r PolicyRule) PolicyDirection { return PolicyDirection{Isolated: true, Rules: []PolicyRule{r}} }
+	many := func(n int) []PolicyPeer {
+		out := make([]PolicyPeer, n)
+		for i := range out {
+			out[i] = PolicyPeer{CIDR: "10.0.0.0/8"}
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		d   PolicyDirection
+		bad string // in the error; "" when valid
+	}{
+		{PolicyDirection{}, ""},
+		{PolicyDirection{Isolated: true}, ""},
+		{rule(PolicyRule{Peers: []PolicyPeer{{CIDR: "10.0.0.0/8", Except: []string{"10.1.0.0/16", "10.2.3.4/32"}}}}), ""},
+		{rule(PolicyRule{Ports: []PolicyPort{{Protocol: "SCTP"}, {Protocol: "UDP", Port: 1, EndPort: 65535}}}), ""},
+		{PolicyDirection{Rules: []PolicyRule{{}}}, "rules without isolation"},
+		{PolicyDirection{Isolated: true, Rules: []PolicyRule{}}, "empty list"},
+		{rule(PolicyRule{Peers: []PolicyPeer{}}), "empty list"},
+		{rule(PolicyRule{Peers: []PolicyPeer{{CIDR: "10.0.0.0/8", Except: []string{}}}}), "empty list"},
+		{rule(PolicyRule{Peers: []PolicyPeer{{CIDR: "10.0.0.1/8"}}}), "host bits"},
+		{rule(PolicyRule{Peers: []PolicyPeer{{CIDR: "fd00::/8"}}}), "not IPv4"},
+		{rule(PolicyRule{Peers: []PolicyPeer{{CIDR: "10.0.0.0"}}}), "not a CIDR"},
+		{rule(PolicyRule{Peers: []PolicyPeer{{CIDR: "10.0.0.0/16", Except: []string{"10.0.0.0/8"}}}}), "not inside"},
+		{rule(PolicyRule{Peers: []PolicyPeer{{CIDR: "10.0.0.0/16", Except: []string{"10.1.0.0/24"}}}}), "not inside"},
+		{rule(PolicyRule{Ports: []PolicyPort{{Protocol: "tcp", Port: 80}}}), "protocol"},
+		{rule(PolicyRule{Ports: []PolicyPort{{Protocol: "TCP", EndPort: 80}}}), "port range"},
+		{rule(PolicyRule{Ports: []PolicyPort{{Protocol: "TCP", Port: 81, EndPort: 80}}}), "port range"},
+		{rule(PolicyRule{Peers: many(MaxPolicyPeers + 1)}), "peers"},
+		{rule(PolicyRule{Ports: make([]PolicyPort, MaxPolicyPorts+1)}), "ports"},
+		{PolicyDirection{Isolated: true, Rules: make([]PolicyRule, MaxPolicyRules+1)}, "rules"},
+	} {
+		err := set(tc.d).Validate()
+		if tc.bad == "" && err != nil {
+			t.Errorf("%+v: %v", tc.d, err)
+		}
+		if tc.bad != "" && (err == nil || !strings.Contains(err.Error(), tc.bad) || !strings.HasPrefix(err.Error(), "egress")) {
+			t.Errorf("%+v: got %v, want an error about %s", tc.d, err, tc.bad)
+		}
+	}
+	bad := &Request{Version: Version, Verb: VerbSetPolicy, SetPolicy: &SetPolicyArgs{UID: "../x"}}
+	if err := bad.Validate(); err == nil || !strings.HasPrefix(err.Error(), "uid:") {
+		t.Errorf("bad uid: %v", err)
 	}
 }

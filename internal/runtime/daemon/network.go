@@ -3,9 +3,14 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"sync"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	netdclient "github.com/k3sm-dev/k3sm/internal/netd/client"
 	"github.com/k3sm-dev/k3sm/internal/netd/wire"
 	"github.com/k3sm-dev/k3sm/internal/runtime/pod"
@@ -75,4 +80,62 @@ func (n *netdNetwork) configured() string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.cidr
+}
+
+// SetPolicy hands netd a pod's NetworkPolicy.
+func (n *netdNetwork) SetPolicy(ctx context.Context, a wire.SetPolicyArgs) error {
+	return n.c.SetPolicy(ctx, a)
+}
+
+// netdStatus maps netd's refusals onto the codes the contract promises.
+func netdStatus(err error) error {
+	var e *netdclient.Error
+	if !errors.As(err, &e) {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return status.FromContextError(err).Err()
+		}
+		return status.Errorf(codes.Unavailable, "k3sm-netd: %v", err)
+	}
+	switch e.Code {
+	case wire.CodeNotFound:
+		return status.Error(codes.NotFound, err.Error())
+	case wire.CodeUnsupported:
+		return status.Error(codes.Unimplemented, err.Error())
+	case wire.CodeInvalid:
+		return status.Error(codes.InvalidArgument, err.Error())
+	case wire.CodeNotConfigured:
+		return status.Error(codes.FailedPrecondition, err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+// wirePolicy converts the request; netd validates the result (the
+// client before sending, the server again). Empty lists stay nil: the
+// wire refuses an empty list that is present.
+func wirePolicy(req *runtimev1.SetPodNetworkPolicyRequest) (wire.SetPolicyArgs, error) {
+	a := wire.SetPolicyArgs{UID: req.GetPodUid()}
+	for _, side := range []struct {
+		in  *runtimev1.NetworkPolicyDirection
+		out *wire.PolicyDirection
+	}{{req.GetPolicy().GetIngress(), &a.Ingress}, {req.GetPolicy().GetEgress(), &a.Egress}} {
+		side.out.Isolated = side.in.GetIsolated()
+		for _, r := range side.in.GetRules() {
+			var rule wire.PolicyRule
+			for _, p := range r.GetPeers() {
+				peer := wire.PolicyPeer{CIDR: p.GetCidr()}
+				if len(p.GetExcept()) > 0 {
+					peer.Except = append([]string(nil), p.GetExcept()...)
+				}
+				rule.Peers = append(rule.Peers, peer)
+			}
+			for _, p := range r.GetPorts() {
+				if p.GetPort() > 65535 || p.GetEndPort() > 65535 {
+					return a, fmt.Errorf("port %d-%d is not a port number", p.GetPort(), p.GetEndPort())
+				}
+				rule.Ports = append(rule.Ports, wire.PolicyPort{Protocol: p.GetProtocol(), Port: uint16(p.GetPort()), EndPort: uint16(p.GetEndPort())})
+			}
+			side.out.Rules = append(side.out.Rules, rule)
+		}
+	}
+	return a, nil
 }

@@ -90,6 +90,21 @@ func (s *server) UpdateRuntimeConfig(ctx context.Context, req *runtimev1.UpdateR
 	return &runtimev1.UpdateRuntimeConfigResponse{}, nil
 }
 
+// SetPodNetworkPolicy passes a pod's resolved NetworkPolicy on to k3sm-netd.
+func (s *server) SetPodNetworkPolicy(ctx context.Context, req *runtimev1.SetPodNetworkPolicyRequest) (*runtimev1.SetPodNetworkPolicyResponse, error) {
+	if s.netd == nil {
+		return nil, status.Error(codes.FailedPrecondition, "pods share the node's network: NetworkPolicy is not enforced")
+	}
+	args, err := wirePolicy(req)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if err := s.netd.SetPolicy(ctx, args); err != nil {
+		return nil, netdStatus(err)
+	}
+	return &runtimev1.SetPodNetworkPolicyResponse{}, nil
+}
+
 func (s *server) CreatePod(ctx context.Context, req *runtimev1.CreatePodRequest) (*runtimev1.CreatePodResponse, error) {
 	if req.GetPod() != nil {
 		if n := s.mgr.Count(); int64(n) >= s.cfg.MaxPods {

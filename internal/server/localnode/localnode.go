@@ -20,6 +20,7 @@ import (
 
 	"github.com/k3sm-dev/k3sm/internal/agent/dns"
 	"github.com/k3sm-dev/k3sm/internal/agent/localpath"
+	"github.com/k3sm-dev/k3sm/internal/agent/netpol"
 	"github.com/k3sm-dev/k3sm/internal/agent/proxy"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
@@ -113,6 +114,9 @@ func Addon(log *slog.Logger) controlplane.Addon {
 			}
 			if err := dns.EnsureRBAC(ctx, admin, nodeUser); err != nil {
 				return fmt.Errorf("cluster DNS RBAC: %w", err)
+			}
+			if err := netpol.EnsureRBAC(ctx, admin, nodeUser); err != nil {
+				return fmt.Errorf("NetworkPolicy RBAC: %w", err)
 			}
 			var installs errgroup.Group
 			installs.Go(func() error {
