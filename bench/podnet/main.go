@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command podnet benchmarks the pod network k3sm-netd builds, through the
 // real data path (internal/netd/dataplane), against its floors:
 //
