@@ -25,6 +25,18 @@ IDLE=${K3SM_BENCH_IDLE:-60s}
 RESULTS=${K3SM_BENCH_RESULTS-bench/RESULTS.md}
 mkdir -p _output/bench
 
+# in_netns runs a command in a network namespace of its own (only lo) when
+# root: a k3sm server run as root gives pods addresses (100.64.0.0/10) and
+# Service addresses of its own, and their traffic must stay in a namespace
+# the benchmark made, never reach the machine's network.
+in_netns() {
+	if [[ $(id -u) == 0 ]]; then
+		unshare --net -- sh -c 'ip link set lo up && exec "$@"' sh "$@"
+	else
+		"$@"
+	fi
+}
+
 controlplane() {
 	if [[ ! -x $K3SM_BIN ]]; then
 		echo "bench: $K3SM_BIN is missing; build it with 'make bin/k3sm' or set K3SM_BIN" >&2
@@ -37,7 +49,7 @@ controlplane() {
 	if [[ $IDLE != 60s ]]; then invocation="K3SM_BENCH_IDLE=$IDLE $invocation"; fi
 	if [[ $K3SM_BIN != "$PWD/bin/k3sm" ]]; then invocation="K3SM_BIN=$K3SM_BIN $invocation"; fi
 	# shellcheck disable=SC2086 # K3SM_BENCH_ARGS is a list of flags
-	_output/bench/controlplane -bin "$K3SM_BIN" -rounds "$ROUNDS" -idle "$IDLE" \
+	in_netns _output/bench/controlplane -bin "$K3SM_BIN" -rounds "$ROUNDS" -idle "$IDLE" \
 		-results "$RESULTS" -invocation "$invocation" -note "${K3SM_BENCH_NOTE:-}" ${K3SM_BENCH_ARGS:-} |
 		tee _output/bench/controlplane.md
 }
@@ -58,7 +70,7 @@ pods() {
 	if [[ -n ${K3SM_BENCH_PODS_ARGS:-} ]]; then invocation="K3SM_BENCH_PODS_ARGS='$K3SM_BENCH_PODS_ARGS' $invocation"; fi
 	if [[ $K3SM_BIN != "$PWD/bin/k3sm" ]]; then invocation="K3SM_BIN=$K3SM_BIN $invocation"; fi
 	# shellcheck disable=SC2086 # K3SM_BENCH_PODS_ARGS is a list of flags
-	_output/bench/pods -bin "$K3SM_BIN" -results "$RESULTS" -invocation "$invocation" -note "${K3SM_BENCH_NOTE:-}" \
+	in_netns _output/bench/pods -bin "$K3SM_BIN" -results "$RESULTS" -invocation "$invocation" -note "${K3SM_BENCH_NOTE:-}" \
 		${K3SM_BENCH_PODS_ARGS:-} | tee _output/bench/pods.md
 }
 
