@@ -57,7 +57,7 @@ test-unit:
 
 # The parser of k3sm-netd, the root helper, under the fuzzer for longer.
 fuzz-netd:
-	$(GO) test -run '^$$' -fuzz FuzzReadRequest -fuzztime 10m ./internal/netd/wire
+	$(GO) test -run '^$$' -fuzz FuzzReadRequest -fuzztime 10m -timeout 15m ./internal/netd/wire
 
 test-integration:
 	$(GO) test -count=1 -run Integration -timeout 20m $(UNIT_PKGS)
