@@ -2,14 +2,10 @@ package localpath
 
 import (
 	"context"
-	"fmt"
-	"reflect"
 
+	"github.com/k3sm-dev/k3sm/internal/agent/agentrbac"
 	rbacv1 "k8s.io/api/rbac/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/util/retry"
 )
 
 // RoleName names both the ClusterRole of the provisioner and the
@@ -30,95 +26,9 @@ func Rules() []rbacv1.PolicyRule {
 	}
 }
 
-// EnsureRBAC creates or updates the ClusterRole RoleName to Rules and makes
-// the ClusterRoleBinding RoleName bind it to user. The binding is shared by
-// every node: user is added to its subjects and no other subject is removed,
-// so each node's provisioner identity can be granted in turn.
-func EnsureRBAC(ctx context.Context, client kubernetes.Interface, user string) error {
-	if user == "" {
-		return fmt.Errorf("localpath: EnsureRBAC needs a user")
-	}
-	labels := map[string]string{managedBy: "k3sm"}
-	roles := client.RbacV1().ClusterRoles()
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		have, err := roles.Get(ctx, RoleName, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			_, err = roles.Create(ctx, &rbacv1.ClusterRole{
-				ObjectMeta: metav1.ObjectMeta{Name: RoleName, Labels: labels},
-				Rules:      Rules(),
-			}, metav1.CreateOptions{})
-			if apierrors.IsAlreadyExists(err) {
-				return apierrors.NewConflict(rbacv1.Resource("clusterroles"), RoleName, err)
-			}
-			return err
-		} else if err != nil {
-			return err
-		}
-		if reflect.DeepEqual(have.Rules, Rules()) && have.AggregationRule == nil {
-			return nil
-		}
-		have.Rules, have.AggregationRule = Rules(), nil
-		_, err = roles.Update(ctx, have, metav1.UpdateOptions{})
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("ClusterRole %s: %w", RoleName, err)
-	}
-
-	subject := rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}
-	roleRef := rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: RoleName}
-	bindings := client.RbacV1().ClusterRoleBindings()
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		have, err := bindings.Get(ctx, RoleName, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			_, err = bindings.Create(ctx, &rbacv1.ClusterRoleBinding{
-				ObjectMeta: metav1.ObjectMeta{Name: RoleName, Labels: labels},
-				RoleRef:    roleRef,
-				Subjects:   []rbacv1.Subject{subject},
-			}, metav1.CreateOptions{})
-			if apierrors.IsAlreadyExists(err) {
-				return apierrors.NewConflict(rbacv1.Resource("clusterrolebindings"), RoleName, err)
-			}
-			return err
-		} else if err != nil {
-			return err
-		}
-		if have.RoleRef != roleRef {
-			// roleRef is immutable: replace the binding, keeping its subjects.
-			if err := bindings.Delete(ctx, RoleName, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-				return err
-			}
-			_, err = bindings.Create(ctx, &rbacv1.ClusterRoleBinding{
-				ObjectMeta: metav1.ObjectMeta{Name: RoleName, Labels: labels},
-				RoleRef:    roleRef,
-				Subjects:   withSubject(have.Subjects, subject),
-			}, metav1.CreateOptions{})
-			if apierrors.IsAlreadyExists(err) {
-				return apierrors.NewConflict(rbacv1.Resource("clusterrolebindings"), RoleName, err)
-			}
-			return err
-		}
-		for _, s := range have.Subjects {
-			if s == subject {
-				return nil
-			}
-		}
-		have.Subjects = withSubject(have.Subjects, subject)
-		_, err = bindings.Update(ctx, have, metav1.UpdateOptions{})
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("ClusterRoleBinding %s: %w", RoleName, err)
-	}
-	return nil
-}
-
-func withSubject(subjects []rbacv1.Subject, s rbacv1.Subject) []rbacv1.Subject {
-	out := make([]rbacv1.Subject, 0, len(subjects)+1)
-	for _, have := range subjects {
-		if have != s {
-			out = append(out, have)
-		}
-	}
-	return append(out, s)
+// EnsureRBAC creates or updates the ClusterRole RoleName to Rules and binds
+// it to user in the ClusterRoleBinding RoleName that every node shares (see
+// package agentrbac).
+func EnsureRBAC(ctx context.Context, c kubernetes.Interface, user string) error {
+	return agentrbac.Ensure(ctx, c, RoleName, Rules(), user)
 }
