@@ -63,6 +63,10 @@ type Config struct {
 	// Network gives pods their own network namespace and address; nil:
 	// pods share the node's network.
 	Network Network
+	// DNSShimLib is the getaddrinfo interposer darwin pods load to use
+	// the cluster DNS (DNSShimLibName next to k3sm-shim); used only where
+	// containers get no mount namespace, and only if the file exists.
+	DNSShimLib string
 	Logger  *slog.Logger
 }
 

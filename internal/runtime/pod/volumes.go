@@ -298,22 +298,42 @@ func quantity(b int64) string {
 	return fmt.Sprint(b)
 }
 
-// resolvConfMount writes the pod's resolv.conf (when the provider rendered
-// one) and returns its mount over /etc/resolv.conf, read-only as the
-// kubelet's. Written once per content: containers of the pod share it.
-func (p *managedPod) resolvConfMount(spec *runtimev1.PodSpec) (mounts.Mount, bool, error) {
+// writeResolvConf writes the pod's resolv.conf when the provider rendered
+// one ("" otherwise). Written once per content: containers share it.
+func (p *managedPod) writeResolvConf(spec *runtimev1.PodSpec) (string, error) {
 	rc := spec.GetResolvConf()
-	if rc == "" || !mounts.Namespaced() {
-		return mounts.Mount{}, false, nil
+	if rc == "" {
+		return "", nil
 	}
 	path := p.m.dirs().PodResolvConf(p.uid)
 	if b, err := os.ReadFile(path); err != nil || string(b) != rc {
 		if err := os.WriteFile(path+".tmp", []byte(rc), 0o644); err != nil {
-			return mounts.Mount{}, false, fmt.Errorf("pod resolv.conf: %w", err)
+			return "", fmt.Errorf("pod resolv.conf: %w", err)
 		}
 		if err := os.Rename(path+".tmp", path); err != nil {
-			return mounts.Mount{}, false, fmt.Errorf("pod resolv.conf: %w", err)
+			return "", fmt.Errorf("pod resolv.conf: %w", err)
 		}
 	}
-	return mounts.Mount{Source: path, Target: "/etc/resolv.conf", ReadOnly: true}, true, nil
+	return path, nil
+}
+
+// resolvConf gives a container the pod's resolver configuration: on Linux
+// a read-only mount over /etc/resolv.conf in its mount namespace (as the
+// kubelet's); on darwin, which has no mount namespaces and whose resolver
+// never reads /etc/resolv.conf, the environment that loads the getaddrinfo
+// interposer and points it at the file (see dnsShimEnv).
+func (p *managedPod) resolvConf(spec *runtimev1.PodSpec) (m *mounts.Mount, env []string, err error) {
+	path, err := p.writeResolvConf(spec)
+	if err != nil || path == "" {
+		return nil, nil, err
+	}
+	if mounts.Namespaced() {
+		return &mounts.Mount{Source: path, Target: "/etc/resolv.conf", ReadOnly: true}, nil, nil
+	}
+	if lib := p.m.cfg.DNSShimLib; lib != "" {
+		if _, err := os.Stat(lib); err == nil {
+			return nil, dnsShimEnv(lib, path), nil
+		}
+	}
+	return nil, nil, nil
 }

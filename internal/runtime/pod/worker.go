@@ -418,13 +418,14 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 		if ms, err = p.containerMounts(cspec, root, res.Env); err != nil {
 			return fail(err.Error())
 		}
-		m, ok, err := p.resolvConfMount(spec)
+		m, env, err := p.resolvConf(spec)
 		if err != nil {
 			return fail(err.Error())
 		}
-		if ok {
-			ms = append(ms, m) // last: over whatever a volume put at /etc
+		if m != nil {
+			ms = append(ms, *m) // last: over whatever a volume put at /etc
 		}
+		res.Env = append(res.Env, env...)
 	}
 	proc, err := p.m.cfg.Starter.Start(ctx, ProcessSpec{ID: attempt, Argv: res.Argv, Env: res.Env, Dir: res.Dir,
 		LogPath:    filepath.Join(p.logDir(), name, strconv.Itoa(int(n))+".log"),
