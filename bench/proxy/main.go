@@ -42,10 +42,11 @@ import (
 )
 
 type options struct {
-	rounds int
-	bytes  int64
-	chunk  int
-	pings  int
+	rounds  int
+	bytes   int64
+	chunk   int
+	pings   int
+	follows int
 }
 
 // round is one measurement of one path.
@@ -60,9 +61,10 @@ func main() {
 	flag.Int64Var(&o.bytes, "bytes", 1<<30, "bytes uploaded per throughput measurement")
 	flag.IntVar(&o.chunk, "chunk", 64<<10, "bytes per write in the throughput measurement")
 	flag.IntVar(&o.pings, "pings", 20000, "1-byte round trips per latency measurement")
+	flag.IntVar(&o.follows, "follows", 50, "EndpointSlice changes timed until traffic follows them")
 	flag.Parse()
-	if o.rounds < 1 || o.bytes < 1 || o.chunk < 1 || o.pings < 1 {
-		fmt.Fprintln(os.Stderr, "bench/proxy: -rounds, -bytes, -chunk and -pings must be at least 1")
+	if o.rounds < 1 || o.bytes < 1 || o.chunk < 1 || o.pings < 1 || o.follows < 1 {
+		fmt.Fprintln(os.Stderr, "bench/proxy: -rounds, -bytes, -chunk, -pings and -follows must be at least 1")
 		os.Exit(2)
 	}
 	if err := run(o); err != nil {
@@ -107,7 +109,14 @@ func run(o options) error {
 			fmt.Fprintf(os.Stderr, "round %d %-8s %8.1f MB/s  p50 %v  p99 %v\n", i+1, label(addr == direct), r.mbps, r.p50, r.p99)
 		}
 	}
+	fp50, fp99, err := follow(o.follows)
+	if err != nil {
+		return err
+	}
 	report(o, directs, proxied, loadStart, loadAvg())
+	fmt.Printf("\nEndpointSlice change → traffic to the new endpoint (%d moves of a Service's one endpoint, the\n", o.follows)
+	fmt.Printf("ClusterIP dialled every 0.2 ms after each update; through an informer on a fake clientset, so the\napiserver's watch delivery is not included): p50 %v, p99 %v.\n",
+		fp50.Round(10*time.Microsecond), fp99.Round(10*time.Microsecond))
 	return nil
 }
 
