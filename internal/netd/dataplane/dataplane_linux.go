@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -114,6 +115,14 @@ func (d *linuxPlane) ensureBridge(h *netlink.Handle, n Node) (netlink.Link, erro
 			return nil, fmt.Errorf("dataplane: bridge %s MTU: %w", n.Bridge, err)
 		}
 	}
+	// Set explicitly too: a bridge otherwise takes the smallest MAC of its
+	// ports and changes it as pods come and go, and every pod's ARP entry
+	// for the gateway goes stale with it (traffic to the node stalls).
+	if mac := bridgeMAC(n.Gateway); !bytes.Equal(br.Attrs().HardwareAddr, mac) {
+		if err := h.LinkSetHardwareAddr(br, mac); err != nil {
+			return nil, fmt.Errorf("dataplane: bridge %s address: %w", n.Bridge, err)
+		}
+	}
 	if err := ensureOnlyAddr(h, br, netip.PrefixFrom(n.Gateway, n.CIDR.Bits())); err != nil {
 		return nil, err
 	}
@@ -121,6 +130,14 @@ func (d *linuxPlane) ensureBridge(h *netlink.Handle, n Node) (netlink.Link, erro
 		return nil, err
 	}
 	return br, nil
+}
+
+// bridgeMAC is the bridge's fixed, locally administered address: 02:6b:33
+// ("k3") and the gateway's last three bytes, so it is the same after every
+// restart and differs between nodes.
+func bridgeMAC(gw netip.Addr) net.HardwareAddr {
+	b := gw.As4()
+	return net.HardwareAddr{0x02, 0x6b, 0x33, b[1], b[2], b[3]}
 }
 
 func (d *linuxPlane) AddPod(n Node, p Pod) error {

@@ -777,3 +777,29 @@ func TestServiceAndClusterRanges(t *testing.T) {
 		}
 	}
 }
+
+// The bridge keeps one address whatever ports come and go: a bridge that
+// follows its ports' smallest MAC would stale every pod's ARP entry for the
+// gateway when a pod with a smaller MAC leaves.
+func TestBridgeMACStable(t *testing.T) {
+	f := newFixture(t)
+	f.up()
+	want := bridgeMAC(testNode.Gateway)
+	mac := func() string { return f.link(f.hostNS, "k3sm0").Attrs().HardwareAddr.String() }
+	if got := mac(); got != want.String() {
+		t.Fatalf("bridge MAC %s, want %s", got, want)
+	}
+	if err := f.dp.DelPod(f.a); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.dp.DelPod(f.b); err != nil {
+		t.Fatal(err)
+	}
+	if got := mac(); got != want.String() {
+		t.Fatalf("bridge MAC after its ports left: %s, want %s", got, want)
+	}
+	f.up()
+	if got := mac(); got != want.String() {
+		t.Fatalf("bridge MAC with new ports: %s, want %s", got, want)
+	}
+}
