@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Runs the k3sm benchmarks and records their figures in bench/RESULTS.md.
 #
-#   bench/run.sh [controlplane|runtime|pods|proxy|podnet|all]...    (default: all)
+#   bench/run.sh [controlplane|runtime|pods|proxy|podnet|dns|dns-coredns|all]...    (default: all)
+#
+# `all` is every benchmark but dns-coredns, which builds CoreDNS from its own
+# module (bench/coredns: downloads it on first use) and needs root.
 #
 # `make bench` builds the binaries and runs this with K3SM_BIN set.
 # Environment (all optional):
@@ -14,6 +17,7 @@
 #   K3SM_BENCH_PODS_ARGS  extra flags for bench/pods (see: go run ./bench/pods -help)
 #   K3SM_BENCH_PROXY_ARGS extra flags for bench/proxy (see: go run ./bench/proxy -help)
 #   K3SM_BENCH_PODNET_ARGS extra flags for bench/podnet (see: go run ./bench/podnet -help)
+#   K3SM_BENCH_DNS_ARGS   extra flags for bench/dns, in both dns targets (see: go run ./bench/dns -help)
 # The runtime benchmark (bench/runtime) reads its own K3SM_BENCH_* variables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -93,17 +97,42 @@ podnet() {
 	_output/bench/podnet ${K3SM_BENCH_PODNET_ARGS:-} | tee _output/bench/podnet.md
 }
 
+dns() {
+	# Owned by bench/dns: queries/s of the node's resolver on one core over a fake clientset of
+	# 1000 Services. Needs no k3sm binary; prints only (figures go in bench/RESULTS.md by hand).
+	$GO build -o _output/bench/dns ./bench/dns
+	# shellcheck disable=SC2086 # K3SM_BENCH_DNS_ARGS is a list of flags
+	_output/bench/dns ${K3SM_BENCH_DNS_ARGS:-} | tee _output/bench/dns.md
+}
+
+dns_coredns() {
+	# bench/dns -cluster: the resolver and CoreDNS (built from its Go module, bench/coredns, with
+	# only bind/errors/cache/kubernetes) side by side, both pinned to CPU 0 with GOMAXPROCS=1,
+	# reading one `k3sm server --pod-network=host` that bench/dns starts in a network namespace of
+	# its own. Needs root (it skips with a message otherwise) and k3sm-shim beside K3SM_BIN.
+	# Prints only.
+	if [[ ! -x $K3SM_BIN ]]; then
+		echo "bench: $K3SM_BIN is missing; build it with 'make bin/k3sm bin/k3sm-shim' or set K3SM_BIN" >&2
+		return 1
+	fi
+	$GO build -o _output/bench/dns ./bench/dns
+	(cd bench/coredns && $GO build -trimpath -o ../../_output/bench/coredns .)
+	# shellcheck disable=SC2086 # K3SM_BENCH_DNS_ARGS is a list of flags
+	_output/bench/dns -cluster -cpu 0 -k3sm-bin "$K3SM_BIN" -coredns _output/bench/coredns ${K3SM_BENCH_DNS_ARGS:-} |
+		tee _output/bench/dns-coredns.md
+}
+
 targets=("$@")
-if [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]]; then targets=(controlplane runtime pods proxy podnet); fi
+if [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]]; then targets=(controlplane runtime pods proxy podnet dns); fi
 failed=()
 for t in "${targets[@]}"; do
 	case $t in
-	controlplane | runtime | pods | proxy | podnet)
+	controlplane | runtime | pods | proxy | podnet | dns | dns-coredns)
 		echo "=== bench: $t" >&2
-		"$t" || failed+=("$t")
+		"${t//-/_}" || failed+=("$t")
 		;;
 	*)
-		echo "bench: unknown benchmark '$t'; choose controlplane, runtime, pods, proxy, podnet or all" >&2
+		echo "bench: unknown benchmark '$t'; choose controlplane, runtime, pods, proxy, podnet, dns, dns-coredns or all" >&2
 		exit 2
 		;;
 	esac

@@ -12,10 +12,18 @@
 // CoreDNS serving the same names), so both can be compared with the same
 // load generator; -name then names the record to ask for.
 //
+// With -cluster it measures k3sm's resolver and CoreDNS side by side against
+// one real cluster (cluster.go): it starts `k3sm server --pod-network=host`
+// (-k3sm-bin) in a network namespace of its own, creates the Services
+// through its API, and runs the resolver and CoreDNS (-coredns, built from
+// bench/coredns) each on one core against that apiserver, with the same
+// load in interleaved rounds.
+//
 // Everything listens on 127.0.0.0/8 (the server on -ip, 127.0.0.77 by default).
 //
 //	go run ./bench/dns
 //	go run ./bench/dns -addr 127.0.0.78:53 -name svc-7.default.svc.cluster.local.
+//	go run ./bench/dns -cluster -k3sm-bin bin/k3sm -coredns _output/bench/coredns    (root)
 package main
 
 import (
@@ -47,14 +55,27 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/clientcmd"
 
 	k3smdns "github.com/k3sm-dev/k3sm/internal/agent/dns"
 )
 
 type options struct {
-	serve    bool
-	addr     string
+	serve      bool
+	kubeconfig string // -serve: read the cluster through this kubeconfig, not a fake clientset
+	serveBin   string // the program started as the server (default: this one)
+	cpu        int
+	addr       string
+
+	cluster      bool
+	k3smBin      string
+	coredns      string
+	corednsCache int
+	timeout      time.Duration
+	keep         bool
+
 	ip       string
 	name     string
 	want     string
@@ -70,6 +91,14 @@ type options struct {
 func main() {
 	var o options
 	flag.BoolVar(&o.serve, "serve", false, "internal: be the measured server (started by the benchmark itself)")
+	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "internal: with -serve, the cluster's kubeconfig (default: a fake clientset)")
+	flag.IntVar(&o.cpu, "cpu", -1, "pin the started server(s) to this CPU with taskset(1) (-1: not pinned; GOMAXPROCS=1 either way)")
+	flag.BoolVar(&o.cluster, "cluster", false, "measure k3sm's resolver and CoreDNS side by side against a real `k3sm server` (needs root, -coredns)")
+	flag.StringVar(&o.k3smBin, "k3sm-bin", "bin/k3sm", "with -cluster: the k3sm binary whose server is the cluster")
+	flag.StringVar(&o.coredns, "coredns", "_output/bench/coredns", "with -cluster: the CoreDNS binary (cd bench/coredns && go build -o ../../_output/bench/coredns .)")
+	flag.IntVar(&o.corednsCache, "coredns-cache", 0, "with -cluster: give CoreDNS the cache plugin with this TTL cap in seconds, as the stock Corefile does with 30 (0: no cache)")
+	flag.DurationVar(&o.timeout, "timeout", 3*time.Minute, "with -cluster: how long the server, the Services and both resolvers may take to be ready")
+	flag.BoolVar(&o.keep, "keep", false, "with -cluster: keep the work dir (server data dir, logs, Corefile)")
 	flag.StringVar(&o.addr, "addr", "", "measure the DNS server at this host:port (on 127.0.0.0/8) instead of starting k3sm's")
 	flag.StringVar(&o.ip, "ip", "127.0.0.77", "loopback address the started server listens on")
 	flag.StringVar(&o.name, "name", "svc-7.default.svc.cluster.local.", "name to query (type A)")
@@ -92,6 +121,9 @@ func main() {
 	if o.clients < 1 || o.inflight < 1 || o.rounds < 1 || o.duration <= 0 || o.services < 10 {
 		fmt.Fprintln(os.Stderr, "bench/dns: -clients, -inflight, -rounds must be at least 1, -duration positive, -services at least 10")
 		os.Exit(2)
+	}
+	if o.cluster {
+		os.Exit(cluster(o))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -138,9 +170,21 @@ func fixture(n int) (objs []k8sruntime.Object, ipOf map[string]string) {
 // serve is the child: the resolver on one core. It prints its address and
 // serves until stdin closes.
 func serve(o options) error {
-	objs, _ := fixture(o.services)
+	var client kubernetes.Interface
+	if o.kubeconfig != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+		if err != nil {
+			return err
+		}
+		if client, err = kubernetes.NewForConfig(cfg); err != nil {
+			return err
+		}
+	} else {
+		objs, _ := fixture(o.services)
+		client = fake.NewClientset(objs...)
+	}
 	s, err := k3smdns.New(k3smdns.Config{
-		Client: fake.NewClientset(objs...),
+		Client: client,
 		Domain: "cluster.local",
 		Listen: []string{net.JoinHostPort(o.ip, "0")},
 		// Nothing is forwarded in this benchmark; an upstream on loopback
@@ -196,49 +240,17 @@ func run(ctx context.Context, o options) error {
 				return fmt.Errorf("%s is not a ClusterIP Service of the fixture; pass -want", o.name)
 			}
 		}
-		self, err := os.Executable()
+		a, p, stopServer, err := startResolver(ctx, o, "-services", strconv.Itoa(o.services), "-cpuprofile", o.profile)
 		if err != nil {
 			return err
 		}
-		cmd := exec.CommandContext(ctx, self, "-serve", "-ip", o.ip, "-services", strconv.Itoa(o.services), "-cpuprofile", o.profile)
-		cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
-		cmd.Stderr = os.Stderr
-		stdin, err := cmd.StdinPipe()
-		if err != nil {
-			return err
-		}
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			return err
-		}
-		if err := cmd.Start(); err != nil {
-			return err
-		}
-		defer func() { stdin.Close(); _ = cmd.Wait() }()
-		line, err := bufio.NewReader(out).ReadString('\n')
-		if err != nil {
-			return fmt.Errorf("server did not start: %v", err)
-		}
-		f := strings.Fields(line)
-		if len(f) < 4 || f[0] != "addr" || f[3] != "1" {
-			return fmt.Errorf("server said %q, want addr <a> gomaxprocs 1", line)
-		}
-		addr, pid = f[1], cmd.Process.Pid
+		defer stopServer()
+		addr, pid = a, p
 	}
 	if ap, err := netip.ParseAddrPort(addr); err != nil || !ap.Addr().IsLoopback() {
 		return fmt.Errorf("-addr %s: this benchmark only sends to 127.0.0.0/8", addr)
 	}
-	var wantIP []byte
-	if want != "" {
-		ip, err := netip.ParseAddr(want)
-		if err != nil || !ip.Is4() {
-			return fmt.Errorf("-want %q is not an IPv4 address", want)
-		}
-		wantIP = ip.AsSlice()
-	}
-	query := new(dns.Msg)
-	query.SetQuestion(dns.Fqdn(o.name), dns.TypeA)
-	packed, err := query.Pack()
+	wantIP, packed, err := queryFor(o.name, want)
 	if err != nil {
 		return err
 	}
@@ -263,6 +275,69 @@ func run(ctx context.Context, o options) error {
 	}
 	report(o, addr, pid != 0, rounds, load0, readFile("/proc/loadavg"))
 	return nil
+}
+
+// startResolver starts this program again as the resolver (-serve) with
+// GOMAXPROCS=1 (and pinned to -cpu), waits for its address and returns it
+// with the child's pid and a function that stops it.
+func startResolver(ctx context.Context, o options, args ...string) (addr string, pid int, stop func(), err error) {
+	self := o.serveBin
+	if self == "" {
+		if self, err = os.Executable(); err != nil {
+			return "", 0, nil, err
+		}
+	}
+	cmd := pinned(ctx, o.cpu, self, append([]string{"-serve", "-ip", o.ip}, args...)...)
+	cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return "", 0, nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", 0, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", 0, nil, err
+	}
+	stop = func() { stdin.Close(); _ = cmd.Wait() }
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		stop()
+		return "", 0, nil, fmt.Errorf("server did not start: %v", err)
+	}
+	f := strings.Fields(line)
+	if len(f) < 4 || f[0] != "addr" || f[3] != "1" {
+		stop()
+		return "", 0, nil, fmt.Errorf("server said %q, want addr <a> gomaxprocs 1", line)
+	}
+	return f[1], cmd.Process.Pid, stop, nil
+}
+
+// pinned is a command for name and args, run under `taskset -c cpu` when
+// cpu >= 0. taskset execs the program, so the pid is the program's.
+func pinned(ctx context.Context, cpu int, name string, args ...string) *exec.Cmd {
+	if cpu < 0 {
+		return exec.CommandContext(ctx, name, args...)
+	}
+	return exec.CommandContext(ctx, "taskset", append([]string{"-c", strconv.Itoa(cpu), name}, args...)...)
+}
+
+// queryFor packs an A query for name and parses the address an answer must
+// hold (nil: any).
+func queryFor(name, want string) (wantIP, packed []byte, err error) {
+	if want != "" {
+		ip, err := netip.ParseAddr(want)
+		if err != nil || !ip.Is4() {
+			return nil, nil, fmt.Errorf("-want %q is not an IPv4 address", want)
+		}
+		wantIP = ip.AsSlice()
+	}
+	query := new(dns.Msg)
+	query.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	packed, err = query.Pack()
+	return wantIP, packed, err
 }
 
 // load runs the clients for d and counts checked answers.
