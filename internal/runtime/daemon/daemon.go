@@ -169,7 +169,7 @@ func Run(ctx context.Context, cfg Config) error {
 		network = netd
 	}
 	mgr, err := pod.NewManager(pod.Config{DataDir: dataDir, Images: store, Starter: starter, Network: network,
-		DNSShimLib: filepath.Join(filepath.Dir(cfg.ShimPath), pod.DNSShimLibName),
+		DNSShimLib:           filepath.Join(filepath.Dir(cfg.ShimPath), pod.DNSShimLibName),
 		CrashLoopBackOffBase: cfg.CrashLoopBackOffBase, CrashLoopBackOffMax: cfg.CrashLoopBackOffMax,
 		BackOffResetAfter: cfg.BackOffResetAfter, ImagePullBackOffBase: cfg.ImagePullBackOffBase,
 		ImagePullBackOffMax: cfg.ImagePullBackOffMax, EmptyDirCheckInterval: cfg.EmptyDirCheckInterval,

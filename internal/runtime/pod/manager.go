@@ -67,7 +67,7 @@ type Config struct {
 	// the cluster DNS (DNSShimLibName next to k3sm-shim); used only where
 	// containers get no mount namespace, and only if the file exists.
 	DNSShimLib string
-	Logger  *slog.Logger
+	Logger     *slog.Logger
 }
 
 // ErrNotFound is returned for an unknown pod or container.
