@@ -188,6 +188,10 @@ func (s scheduler) Ready(ctx context.Context) error {
 
 type controllerManager struct{ p *Plane }
 
+// controllerManagerQPS is the controller-manager's client rate limit. One
+// local apiserver serves it; the limit only guards against a runaway loop.
+const controllerManagerQPS = 200
+
 func (c controllerManager) Name() string { return roleconfig.ControllerManager }
 
 // Args is the kube-controller-manager command line.
@@ -210,6 +214,11 @@ func (c controllerManager) Args() []string {
 		"--leader-elect=false",
 		"--profiling=false",
 		"--controllers=" + strings.Join(controllers, ","),
+		// Its default of 20 requests/s throttles start-up on a fresh
+		// datastore: every controller first gets its own ServiceAccount and
+		// token (below), ~3 requests each, before it lists what it watches.
+		fmt.Sprintf("--kube-api-qps=%d", controllerManagerQPS),
+		fmt.Sprintf("--kube-api-burst=%d", 2*controllerManagerQPS),
 		"--use-service-account-credentials=true",
 		"--service-account-private-key-file=" + certs.ServiceAccountKey,
 		"--root-ca-file=" + certs.ServerCA.CertPath,

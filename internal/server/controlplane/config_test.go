@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -98,5 +99,34 @@ func TestPKIReuseAndSANChange(t *testing.T) {
 func TestDefaultNodeTaint(t *testing.T) {
 	if DefaultNodeTaint("linux") || !DefaultNodeTaint("darwin") {
 		t.Fatalf("linux %v, darwin %v", DefaultNodeTaint("linux"), DefaultNodeTaint("darwin"))
+	}
+}
+
+// The controller-manager's own default (20 requests/s, burst 30) throttled a
+// fresh start by ~4 s: every controller gets its ServiceAccount and token
+// before it starts (bench/RESULTS.md, issue 17).
+func TestControllerManagerIsNotThrottled(t *testing.T) {
+	c := Defaults()
+	c.DataDir, c.NodeName, c.BindAddress = t.TempDir(), "n", "127.0.0.1"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewPlane(&c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flags := map[string]string{}
+	for _, a := range (controllerManager{p}).Args() {
+		if k, v, ok := strings.Cut(strings.TrimPrefix(a, "--"), "="); ok {
+			flags[k] = v
+		}
+	}
+	qps, err1 := strconv.Atoi(flags["kube-api-qps"])
+	burst, err2 := strconv.Atoi(flags["kube-api-burst"])
+	if err1 != nil || err2 != nil || qps < 100 || burst < qps {
+		t.Fatalf("controller-manager client rate qps=%q burst=%q; want qps >= 100 and burst >= qps", flags["kube-api-qps"], flags["kube-api-burst"])
+	}
+	if flags["use-service-account-credentials"] != "true" {
+		t.Fatal("the controllers no longer use their own credentials: the rate limit may not be needed any more")
 	}
 }
