@@ -171,7 +171,7 @@ func report(o options, tr *trafficResult, st *setupResult, loadStart, loadEnd st
 	fmt.Printf("\nBurst: %d pods set up at once from %d goroutines, then torn down the same way; median of %d rounds\n",
 		o.pods, o.workers, o.burstRounds)
 	fmt.Printf("per path, alternating which goes first. k3sm-netd serves each connection on its own goroutine but\n")
-	fmt.Printf("applies every request under one mutex; the dataplane called directly runs the %d calls in parallel.\n\n", o.workers)
+	fmt.Printf("applies every request under one mutex but for a teardown's removal, which runs in parallel; the dataplane called directly runs the %d calls in parallel.\n\n", o.workers)
 	fmt.Printf("| ms | %s | %s | netd ÷ direct |\n|---|---:|---:|---:|\n", setupNames[setupNetd], setupNames[setupDirect])
 	brow := func(name, prec string, f func(b burst) float64) {
 		var m [nSetups]float64

@@ -25,6 +25,10 @@ type fakeDP struct {
 	failPol  error
 	failAdd  map[string]error // by UID
 	calls    []string
+	// When set (before the server starts), DelPod of a pod reports its UID
+	// on delEntered, then waits for delRelease to close.
+	delEntered chan string
+	delRelease chan struct{}
 }
 
 func newFakeDP(netnsDir string) *fakeDP {
@@ -96,6 +100,10 @@ func (f *fakeDP) AddPod(n dataplane.Node, p dataplane.Pod) error {
 }
 
 func (f *fakeDP) DelPod(p dataplane.Pod) error {
+	if f.delEntered != nil && p.UID != "" {
+		f.delEntered <- p.UID
+		<-f.delRelease
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.record("DelPod %s %s %s", p.UID, p.HostIf, p.NetNS)

@@ -623,3 +623,90 @@ func TestStateFileIsPrivateJSON(t *testing.T) {
 		t.Fatalf("state:\n%s", data)
 	}
 }
+
+// Teardowns remove their pods' networks at the same time; meanwhile each
+// pod keeps its address, cannot be set up again, gets no policy, and the
+// rest of netd answers.
+func TestTeardownsRunConcurrently(t *testing.T) {
+	e := newEnv(t)
+	e.dp.delEntered, e.dp.delRelease = make(chan string, 4), make(chan struct{})
+	e.start(t)
+	ok(t, configure(t, e.sock, "100.64.0.0/28"))
+	held := map[string]string{}
+	for i := 1; i <= 3; i++ {
+		held[uidN(i)] = ok(t, setup(t, e.sock, uidN(i))).Pod.IP
+	}
+	results := make(chan *wire.Response, 4)
+	async := func(uid string) {
+		go func() {
+			c, err := net.Dial("unix", e.sock)
+			if err != nil {
+				results <- failure("dial", "%v", err)
+				return
+			}
+			defer c.Close()
+			wire.WriteRequest(c, &wire.Request{Version: wire.Version, Verb: wire.VerbTeardownPod, TeardownPod: &wire.TeardownPodArgs{UID: uid}})
+			resp, err := wire.ReadResponse(c)
+			if err != nil {
+				resp = failure("read", "%v", err)
+			}
+			results <- resp
+		}()
+	}
+	for i := 1; i <= 3; i++ {
+		async(uidN(i))
+	}
+	entered := map[string]bool{}
+	for len(entered) < 3 {
+		select {
+		case uid := <-e.dp.delEntered:
+			entered[uid] = true
+		case <-time.After(5 * time.Second):
+			t.Fatalf("only %d of 3 teardowns reached the dataplane at once: they are serialized", len(entered))
+		}
+	}
+	wantCode(t, setup(t, e.sock, uidN(1)), wire.CodeConflict, "being torn down")
+	wantCode(t, call(t, e.sock, wire.Request{Verb: wire.VerbSetPolicy, SetPolicy: &wire.SetPolicyArgs{UID: uidN(2)}}), wire.CodeNotFound)
+	ok(t, configure(t, e.sock, "100.64.0.0/28")) // the node is not held up either
+	if n := len(list(t, e.sock)); n != 3 {
+		t.Fatalf("%d pods listed during their teardown, want 3", n)
+	}
+	fourth := ok(t, setup(t, e.sock, uidN(4))).Pod.IP
+	for uid, ip := range held {
+		if ip == fourth {
+			t.Fatalf("address %s of %s, still being torn down, given to a new pod", ip, uid)
+		}
+	}
+	async(uidN(1)) // a second teardown of the same pod waits for the first
+	select {
+	case r := <-results:
+		t.Fatalf("a teardown answered before its removal was done: %+v", r)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(e.dp.delRelease)
+	codes := map[string]int{}
+	for i := 0; i < 4; i++ {
+		select {
+		case r := <-results:
+			codes[r.Code]++
+		case <-time.After(5 * time.Second):
+			t.Fatal("teardowns did not answer after the dataplane was released")
+		}
+	}
+	if codes[""] != 3 || codes[wire.CodeNotFound] != 1 {
+		t.Fatalf("teardown answers %v, want 3 successes and one NotFound (the second teardown of a gone pod)", codes)
+	}
+	if pods := list(t, e.sock); len(pods) != 1 || pods[0].UID != uidN(4) {
+		t.Fatalf("after the teardowns: %+v", pods)
+	}
+	if e.dp.count("AddPod "+uidN(1)) != 1 || e.dp.count("DelPod "+uidN(1)) != 1 {
+		t.Fatalf("pod 1 repaired or removed twice: %v", e.dp.calls)
+	}
+	// The state on disk agrees: a restart knows only the fourth pod.
+	e.srv.Close()
+	e.dp.delEntered = nil
+	e.start(t)
+	if pods := list(t, e.sock); len(pods) != 1 || pods[0].UID != uidN(4) {
+		t.Fatalf("after a restart: %+v", pods)
+	}
+}

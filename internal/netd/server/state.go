@@ -40,6 +40,9 @@ type podRecord struct {
 type pod struct {
 	uid, namespace, name string
 	ip                   netip.Addr
+	// removing is set, and closed when done, while a teardown removes the
+	// pod's network outside the lock; not persisted.
+	removing chan struct{}
 }
 
 // loadState reads path; a missing file is an empty state. A file that does
