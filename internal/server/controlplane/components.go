@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -12,10 +13,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
 	"github.com/k3sm-dev/k3sm/internal/datadir"
-	"github.com/k3sm-dev/k3sm/internal/roleconfig"
-
 	"github.com/k3sm-dev/k3sm/internal/pki"
+	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 )
 
@@ -71,7 +72,16 @@ func (p *Plane) Kine() (supervisor.Component, error) {
 	return kine{p, args}, nil
 }
 func (p *Plane) APIServer() supervisor.Component { return apiserver{p} }
-func (p *Plane) Scheduler() supervisor.Component { return scheduler{p} }
+
+// Scheduler writes the scheduler's configuration file and returns its
+// component.
+func (p *Plane) Scheduler() (supervisor.Component, error) {
+	path := p.Layout.RoleConfig(roleconfig.Scheduler)
+	if err := atomicfile.WriteFile(path, schedulerConfig(p.Layout.Cred("scheduler")), 0o600); err != nil {
+		return nil, fmt.Errorf("kube-scheduler configuration: %w", err)
+	}
+	return scheduler{p, path}, nil
+}
 func (p *Plane) ControllerManager() supervisor.Component {
 	return controllerManager{p}
 }
@@ -164,22 +174,46 @@ func (a apiserver) Ready(ctx context.Context) error {
 	return a.p.probe(ctx, a.p.Cfg.LocalAPIURL()+"/readyz", true)
 }
 
-type scheduler struct{ p *Plane }
+type scheduler struct {
+	p      *Plane
+	config string
+}
+
+// schedulerQPS is the scheduler's client rate limit: upstream's 50
+// requests/s paces a burst of pods (a binding and an Event each). One
+// local apiserver serves it.
+const schedulerQPS = 200
+
+// schedulerConfig is a KubeSchedulerConfiguration (JSON, which the
+// scheduler reads as YAML): the client settings have no flags but
+// deprecated ones, which a configuration file overrides anyway.
+func schedulerConfig(kubeconfig string) []byte {
+	cfg := map[string]any{
+		"apiVersion": "kubescheduler.config.k8s.io/v1",
+		"kind":       "KubeSchedulerConfiguration",
+		"clientConnection": map[string]any{
+			"kubeconfig": kubeconfig, "qps": schedulerQPS, "burst": 2 * schedulerQPS,
+		},
+		"leaderElection":            map[string]any{"leaderElect": false},
+		"enableProfiling":           false,
+		"enableContentionProfiling": false,
+	}
+	data, _ := json.MarshalIndent(cfg, "", "  ") // maps of strings, numbers and booleans
+	return append(data, '\n')
+}
 
 func (s scheduler) Name() string { return roleconfig.Scheduler }
 func (s scheduler) Command() supervisor.Command {
 	kc := s.p.Layout.Cred("scheduler")
 	return supervisor.Command{Path: s.p.Cfg.Executable, Dir: s.p.Layout.ServerDir(), Args: []string{
 		roleconfig.Scheduler,
-		"--kubeconfig=" + kc,
+		"--config=" + s.config,
 		"--authentication-kubeconfig=" + kc,
 		"--authorization-kubeconfig=" + kc,
 		"--bind-address=127.0.0.1",
 		fmt.Sprintf("--secure-port=%d", s.p.Cfg.SchedulerPort),
 		"--tls-cert-file=" + s.p.SchedulerServing.CertPath,
 		"--tls-private-key-file=" + s.p.SchedulerServing.KeyPath,
-		"--leader-elect=false",
-		"--profiling=false",
 	}, Settle: true}
 }
 func (s scheduler) Ready(ctx context.Context) error {

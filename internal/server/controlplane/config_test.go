@@ -4,6 +4,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"k8s.io/klog/v2"
+	scheduleroptions "k8s.io/kubernetes/cmd/kube-scheduler/app/options"
 )
 
 func TestValidateNamesTheFlag(t *testing.T) {
@@ -128,5 +131,43 @@ func TestControllerManagerIsNotThrottled(t *testing.T) {
 	}
 	if flags["use-service-account-credentials"] != "true" {
 		t.Fatal("the controllers no longer use their own credentials: the rate limit may not be needed any more")
+	}
+}
+
+// The scheduler's configuration file is one the scheduler itself loads,
+// with the client rate and the settings its flags used to carry.
+func TestSchedulerConfigLoads(t *testing.T) {
+	c := Defaults()
+	c.DataDir, c.NodeName, c.BindAddress = t.TempDir(), "n", "127.0.0.1"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewPlane(&c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	comp, err := p.Scheduler()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var path string
+	for _, a := range comp.Command().Args {
+		if v, ok := strings.CutPrefix(a, "--config="); ok {
+			path = v
+		}
+		if strings.HasPrefix(a, "--kubeconfig") || strings.HasPrefix(a, "--leader-elect") || strings.HasPrefix(a, "--profiling") {
+			t.Errorf("%s: a flag the configuration file overrides", a)
+		}
+	}
+	cfg, err := scheduleroptions.LoadConfigFromFile(klog.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := cfg.ClientConnection
+	if cc.QPS < 100 || cc.Burst < int32(cc.QPS) || cc.Kubeconfig != p.Layout.Cred("scheduler") {
+		t.Fatalf("client connection %+v", cc)
+	}
+	if cfg.LeaderElection.LeaderElect || cfg.EnableProfiling {
+		t.Fatalf("leader election %v, profiling %v: want both off", cfg.LeaderElection.LeaderElect, cfg.EnableProfiling)
 	}
 }

@@ -87,7 +87,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 	// The scheduler and controller-manager start while authorization is
 	// verified: they serve no users, and if verification fails everything
 	// is stopped, so the server still never runs unverified.
-	sched, err := sup.Start(ctx, p.Scheduler())
+	schedComp, err := p.Scheduler()
+	if err != nil {
+		return err
+	}
+	sched, err := sup.Start(ctx, schedComp)
 	if err != nil {
 		return err
 	}
