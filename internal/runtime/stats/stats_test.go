@@ -18,12 +18,20 @@ func TestProcessGroupsBusyLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait() }()
-	time.Sleep(500 * time.Millisecond)
-	m, err := ProcessGroups([]int{cmd.Process.Pid})
-	if err != nil {
-		t.Fatal(err)
+	// A loaded machine gives the loop less than its share: poll until it
+	// has had 100 ms of CPU instead of sleeping a fixed time.
+	var s Sample
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		time.Sleep(100 * time.Millisecond)
+		m, err := ProcessGroups([]int{cmd.Process.Pid})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s = m[cmd.Process.Pid]
+		if s.CPUNanos >= 100e6 || time.Now().After(deadline) {
+			break
+		}
 	}
-	s := m[cmd.Process.Pid]
 	if s.Processes != 1 || s.CPUNanos < 100e6 || s.RSSBytes == 0 {
 		t.Fatalf("sample %+v: want one process with >=100ms CPU and some RSS", s)
 	}
