@@ -125,8 +125,8 @@ type Child struct {
 	live     bool // cmd passed Ready
 	stopping bool
 	restarts int
-	started  time.Time // of the current process
-	lastExit string    // how the previous process ended, "" if none did
+	started  time.Time     // of the current process
+	lastExit string        // how the previous process ended, "" if none did
 	done     chan struct{} // closed when the supervise loop ends
 	stopCh   chan struct{} // closed by Stop
 	exited   chan struct{} // replaced on every start; closed when that process exits
