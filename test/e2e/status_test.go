@@ -278,8 +278,8 @@ func TestDoctorDataDirFull(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name, opts, fix string
-		fill       int64
-		flags      uintptr
+		fill            int64
+		flags           uintptr
 	}{
 		{"full", "size=16m", "free space", 15 << 20, 0},
 		{"read-only", "size=16m", "read-only", 0, unix.MS_RDONLY},
