@@ -9,6 +9,7 @@
 //	  admin.kubeconfig      cluster-admin credential
 //	  logs/                 component logs; logs/pods/ the CRI container logs
 //	  run/                  sockets: runtime.sock, shims/, runtimed.lock, netd.sock, role configs;
+//	                        server.json, components.json (the running server, for `k3sm status`);
 //	                        netns/<uid> the pods' network namespaces (k3sm-netd)
 //	  server/               control plane: db/state.db, tls/, cred/, flexvolume/, kine.sock,
 //	                        snapshots/, audit-policy.yaml; logs/audit.log
@@ -45,6 +46,12 @@ func (l Layout) RegistriesFile() string { return filepath.Join(l.Root, "registri
 // RoleConfig is the typed configuration the supervisor hands a child role
 // (see internal/roleconfig).
 func (l Layout) RoleConfig(role string) string { return filepath.Join(l.RunDir(), role+".json") }
+
+// ServerInfoFile describes the running server (its pid, ports, node) and
+// ComponentsFile its supervisor's children; both exist only while a server
+// runs and are read by `k3sm status`.
+func (l Layout) ServerInfoFile() string { return filepath.Join(l.RunDir(), "server.json") }
+func (l Layout) ComponentsFile() string { return filepath.Join(l.RunDir(), "components.json") }
 
 // Server side: the control plane.
 func (l Layout) ServerDir() string      { return filepath.Join(l.Root, "server") }

@@ -24,6 +24,7 @@ func TestLayoutIsStable(t *testing.T) {
 		l.DBSidecars()[0]: "/d/server/db/state.db-wal", l.DBSidecars()[1]: "/d/server/db/state.db-shm",
 		l.NetdSocket(): "/d/run/netd.sock", l.NetdStateFile(): "/d/agent/netd-state.json",
 		l.NetNSDir(): "/d/run/netns", l.PodNetNS("u"): "/d/run/netns/u",
+		l.ServerInfoFile(): "/d/run/server.json", l.ComponentsFile(): "/d/run/components.json",
 	} {
 		if got != want {
 			t.Errorf("got %s, want %s", got, want)

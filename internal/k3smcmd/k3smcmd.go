@@ -47,6 +47,10 @@ func New(kubectl Kubectl, addons Addons) *cobra.Command {
 // Execute runs the root command and returns the process exit code.
 func Execute(kubectl Kubectl, addons Addons) int {
 	if err := New(kubectl, addons).Execute(); err != nil {
+		var code exitCode
+		if errors.As(err, &code) {
+			return int(code)
+		}
 		fmt.Fprintln(os.Stderr, "k3sm:", err)
 		return 1
 	}

@@ -11,6 +11,7 @@ package supervisor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -23,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
 	"gopkg.in/natefinch/lumberjack.v2"
 )
 
@@ -76,7 +78,12 @@ type Supervisor struct {
 	// beyond the count removed). Set before Start.
 	LogMaxSizeMB  int
 	LogMaxBackups int
+	// StateFile, when set before Start, is rewritten (atomically) whenever
+	// a child starts, passes its readiness check or exits: how `k3sm
+	// status` learns the supervisor's view of its children.
+	StateFile string
 
+	stateMu  sync.Mutex // serializes writes of StateFile
 	mu       sync.Mutex
 	children []*Child
 	pipeR    *os.File
@@ -118,6 +125,8 @@ type Child struct {
 	live     bool // cmd passed Ready
 	stopping bool
 	restarts int
+	started  time.Time     // of the current process
+	lastExit string        // how the previous process ended, "" if none did
 	done     chan struct{} // closed when the supervise loop ends
 	stopCh   chan struct{} // closed by Stop
 	exited   chan struct{} // replaced on every start; closed when that process exits
@@ -135,7 +144,77 @@ func (s *Supervisor) Start(ctx context.Context, c Component) (*Child, error) {
 	s.children = append(s.children, ch)
 	s.mu.Unlock()
 	go ch.supervise()
+	s.writeState()
 	return ch, nil
+}
+
+// ChildState is one child as the supervisor sees it.
+type ChildState struct {
+	Name string `json:"name"`
+	Pid  int    `json:"pid"`
+	// Live: the current process passed its readiness check.
+	Live     bool      `json:"live"`
+	Restarts int       `json:"restarts"`
+	Started  time.Time `json:"started"`
+	LastExit string    `json:"lastExit,omitempty"`
+	Stopping bool      `json:"stopping,omitempty"`
+}
+
+// State is what StateFile holds.
+type State struct {
+	Pid      int          `json:"pid"` // the supervisor's
+	Updated  time.Time    `json:"updated"`
+	Children []ChildState `json:"children"`
+}
+
+// State returns the children in start order.
+func (s *Supervisor) State() State {
+	s.mu.Lock()
+	children := slices.Clone(s.children)
+	s.mu.Unlock()
+	st := State{Pid: os.Getpid(), Updated: time.Now().UTC(), Children: []ChildState{}}
+	for _, ch := range children {
+		ch.mu.Lock()
+		cs := ChildState{Name: ch.c.Name(), Live: ch.live, Restarts: ch.restarts, Started: ch.started, LastExit: ch.lastExit, Stopping: ch.stopping}
+		if ch.cmd != nil && ch.cmd.Process != nil {
+			cs.Pid = ch.cmd.Process.Pid
+		}
+		select {
+		case <-ch.exited:
+			cs.Pid, cs.Live = 0, false // between exit and restart
+		default:
+		}
+		ch.mu.Unlock()
+		st.Children = append(st.Children, cs)
+	}
+	return st
+}
+
+// ReadState reads a StateFile.
+func ReadState(path string) (State, error) {
+	var st State
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return st, err
+	}
+	return st, json.Unmarshal(data, &st)
+}
+
+// writeState rewrites StateFile; no lock of a child may be held. A failed
+// write only makes `k3sm status` less precise, so it is logged, not fatal.
+func (s *Supervisor) writeState() {
+	if s.StateFile == "" {
+		return
+	}
+	s.stateMu.Lock()
+	defer s.stateMu.Unlock()
+	data, err := json.MarshalIndent(s.State(), "", "  ")
+	if err == nil {
+		err = atomicfile.WriteFile(s.StateFile, append(data, '\n'), 0o644)
+	}
+	if err != nil {
+		s.Log.Warn("cannot write the supervisor state file", "file", s.StateFile, "err", err)
+	}
 }
 
 // Name returns the component name.
@@ -202,6 +281,7 @@ func (ch *Child) probeReady(cmd *exec.Cmd, exited <-chan struct{}) {
 				}
 			}
 			ch.mu.Unlock()
+			ch.s.writeState()
 			return
 		}
 		select {
@@ -260,7 +340,7 @@ func (ch *Child) spawn() error {
 	}
 	exited := make(chan struct{})
 	ch.mu.Lock()
-	ch.cmd, ch.exited, ch.settle, ch.live = cmd, exited, spec.Settle, false
+	ch.cmd, ch.exited, ch.settle, ch.live, ch.started = cmd, exited, spec.Settle, false, time.Now().UTC()
 	stopping := ch.stopping
 	ch.mu.Unlock()
 	if stopping {
@@ -294,10 +374,12 @@ func (ch *Child) supervise() {
 		close(exited)
 		ch.mu.Lock()
 		stopping := ch.stopping
+		ch.live, ch.lastExit = false, exitReason(err)
 		ch.mu.Unlock()
 		if stopping {
 			return
 		}
+		ch.s.writeState()
 		ran := time.Since(started)
 		if ran > ch.s.Backoff.Reset {
 			delay = ch.s.Backoff.Initial
@@ -322,6 +404,7 @@ func (ch *Child) supervise() {
 		ch.mu.Lock()
 		ch.restarts++
 		ch.mu.Unlock()
+		ch.s.writeState()
 	}
 }
 

@@ -307,3 +307,9 @@ func (o *Ops) validate(dataDir string, add func(flag, value, problem, fix string
 func LockDataDir(dataDir string) (release func(), err error) {
 	return lockDataDir(datadir.New(dataDir).LockFile())
 }
+
+// ServerHoldsLock reports whether a server runs on the data dir (holds
+// k3sm.lock) and its pid, without creating anything there.
+func ServerHoldsLock(dataDir string) (running bool, pid int, err error) {
+	return lockHeld(datadir.New(dataDir).LockFile())
+}

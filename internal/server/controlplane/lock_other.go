@@ -8,3 +8,7 @@ import "errors"
 func lockDataDir(string) (func(), error) {
 	return nil, errors.New("data directory locking needs a unix system (Linux or macOS)")
 }
+
+func lockHeld(string) (bool, int, error) {
+	return false, 0, errors.New("data directory locking needs a unix system (Linux or macOS)")
+}

@@ -36,3 +36,27 @@ func lockDataDir(path string) (release func(), err error) {
 	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	return func() { f.Close() }, nil
 }
+
+// lockHeld reports whether a process holds the lock file at path, and the
+// pid it wrote, without creating the file. Testing takes the lock for an
+// instant, as `k3sm snapshot restore` does: a server starting in that
+// instant fails its preflight and says another server runs.
+func lockHeld(path string) (held bool, pid int, err error) {
+	f, err := os.OpenFile(path, os.O_RDONLY, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, 0, nil
+	}
+	if err != nil {
+		return false, 0, err
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			raw, _ := os.ReadFile(path)
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(raw)))
+			return true, pid, nil
+		}
+		return false, 0, err
+	}
+	return false, 0, nil
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"k8s.io/client-go/rest"
@@ -63,6 +64,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 	if err != nil {
 		return err
 	}
+	// What `k3sm status` reads; removed once every child is stopped (the
+	// lock says whether a server runs, so a file left by a killed server
+	// is never believed).
+	sup.StateFile = p.Layout.ComponentsFile()
+	if err := writeRunInfo(p.Layout, cfg.runInfo(start)); err != nil {
+		return err
+	}
+	defer os.Remove(p.Layout.ServerInfoFile())
+	defer os.Remove(p.Layout.ComponentsFile())
 	defer sup.StopAll()
 
 	for _, addon := range addons {

@@ -1,0 +1,126 @@
+package k3smcmd
+
+import (
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/server/doctor"
+	"github.com/k3sm-dev/k3sm/internal/server/status"
+	"github.com/spf13/cobra"
+)
+
+// exitCode ends the process with code after the command printed its
+// report (status's 3/4/5, doctor's 1); Execute prints nothing for it.
+type exitCode int
+
+func (e exitCode) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
+func newStatus() *cobra.Command {
+	var dataDir, output string
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show whether the cluster runs and the health of each component",
+		Long: "One line per component: the server (supervisor), kine, kube-apiserver, kube-scheduler,\n" +
+			"kube-controller-manager, runtimed, netd, the node (its Ready condition), the Service proxy and the\n" +
+			"cluster DNS. Exit status: 0 running, 3 stopped, 4 degraded (the server runs but a component is\n" +
+			"unhealthy), 5 not installed (no cluster at the data dir and no k3sm service).",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(output); err != nil {
+				return err
+			}
+			if timeout <= 0 {
+				return fmt.Errorf("--timeout %s: must be positive, e.g. 2s", timeout)
+			}
+			r, err := status.Check(cmd.Context(), dataDir, status.Options{Timeout: timeout})
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if output == "json" {
+				if err := writeJSON(out, r); err != nil {
+					return err
+				}
+			} else {
+				fmt.Fprintf(out, "k3sm is %s (data dir %s)\n", strings.ReplaceAll(r.State, "-", " "), r.DataDir)
+				if len(r.ServiceUnits) > 0 {
+					fmt.Fprintf(out, "service: %s\n", strings.Join(r.ServiceUnits, ", "))
+				}
+				if len(r.Components) > 0 {
+					tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "COMPONENT\tHEALTH\tPID\tRESTARTS\tDETAIL")
+					for _, c := range r.Components {
+						pid := "-"
+						if c.Pid > 0 {
+							pid = fmt.Sprint(c.Pid)
+						}
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", c.Name, c.Health, pid, c.Restarts, c.Detail)
+					}
+					tw.Flush()
+				}
+				if r.Hint != "" {
+					fmt.Fprintln(out, r.Hint)
+				}
+			}
+			if r.ExitCode != 0 {
+				return exitCode(r.ExitCode)
+			}
+			return nil
+		},
+	}
+	dataDirFlag(cmd, &dataDir)
+	outputFlag(cmd, &output)
+	cmd.Flags().DurationVar(&timeout, "timeout", 2*time.Second, "how long each component's health check may take")
+	return cmd
+}
+
+func newDoctor() *cobra.Command {
+	var dataDir, output string
+	var jsonOut bool
+	cmd := &cobra.Command{
+		Use:   "doctor",
+		Short: "Check what k3sm needs of this machine: PASS, WARN or FAIL with the fix",
+		Long: "Checks privileges (and what they mean for the pod network), user namespaces, overlayfs, the Landlock\n" +
+			"ABI, cgroup v2 and its delegation, nftables, the ports k3sm listens on, the data dir (writable, free\n" +
+			"space against the node's eviction thresholds), the clock and the cluster's certificates. On macOS:\n" +
+			"privileges, APFS under the data dir, ports, the data dir, the clock and the certificates.\n" +
+			"Exit status 1 when a check FAILs.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if jsonOut {
+				output = "json"
+			}
+			if err := checkOutput(output); err != nil {
+				return err
+			}
+			r := doctor.Run(doctor.Options{DataDir: dataDir})
+			out := cmd.OutOrStdout()
+			if output == "json" {
+				if err := writeJSON(out, r); err != nil {
+					return err
+				}
+			} else {
+				tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+				for _, c := range r.Checks {
+					fmt.Fprintf(tw, "%s\t%s\t%s\n", c.Status, c.Name, c.Detail)
+					if c.Fix != "" {
+						fmt.Fprintf(tw, "\t\tfix: %s\n", c.Fix)
+					}
+				}
+				tw.Flush()
+				fmt.Fprintf(out, "result: %s (data dir %s)\n", r.Result, r.DataDir)
+			}
+			if r.Result == doctor.Fail {
+				return exitCode(1)
+			}
+			return nil
+		},
+	}
+	dataDirFlag(cmd, &dataDir)
+	outputFlag(cmd, &output)
+	cmd.Flags().BoolVar(&jsonOut, "json", false, "same as -o json")
+	return cmd
+}

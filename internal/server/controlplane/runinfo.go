@@ -1,0 +1,52 @@
+package controlplane
+
+import (
+	"encoding/json"
+	"os"
+	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
+	"github.com/k3sm-dev/k3sm/internal/datadir"
+	"github.com/k3sm-dev/k3sm/internal/version"
+)
+
+// RunInfo is <data-dir>/run/server.json: what a running server listens on
+// and serves, so `k3sm status` probes the ports it was started with rather
+// than the defaults. It exists only while the server runs.
+type RunInfo struct {
+	Pid                   int       `json:"pid"`
+	Started               time.Time `json:"started"`
+	Version               string    `json:"version"`
+	APIURL                string    `json:"apiURL"`
+	SchedulerPort         int       `json:"schedulerPort"`
+	ControllerManagerPort int       `json:"controllerManagerPort"`
+	KubeletPort           int       `json:"kubeletPort"`
+	NodeName              string    `json:"nodeName"`
+	ServiceCIDR           string    `json:"serviceCIDR"`
+	ClusterDNS            string    `json:"clusterDNS"`
+	ClusterDomain         string    `json:"clusterDomain"`
+}
+
+func (c *Config) runInfo(started time.Time) RunInfo {
+	return RunInfo{Pid: os.Getpid(), Started: started.UTC(), Version: version.Version, APIURL: c.LocalAPIURL(),
+		SchedulerPort: c.SchedulerPort, ControllerManagerPort: c.ControllerManagerPort, KubeletPort: c.KubeletPort,
+		NodeName: c.NodeName, ServiceCIDR: c.ServiceCIDR, ClusterDNS: c.ClusterDNS, ClusterDomain: c.ClusterDomain}
+}
+
+func writeRunInfo(l datadir.Layout, ri RunInfo) error {
+	data, err := json.MarshalIndent(ri, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.WriteFile(l.ServerInfoFile(), append(data, '\n'), 0o644)
+}
+
+// ReadRunInfo reads the running server's server.json.
+func ReadRunInfo(dataDir string) (RunInfo, error) {
+	var ri RunInfo
+	data, err := os.ReadFile(datadir.New(dataDir).ServerInfoFile())
+	if err != nil {
+		return ri, err
+	}
+	return ri, json.Unmarshal(data, &ri)
+}

@@ -1,0 +1,308 @@
+package doctor
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
+	"github.com/k3sm-dev/k3sm/internal/server/certs"
+)
+
+// privilege: root decides the pod network mode (--pod-network auto).
+func privilege(euid int) Check {
+	if euid == 0 {
+		return Check{Name: "privilege", Status: Pass, Detail: "running as root: --pod-network auto gives each pod its own network namespace and IP (k3sm-netd), with the Service proxy and cluster DNS"}
+	}
+	return Check{Name: "privilege", Status: Warn,
+		Detail: fmt.Sprintf("running as uid %d: --pod-network auto falls back to host (pods share the node's network, no Service ClusterIPs or cluster DNS)", euid),
+		Fix:    "for a pod network run `sudo k3sm install` (netd runs as root) or `sudo k3sm server`"}
+}
+
+func portVerdict(p Port, err error) Check {
+	addr := net.JoinHostPort(p.Host, strconv.Itoa(p.Port))
+	c := Check{Name: "port " + strconv.Itoa(p.Port)}
+	if err == nil {
+		c.Status, c.Detail = Pass, addr+" is free (--"+p.Flag+")"
+		return c
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		err = op.Err
+	}
+	c.Status, c.Detail = Fail, fmt.Sprintf("cannot listen on %s (--%s): %v", addr, p.Flag, err)
+	c.Fix = "stop what listens there (e.g. `ss -ltnp 'sport = :" + strconv.Itoa(p.Port) + "'`) or start k3sm with another --" + p.Flag
+	return c
+}
+
+// DiskUsage is a filesystem's size and what is free, for the unprivileged.
+type DiskUsage struct {
+	Total, Avail, Inodes, InodesFree uint64
+}
+
+// diskVerdict: FAIL when the data dir cannot be written or has less than
+// MinFreeBytes; WARN below the node's eviction thresholds (the node then
+// reports DiskPressure and evicts pods).
+func diskVerdict(dir, probed string, werr error, u DiskUsage, th []diskpolicy.Threshold) Check {
+	c := Check{Name: "data-dir"}
+	where := dir
+	if probed != dir {
+		where = dir + " (does not exist yet; checked " + probed + ")"
+	}
+	if werr != nil {
+		var pe *os.PathError
+		if errors.As(werr, &pe) {
+			werr = pe.Err
+		}
+		c.Status, c.Detail = Fail, where+" is not writable: "+werr.Error()
+		switch {
+		case errors.Is(werr, syscall.EROFS):
+			c.Fix = "the filesystem is read-only: remount it read-write or pass --data-dir on a writable one"
+		case errors.Is(werr, syscall.ENOSPC):
+			c.Fix = "the filesystem is full: free space or pass --data-dir on another filesystem"
+		default:
+			c.Fix = "run as the data dir's owner (sudo for /var/lib/k3sm) or pass --data-dir under your home"
+		}
+		return c
+	}
+	free := fmt.Sprintf("%s free of %s", bytes(u.Avail), bytes(u.Total))
+	if u.Avail < MinFreeBytes {
+		c.Status, c.Detail = Fail, fmt.Sprintf("%s: only %s (k3sm needs at least %s for the datastore and images)", where, free, bytes(MinFreeBytes))
+		c.Fix = "free space on that filesystem or pass --data-dir on a larger one"
+		return c
+	}
+	for _, t := range th {
+		var have, total uint64
+		switch t.Signal {
+		case "nodefs.available", "imagefs.available":
+			have, total = u.Avail, u.Total
+		case "nodefs.inodesFree", "imagefs.inodesFree":
+			have, total = u.InodesFree, u.Inodes
+		}
+		if total == 0 {
+			continue // e.g. a filesystem without an inode count
+		}
+		low := false
+		if t.Percent > 0 {
+			low = float64(have)*100/float64(total) < t.Percent
+		} else {
+			low = have < uint64(t.Value)
+		}
+		if low {
+			c.Status = Warn
+			c.Detail = fmt.Sprintf("%s: %s, below the eviction threshold %s (%s): the node reports DiskPressure and evicts pods", where, free, t.Signal, thresholdString(t))
+			c.Fix = "free space (`k3sm image prune`, old snapshots), or set --eviction-hard for a small disk"
+			return c
+		}
+	}
+	c.Status, c.Detail = Pass, where+" is writable, "+free
+	return c
+}
+
+func thresholdString(t diskpolicy.Threshold) string {
+	if t.Percent > 0 {
+		return "<" + strconv.FormatFloat(t.Percent, 'f', -1, 64) + "%"
+	}
+	return "<" + strconv.FormatInt(t.Value, 10)
+}
+
+func bytes(n uint64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%d KiB", n>>10)
+}
+
+// clockVerdict: certificates and tokens are checked against the clock, so a
+// clock years off (a dead RTC battery boots in 1970 or 2000) breaks TLS.
+func clockVerdict(now time.Time, synced, known bool) Check {
+	c := Check{Name: "clock"}
+	if y := now.Year(); y < 2025 || y > 2100 {
+		c.Status, c.Detail = Fail, "the clock says "+now.UTC().Format(time.RFC3339)+": certificates would be not yet valid or expired"
+		c.Fix = "set the time (`timedatectl set-ntp true`, or `date -s`)"
+		return c
+	}
+	switch {
+	case !known:
+		c.Status, c.Detail = Pass, now.UTC().Format(time.RFC3339)+" (whether it is NTP-synchronized cannot be read here)"
+	case synced:
+		c.Status, c.Detail = Pass, now.UTC().Format(time.RFC3339)+", synchronized (kernel NTP status)"
+	default:
+		c.Status, c.Detail = Warn, now.UTC().Format(time.RFC3339)+", not synchronized: the kernel reports no NTP sync; a drifting clock makes certificates and tokens look not yet valid or expired to other machines"
+		c.Fix = "enable time sync: `timedatectl set-ntp true` (systemd-timesyncd) or chrony"
+	}
+	return c
+}
+
+func certVerdict(list []certs.Cert, err error, now time.Time) Check {
+	c := Check{Name: "certificates"}
+	if err != nil {
+		c.Status, c.Detail, c.Fix = Fail, err.Error(), "restore the data dir's server/tls from a snapshot (`k3sm snapshot restore`)"
+		return c
+	}
+	var expired, renew, rotateCA []string
+	var soonest *certs.Cert
+	for i, x := range list {
+		switch x.Status {
+		case "expired":
+			expired = append(expired, x.Name)
+		case "renew":
+			renew = append(renew, x.Name)
+		case "rotate-ca":
+			rotateCA = append(rotateCA, x.Name)
+		}
+		if soonest == nil || x.NotAfter.Before(soonest.NotAfter) {
+			soonest = &list[i]
+		}
+	}
+	switch {
+	case len(expired) > 0:
+		c.Status, c.Detail = Fail, "expired: "+strings.Join(expired, ", ")
+		c.Fix = "stop the server and run `k3sm certificate rotate` (a CA: docs/operations.md, \"Rotating the CAs\")"
+	case len(rotateCA) > 0:
+		c.Status, c.Detail = Warn, "CAs expire within a year: "+strings.Join(rotateCA, ", ")
+		c.Fix = "rotate them: docs/operations.md, \"Rotating the CAs\""
+	case len(renew) > 0:
+		c.Status, c.Detail = Warn, "leaves within 90 days of expiry: "+strings.Join(renew, ", ")
+		c.Fix = "restart the server (it renews them at start) or stop it and run `k3sm certificate rotate`"
+	case soonest == nil:
+		c.Status, c.Detail = Pass, "no certificates found"
+	default:
+		c.Status = Pass
+		c.Detail = fmt.Sprintf("%d certificates valid; the first to expire is %s on %s (%d days)", len(list), soonest.Name,
+			soonest.NotAfter.UTC().Format("2006-01-02"), int(soonest.NotAfter.Sub(now).Hours()/24))
+	}
+	return c
+}
+
+// usernsVerdict: the runtime daemon puts each container in a mount
+// namespace; unprivileged it needs a user namespace for that.
+func usernsVerdict(maxUserNS int, unprivClone, apparmorRestrict string, euid int) Check {
+	c := Check{Name: "user-namespaces"}
+	var problem, fix string
+	switch {
+	case maxUserNS == 0:
+		problem, fix = "user.max_user_namespaces is 0", "sysctl -w user.max_user_namespaces=15000 (and in /etc/sysctl.d/)"
+	case unprivClone == "0":
+		problem, fix = "kernel.unprivileged_userns_clone is 0", "sysctl -w kernel.unprivileged_userns_clone=1 (and in /etc/sysctl.d/)"
+	case apparmorRestrict == "1":
+		problem, fix = "AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns=1)", "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0, or run k3sm as root"
+	}
+	if problem == "" {
+		c.Status, c.Detail = Pass, fmt.Sprintf("available to unprivileged users (max_user_namespaces %d)", maxUserNS)
+		return c
+	}
+	if euid == 0 {
+		c.Status, c.Detail = Warn, problem+": fine as root (containers get a mount namespace without one), but an unprivileged k3sm cannot start containers"
+	} else {
+		c.Status, c.Detail = Fail, problem+": running unprivileged, the runtime cannot give containers their mount namespace"
+	}
+	c.Fix = fix
+	return c
+}
+
+func overlayVerdict(filesystems string) Check {
+	c := Check{Name: "overlayfs"}
+	for _, line := range strings.Split(filesystems, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[len(f)-1] == "overlay" {
+			c.Status, c.Detail = Pass, "overlay is in /proc/filesystems"
+			return c
+		}
+	}
+	c.Status, c.Detail = Warn, "overlay is not in /proc/filesystems: image layers cannot be stacked by the kernel"
+	c.Fix = "modprobe overlay (and add it to /etc/modules-load.d/)"
+	return c
+}
+
+// landlockVerdict: abi from landlock_create_ruleset(NULL, 0, VERSION).
+func landlockVerdict(abi int, err error) Check {
+	c := Check{Name: "landlock"}
+	switch {
+	case errors.Is(err, syscall.ENOSYS):
+		c.Status, c.Detail = Warn, "the kernel has no Landlock (ENOSYS; it came in 5.13): pods cannot be confined to their own files"
+		c.Fix = "use a kernel built with CONFIG_SECURITY_LANDLOCK (5.13 or later; 6.7+ for TCP rules)"
+	case errors.Is(err, syscall.EOPNOTSUPP):
+		c.Status, c.Detail = Warn, "Landlock is built in but not enabled (EOPNOTSUPP)"
+		c.Fix = "add landlock to the kernel's lsm= boot parameter (e.g. lsm=landlock,lockdown,yama,apparmor,bpf)"
+	case err != nil:
+		c.Status, c.Detail, c.Fix = Warn, "landlock_create_ruleset: "+err.Error(), "check the kernel's Landlock support"
+	case abi < 4:
+		c.Status, c.Detail = Warn, fmt.Sprintf("Landlock ABI %d: filesystem rules only; TCP bind/connect rules need ABI 4 (kernel 6.7)", abi)
+		c.Fix = "upgrade to kernel 6.7 or later for network confinement"
+	default:
+		c.Status, c.Detail = Pass, fmt.Sprintf("Landlock ABI %d (filesystem and TCP rules%s)", abi, map[bool]string{true: ", scopes", false: ""}[abi >= 6])
+	}
+	return c
+}
+
+// cgroupVerdict: v2 means unified; delegated means this process may
+// create cgroups under its own.
+func cgroupVerdict(v2 bool, own string, writable bool, controllers string) Check {
+	c := Check{Name: "cgroups"}
+	if !v2 {
+		c.Status = Warn
+		c.Detail = "cgroup v1 (no unified hierarchy at /sys/fs/cgroup): k3sm holds pods to their limits with its own sampler only (memory checked about once a second, CPU not limited), and a service's Delegate=yes hands it no subtree"
+		c.Fix = "boot with systemd.unified_cgroup_hierarchy=1 (cgroup v2); k3sm works without it"
+		return c
+	}
+	if !writable {
+		c.Status = Warn
+		c.Detail = "cgroup v2, but " + own + " is not delegated to this user: pods cannot get cgroups of their own"
+		c.Fix = "run under the installed service (Delegate=yes), or `systemd-run --user -p Delegate=yes k3sm server`"
+		return c
+	}
+	c.Status, c.Detail = Pass, "cgroup v2, "+own+" delegated (controllers: "+strings.TrimSpace(controllers)+")"
+	return c
+}
+
+// nftVerdict: netd programs the pods' network policy and guard with
+// nftables over netlink.
+func nftVerdict(tables []string, err error, euid int) Check {
+	c := Check{Name: "nftables"}
+	if err != nil {
+		if euid != 0 {
+			c.Status, c.Detail = Warn, "cannot read nftables as uid "+strconv.Itoa(euid)+" ("+err.Error()+"): only k3sm-netd (root) needs them"
+			c.Fix = "run `sudo k3sm doctor` to check what netd needs"
+			return c
+		}
+		c.Status, c.Detail = Fail, "nftables over netlink: "+err.Error()+": k3sm-netd cannot program the pod network's filters"
+		c.Fix = "load nf_tables (modprobe nf_tables), or run with --pod-network host"
+		return c
+	}
+	var ours []string
+	for _, t := range tables {
+		if strings.HasPrefix(t, "k3sm-") {
+			ours = append(ours, t)
+		}
+	}
+	if len(ours) == 0 {
+		c.Status, c.Detail = Pass, fmt.Sprintf("nftables over netlink works (%d tables; k3sm-netd creates k3sm-policy and k3sm-guard when pods start)", len(tables))
+	} else {
+		c.Status, c.Detail = Pass, "nftables over netlink works; k3sm's tables: "+strings.Join(ours, ", ")
+	}
+	return c
+}
+
+// apfsVerdict (darwin): pod roots are cloned with clonefile(2) on APFS and
+// copied file by file elsewhere.
+func apfsVerdict(dir, fstype string, err error) Check {
+	c := Check{Name: "apfs"}
+	switch {
+	case err != nil:
+		c.Status, c.Detail, c.Fix = Warn, "cannot read the filesystem of "+dir+": "+err.Error(), "pass --data-dir on an APFS volume"
+	case fstype == "apfs":
+		c.Status, c.Detail = Pass, dir+" is on APFS: pod roots are cloned copy-on-write (clonefile)"
+	default:
+		c.Status, c.Detail = Warn, dir+" is on "+fstype+", not APFS: pod roots are copied file by file (slower pod starts, more disk)"
+		c.Fix = "pass --data-dir on an APFS volume"
+	}
+	return c
+}

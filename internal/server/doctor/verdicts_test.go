@@ -1,0 +1,145 @@
+package doctor
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
+	"github.com/k3sm-dev/k3sm/internal/server/certs"
+)
+
+func want(t *testing.T, c Check, status, detail string) {
+	t.Helper()
+	if c.Status != status || !strings.Contains(c.Detail, detail) {
+		t.Errorf("%s: got %s %q, want %s containing %q", c.Name, c.Status, c.Detail, status, detail)
+	}
+	if c.Status != Pass && c.Fix == "" {
+		t.Errorf("%s: %s without a fix", c.Name, c.Status)
+	}
+}
+
+func TestPrivilege(t *testing.T) {
+	want(t, privilege(0), Pass, "own network namespace")
+	want(t, privilege(1000), Warn, "falls back to host")
+}
+
+func TestPortVerdict(t *testing.T) {
+	p := Port{"https-listen-port", "0.0.0.0", 6443}
+	want(t, portVerdict(p, nil), Pass, "0.0.0.0:6443 is free")
+	c := portVerdict(p, &os.SyscallError{Syscall: "bind", Err: syscall.EADDRINUSE})
+	want(t, c, Fail, "address already in use")
+	if !strings.Contains(c.Fix, "--https-listen-port") {
+		t.Errorf("fix does not name the flag: %q", c.Fix)
+	}
+}
+
+func TestDiskVerdict(t *testing.T) {
+	th, err := diskpolicy.ParseEvictionHard(diskpolicy.Default().EvictionHard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := DiskUsage{Total: 100 << 30, Avail: 50 << 30, Inodes: 1000, InodesFree: 900}
+	want(t, diskVerdict("/d", "/d", nil, big, th), Pass, "writable, 50.0 GiB free")
+	want(t, diskVerdict("/d/x", "/d", nil, big, th), Pass, "does not exist yet; checked /d")
+	low := big
+	low.Avail = 12 << 30 // 12 %: below imagefs.available<15%
+	want(t, diskVerdict("/d", "/d", nil, low, th), Warn, "imagefs.available (<15%)")
+	inodes := big
+	inodes.InodesFree = 10
+	want(t, diskVerdict("/d", "/d", nil, inodes, th), Warn, "nodefs.inodesFree")
+	tiny := DiskUsage{Total: 16 << 20, Avail: 1 << 20}
+	want(t, diskVerdict("/d", "/d", nil, tiny, th), Fail, "only 1.0 MiB free")
+	c := diskVerdict("/d", "/d", &os.PathError{Op: "open", Path: "/d/x", Err: syscall.EROFS}, big, th)
+	want(t, c, Fail, "read-only file system")
+	if !strings.Contains(c.Fix, "read-only") {
+		t.Errorf("fix %q", c.Fix)
+	}
+	c = diskVerdict("/d", "/d", syscall.EACCES, big, th)
+	want(t, c, Fail, "permission denied")
+	if !strings.Contains(c.Fix, "--data-dir") {
+		t.Errorf("fix %q", c.Fix)
+	}
+}
+
+func TestClockVerdict(t *testing.T) {
+	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	want(t, clockVerdict(now, true, true), Pass, "synchronized")
+	want(t, clockVerdict(now, false, true), Warn, "not synchronized")
+	want(t, clockVerdict(now, false, false), Pass, "cannot be read")
+	want(t, clockVerdict(time.Unix(0, 0), true, true), Fail, "1970")
+}
+
+func TestCertVerdict(t *testing.T) {
+	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	ok := certs.Cert{Name: "server-ca", CA: true, Status: "ok", NotAfter: now.AddDate(9, 0, 0)}
+	leaf := certs.Cert{Name: "client-admin", Status: "ok", NotAfter: now.AddDate(0, 0, 200)}
+	want(t, certVerdict([]certs.Cert{ok, leaf}, nil, now), Pass, "first to expire is client-admin on 2027-06-19 (200 days)")
+	leaf.Status = "renew"
+	want(t, certVerdict([]certs.Cert{ok, leaf}, nil, now), Warn, "client-admin")
+	ok.Status = "rotate-ca"
+	want(t, certVerdict([]certs.Cert{ok, leaf}, nil, now), Warn, "CAs expire within a year: server-ca")
+	leaf.Status = "expired"
+	want(t, certVerdict([]certs.Cert{ok, leaf}, nil, now), Fail, "expired: client-admin")
+	want(t, certVerdict(nil, errors.New("bad pem"), now), Fail, "bad pem")
+}
+
+func TestUsernsVerdict(t *testing.T) {
+	want(t, usernsVerdict(1000, "", "", 1000), Pass, "available")
+	want(t, usernsVerdict(0, "", "", 1000), Fail, "max_user_namespaces is 0")
+	want(t, usernsVerdict(0, "", "", 0), Warn, "fine as root")
+	want(t, usernsVerdict(1000, "0", "", 1000), Fail, "unprivileged_userns_clone is 0")
+	want(t, usernsVerdict(1000, "1", "1", 1000), Fail, "AppArmor")
+}
+
+func TestOverlayVerdict(t *testing.T) {
+	want(t, overlayVerdict("nodev\tsysfs\n\text4\nnodev\toverlay\n"), Pass, "overlay")
+	want(t, overlayVerdict("nodev\tsysfs\n\text4\n"), Warn, "not in /proc/filesystems")
+}
+
+func TestLandlockVerdict(t *testing.T) {
+	want(t, landlockVerdict(7, nil), Pass, "ABI 7 (filesystem and TCP rules, scopes)")
+	want(t, landlockVerdict(4, nil), Pass, "ABI 4 (filesystem and TCP rules)")
+	want(t, landlockVerdict(2, nil), Warn, "ABI 2: filesystem rules only")
+	want(t, landlockVerdict(0, syscall.ENOSYS), Warn, "no Landlock")
+	want(t, landlockVerdict(0, syscall.EOPNOTSUPP), Warn, "not enabled")
+}
+
+func TestCgroupVerdict(t *testing.T) {
+	want(t, cgroupVerdict(false, "", false, ""), Warn, "cgroup v1")
+	want(t, cgroupVerdict(true, "/sys/fs/cgroup/user.slice", false, ""), Warn, "not delegated")
+	want(t, cgroupVerdict(true, "/sys/fs/cgroup/system.slice/k3sm.service", true, "cpu memory pids\n"), Pass, "delegated (controllers: cpu memory pids)")
+}
+
+func TestNftVerdict(t *testing.T) {
+	want(t, nftVerdict([]string{"filter"}, nil, 0), Pass, "1 tables")
+	want(t, nftVerdict([]string{"filter", "k3sm-policy", "k3sm-guard"}, nil, 0), Pass, "k3sm-policy, k3sm-guard")
+	want(t, nftVerdict(nil, syscall.EPERM, 1000), Warn, "only k3sm-netd")
+	want(t, nftVerdict(nil, syscall.EPROTONOSUPPORT, 0), Fail, "cannot program")
+}
+
+// The macOS check, tested here: it is plain logic on statfs's type name.
+func TestAPFSVerdict(t *testing.T) {
+	want(t, apfsVerdict("/d", "apfs", nil), Pass, "cloned copy-on-write")
+	want(t, apfsVerdict("/d", "hfs", nil), Warn, "on hfs, not APFS")
+	want(t, apfsVerdict("/d", "", syscall.ENOENT), Warn, "cannot read")
+}
+
+// Run on this machine: every check is there and the result is the worst.
+func TestRunResultIsWorst(t *testing.T) {
+	r := Run(Options{DataDir: t.TempDir(), Ports: []Port{}})
+	worst := Pass
+	for _, c := range r.Checks {
+		if c.Status == Fail {
+			worst = Fail
+		} else if c.Status == Warn && worst == Pass {
+			worst = Warn
+		}
+	}
+	if r.Result != worst || len(r.Checks) < 4 {
+		t.Fatalf("result %s, worst %s, %d checks", r.Result, worst, len(r.Checks))
+	}
+}

@@ -1,0 +1,392 @@
+// Package status answers `k3sm status`: whether a cluster is installed at a
+// data dir, whether its server runs, and the health of each component,
+// probed where the server's own readiness checks probe them (health
+// endpoints on loopback, unix sockets, the Node's Ready condition), with
+// the pids and restart counts the supervisor records in
+// <data-dir>/run/components.json.
+package status
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/datadir"
+	"github.com/k3sm-dev/k3sm/internal/roleconfig"
+	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/supervisor"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// States and their exit codes (k3sm-anchor: 0 running, 3 stopped,
+// 4 degraded, 5 not installed).
+const (
+	Running      = "running"
+	Stopped      = "stopped"
+	Degraded     = "degraded"
+	NotInstalled = "not-installed"
+)
+
+// ExitCode is the exit code of `k3sm status` for a state.
+func ExitCode(state string) int {
+	switch state {
+	case Running:
+		return 0
+	case Stopped:
+		return 3
+	case Degraded:
+		return 4
+	case NotInstalled:
+		return 5
+	}
+	return 1
+}
+
+// Component health.
+const (
+	OK        = "ok"        // running and its health check passes
+	Unhealthy = "unhealthy" // running but its health check fails
+	Down      = "down"      // no process (exited; the supervisor restarts it)
+	Off       = "off"       // not run by this server's configuration
+)
+
+// Report is the -o json schema of `k3sm status` (docs/operations.md).
+type Report struct {
+	DataDir  string `json:"dataDir"`
+	State    string `json:"state"`
+	ExitCode int    `json:"exitCode"`
+	// Cluster: a cluster exists at DataDir (its server CA does).
+	Cluster bool `json:"cluster"`
+	// ServiceUnits are the k3sm service files installed on this machine.
+	ServiceUnits []string    `json:"serviceUnits"`
+	Server       *ServerInfo `json:"server,omitempty"`
+	Components   []Component `json:"components"`
+	// Hint says what to do next; empty when running.
+	Hint string `json:"hint,omitempty"`
+}
+
+// ServerInfo is the running server.
+type ServerInfo struct {
+	Pid     int       `json:"pid"`
+	Started time.Time `json:"started"`
+	Version string    `json:"version"`
+	APIURL  string    `json:"apiURL"`
+	Node    string    `json:"node"`
+}
+
+// Component is one line of the report.
+type Component struct {
+	Name     string `json:"name"`
+	Health   string `json:"health"`
+	Pid      int    `json:"pid,omitempty"`
+	Restarts int    `json:"restarts"`
+	Detail   string `json:"detail"`
+}
+
+// Options tune Check; zero values are fine.
+type Options struct {
+	// Timeout bounds each probe (default 2 s).
+	Timeout time.Duration
+	// Units overrides ServiceUnitPaths (tests).
+	Units []string
+}
+
+// Check inspects the data dir.
+func Check(ctx context.Context, dataDir string, o Options) (*Report, error) {
+	if o.Timeout == 0 {
+		o.Timeout = 2 * time.Second
+	}
+	if o.Units == nil {
+		o.Units = ServiceUnitPaths()
+	}
+	l := datadir.New(dataDir)
+	r := &Report{DataDir: dataDir, ServiceUnits: []string{}, Components: []Component{}}
+	for _, u := range o.Units {
+		if _, err := os.Stat(u); err == nil {
+			r.ServiceUnits = append(r.ServiceUnits, u)
+		}
+	}
+	_, err := os.Stat(l.TLS("server-ca.crt"))
+	r.Cluster = err == nil
+	running, pid, err := controlplane.ServerHoldsLock(dataDir)
+	if err != nil {
+		return nil, fmt.Errorf("cannot tell whether a server runs on %s: %w (run as the user that owns the data dir, e.g. with sudo)", dataDir, err)
+	}
+	switch {
+	case !running && !r.Cluster && len(r.ServiceUnits) == 0:
+		r.State = NotInstalled
+		r.Hint = fmt.Sprintf("no cluster at %s and no k3sm service installed: run `k3sm install`, or `k3sm server --data-dir %s`; another data dir: --data-dir or $K3SM_DATA_DIR", dataDir, dataDir)
+	case !running:
+		r.State = Stopped
+		r.Components = append(r.Components, Component{Name: "server", Health: Down, Detail: "no server holds " + l.LockFile()})
+		r.Hint = fmt.Sprintf("start it: %s", startHint(r.ServiceUnits, dataDir))
+	default:
+		r.checkRunning(ctx, l, pid, o.Timeout)
+	}
+	r.ExitCode = ExitCode(r.State)
+	return r, nil
+}
+
+func startHint(units []string, dataDir string) string {
+	if len(units) > 0 {
+		return StartCommand()
+	}
+	return "k3sm server --data-dir " + dataDir
+}
+
+func (r *Report) checkRunning(ctx context.Context, l datadir.Layout, pid int, timeout time.Duration) {
+	r.State = Running
+	server := Component{Name: "server", Health: OK, Pid: pid, Detail: "holds " + l.LockFile()}
+	ri, riErr := controlplane.ReadRunInfo(l.Root)
+	st, stErr := supervisor.ReadState(l.ComponentsFile())
+	switch {
+	case riErr != nil || stErr != nil:
+		// An older server, or one still writing them at start.
+		server.Health, server.Detail = Unhealthy, fmt.Sprintf("the server's state files are missing (%v): it may be starting; a server older than this k3sm does not write them", errors.Join(riErr, stErr))
+	default:
+		server.Detail = "API " + ri.APIURL + ", up since " + ri.Started.Local().Format(time.DateTime)
+		r.Server = &ServerInfo{Pid: pid, Started: ri.Started, Version: ri.Version, APIURL: ri.APIURL, Node: ri.NodeName}
+	}
+	r.Components = append(r.Components, server)
+	children := map[string]supervisor.ChildState{}
+	for _, c := range st.Children {
+		children[c.Name] = c
+	}
+	p := prober{l: l, ri: ri, timeout: timeout}
+	probes := []struct {
+		name  string
+		probe func(context.Context) (string, error)
+	}{
+		{roleconfig.Kine, p.unix(l.KineSocket(), "datastore "+l.DBFile())},
+		{roleconfig.APIServer, p.apiserver},
+		{roleconfig.Scheduler, p.healthz(ri.SchedulerPort)},
+		{roleconfig.ControllerManager, p.healthz(ri.ControllerManagerPort)},
+		{roleconfig.Runtime, p.unix(l.RuntimeSocket(), "")},
+		{roleconfig.Netd, p.unix(l.NetdSocket(), "")},
+		{roleconfig.Node, p.node},
+	}
+	for _, pr := range probes {
+		c := Component{Name: pr.name}
+		ch, ok := children[pr.name]
+		switch {
+		case !ok && pr.name == roleconfig.Netd:
+			c.Health, c.Detail = Off, "pods share the node's network (no k3sm-netd: not root, or --pod-network host)"
+		case !ok && stErr == nil:
+			c.Health, c.Detail = Down, "not started by the server (yet): see "+l.ServerLog()
+		case ok && (ch.Pid == 0 || !alive(ch.Pid)):
+			c.Health, c.Restarts = Down, ch.Restarts
+			c.Detail = "exited (" + orUnknown(ch.LastExit) + "); the server restarts it: see " + l.LogDir() + "/" + pr.name + ".log"
+		default:
+			c.Pid, c.Restarts = ch.Pid, ch.Restarts
+			pctx, cancel := context.WithTimeout(ctx, timeout)
+			detail, err := pr.probe(pctx)
+			cancel()
+			if err != nil {
+				c.Health, c.Detail = Unhealthy, err.Error()+": see "+l.LogDir()+"/"+pr.name+".log"
+			} else {
+				c.Health, c.Detail = OK, detail
+				if ch.Restarts > 0 && ch.LastExit != "" {
+					c.Detail = join(c.Detail, "restarted "+strconv.Itoa(ch.Restarts)+"x, last "+ch.LastExit)
+				}
+			}
+		}
+		r.Components = append(r.Components, c)
+	}
+	// The Service proxy and the cluster DNS run inside the node process,
+	// and only with a pod network (netd).
+	_, netd := children[roleconfig.Netd]
+	for _, svc := range []struct {
+		name  string
+		probe func(context.Context) (string, error)
+	}{{"service-proxy", p.proxy}, {"dns", p.dns}} {
+		c := Component{Name: svc.name}
+		if !netd {
+			c.Health, c.Detail = Off, "served only with a pod network (k3sm-netd)"
+		} else if n, ok := children[roleconfig.Node]; !ok || n.Pid == 0 {
+			c.Health, c.Detail = Down, "runs in the node process, which is down"
+		} else {
+			c.Pid = n.Pid
+			pctx, cancel := context.WithTimeout(ctx, timeout)
+			detail, err := svc.probe(pctx)
+			cancel()
+			if err != nil {
+				c.Health, c.Detail = Unhealthy, err.Error()+": see "+l.LogDir()+"/node.log"
+			} else {
+				c.Health, c.Detail = OK, detail
+			}
+		}
+		r.Components = append(r.Components, c)
+	}
+	var bad []string
+	for _, c := range r.Components {
+		if c.Health == Unhealthy || c.Health == Down {
+			bad = append(bad, c.Name)
+		}
+	}
+	if len(bad) > 0 {
+		r.State = Degraded
+		r.Hint = fmt.Sprintf("unhealthy: %v; the supervisor restarts components that exit; see their logs in %s and %s", bad, l.LogDir(), l.ServerLog())
+	}
+}
+
+func join(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "; " + b
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+// alive: signal 0 reaches pid (EPERM: it exists, owned by another user).
+func alive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+type prober struct {
+	l       datadir.Layout
+	ri      controlplane.RunInfo
+	timeout time.Duration
+}
+
+func (p prober) unix(path, detail string) func(context.Context) (string, error) {
+	return func(ctx context.Context) (string, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, "unix", path)
+		if err != nil {
+			return "", fmt.Errorf("socket %s: %w", path, unwrap(err))
+		}
+		c.Close()
+		return join(detail, "serves "+path), nil
+	}
+}
+
+func (p prober) client() (kubernetes.Interface, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", p.l.AdminKubeconfig())
+	if err != nil {
+		return nil, fmt.Errorf("admin kubeconfig: %w", err)
+	}
+	rc.Timeout = p.timeout
+	return kubernetes.NewForConfig(rc)
+}
+
+func (p prober) apiserver(ctx context.Context) (string, error) {
+	kc, err := p.client()
+	if err != nil {
+		return "", err
+	}
+	body, err := kc.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+	if err != nil {
+		return "", fmt.Errorf("/readyz: %v %s", err, body)
+	}
+	return "/readyz ok at " + p.ri.APIURL, nil
+}
+
+// healthz GETs a loopback /healthz verified against the server CA, as the
+// supervisor's readiness probe does.
+func (p prober) healthz(port int) func(context.Context) (string, error) {
+	return func(ctx context.Context) (string, error) {
+		pem, err := os.ReadFile(p.l.TLS("server-ca.crt"))
+		if err != nil {
+			return "", err
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(pem)
+		hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DisableKeepAlives: true}}
+		url := fmt.Sprintf("https://127.0.0.1:%d/healthz", port)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return "", err
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			if ctx.Err() != nil {
+				return "", fmt.Errorf("%s: no answer within %s", url, p.timeout)
+			}
+			return "", fmt.Errorf("%s: %w", url, unwrap(err))
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return "", fmt.Errorf("%s: %s", url, resp.Status)
+		}
+		return url + " ok", nil
+	}
+}
+
+func (p prober) node(ctx context.Context) (string, error) {
+	kc, err := p.client()
+	if err != nil {
+		return "", err
+	}
+	n, err := kc.CoreV1().Nodes().Get(ctx, p.ri.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("node %s: %w", p.ri.NodeName, err)
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			if c.Status == corev1.ConditionTrue {
+				return "node " + n.Name + " Ready", nil
+			}
+			return "", fmt.Errorf("node %s Ready=%s: %s %s", n.Name, c.Status, c.Reason, c.Message)
+		}
+	}
+	return "", fmt.Errorf("node %s has no Ready condition yet", n.Name)
+}
+
+// proxy connects to the kubernetes Service's ClusterIP, a socket the
+// node's Service proxy owns.
+func (p prober) proxy(ctx context.Context) (string, error) {
+	ip, err := controlplane.APIServiceIP(p.ri.ServiceCIDR)
+	if err != nil {
+		return "", err
+	}
+	addr := net.JoinHostPort(ip.String(), "443")
+	c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return "", fmt.Errorf("Service kubernetes at %s: %w", addr, unwrap(err))
+	}
+	c.Close()
+	return "Service kubernetes at " + addr + " answers", nil
+}
+
+// dns resolves the kubernetes Service's name at the cluster DNS address.
+func (p prober) dns(ctx context.Context) (string, error) {
+	server := net.JoinHostPort(p.ri.ClusterDNS, "53")
+	res := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, network, server)
+	}}
+	name := "kubernetes.default.svc." + p.ri.ClusterDomain + "."
+	addrs, err := res.LookupHost(ctx, name)
+	if err != nil {
+		return "", fmt.Errorf("%s at %s: %w", name, server, err)
+	}
+	return fmt.Sprintf("%s -> %v at %s", name, addrs, server), nil
+}
+
+func unwrap(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		err = op.Err
+	}
+	var se *os.SyscallError
+	if errors.As(err, &se) {
+		return se.Err
+	}
+	return err
+}
