@@ -29,10 +29,13 @@ func addDeployFlags(f *pflag.FlagSet, d *deployConfig) {
 // controller and the manifests folder once authorization is verified.
 func deployAddon(d *deployConfig) controlplane.Addon {
 	return controlplane.Addon{
-		Verified: func(ctx context.Context, p *controlplane.Plane, s *supervisor.Supervisor) error {
+		Early: func(context.Context, *controlplane.Plane, *supervisor.Supervisor) error {
 			if d.Resync < time.Second {
 				return &controlplane.FieldError{Flag: "manifests-resync", Value: d.Resync.String(), Problem: "too short", Fix: "use 1s or more, e.g. 1m"}
 			}
+			return nil
+		},
+		Verified: func(ctx context.Context, p *controlplane.Plane, s *supervisor.Supervisor) error {
 			rc, err := p.AdminConfig()
 			if err != nil {
 				return err

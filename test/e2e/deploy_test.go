@@ -298,6 +298,23 @@ spec:
 			t.Errorf("kubectl get helmcharts: %v\n%s", err, out)
 		}
 	})
+
+	// A restart applies what changed while the server was down, and leaves
+	// an up-to-date release alone (its registry is gone by now).
+	t.Run("restart", func(t *testing.T) {
+		s.stop()
+		writeManifest(t, dir, "app.yaml", strings.Replace(mustRead(t, filepath.Join(dir, "app.yaml")), "k: v2", "k: v3", 1))
+		s.start()
+		c := s.client()
+		waitFor(t, 30*time.Second, "the edit made while stopped", configMapValue(c, t, "deploy-e2e", "app", "k", "v3"))
+		time.Sleep(3 * time.Second)
+		if err := chartStatus(t, dyn, "ocichart", 1)(); err != nil {
+			t.Errorf("after a restart: %v", err)
+		}
+		if strings.Contains(s.output(), "helm release deployed") {
+			t.Errorf("a restart redeployed an up-to-date release:\n%s", s.output())
+		}
+	})
 }
 
 func mustRead(t *testing.T, path string) string {
