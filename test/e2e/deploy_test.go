@@ -4,8 +4,10 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -297,6 +299,43 @@ spec:
 		if err != nil || !strings.Contains(out, "True") {
 			t.Errorf("kubectl get helmcharts: %v\n%s", err, out)
 		}
+	})
+
+	t.Run("helmchart-repo", func(t *testing.T) {
+		// A chart repository the test serves on 127.0.0.1: index.yaml and the .tgz.
+		tgz := makeChart(t, "repochart", "1.0.0")
+		sum := sha256.Sum256(tgz)
+		index := fmt.Sprintf(`apiVersion: v1
+entries:
+  repochart:
+  - apiVersion: v2
+    name: repochart
+    version: 1.0.0
+    digest: %x
+    urls: [charts/repochart-1.0.0.tgz]
+generated: "2026-01-01T00:00:00Z"
+`, sum)
+		repoSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Path {
+			case "/index.yaml":
+				_, _ = w.Write([]byte(index))
+			case "/charts/repochart-1.0.0.tgz":
+				_, _ = w.Write(tgz)
+			default:
+				http.NotFound(w, r)
+			}
+		}))
+		t.Cleanup(repoSrv.Close)
+		hc := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "helm.cattle.io/v1", "kind": "HelmChart",
+			"metadata": map[string]any{"name": "repochart", "namespace": "kube-system"},
+			"spec":     map[string]any{"repo": repoSrv.URL, "chart": "repochart", "targetNamespace": "default", "set": map[string]any{"greeting": "from-repo"}},
+		}}
+		if _, err := dyn.Resource(helmChartGVR).Namespace("kube-system").Create(ctx(t), hc, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 2*time.Minute, "the repo chart's ConfigMap", configMapValue(c, t, "default", "repochart-greeting", "greeting", "from-repo"))
+		waitFor(t, 30*time.Second, "HelmChart repochart status", chartStatus(t, dyn, "repochart", 1))
 	})
 
 	// A restart applies what changed while the server was down, and leaves

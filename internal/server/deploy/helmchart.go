@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -290,8 +291,7 @@ func (c *Charts) loadChart(hc *unstructured.Unstructured) (*chart.Chart, error) 
 	if repoURL == "" {
 		return nil, fmt.Errorf("spec.chart %q needs spec.repo (a chart repository URL), or use oci:// or spec.chartContent", name)
 	}
-	providers := getter.Providers{{Schemes: []string{"http", "https"}, New: getter.NewHTTPGetter}}
-	url, err := repo.FindChartInAuthAndTLSAndPassRepoURL(repoURL, "", "", name, version, "", "", "", flag("insecureSkipTLSVerify"), false, providers)
+	url, err := findInRepo(repoURL, name, version, flag("insecureSkipTLSVerify"))
 	if err != nil {
 		return nil, fmt.Errorf("spec.repo %s: %w", repoURL, err)
 	}
@@ -304,6 +304,39 @@ func (c *Charts) loadChart(hc *unstructured.Unstructured) (*chart.Chart, error) 
 		return nil, fmt.Errorf("downloading %s: %w", url, err)
 	}
 	return loader.LoadArchive(buf)
+}
+
+// findInRepo resolves a chart's URL from the repository's index. helm's
+// FindChartInRepoURL would cache the index under $HOME, which the k3sm
+// system user may not have: the index goes to a temporary directory.
+func findInRepo(repoURL, name, version string, insecure bool) (string, error) {
+	tmp, err := os.MkdirTemp("", "k3sm-helm-index-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	providers := getter.Providers{{Schemes: []string{"http", "https"}, New: getter.NewHTTPGetter}}
+	r, err := repo.NewChartRepository(&repo.Entry{Name: "index", URL: repoURL, InsecureSkipTLSverify: insecure}, providers)
+	if err != nil {
+		return "", err
+	}
+	r.CachePath = tmp
+	path, err := r.DownloadIndexFile()
+	if err != nil {
+		return "", fmt.Errorf("not a chart repository, or unreachable: %w", err)
+	}
+	idx, err := repo.LoadIndexFile(path)
+	if err != nil {
+		return "", err
+	}
+	cv, err := idx.Get(name, version)
+	if err != nil {
+		return "", fmt.Errorf("chart %q version %q not in the index: %w", name, version, err)
+	}
+	if len(cv.URLs) == 0 {
+		return "", fmt.Errorf("chart %q version %s has no URL in the index", name, cv.Version)
+	}
+	return repo.ResolveReferenceURL(repoURL, cv.URLs[0])
 }
 
 // values are spec.valuesContent overridden by spec.set.
