@@ -12,7 +12,7 @@
 //	                        server.json, components.json (the running server, for `k3sm status`);
 //	                        netns/<uid> the pods' network namespaces (k3sm-netd)
 //	  server/               control plane: db/state.db, tls/, cred/, flexvolume/, kine.sock,
-//	                        snapshots/, audit-policy.yaml; logs/audit.log
+//	                        snapshots/, audit-policy.yaml, manifests/ (auto-deploy); logs/audit.log
 //	  agent/                the node: its kubeconfigs, tls/, runtime-events.json, netd-state.json
 //	  pods/<uid>/           a pod (the runtime daemon): pod.json, roots/<container>/,
 //	                        volumes/<name>/, attempts/<container>/<n>/
@@ -145,6 +145,10 @@ func (l Layout) EncryptionConfig() string {
 }
 func (l Layout) AuditPolicy() string { return filepath.Join(l.ServerDir(), "audit-policy.yaml") }
 func (l Layout) AuditLog() string    { return filepath.Join(l.LogDir(), "audit.log") }
+
+// ManifestsDir is the auto-deploy folder: every manifest in it is applied
+// by the server (internal/server/deploy).
+func (l Layout) ManifestsDir() string { return filepath.Join(l.ServerDir(), "manifests") }
 
 // DBSidecars are SQLite's WAL and shared-memory files next to DBFile.
 func (l Layout) DBSidecars() []string { return []string{l.DBFile() + "-wal", l.DBFile() + "-shm"} }

@@ -21,6 +21,7 @@ func TestLayoutIsStable(t *testing.T) {
 		l.PodLogDir("ns", "p", "u"): "/d/logs/pods/ns_p_u", l.QuarantineDir(): "/d/quarantine",
 		l.SnapshotsDir(): "/d/server/snapshots", l.EncryptionConfig(): "/d/server/cred/encryption-config.yaml",
 		l.AuditPolicy(): "/d/server/audit-policy.yaml", l.AuditLog(): "/d/logs/audit.log",
+		l.ManifestsDir():  "/d/server/manifests",
 		l.DBSidecars()[0]: "/d/server/db/state.db-wal", l.DBSidecars()[1]: "/d/server/db/state.db-shm",
 		l.NetdSocket(): "/d/run/netd.sock", l.NetdStateFile(): "/d/agent/netd-state.json",
 		l.NetNSDir(): "/d/run/netns", l.PodNetNS("u"): "/d/run/netns/u",

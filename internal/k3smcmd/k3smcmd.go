@@ -59,6 +59,7 @@ func Execute(kubectl Kubectl, addons Addons) int {
 
 func newServer(addons Addons) *cobra.Command {
 	cfg := controlplane.Defaults()
+	var dc deployConfig
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run the control plane and this machine's node",
@@ -84,7 +85,7 @@ func newServer(addons Addons) *cobra.Command {
 			if addons != nil {
 				extra = addons(&cfg)
 			}
-			extra = append([]controlplane.Addon{opsAddon()}, extra...)
+			extra = append([]controlplane.Addon{opsAddon(), deployAddon(&dc)}, extra...)
 			return controlplane.Run(ctx, cfg, log, extra...)
 		},
 	}
@@ -109,6 +110,7 @@ func newServer(addons Addons) *cobra.Command {
 	f.StringVar(&cfg.RegistriesConfig, "registries-config", "", "registries.yaml with mirrors, plain-HTTP endpoints and auth (default <data-dir>/registries.yaml)")
 	addDiskFlags(f, &cfg.Disk)
 	addOpsFlags(f, &cfg.Ops)
+	addDeployFlags(f, &dc)
 	f.BoolVar(&cfg.NodeInstant, "node-instant", false, "benchmark floor: the node marks pods Running without starting anything")
 	_ = f.MarkHidden("node-instant")
 	f.IntVar(&cfg.SchedulerPort, "scheduler-port", cfg.SchedulerPort, "loopback port of the scheduler's health endpoint")

@@ -1,0 +1,409 @@
+package deploy
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"helm.sh/helm/v3/pkg/action"
+	"helm.sh/helm/v3/pkg/chart"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/getter"
+	"helm.sh/helm/v3/pkg/registry"
+	"helm.sh/helm/v3/pkg/release"
+	"helm.sh/helm/v3/pkg/repo"
+	"helm.sh/helm/v3/pkg/storage/driver"
+	"helm.sh/helm/v3/pkg/strvals"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+)
+
+//go:embed helmchart-crd.yaml
+var helmChartCRD []byte
+
+// HelmChartCRD is the CRD the server installs at start.
+func HelmChartCRD() []byte { return helmChartCRD }
+
+// HelmChartGVR is the HelmChart resource.
+var HelmChartGVR = schema.GroupVersionResource{Group: "helm.cattle.io", Version: "v1", Resource: "helmcharts"}
+
+// Finalizer holds a HelmChart until its release is uninstalled.
+const Finalizer = "helm.cattle.io/k3sm-uninstall"
+
+// Fields of k3s's HelmChart that k3sm accepts and ignores: they drive k3s's
+// helm Job, which k3sm does not run (helm runs in the server).
+var ignoredFields = []string{"jobImage", "bootstrap", "helmVersion", "backOffLimit", "podSecurityContext", "securityContext", "valuesSecrets"}
+
+// Charts reconciles HelmCharts with helm releases.
+type Charts struct {
+	RC     *rest.Config
+	Log    *slog.Logger
+	Resync time.Duration // how often every chart is checked again (its release may have been removed)
+
+	dyn   dynamic.Interface
+	queue workqueue.TypedRateLimitingInterface[string]
+	store cache.Store
+}
+
+// Run watches HelmCharts until ctx ends.
+func (c *Charts) Run(ctx context.Context) error {
+	var err error
+	if c.dyn, err = dynamic.NewForConfig(c.RC); err != nil {
+		return err
+	}
+	if c.Resync <= 0 {
+		c.Resync = 5 * time.Minute
+	}
+	c.queue = workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[string](2*time.Second, 2*time.Minute))
+	f := dynamicinformer.NewDynamicSharedInformerFactory(c.dyn, c.Resync)
+	inf := f.ForResource(HelmChartGVR).Informer()
+	enqueue := func(obj any) {
+		if k, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+			c.queue.Add(k)
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, o any) { enqueue(o) }, DeleteFunc: enqueue}); err != nil {
+		return err
+	}
+	c.store = inf.GetStore()
+	f.Start(ctx.Done())
+	go func() {
+		<-ctx.Done()
+		c.queue.ShutDown()
+	}()
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return ctx.Err()
+	}
+	for c.next(ctx) {
+	}
+	return nil
+}
+
+func (c *Charts) next(ctx context.Context) bool {
+	key, quit := c.queue.Get()
+	if quit {
+		return false
+	}
+	defer c.queue.Done(key)
+	if err := c.sync(ctx, key); err != nil {
+		c.Log.Warn("HelmChart failed; retrying", "helmchart", key, "err", err)
+		c.queue.AddRateLimited(key)
+		return true
+	}
+	c.queue.Forget(key)
+	return true
+}
+
+func (c *Charts) sync(ctx context.Context, key string) error {
+	obj, exists, err := c.store.GetByKey(key)
+	if err != nil || !exists {
+		return err
+	}
+	hc := obj.(*unstructured.Unstructured).DeepCopy()
+	target := targetNamespace(hc)
+	name := hc.GetName()
+	cfg, err := c.actionConfig(target)
+	if err != nil {
+		return err
+	}
+	ri := c.dyn.Resource(HelmChartGVR).Namespace(hc.GetNamespace())
+	if hc.GetDeletionTimestamp() != nil {
+		if !slices.Contains(hc.GetFinalizers(), Finalizer) {
+			return nil
+		}
+		un := action.NewUninstall(cfg)
+		un.Wait = false
+		if _, err := un.Run(name); err != nil && !errors.Is(err, driver.ErrReleaseNotFound) {
+			return c.fail(ctx, hc, "UninstallFailed", err)
+		}
+		c.Log.Info("helm release uninstalled", "helmchart", key, "release", name, "namespace", target)
+		hc.SetFinalizers(slices.DeleteFunc(hc.GetFinalizers(), func(s string) bool { return s == Finalizer }))
+		_, err := ri.Update(ctx, hc, metav1.UpdateOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return err
+	}
+	if !slices.Contains(hc.GetFinalizers(), Finalizer) {
+		hc.SetFinalizers(append(hc.GetFinalizers(), Finalizer))
+		// The update comes back as an event that reconciles the release.
+		_, err := ri.Update(ctx, hc, metav1.UpdateOptions{})
+		return err
+	}
+
+	// Up to date: this generation was applied and its release is still there.
+	observed, _, _ := unstructured.NestedInt64(hc.Object, "status", "observedGeneration")
+	revision, _, _ := unstructured.NestedInt64(hc.Object, "status", "revision")
+	if observed == hc.GetGeneration() && revision > 0 {
+		if rel, err := action.NewGet(cfg).Run(name); err == nil && rel.Version == int(revision) && rel.Info.Status == release.StatusDeployed {
+			return nil
+		}
+	}
+
+	ch, err := c.loadChart(hc)
+	if err != nil {
+		return c.fail(ctx, hc, "ChartNotLoaded", err)
+	}
+	vals, err := values(hc)
+	if err != nil {
+		return c.fail(ctx, hc, "InvalidValues", err)
+	}
+	timeout := 5 * time.Minute
+	if s, _, _ := unstructured.NestedString(hc.Object, "spec", "timeout"); s != "" {
+		if timeout, err = time.ParseDuration(s); err != nil {
+			return c.fail(ctx, hc, "InvalidTimeout", fmt.Errorf("spec.timeout %q: use a Go duration such as 5m", s))
+		}
+	}
+	rel, err := c.installOrUpgrade(ctx, cfg, hc, name, target, ch, vals, timeout)
+	if err != nil {
+		return c.fail(ctx, hc, "InstallFailed", err)
+	}
+	c.Log.Info("helm release deployed", "helmchart", key, "release", name, "namespace", target, "revision", rel.Version, "chart", ch.Metadata.Name+"-"+ch.Metadata.Version)
+	msg := fmt.Sprintf("release %s revision %d: chart %s-%s deployed", name, rel.Version, ch.Metadata.Name, ch.Metadata.Version)
+	if ign := ignored(hc); len(ign) > 0 {
+		msg += "; ignored (k3s helm Job settings): " + strings.Join(ign, ", ")
+	}
+	return c.setStatus(ctx, hc, map[string]any{
+		"observedGeneration": hc.GetGeneration(),
+		"releaseName":        name,
+		"targetNamespace":    target,
+		"revision":           int64(rel.Version),
+		"chartVersion":       ch.Metadata.Version,
+		"conditions": []any{
+			condition("Ready", "True", "Deployed", msg),
+			condition("Failed", "False", "Deployed", ""),
+		},
+	})
+}
+
+func (c *Charts) installOrUpgrade(ctx context.Context, cfg *action.Configuration, hc *unstructured.Unstructured, name, target string, ch *chart.Chart, vals map[string]any, timeout time.Duration) (*release.Release, error) {
+	hist := action.NewHistory(cfg)
+	hist.Max = 1
+	rels, err := hist.Run(name)
+	if errors.Is(err, driver.ErrReleaseNotFound) || (err == nil && len(rels) == 0) {
+		in := action.NewInstall(cfg)
+		in.ReleaseName, in.Namespace, in.Timeout = name, target, timeout
+		in.CreateNamespace, _, _ = unstructured.NestedBool(hc.Object, "spec", "createNamespace")
+		return in.RunWithContext(ctx, ch, vals)
+	}
+	if err != nil {
+		return nil, err
+	}
+	up := action.NewUpgrade(cfg)
+	up.Namespace, up.Timeout, up.MaxHistory = target, timeout, 10
+	rel, err := up.RunWithContext(ctx, name, ch, vals)
+	if err != nil && strings.Contains(err.Error(), "has no deployed releases") {
+		// A first install that failed leaves nothing to upgrade: start over.
+		if _, uerr := action.NewUninstall(cfg).Run(name); uerr != nil && !errors.Is(uerr, driver.ErrReleaseNotFound) {
+			return nil, uerr
+		}
+		in := action.NewInstall(cfg)
+		in.ReleaseName, in.Namespace, in.Timeout = name, target, timeout
+		return in.RunWithContext(ctx, ch, vals)
+	}
+	return rel, err
+}
+
+func targetNamespace(hc *unstructured.Unstructured) string {
+	if ns, _, _ := unstructured.NestedString(hc.Object, "spec", "targetNamespace"); ns != "" {
+		return ns
+	}
+	return hc.GetNamespace()
+}
+
+func ignored(hc *unstructured.Unstructured) []string {
+	spec, _, _ := unstructured.NestedMap(hc.Object, "spec")
+	var out []string
+	for _, f := range ignoredFields {
+		if _, ok := spec[f]; ok {
+			out = append(out, "spec."+f)
+		}
+	}
+	return out
+}
+
+// loadChart reads the chart from spec.chartContent, an OCI reference in
+// spec.chart, or spec.repo.
+func (c *Charts) loadChart(hc *unstructured.Unstructured) (*chart.Chart, error) {
+	spec, _, _ := unstructured.NestedMap(hc.Object, "spec")
+	str := func(k string) string { s, _ := spec[k].(string); return s }
+	flag := func(k string) bool { b, _ := spec[k].(bool); return b }
+	if content := str("chartContent"); content != "" {
+		raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(content))
+		if err != nil {
+			return nil, fmt.Errorf("spec.chartContent is not base64 (make it with `base64 -w0 chart.tgz`): %w", err)
+		}
+		ch, err := loader.LoadArchive(bytes.NewReader(raw))
+		if err != nil {
+			return nil, fmt.Errorf("spec.chartContent: %w", err)
+		}
+		return ch, nil
+	}
+	name, version := str("chart"), str("version")
+	if name == "" {
+		return nil, errors.New("spec.chart is empty: name a chart (with spec.repo), an OCI reference oci://host/path/chart, or set spec.chartContent")
+	}
+	if ref, ok := strings.CutPrefix(name, "oci://"); ok {
+		opts := []registry.ClientOption{}
+		if flag("plainHTTP") {
+			opts = append(opts, registry.ClientOptPlainHTTP())
+		}
+		rc, err := registry.NewClient(opts...)
+		if err != nil {
+			return nil, err
+		}
+		if version != "" {
+			ref += ":" + version
+		} else if !strings.Contains(ref[strings.LastIndex(ref, "/")+1:], ":") {
+			tags, err := rc.Tags(ref)
+			if err != nil {
+				return nil, fmt.Errorf("spec.chart %s: listing versions: %w", name, err)
+			}
+			if len(tags) == 0 {
+				return nil, fmt.Errorf("spec.chart %s: no versions in the registry: push one or set spec.version", name)
+			}
+			ref += ":" + tags[0] // newest semver first
+		}
+		res, err := rc.Pull(ref, registry.PullOptWithChart(true))
+		if err != nil {
+			return nil, fmt.Errorf("spec.chart %s: %w", name, err)
+		}
+		return loader.LoadArchive(bytes.NewReader(res.Chart.Data))
+	}
+	repoURL := str("repo")
+	if repoURL == "" {
+		return nil, fmt.Errorf("spec.chart %q needs spec.repo (a chart repository URL), or use oci:// or spec.chartContent", name)
+	}
+	url, err := findInRepo(repoURL, name, version, flag("insecureSkipTLSVerify"))
+	if err != nil {
+		return nil, fmt.Errorf("spec.repo %s: %w", repoURL, err)
+	}
+	g, err := getter.NewHTTPGetter(getter.WithInsecureSkipVerifyTLS(flag("insecureSkipTLSVerify")))
+	if err != nil {
+		return nil, err
+	}
+	buf, err := g.Get(url)
+	if err != nil {
+		return nil, fmt.Errorf("downloading %s: %w", url, err)
+	}
+	return loader.LoadArchive(buf)
+}
+
+// findInRepo resolves a chart's URL from the repository's index. helm's
+// FindChartInRepoURL would cache the index under $HOME, which the k3sm
+// system user may not have: the index goes to a temporary directory.
+func findInRepo(repoURL, name, version string, insecure bool) (string, error) {
+	tmp, err := os.MkdirTemp("", "k3sm-helm-index-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(tmp)
+	providers := getter.Providers{{Schemes: []string{"http", "https"}, New: getter.NewHTTPGetter}}
+	r, err := repo.NewChartRepository(&repo.Entry{Name: "index", URL: repoURL, InsecureSkipTLSverify: insecure}, providers)
+	if err != nil {
+		return "", err
+	}
+	r.CachePath = tmp
+	path, err := r.DownloadIndexFile()
+	if err != nil {
+		return "", fmt.Errorf("not a chart repository, or unreachable: %w", err)
+	}
+	idx, err := repo.LoadIndexFile(path)
+	if err != nil {
+		return "", err
+	}
+	cv, err := idx.Get(name, version)
+	if err != nil {
+		return "", fmt.Errorf("chart %q version %q not in the index: %w", name, version, err)
+	}
+	if len(cv.URLs) == 0 {
+		return "", fmt.Errorf("chart %q version %s has no URL in the index", name, cv.Version)
+	}
+	return repo.ResolveReferenceURL(repoURL, cv.URLs[0])
+}
+
+// values are spec.valuesContent overridden by spec.set.
+func values(hc *unstructured.Unstructured) (map[string]any, error) {
+	content, _, _ := unstructured.NestedString(hc.Object, "spec", "valuesContent")
+	vals, err := chartutil.ReadValues([]byte(content))
+	if err != nil {
+		return nil, fmt.Errorf("spec.valuesContent: %w", err)
+	}
+	set, _, _ := unstructured.NestedMap(hc.Object, "spec", "set")
+	keys := make([]string, 0, len(set))
+	for k := range set {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		switch v := set[k].(type) {
+		case string:
+			err = strvals.ParseIntoString(k+"="+v, vals)
+		default:
+			err = strvals.ParseInto(fmt.Sprintf("%s=%v", k, v), vals)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("spec.set.%s: %w", k, err)
+		}
+	}
+	return vals, nil
+}
+
+func condition(typ, status, reason, msg string) map[string]any {
+	return map[string]any{"type": typ, "status": status, "reason": reason, "message": msg,
+		"lastTransitionTime": time.Now().UTC().Format(time.RFC3339)}
+}
+
+func (c *Charts) fail(ctx context.Context, hc *unstructured.Unstructured, reason string, err error) error {
+	st, _, _ := unstructured.NestedMap(hc.Object, "status")
+	if st == nil {
+		st = map[string]any{}
+	}
+	// The same failure again leaves the status alone: an update would come
+	// back as an event and retry at once, past the rate limiter.
+	if conds, _, _ := unstructured.NestedSlice(st, "conditions"); len(conds) > 0 {
+		if m, ok := conds[0].(map[string]any); ok && m["status"] == "False" && m["reason"] == reason && m["message"] == err.Error() {
+			return err
+		}
+	}
+	st["conditions"] = []any{condition("Ready", "False", reason, err.Error()), condition("Failed", "True", reason, err.Error())}
+	if serr := c.setStatus(ctx, hc, st); serr != nil {
+		c.Log.Debug("cannot update HelmChart status", "err", serr)
+	}
+	return err
+}
+
+func (c *Charts) setStatus(ctx context.Context, hc *unstructured.Unstructured, st map[string]any) error {
+	hc = hc.DeepCopy()
+	if err := unstructured.SetNestedField(hc.Object, st, "status"); err != nil {
+		return err
+	}
+	_, err := c.dyn.Resource(HelmChartGVR).Namespace(hc.GetNamespace()).UpdateStatus(ctx, hc, metav1.UpdateOptions{})
+	return err
+}
+
+func (c *Charts) actionConfig(namespace string) (*action.Configuration, error) {
+	cfg := new(action.Configuration)
+	log := func(format string, v ...any) { c.Log.Debug("helm: " + fmt.Sprintf(format, v...)) }
+	if err := cfg.Init(newGetter(c.RC, namespace), namespace, "secret", log); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
