@@ -20,6 +20,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	"github.com/k3sm-dev/k3sm/internal/version"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"gopkg.in/natefinch/lumberjack.v2"
 )
 
@@ -84,7 +85,13 @@ func newServer(addons Addons) *cobra.Command {
 			return controlplane.Run(ctx, cfg, log, extra...)
 		},
 	}
-	f := cmd.Flags()
+	serverFlags(cmd.Flags(), &cfg)
+	return cmd
+}
+
+// serverFlags are the flags of `k3sm server`; `k3sm install` takes them too
+// and persists the ones given in the service.
+func serverFlags(f *pflag.FlagSet, cfg *controlplane.Config) {
 	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the datastore, certificates, logs and pods")
 	f.IntVar(&cfg.HTTPSPort, "https-listen-port", cfg.HTTPSPort, "apiserver port")
 	f.StringVar(&cfg.BindAddress, "bind-address", cfg.BindAddress, "address the apiserver listens on")
@@ -111,7 +118,6 @@ func newServer(addons Addons) *cobra.Command {
 	f.IntVar(&cfg.ControllerManagerPort, "controller-manager-port", cfg.ControllerManagerPort, "loopback port of the controller-manager's health endpoint")
 	_ = f.MarkHidden("scheduler-port")
 	_ = f.MarkHidden("controller-manager-port")
-	return cmd
 }
 
 func newKubeconfig() *cobra.Command {
