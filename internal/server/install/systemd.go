@@ -29,7 +29,9 @@ func (Systemd) Available() error {
 }
 
 // UnitPath is where the unit is written.
-func (Systemd) UnitPath(o Options) string { return filepath.Join(o.unitDir("/etc/systemd/system"), SystemdUnit) }
+func (Systemd) UnitPath(o Options) string {
+	return filepath.Join(o.unitDir("/etc/systemd/system"), SystemdUnit)
+}
 
 func (s Systemd) Units(o Options) ([]File, error) {
 	argv := append([]string{filepath.Join(o.libDir(), binK3sm), "server", "--data-dir", o.DataDir}, o.ServerArgs...)
