@@ -218,8 +218,12 @@ func TestInstallSystemd(t *testing.T) {
 
 	// A reboot: the container stops (systemd shuts down, every process
 	// ends, /run and /tmp are emptied) and starts again.
-	if out, err := exec.Command("docker", "restart", "--time", "90", n.name).CombinedOutput(); err != nil {
-		t.Fatalf("docker restart: %v %s", err, out)
+	// SIGRTMIN+3 is systemd's halt signal (what kind images set as
+	// STOPSIGNAL): a clean shutdown, whatever the image says.
+	for _, a := range [][]string{{"kill", "--signal=SIGRTMIN+3", n.name}, {"wait", n.name}, {"start", n.name}} {
+		if out, err := exec.Command("docker", a...).CombinedOutput(); err != nil {
+			t.Fatalf("docker %s: %v %s", strings.Join(a, " "), err, out)
+		}
 	}
 	n.waitBooted()
 	if out, _ := n.exec("systemctl", "is-enabled", "k3sm"); strings.TrimSpace(out) != "enabled" {

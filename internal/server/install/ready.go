@@ -17,7 +17,8 @@ import (
 
 // WaitReady returns an Options.Ready that waits, reporting each stage once
 // and every 15 s while one lasts, until the service runs, the admin
-// kubeconfig exists, the apiserver is ready and a node is Ready.
+// kubeconfig exists, the apiserver is ready, a node is Ready and a pod
+// can be created in default.
 func WaitReady(svc Service) func(ctx context.Context, o Options, progress func(string)) error {
 	return func(ctx context.Context, o Options, progress func(string)) error {
 		start := time.Now()
@@ -74,12 +75,21 @@ func readyStage(ctx context.Context, svc Service, o Options) (string, error) {
 	if err != nil {
 		return "waiting for the apiserver", err
 	}
+	ready := false
 	for _, n := range nodes.Items {
 		for _, cond := range n.Status.Conditions {
-			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
-				return "", nil
-			}
+			ready = ready || cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue
 		}
 	}
-	return "apiserver ready; waiting for the node to be Ready", nil
+	if !ready {
+		return "apiserver ready; waiting for the node to be Ready", nil
+	}
+	// Usable means a first pod is accepted: it needs these two.
+	if _, err := c.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{}); err != nil {
+		return "node Ready; waiting for the default ServiceAccount", err
+	}
+	if _, err := c.CoreV1().ConfigMaps("default").Get(ctx, "kube-root-ca.crt", metav1.GetOptions{}); err != nil {
+		return "node Ready; waiting for kube-root-ca.crt", err
+	}
+	return "", nil
 }
