@@ -177,11 +177,12 @@ func TestInstallSystemd(t *testing.T) {
 	if out := n.must("stat", "-c", "%a", "/var/lib/k3sm/server/cred/encryption-config.yaml"); strings.TrimSpace(out) != "600" {
 		t.Fatalf("encryption config mode %s", out)
 	}
-	// alice's kubeconfig, hers, with the k3sm context current.
+	// alice's kubeconfig, hers, with the k3sm context current (her
+	// kubectl caches elsewhere: ~/.kube/cache is not install's to remove).
 	if out := n.must("stat", "-c", "%U %a", "/home/alice/.kube/config", "/home/alice/.kube"); out != "alice 600\nalice 700\n" {
 		t.Fatalf("kubeconfig ownership: %q", out)
 	}
-	if out, err := n.exec("su", "alice", "-c", "k3sm kubectl --kubeconfig /home/alice/.kube/config get nodes --no-headers"); err != nil || !strings.Contains(out, " Ready ") {
+	if out, err := n.exec("su", "alice", "-c", "k3sm kubectl --kubeconfig /home/alice/.kube/config --cache-dir /tmp/alice-kube-cache get nodes --no-headers"); err != nil || !strings.Contains(out, " Ready ") {
 		t.Fatalf("alice's kubectl get nodes: %v\n%s", err, out)
 	}
 

@@ -459,7 +459,9 @@ func Uninstall(ctx context.Context, svc Service, o Options, u UninstallOptions) 
 		}
 	}
 	for _, c := range svc.Teardown(o, m) {
-		if _, err := o.Runner.Run(ctx, c); err != nil {
+		if c[0] == "-" {
+			_ = run(ctx, o, c)
+		} else if _, err := o.Runner.Run(ctx, c); err != nil {
 			say("warning: %v", err)
 		}
 	}

@@ -107,7 +107,7 @@ func (Systemd) Stop(Options) [][]string {
 func (Systemd) Teardown(Options, *Manifest) [][]string {
 	return [][]string{
 		{"systemctl", "daemon-reload"},
-		{"systemctl", "reset-failed", SystemdUnit},
+		{"-", "systemctl", "reset-failed", SystemdUnit}, // fails when it never failed
 	}
 }
 
