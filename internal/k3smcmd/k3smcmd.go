@@ -20,6 +20,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	"github.com/k3sm-dev/k3sm/internal/version"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"gopkg.in/natefinch/lumberjack.v2"
 )
 
@@ -89,7 +90,13 @@ func newServer(addons Addons) *cobra.Command {
 			return controlplane.Run(ctx, cfg, log, extra...)
 		},
 	}
-	f := cmd.Flags()
+	serverFlags(cmd.Flags(), &cfg, &dc)
+	return cmd
+}
+
+// serverFlags are the flags of `k3sm server`; `k3sm install` takes them too
+// and persists the ones given in the service.
+func serverFlags(f *pflag.FlagSet, cfg *controlplane.Config, dc *deployConfig) {
 	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the datastore, certificates, logs and pods")
 	f.IntVar(&cfg.HTTPSPort, "https-listen-port", cfg.HTTPSPort, "apiserver port")
 	f.StringVar(&cfg.BindAddress, "bind-address", cfg.BindAddress, "address the apiserver listens on")
@@ -110,14 +117,13 @@ func newServer(addons Addons) *cobra.Command {
 	f.StringVar(&cfg.RegistriesConfig, "registries-config", "", "registries.yaml with mirrors, plain-HTTP endpoints and auth (default <data-dir>/registries.yaml)")
 	addDiskFlags(f, &cfg.Disk)
 	addOpsFlags(f, &cfg.Ops)
-	addDeployFlags(f, &dc)
+	addDeployFlags(f, dc)
 	f.BoolVar(&cfg.NodeInstant, "node-instant", false, "benchmark floor: the node marks pods Running without starting anything")
 	_ = f.MarkHidden("node-instant")
 	f.IntVar(&cfg.SchedulerPort, "scheduler-port", cfg.SchedulerPort, "loopback port of the scheduler's health endpoint")
 	f.IntVar(&cfg.ControllerManagerPort, "controller-manager-port", cfg.ControllerManagerPort, "loopback port of the controller-manager's health endpoint")
 	_ = f.MarkHidden("scheduler-port")
 	_ = f.MarkHidden("controller-manager-port")
-	return cmd
 }
 
 func newKubeconfig() *cobra.Command {

@@ -1,0 +1,188 @@
+package k3smcmd
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/server/install"
+	"github.com/k3sm-dev/k3sm/internal/version"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+func newInstall() *cobra.Command {
+	cfg := controlplane.Defaults()
+	var (
+		binLink, mergeKC, dryRun bool
+		kcPath, dataVolume       string
+		timeout                  time.Duration
+	)
+	var dc deployConfig
+	srv := pflag.NewFlagSet("server", pflag.ContinueOnError)
+	serverFlags(srv, &cfg, &dc)
+	cmd := &cobra.Command{
+		Use:   "install [server flags]",
+		Short: "Run k3sm at boot: install the binaries and the service, start it, merge the admin kubeconfig",
+		Long: `Install copies k3sm, k3sm-shim and k3sm-netd to ` + install.LibDir + ` (linked from
+` + install.BinLink + `), writes the service (Linux: systemd ` + install.SystemdUnit + `, as root; macOS:
+the LaunchDaemons ` + install.LabelNetd + ` and ` + install.LabelServer + ` as ` + install.ServiceUser + `), starts it, waits for the
+cluster and merges the admin kubeconfig into the invoking user's ~/.kube/config. Every
+` + "`k3sm server`" + ` flag given here (for example --secrets-encryption, --pod-network,
+--node-name) is persisted in the service. Re-running it updates the service; the server
+restarts only when something changed, and pods keep running. ` + "`k3sm uninstall`" + ` removes exactly
+what it made (recorded in ` + install.ManifestPath + `).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			// As given: Validate fills in defaults the server derives itself.
+			args := persistedFlags(cmd.Flags(), srv)
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			if dataVolume != "" && runtime.GOOS != "darwin" {
+				return errors.New("--data-volume: an APFS volume for the data dir exists only on macOS; on Linux mount a file system at the data dir in /etc/fstab")
+			}
+			svc, err := install.Native()
+			if err != nil {
+				return err
+			}
+			o := install.Options{
+				DataDir: cfg.DataDir, ServerArgs: args, Version: version.Version,
+				NoBinLink: !binLink, DataVolume: dataVolume, Timeout: timeout,
+				Out: cmd.OutOrStdout(), Runner: install.ExecRunner{},
+			}
+			if dryRun {
+				return printPlan(cmd, svc, o)
+			}
+			if os.Geteuid() != 0 {
+				return errors.New("k3sm install writes the service and " + install.LibDir + ": run it as root (sudo k3sm install ...); --dry-run shows what it would do")
+			}
+			if err := svc.Available(); err != nil {
+				return err
+			}
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			if exe, err = filepath.EvalSymlinks(exe); err != nil {
+				return err
+			}
+			o.Source = filepath.Dir(exe)
+			if mergeKC {
+				u, err := invokingUser()
+				if err != nil {
+					return err
+				}
+				o.Kubeconfig = kcPath
+				if o.Kubeconfig == "" {
+					o.Kubeconfig = filepath.Join(u.HomeDir, ".kube", "config")
+				}
+				o.KubeconfigUID, _ = strconv.Atoi(u.Uid)
+				o.GID, _ = strconv.Atoi(u.Gid)
+			}
+			if timeout > 0 {
+				o.Ready = install.WaitReady(svc)
+			}
+			return install.Install(cmd.Context(), svc, o)
+		},
+	}
+	f := cmd.Flags()
+	f.AddFlagSet(srv)
+	f.BoolVar(&binLink, "bin-link", true, "link "+install.BinLink+" to the installed k3sm")
+	f.BoolVar(&mergeKC, "merge-kubeconfig", true, "merge the admin kubeconfig (context k3sm) into the invoking user's kubeconfig")
+	f.StringVar(&kcPath, "kubeconfig", "", "kubeconfig to merge into (default ~/.kube/config of $SUDO_USER, or of root)")
+	f.DurationVar(&timeout, "timeout", 5*time.Minute, "how long to wait for the cluster to come up (0: do not wait)")
+	f.BoolVar(&dryRun, "dry-run", false, "print the service files and commands instead of installing")
+	f.StringVar(&dataVolume, "data-volume", "", "macOS: an APFS volume (name or device) that a root LaunchDaemon mounts at the data dir at boot")
+	return cmd
+}
+
+func newUninstall() *cobra.Command {
+	var purge bool
+	var dataDir string
+	var grace time.Duration
+	cmd := &cobra.Command{
+		Use:   "uninstall",
+		Short: "Stop the k3sm service and its pods and remove what `k3sm install` made (--purge: the data dir too)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if os.Geteuid() != 0 {
+				return errors.New("k3sm uninstall removes the service and " + install.LibDir + ": run it as root (sudo k3sm uninstall)")
+			}
+			m, err := install.ReadManifest(install.ManifestPath)
+			if err != nil {
+				return err
+			}
+			if m != nil && cmd.Flags().Changed("data-dir") {
+				if abs, _ := filepath.Abs(dataDir); abs != m.DataDir {
+					return fmt.Errorf("--data-dir %s: k3sm is installed with --data-dir %s (uninstall takes the installed one; leave the flag out)", dataDir, m.DataDir)
+				}
+			}
+			svc, err := install.Native()
+			if err != nil {
+				return err
+			}
+			o := install.Options{Out: cmd.OutOrStdout(), Runner: install.ExecRunner{}}
+			return install.Uninstall(cmd.Context(), svc, o, install.UninstallOptions{Purge: purge, StopGrace: grace})
+		},
+	}
+	dataDirFlag(cmd, &dataDir)
+	cmd.Flags().BoolVar(&purge, "purge", false, "also remove the data dir (the cluster's state, certificates and pods' data)")
+	cmd.Flags().DurationVar(&grace, "grace", 10*time.Second, "how long pods get after SIGTERM before SIGKILL")
+	return cmd
+}
+
+// persistedFlags renders the server flags set in given (the install
+// command's, which holds the server's), sorted by name, for the service.
+func persistedFlags(given, server *pflag.FlagSet) []string {
+	var args []string
+	given.Visit(func(f *pflag.Flag) {
+		if f.Name == "data-dir" || server.Lookup(f.Name) == nil {
+			return
+		}
+		if sv, ok := f.Value.(pflag.SliceValue); ok {
+			for _, v := range sv.GetSlice() {
+				args = append(args, "--"+f.Name+"="+v)
+			}
+			return
+		}
+		switch v := f.Value.String(); {
+		case f.NoOptDefVal != "" && v == f.NoOptDefVal:
+			args = append(args, "--"+f.Name)
+		default:
+			args = append(args, "--"+f.Name+"="+v)
+		}
+	})
+	return args
+}
+
+// invokingUser is the user behind sudo, or the current one.
+func invokingUser() (*user.User, error) {
+	if name := os.Getenv("SUDO_USER"); name != "" {
+		u, err := user.Lookup(name)
+		if err != nil {
+			return nil, fmt.Errorf("$SUDO_USER %q: %w (pass --kubeconfig, or --merge-kubeconfig=false)", name, err)
+		}
+		return u, nil
+	}
+	return user.Current()
+}
+
+func printPlan(cmd *cobra.Command, svc install.Service, o install.Options) error {
+	units, err := svc.Units(o)
+	if err != nil {
+		return err
+	}
+	w := cmd.OutOrStdout()
+	for _, u := range units {
+		fmt.Fprintf(w, "# %s\n%s\n", u.Path, u.Content)
+	}
+	fmt.Fprintf(w, "# commands\n%s", install.RenderCommands(append(svc.Setup(o), svc.Start(o, true)...)))
+	return nil
+}

@@ -1,0 +1,37 @@
+package k3smcmd
+
+import (
+	"bytes"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// The server flags given to install are persisted in the unit, each as
+// `k3sm server` parses it back; install's own flags are not.
+func TestInstallDryRunPersistsServerFlags(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the systemd unit is rendered on Linux")
+	}
+	root := New(nil, nil)
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetArgs([]string{"install", "--dry-run", "--data-dir", "/srv/k3sm", "--secrets-encryption", "--tls-san=a.example",
+		"--tls-san", "b.example", "--audit-log", "--node-taint=false", "--pod-network", "host", "--timeout", "1m", "--bin-link=false"})
+	if err := root.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	want := "ExecStart=/usr/local/lib/k3sm/k3sm server --data-dir /srv/k3sm --audit-log --node-taint=false --pod-network=host --secrets-encryption --tls-san=a.example --tls-san=b.example\n"
+	if !strings.Contains(out.String(), want) {
+		t.Fatalf("dry run lacks\n%s\ngot:\n%s", want, out.String())
+	}
+}
+
+func TestInstallRejectsBadServerFlags(t *testing.T) {
+	root := New(nil, nil)
+	root.SetOut(&bytes.Buffer{})
+	root.SetArgs([]string{"install", "--dry-run", "--pod-network", "bogus"})
+	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "pod-network") {
+		t.Fatalf("install --pod-network bogus: %v", err)
+	}
+}

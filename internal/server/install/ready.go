@@ -1,0 +1,95 @@
+package install
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/k3sm-dev/k3sm/internal/datadir"
+)
+
+// WaitReady returns an Options.Ready that waits, reporting each stage once
+// and every 15 s while one lasts, until the service runs, the admin
+// kubeconfig exists, the apiserver is ready, a node is Ready and a pod
+// can be created in default.
+func WaitReady(svc Service) func(ctx context.Context, o Options, progress func(string)) error {
+	return func(ctx context.Context, o Options, progress func(string)) error {
+		start := time.Now()
+		stage, lastErr := "", error(nil)
+		var reported time.Time
+		report := func(s string) {
+			if s != stage || time.Since(reported) >= 15*time.Second {
+				progress(fmt.Sprintf("[%3.0fs] %s", time.Since(start).Seconds(), s))
+				stage, reported = s, time.Now()
+			}
+		}
+		for {
+			s, err := readyStage(ctx, svc, o)
+			if s == "" {
+				report("cluster is up")
+				return nil
+			}
+			lastErr = err
+			report(s)
+			select {
+			case <-ctx.Done():
+				if lastErr == nil {
+					lastErr = errors.New(stage)
+				}
+				return fmt.Errorf("the cluster did not come up (%s): %v", stage, lastErr)
+			case <-time.After(time.Second):
+			}
+		}
+	}
+}
+
+// readyStage returns what is still awaited ("" when the cluster is up).
+func readyStage(ctx context.Context, svc Service, o Options) (string, error) {
+	if _, err := o.Runner.Run(ctx, svc.ActiveCommand(o)); err != nil {
+		return "waiting for the service to run", err
+	}
+	kc := datadir.New(o.DataDir).AdminKubeconfig()
+	if _, err := os.Stat(kc); err != nil {
+		return "service running; waiting for the server to create the cluster", err
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", kc)
+	if err != nil {
+		return "reading the admin kubeconfig", err
+	}
+	rc.Timeout = 5 * time.Second
+	c, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return "reading the admin kubeconfig", err
+	}
+	if _, err := c.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx); err != nil {
+		return "waiting for the apiserver", err
+	}
+	nodes, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return "waiting for the apiserver", err
+	}
+	ready := false
+	for _, n := range nodes.Items {
+		for _, cond := range n.Status.Conditions {
+			ready = ready || cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue
+		}
+	}
+	if !ready {
+		return "apiserver ready; waiting for the node to be Ready", nil
+	}
+	// Usable means a first pod is accepted: it needs these two.
+	if _, err := c.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{}); err != nil {
+		return "node Ready; waiting for the default ServiceAccount", err
+	}
+	if _, err := c.CoreV1().ConfigMaps("default").Get(ctx, "kube-root-ca.crt", metav1.GetOptions{}); err != nil {
+		return "node Ready; waiting for kube-root-ca.crt", err
+	}
+	return "", nil
+}
