@@ -187,7 +187,7 @@ func Run(ctx context.Context, cfg Config) error {
 	srv := &server{cfg: cfg, mgr: mgr, store: store, log: log, cloneMethod: string(clone.Probe(dirs.PodsDir())), netd: netd}
 	g := grpc.NewServer()
 	runtimev1.RegisterRuntimeServer(g, srv)
-	runtimev1.RegisterImagesServer(g, &imagesServer{store: store})
+	runtimev1.RegisterImagesServer(g, &imagesServer{store: store, pods: mgr.List})
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(ln) }()
 	log.Info("runtime daemon serving", "socket", cfg.Socket, "dataDir", dataDir, "shim", cfg.ShimPath, "clone", srv.cloneMethod)
