@@ -1,0 +1,270 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
+	corev1 "k8s.io/api/core/v1"
+)
+
+type lsRow struct {
+	ID       string   `json:"id"`
+	RepoTags []string `json:"repoTags"`
+	UsedBy   []string `json:"usedBy"`
+}
+
+// The image commands on a running server's store: load a docker-archive
+// and run it with imagePullPolicy Never, build a COPY-only Dockerfile and
+// run it, RUN refused, pull and push with progress against a registry on
+// 127.0.0.1, tag/inspect/save/untag, prune sparing a pod's image, and ls
+// with the server stopped (the store opened directly).
+func TestImages(t *testing.T) {
+	work := t.TempDir()
+	bin, err := imagetest.BuildProg(work)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := imagetest.Image(bin, v1.Platform{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := img.Digest()
+	reg := imagetest.StartRegistry(t, "", "")
+	remoteRef := reg.Push(t, "prog:v1", img)
+	archive := filepath.Join(work, "prog.tar")
+	tag, _ := name.NewTag("local/prog:v1")
+	if err := tarball.WriteToFile(archive, tag, img); err != nil {
+		t.Fatal(err)
+	}
+
+	s := newServer(t)
+	s.start()
+	c := s.client()
+	s.deletePodsAtCleanup(t)
+	dd := []string{"--data-dir", s.dataDir}
+	img_ := func(args ...string) string {
+		t.Helper()
+		return mustK3sm(t, 2*time.Minute, append(append([]string{"image"}, args...), dd...)...)
+	}
+	ls := func() map[string]lsRow {
+		t.Helper()
+		var rows []lsRow
+		if err := json.Unmarshal([]byte(img_("ls", "-o", "json")), &rows); err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]lsRow{}
+		for _, r := range rows {
+			for _, tg := range r.RepoTags {
+				out[tg] = r
+			}
+			out[r.ID] = r
+		}
+		return out
+	}
+	runPod := func(t *testing.T, podName, image, want string, args ...string) {
+		t.Helper()
+		p := nativePod(podName, image, args...)
+		p.Spec.Containers[0].ImagePullPolicy = corev1.PullNever
+		s.createPod(t, p)
+		waitPod(t, c, podName, 90*time.Second, running)
+		waitFor(t, 30*time.Second, "logs of "+podName, func() error {
+			out, err := s.kubectl("logs", podName)
+			if err != nil || !strings.Contains(out, want) {
+				return fmt.Errorf("logs %q (%v), want %q", out, err, want)
+			}
+			return nil
+		})
+	}
+
+	t.Run("load a docker-archive, ls, a pod runs it with pullPolicy Never", func(t *testing.T) {
+		out := img_("load", "-i", archive)
+		if !strings.Contains(out, "Loaded image: docker.io/local/prog:v1 "+id.String()) && !strings.Contains(out, "index.docker.io/local/prog:v1 "+id.String()) {
+			t.Fatalf("load: %s", out)
+		}
+		rows := ls()
+		if r, ok := rows["index.docker.io/local/prog:v1"]; !ok || r.ID != id.String() {
+			t.Fatalf("ls: %v", rows)
+		}
+		runPod(t, "loaded", "local/prog:v1", "from the archive", "echo:from the archive", "forever")
+		if r := ls()[id.String()]; len(r.UsedBy) != 1 || r.UsedBy[0] != "default/loaded" {
+			t.Fatalf("ls usedBy: %+v", r)
+		}
+		table := img_("ls")
+		if !strings.Contains(table, "index.docker.io/local/prog") || !strings.Contains(table, id.Hex[:12]) || !strings.Contains(table, "default/loaded") {
+			t.Fatalf("ls table:\n%s", table)
+		}
+	})
+
+	t.Run("build a COPY-only Dockerfile, a pod runs it", func(t *testing.T) {
+		dir := filepath.Join(work, "ctx")
+		os.MkdirAll(filepath.Join(dir, "conf"), 0o755)
+		data, _ := os.ReadFile(bin)
+		os.WriteFile(filepath.Join(dir, "prog"), data, 0o755)
+		os.WriteFile(filepath.Join(dir, "conf", "greeting.txt"), []byte("hi"), 0o644)
+		os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte(`ARG DIR=/srv
+FROM scratch
+ARG DIR
+COPY --chown=1000:1000 prog ${DIR}/prog
+COPY conf/ /etc/app/
+ENV GREETING=built MODE="a b"
+WORKDIR ${DIR}
+LABEL org.example.team=k3sm
+EXPOSE 8080
+USER 1000
+ENTRYPOINT ["/srv/prog"]
+CMD ["env:GREETING", "pwd", "forever"]
+`), 0o644)
+		out, err := k3sm(t, 2*time.Minute, append([]string{"image", "build", "-t", "built:v1", dir}, dd...)...)
+		if err != nil || !strings.Contains(out, "Step 12/12") || !strings.Contains(out, "Built index.docker.io/library/built:v1") {
+			t.Fatalf("build: %v\n%s", err, out)
+		}
+		var insp struct {
+			Config v1.ConfigFile `json:"config"`
+		}
+		if err := json.Unmarshal([]byte(img_("inspect", "built:v1")), &insp); err != nil {
+			t.Fatal(err)
+		}
+		cfg := insp.Config.Config
+		if cfg.WorkingDir != "/srv" || cfg.User != "1000" || cfg.Labels["org.example.team"] != "k3sm" || len(cfg.ExposedPorts) != 1 ||
+			!strings.Contains(strings.Join(cfg.Env, ","), "MODE=a b") || len(insp.Config.RootFS.DiffIDs) != 2 {
+			t.Fatalf("built config: %+v rootfs %+v", cfg, insp.Config.RootFS)
+		}
+		runPod(t, "built", "built:v1", "GREETING=built")
+		out, _ = s.kubectl("logs", "built")
+		if !strings.Contains(out, "pwd=/srv") {
+			t.Fatalf("workdir: %s", out)
+		}
+	})
+
+	t.Run("build refuses RUN naming the line", func(t *testing.T) {
+		dir := filepath.Join(work, "runctx")
+		os.MkdirAll(dir, 0o755)
+		os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte("FROM scratch\nRUN make\n"), 0o644)
+		out, err := k3sm(t, time.Minute, append([]string{"image", "build", "-t", "x:v1", dir}, dd...)...)
+		if err == nil || !strings.Contains(out, "Dockerfile:2: RUN is not supported") || !strings.Contains(out, "COPY it") {
+			t.Fatalf("RUN: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("pull from a loopback registry with progress", func(t *testing.T) {
+		out := img_("pull", remoteRef)
+		if !strings.Contains(out, "pull "+remoteRef+":") || !strings.Contains(out, "100%") || !strings.Contains(out, remoteRef+" "+id.String()) {
+			t.Fatalf("pull: %s", out)
+		}
+		if r := ls()[remoteRef]; r.ID != id.String() {
+			t.Fatalf("ls after pull: %+v", ls())
+		}
+	})
+
+	t.Run("push to a loopback registry with progress", func(t *testing.T) {
+		target := reg.Host + "/pushed:v2"
+		out := img_("push", "built:v1", target)
+		if !strings.Contains(out, "push "+target+":") || !strings.Contains(out, "100%") {
+			t.Fatalf("push: %s", out)
+		}
+		ref, _ := name.ParseReference(target)
+		desc, err := remote.Get(ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if built := ls()["index.docker.io/library/built:v1"]; desc.Digest.String() != built.ID {
+			t.Fatalf("pushed %s, stored %s", desc.Digest, built.ID)
+		}
+	})
+
+	t.Run("tag, inspect, save, untag", func(t *testing.T) {
+		img_("tag", "local/prog:v1", "again:v1")
+		if r := ls()["index.docker.io/library/again:v1"]; r.ID != id.String() {
+			t.Fatalf("tag: %+v", ls())
+		}
+		var insp struct {
+			Image    lsRow         `json:"image"`
+			Manifest v1.Manifest   `json:"manifest"`
+			Config   v1.ConfigFile `json:"config"`
+		}
+		if err := json.Unmarshal([]byte(img_("inspect", "again:v1")), &insp); err != nil {
+			t.Fatal(err)
+		}
+		if insp.Image.ID != id.String() || insp.Config.Config.Entrypoint[0] != "/app/prog" || len(insp.Manifest.Layers) == 0 {
+			t.Fatalf("inspect: %+v", insp)
+		}
+		saved := filepath.Join(work, "saved.tar")
+		img_("save", "again:v1", "-o", saved)
+		back, err := tarball.ImageFromPath(saved, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, _ := back.Digest(); d != id {
+			t.Fatalf("saved image digest %s, want %s", d, id)
+		}
+		if out := img_("untag", "again:v1"); !strings.Contains(out, "Untagged: again:v1") {
+			t.Fatalf("untag: %s", out)
+		}
+		if _, ok := ls()["index.docker.io/library/again:v1"]; ok {
+			t.Fatal("again:v1 still listed")
+		}
+		// The last name of an image a pod runs is not removed without --force.
+		out, err := k3sm(t, time.Minute, append([]string{"image", "rm", "built:v1"}, dd...)...)
+		if err == nil || !strings.Contains(out, "used by pod default/built") {
+			t.Fatalf("rm of a used image: %v %s", err, out)
+		}
+	})
+
+	t.Run("prune frees an unused image, not a pod's", func(t *testing.T) {
+		dir := filepath.Join(work, "unused")
+		os.MkdirAll(dir, 0o755)
+		os.WriteFile(filepath.Join(dir, "big"), make([]byte, 3<<20), 0o644)
+		os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte("FROM scratch\nCOPY big /big\n"), 0o644)
+		img_("build", "-t", "unused:v1", dir)
+		unused := ls()["index.docker.io/library/unused:v1"].ID
+		df := img_("df", "-o", "json")
+		var d struct {
+			Reclaimable uint64 `json:"reclaimableBytes"`
+		}
+		json.Unmarshal([]byte(df), &d)
+		if d.Reclaimable < 3<<20 {
+			t.Fatalf("df: %s", df)
+		}
+		out := img_("prune")
+		if !strings.Contains(out, "Deleted: "+strings.TrimPrefix(unused, "sha256:")[:12]) {
+			t.Fatalf("prune: %s", out)
+		}
+		rows := ls()
+		if _, ok := rows[unused]; ok {
+			t.Fatalf("unused image survived prune: %v", rows)
+		}
+		if _, ok := rows[id.String()]; !ok {
+			t.Fatal("prune removed the image pod loaded runs")
+		}
+		if _, ok := rows["index.docker.io/library/built:v1"]; !ok {
+			t.Fatal("prune removed the image pod built runs")
+		}
+		blobs, _ := os.ReadDir(filepath.Join(s.dataDir, "images", "blobs", "sha256"))
+		for _, b := range blobs {
+			if fi, _ := b.Info(); fi.Size() >= 3<<20 {
+				t.Fatalf("the pruned image's layer blob %s is still stored", b.Name())
+			}
+		}
+	})
+
+	t.Run("ls with the server stopped opens the store", func(t *testing.T) {
+		s.stop()
+		if r := ls()["index.docker.io/local/prog:v1"]; r.ID != id.String() {
+			t.Fatalf("offline ls: %+v", ls())
+		}
+		out, err := k3sm(t, time.Minute, "image", "ls", "--data-dir", filepath.Join(work, "nothing"))
+		if err == nil || !strings.Contains(out, "no k3sm cluster at") {
+			t.Fatalf("no cluster: %v %s", err, out)
+		}
+	})
+}
