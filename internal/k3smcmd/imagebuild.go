@@ -147,6 +147,7 @@ func (b *builder) build() (v1.Image, error) {
 	// Refuse what cannot be built before doing anything.
 	froms := 0
 	for _, n := range nodes {
+		n.Value = strings.ToLower(n.Value)
 		switch n.Value {
 		case "run":
 			return nil, fmt.Errorf("%s:%d: RUN is not supported: k3sm runs pods as native processes, so there is no container to run a build step in; build the program on the host (e.g. CGO_ENABLED=0 go build) and COPY it into the image", b.file, n.StartLine)

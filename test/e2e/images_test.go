@@ -52,14 +52,14 @@ func TestImages(t *testing.T) {
 	c := s.client()
 	s.deletePodsAtCleanup(t)
 	dd := []string{"--data-dir", s.dataDir}
-	img_ := func(args ...string) string {
+	img_ := func(t *testing.T, args ...string) string {
 		t.Helper()
 		return mustK3sm(t, 2*time.Minute, append(append([]string{"image"}, args...), dd...)...)
 	}
-	ls := func() map[string]lsRow {
+	ls := func(t *testing.T) map[string]lsRow {
 		t.Helper()
 		var rows []lsRow
-		if err := json.Unmarshal([]byte(img_("ls", "-o", "json")), &rows); err != nil {
+		if err := json.Unmarshal([]byte(img_(t, "ls", "-o", "json")), &rows); err != nil {
 			t.Fatal(err)
 		}
 		out := map[string]lsRow{}
@@ -87,19 +87,19 @@ func TestImages(t *testing.T) {
 	}
 
 	t.Run("load a docker-archive, ls, a pod runs it with pullPolicy Never", func(t *testing.T) {
-		out := img_("load", "-i", archive)
-		if !strings.Contains(out, "Loaded image: docker.io/local/prog:v1 "+id.String()) && !strings.Contains(out, "index.docker.io/local/prog:v1 "+id.String()) {
+		out := img_(t, "load", "-i", archive)
+		if !strings.Contains(out, "Loaded image: index.docker.io/local/prog:v1 "+id.String()) {
 			t.Fatalf("load: %s", out)
 		}
-		rows := ls()
+		rows := ls(t)
 		if r, ok := rows["index.docker.io/local/prog:v1"]; !ok || r.ID != id.String() {
 			t.Fatalf("ls: %v", rows)
 		}
 		runPod(t, "loaded", "local/prog:v1", "from the archive", "echo:from the archive", "forever")
-		if r := ls()[id.String()]; len(r.UsedBy) != 1 || r.UsedBy[0] != "default/loaded" {
+		if r := ls(t)[id.String()]; len(r.UsedBy) != 1 || r.UsedBy[0] != "default/loaded" {
 			t.Fatalf("ls usedBy: %+v", r)
 		}
-		table := img_("ls")
+		table := img_(t, "ls")
 		if !strings.Contains(table, "index.docker.io/local/prog") || !strings.Contains(table, id.Hex[:12]) || !strings.Contains(table, "default/loaded") {
 			t.Fatalf("ls table:\n%s", table)
 		}
@@ -131,7 +131,7 @@ CMD ["env:GREETING", "pwd", "forever"]
 		var insp struct {
 			Config v1.ConfigFile `json:"config"`
 		}
-		if err := json.Unmarshal([]byte(img_("inspect", "built:v1")), &insp); err != nil {
+		if err := json.Unmarshal([]byte(img_(t, "inspect", "built:v1")), &insp); err != nil {
 			t.Fatal(err)
 		}
 		cfg := insp.Config.Config
@@ -157,18 +157,18 @@ CMD ["env:GREETING", "pwd", "forever"]
 	})
 
 	t.Run("pull from a loopback registry with progress", func(t *testing.T) {
-		out := img_("pull", remoteRef)
+		out := img_(t, "pull", remoteRef)
 		if !strings.Contains(out, "pull "+remoteRef+":") || !strings.Contains(out, "100%") || !strings.Contains(out, remoteRef+" "+id.String()) {
 			t.Fatalf("pull: %s", out)
 		}
-		if r := ls()[remoteRef]; r.ID != id.String() {
-			t.Fatalf("ls after pull: %+v", ls())
+		if r := ls(t)[remoteRef]; r.ID != id.String() {
+			t.Fatalf("ls after pull: %+v", ls(t))
 		}
 	})
 
 	t.Run("push to a loopback registry with progress", func(t *testing.T) {
 		target := reg.Host + "/pushed:v2"
-		out := img_("push", "built:v1", target)
+		out := img_(t, "push", "built:v1", target)
 		if !strings.Contains(out, "push "+target+":") || !strings.Contains(out, "100%") {
 			t.Fatalf("push: %s", out)
 		}
@@ -177,29 +177,29 @@ CMD ["env:GREETING", "pwd", "forever"]
 		if err != nil {
 			t.Fatal(err)
 		}
-		if built := ls()["index.docker.io/library/built:v1"]; desc.Digest.String() != built.ID {
+		if built := ls(t)["index.docker.io/library/built:v1"]; desc.Digest.String() != built.ID {
 			t.Fatalf("pushed %s, stored %s", desc.Digest, built.ID)
 		}
 	})
 
 	t.Run("tag, inspect, save, untag", func(t *testing.T) {
-		img_("tag", "local/prog:v1", "again:v1")
-		if r := ls()["index.docker.io/library/again:v1"]; r.ID != id.String() {
-			t.Fatalf("tag: %+v", ls())
+		img_(t, "tag", "local/prog:v1", "again:v1")
+		if r := ls(t)["index.docker.io/library/again:v1"]; r.ID != id.String() {
+			t.Fatalf("tag: %+v", ls(t))
 		}
 		var insp struct {
 			Image    lsRow         `json:"image"`
 			Manifest v1.Manifest   `json:"manifest"`
 			Config   v1.ConfigFile `json:"config"`
 		}
-		if err := json.Unmarshal([]byte(img_("inspect", "again:v1")), &insp); err != nil {
+		if err := json.Unmarshal([]byte(img_(t, "inspect", "again:v1")), &insp); err != nil {
 			t.Fatal(err)
 		}
 		if insp.Image.ID != id.String() || insp.Config.Config.Entrypoint[0] != "/app/prog" || len(insp.Manifest.Layers) == 0 {
 			t.Fatalf("inspect: %+v", insp)
 		}
 		saved := filepath.Join(work, "saved.tar")
-		img_("save", "again:v1", "-o", saved)
+		img_(t, "save", "again:v1", "-o", saved)
 		back, err := tarball.ImageFromPath(saved, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -207,10 +207,10 @@ CMD ["env:GREETING", "pwd", "forever"]
 		if d, _ := back.Digest(); d != id {
 			t.Fatalf("saved image digest %s, want %s", d, id)
 		}
-		if out := img_("untag", "again:v1"); !strings.Contains(out, "Untagged: again:v1") {
+		if out := img_(t, "untag", "again:v1"); !strings.Contains(out, "Untagged: again:v1") {
 			t.Fatalf("untag: %s", out)
 		}
-		if _, ok := ls()["index.docker.io/library/again:v1"]; ok {
+		if _, ok := ls(t)["index.docker.io/library/again:v1"]; ok {
 			t.Fatal("again:v1 still listed")
 		}
 		// The last name of an image a pod runs is not removed without --force.
@@ -225,9 +225,9 @@ CMD ["env:GREETING", "pwd", "forever"]
 		os.MkdirAll(dir, 0o755)
 		os.WriteFile(filepath.Join(dir, "big"), make([]byte, 3<<20), 0o644)
 		os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte("FROM scratch\nCOPY big /big\n"), 0o644)
-		img_("build", "-t", "unused:v1", dir)
-		unused := ls()["index.docker.io/library/unused:v1"].ID
-		df := img_("df", "-o", "json")
+		img_(t, "build", "-t", "unused:v1", dir)
+		unused := ls(t)["index.docker.io/library/unused:v1"].ID
+		df := img_(t, "df", "-o", "json")
 		var d struct {
 			Reclaimable uint64 `json:"reclaimableBytes"`
 		}
@@ -235,11 +235,11 @@ CMD ["env:GREETING", "pwd", "forever"]
 		if d.Reclaimable < 3<<20 {
 			t.Fatalf("df: %s", df)
 		}
-		out := img_("prune")
+		out := img_(t, "prune")
 		if !strings.Contains(out, "Deleted: "+strings.TrimPrefix(unused, "sha256:")[:12]) {
 			t.Fatalf("prune: %s", out)
 		}
-		rows := ls()
+		rows := ls(t)
 		if _, ok := rows[unused]; ok {
 			t.Fatalf("unused image survived prune: %v", rows)
 		}
@@ -259,12 +259,72 @@ CMD ["env:GREETING", "pwd", "forever"]
 
 	t.Run("ls with the server stopped opens the store", func(t *testing.T) {
 		s.stop()
-		if r := ls()["index.docker.io/local/prog:v1"]; r.ID != id.String() {
-			t.Fatalf("offline ls: %+v", ls())
+		if r := ls(t)["index.docker.io/local/prog:v1"]; r.ID != id.String() {
+			t.Fatalf("offline ls: %+v", ls(t))
 		}
 		out, err := k3sm(t, time.Minute, "image", "ls", "--data-dir", filepath.Join(work, "nothing"))
 		if err == nil || !strings.Contains(out, "no k3sm cluster at") {
 			t.Fatalf("no cluster: %v %s", err, out)
 		}
 	})
+}
+
+// --registry-port serves a registry backed by the image store: an image
+// pushed there with go-containerregistry (what crane push does) is listed,
+// pods naming 127.0.0.1:PORT/... and localhost:PORT/... (pulled over HTTP,
+// pullPolicy Always) run it, and the store holds each blob once.
+func TestNodeRegistry(t *testing.T) {
+	bin, err := imagetest.BuildProg(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := imagetest.Image(bin, v1.Platform{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	s := newServer(t, "--registry-port", fmt.Sprint(port))
+	s.start()
+	c := s.client()
+	s.deletePodsAtCleanup(t)
+	host := fmt.Sprintf("127.0.0.1:%d", port)
+	ref, _ := name.ParseReference(host + "/app:v1")
+	waitFor(t, 30*time.Second, "push to the node registry", func() error { return remote.Write(ref, img) })
+	out := mustK3sm(t, time.Minute, "image", "ls", "--data-dir", s.dataDir)
+	if !strings.Contains(out, host+"/app") {
+		t.Fatalf("pushed image not listed:\n%s", out)
+	}
+	for _, tc := range []struct {
+		pod, image string
+		policy     corev1.PullPolicy
+	}{{"reg-ip", host + "/app:v1", corev1.PullIfNotPresent}, {"reg-localhost", fmt.Sprintf("localhost:%d/app:v1", port), corev1.PullAlways}} {
+		p := nativePod(tc.pod, tc.image, "echo:from the node registry", "forever")
+		p.Spec.Containers[0].ImagePullPolicy = tc.policy
+		s.createPod(t, p)
+		waitPod(t, c, tc.pod, 90*time.Second, running)
+		waitFor(t, 30*time.Second, "logs of "+tc.pod, func() error {
+			out, err := s.kubectl("logs", tc.pod)
+			if err != nil || !strings.Contains(out, "from the node registry") {
+				return fmt.Errorf("logs %q (%v)", out, err)
+			}
+			return nil
+		})
+	}
+	m, _ := img.Manifest()
+	blobs, _ := os.ReadDir(filepath.Join(s.dataDir, "images", "blobs", "sha256"))
+	if len(blobs) != len(m.Layers)+1 {
+		var names []string
+		for _, b := range blobs {
+			names = append(names, b.Name())
+		}
+		t.Fatalf("store holds %d blobs %v, want %d (the layers and config once)", len(blobs), names, len(m.Layers)+1)
+	}
+	trees, _ := os.ReadDir(filepath.Join(s.dataDir, "images", "sha256"))
+	if len(trees) != 1 {
+		t.Fatalf("%d unpacked trees, want 1", len(trees))
+	}
+	// Kept across a restart: the registry serves what the store holds.
+	s.stop()
+	s.start()
+	waitFor(t, 30*time.Second, "manifest after restart", func() error { _, err := remote.Get(ref); return err })
 }
