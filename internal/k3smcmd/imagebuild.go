@@ -226,7 +226,8 @@ func (b *builder) build() (v1.Image, error) {
 			}
 			layers = append(layers, l)
 		case "env":
-			for j := 0; j+1 < len(words); j += 2 {
+			// The parser gives key, value, separator triples.
+			for j := 0; j+1 < len(words); j += 3 {
 				v, err := b.expand(words[j+1])
 				if err != nil {
 					return nil, fmt.Errorf("%s: %w", loc, err)
@@ -238,7 +239,7 @@ func (b *builder) build() (v1.Image, error) {
 			if cfg.Config.Labels == nil {
 				cfg.Config.Labels = map[string]string{}
 			}
-			for j := 0; j+1 < len(words); j += 2 {
+			for j := 0; j+1 < len(words); j += 3 {
 				k, _ := b.expand(words[j])
 				v, _ := b.expand(words[j+1])
 				cfg.Config.Labels[k] = v
