@@ -12,6 +12,8 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
@@ -116,6 +118,24 @@ func TestImages(t *testing.T) {
 		table := img_(t, "ls")
 		if !strings.Contains(table, "index.docker.io/local/prog") || !strings.Contains(table, loadedID[7:19]) || !strings.Contains(table, "default/loaded") {
 			t.Fatalf("ls table:\n%s", table)
+		}
+	})
+
+	t.Run("import an OCI layout directory", func(t *testing.T) {
+		dir := filepath.Join(work, "layout")
+		p, err := layout.Write(dir, empty.Index)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{"io.containerd.image.name": "oci/prog:v3"})); err != nil {
+			t.Fatal(err)
+		}
+		out := img_(t, "import", dir)
+		if !strings.Contains(out, "Loaded image: index.docker.io/oci/prog:v3 "+id.String()) {
+			t.Fatalf("import: %s", out)
+		}
+		if r := ls(t)["index.docker.io/oci/prog:v3"]; r.ID != id.String() {
+			t.Fatalf("ls after import: %v", ls(t))
 		}
 	})
 
@@ -340,6 +360,8 @@ func TestNodeRegistry(t *testing.T) {
 	if len(trees) != 1 {
 		t.Fatalf("%d unpacked trees, want 1", len(trees))
 	}
+	s.deletePod(t, "reg-ip", 0)
+	s.deletePod(t, "reg-localhost", 0)
 	// Kept across a restart: the registry serves what the store holds.
 	s.stop()
 	s.start()
