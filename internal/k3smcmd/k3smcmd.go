@@ -109,6 +109,7 @@ func serverFlags(f *pflag.FlagSet, cfg *controlplane.Config, dc *deployConfig) {
 	f.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "this machine's node name")
 	f.StringVar(&cfg.NodeIP, "node-ip", "", "this node's address (default: the advertise address)")
 	f.IntVar(&cfg.KubeletPort, "kubelet-port", cfg.KubeletPort, "port of this node's kubelet API")
+	f.IntVar(&cfg.RegistryPort, "registry-port", 0, "serve a node-local OCI registry backed by the image store on 127.0.0.1:PORT (0: off); pods run images pushed there")
 	f.IntVar(&cfg.MaxPods, "max-pods", cfg.MaxPods, "pods this node runs at most (the kubelet's --max-pods)")
 	f.StringVar(&cfg.DNSConfig, "dns-config", "", "file of per-domain forwards for the cluster DNS (forward: [{domain: corp.example, servers: [192.0.2.53]}])")
 	f.StringVar(&cfg.PodNetwork, "pod-network", cfg.PodNetwork, "auto: a network namespace and IP per pod (k3sm-netd) when run as root on Linux, else the node's network; netns: require it; host: pods share the node's network")

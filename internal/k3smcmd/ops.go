@@ -21,7 +21,7 @@ import (
 // addOps registers the operations commands (docs/operations.md) and makes
 // `k3sm server` explain a path given to a bare --audit-log after a space.
 func addOps(root *cobra.Command) {
-	root.AddCommand(newSnapshot(), newSecretsEncrypt(), newCertificate(), newStatus(), newDoctor())
+	root.AddCommand(newSnapshot(), newSecretsEncrypt(), newCertificate(), newStatus(), newDoctor(), newImage())
 	root.AddCommand(newInstall(), newUninstall())
 	for _, c := range root.Commands() {
 		if c.Name() != "server" {

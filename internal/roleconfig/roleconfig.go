@@ -54,6 +54,8 @@ type RuntimeConfig struct {
 	Socket         string `json:"socket"`
 	RegistriesFile string `json:"registriesFile,omitempty"`
 	MaxPods        int64  `json:"maxPods"`
+	// RegistryPort serves the node-local registry on 127.0.0.1 (0: off).
+	RegistryPort int `json:"registryPort,omitempty"`
 	// Disk: container log rotation is the runtime's part of it.
 	Disk diskpolicy.Config `json:"disk"`
 	// NetdSocket is k3sm-netd's socket, when pods get a network of their

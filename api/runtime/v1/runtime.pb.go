@@ -5309,12 +5309,14 @@ func (x *ListPodStatsResponse) GetPods() []*PodStats {
 type Image struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// sha256:<hex> of the platform image's manifest.
-	Id            string   `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	RepoTags      []string `protobuf:"bytes,2,rep,name=repo_tags,json=repoTags,proto3" json:"repo_tags,omitempty"`
-	RepoDigests   []string `protobuf:"bytes,3,rep,name=repo_digests,json=repoDigests,proto3" json:"repo_digests,omitempty"`
-	SizeBytes     int64    `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
-	Os            string   `protobuf:"bytes,5,opt,name=os,proto3" json:"os,omitempty"`
-	Arch          string   `protobuf:"bytes,6,opt,name=arch,proto3" json:"arch,omitempty"`
+	Id          string   `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	RepoTags    []string `protobuf:"bytes,2,rep,name=repo_tags,json=repoTags,proto3" json:"repo_tags,omitempty"`
+	RepoDigests []string `protobuf:"bytes,3,rep,name=repo_digests,json=repoDigests,proto3" json:"repo_digests,omitempty"`
+	SizeBytes   int64    `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	Os          string   `protobuf:"bytes,5,opt,name=os,proto3" json:"os,omitempty"`
+	Arch        string   `protobuf:"bytes,6,opt,name=arch,proto3" json:"arch,omitempty"`
+	// Pods (namespace/name) whose containers run this image.
+	UsedBy        []string `protobuf:"bytes,7,rep,name=used_by,json=usedBy,proto3" json:"used_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5389,6 +5391,13 @@ func (x *Image) GetArch() string {
 		return x.Arch
 	}
 	return ""
+}
+
+func (x *Image) GetUsedBy() []string {
+	if x != nil {
+		return x.UsedBy
+	}
+	return nil
 }
 
 type ListImagesRequest struct {
@@ -5756,6 +5765,709 @@ func (x *ImageFsInfoResponse) GetCapacityBytes() uint64 {
 func (x *ImageFsInfoResponse) GetAvailableBytes() uint64 {
 	if x != nil {
 		return x.AvailableBytes
+	}
+	return 0
+}
+
+type ImageProgress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes transferred so far and in all (0 while unknown).
+	DoneBytes  int64 `protobuf:"varint,1,opt,name=done_bytes,json=doneBytes,proto3" json:"done_bytes,omitempty"`
+	TotalBytes int64 `protobuf:"varint,2,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	// Set on the last message.
+	Image         *Image `protobuf:"bytes,3,opt,name=image,proto3" json:"image,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImageProgress) Reset() {
+	*x = ImageProgress{}
+	mi := &file_runtime_proto_msgTypes[78]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImageProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImageProgress) ProtoMessage() {}
+
+func (x *ImageProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_runtime_proto_msgTypes[78]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImageProgress.ProtoReflect.Descriptor instead.
+func (*ImageProgress) Descriptor() ([]byte, []int) {
+	return file_runtime_proto_rawDescGZIP(), []int{78}
+}
+
+func (x *ImageProgress) GetDoneBytes() int64 {
+	if x != nil {
+		return x.DoneBytes
+	}
+	return 0
+}
+
+func (x *ImageProgress) GetTotalBytes() int64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
+func (x *ImageProgress) GetImage() *Image {
+	if x != nil {
+		return x.Image
+	}
+	return nil
+}
+
+type LoadImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Chunk []byte                 `protobuf:"bytes,1,opt,name=chunk,proto3" json:"chunk,omitempty"`
+	// Names for an archive whose images carry none (OCI layouts often).
+	Tags          []string `protobuf:"bytes,2,rep,name=tags,proto3" json:"tags,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoadImageRequest) Reset() {
+	*x = LoadImageRequest{}
+	mi := &file_runtime_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoadImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoadImageRequest) ProtoMessage() {}
+
+func (x *LoadImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_runtime_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoadImageRequest.ProtoReflect.Descriptor instead.
+func (*LoadImageRequest) Descriptor() ([]byte, []int) {
+	return file_runtime_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *LoadImageRequest) GetChunk() []byte {
+	if x != nil {
+		return x.Chunk
+	}
+	return nil
+}
+
+func (x *LoadImageRequest) GetTags() []string {
+	if x != nil {
+		return x.Tags
+	}
+	return nil
+}
+
+type LoadImageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Images        []*Image               `protobuf:"bytes,1,rep,name=images,proto3" json:"images,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoadImageResponse) Reset() {
+	*x = LoadImageResponse{}
+	mi := &file_runtime_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoadImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoadImageResponse) ProtoMessage() {}
+
+func (x *LoadImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_runtime_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoadImageResponse.ProtoReflect.Descriptor instead.
+func (*LoadImageResponse) Descriptor() ([]byte, []int) {
+	return file_runtime_proto_rawDescGZIP(), []int{80}
+}
+
+func (x *LoadImageResponse) GetImages() []*Image {
+	if x != nil {
+		return x.Images
+	}
+	return nil
+}
+
+type SaveImageRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Images        []string               `protobuf:"bytes,1,rep,name=images,proto3" json:"images,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SaveImageRequest) Reset() {
+	*x = SaveImageRequest{}
+	mi := &file_runtime_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SaveImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SaveImageRequest) ProtoMessage() {}
+
+func (x *SaveImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_runtime_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SaveImageRequest.ProtoReflect.Descriptor instead.
+func (*SaveImageRequest) Descriptor() ([]byte, []int) {
+	return file_runtime_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *SaveImageRequest) GetImages() []string {
+	if x != nil {
+		return x.Images
+	}
+	return nil
+}
+
+type SaveImageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Chunk         []byte                 `protobuf:"bytes,1,opt,name=chunk,proto3" json:"chunk,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SaveImageResponse) Reset() {
+	*x = SaveImageResponse{}
+	mi := &file_runtime_proto_msgTypes[82]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SaveImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SaveImageResponse) ProtoMessage() {}
+
+func (x *SaveImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_runtime_proto_msgTypes[82]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SaveImageResponse.ProtoReflect.Descriptor instead.
+func (*SaveImageResponse) Descriptor() ([]byte, []int) {
+	return file_runtime_proto_rawDescGZIP(), []int{82}
+}
+
+func (x *SaveImageResponse) GetChunk() []byte {
+	if x != nil {
+		return x.Chunk
+	}
+	return nil
+}
+
+type PushImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The stored image (reference or id).
+	Image string `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	// Where to push; empty: the image reference itself.
+	Target        string `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushImageRequest) Reset() {
+	*x = PushImageRequest{}
+	mi := &file_runtime_proto_msgTypes[83]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushImageRequest) ProtoMessage() {}
+
+func (x *PushImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_runtime_proto_msgTypes[83]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushImageRequest.ProtoReflect.Descriptor instead.
+func (*PushImageRequest) Descriptor() ([]byte, []int) {
+	return file_runtime_proto_rawDescGZIP(), []int{83}
+}
+
+func (x *PushImageRequest) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *PushImageRequest) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+type TagImageRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Source        string                 `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	Target        string                 `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TagImageRequest) Reset() {
+	*x = TagImageRequest{}
+	mi := &file_runtime_proto_msgTypes[84]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TagImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TagImageRequest) ProtoMessage() {}
+
+func (x *TagImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_runtime_proto_msgTypes[84]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TagImageRequest.ProtoReflect.Descriptor instead.
+func (*TagImageRequest) Descriptor() ([]byte, []int) {
+	return file_runtime_proto_rawDescGZIP(), []int{84}
+}
+
+func (x *TagImageRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *TagImageRequest) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+type TagImageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Image         *Image                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TagImageResponse) Reset() {
+	*x = TagImageResponse{}
+	mi := &file_runtime_proto_msgTypes[85]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TagImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TagImageResponse) ProtoMessage() {}
+
+func (x *TagImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_runtime_proto_msgTypes[85]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TagImageResponse.ProtoReflect.Descriptor instead.
+func (*TagImageResponse) Descriptor() ([]byte, []int) {
+	return file_runtime_proto_rawDescGZIP(), []int{85}
+}
+
+func (x *TagImageResponse) GetImage() *Image {
+	if x != nil {
+		return x.Image
+	}
+	return nil
+}
+
+type UntagImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Image string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	// Delete even when a pod uses the image.
+	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UntagImageRequest) Reset() {
+	*x = UntagImageRequest{}
+	mi := &file_runtime_proto_msgTypes[86]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UntagImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UntagImageRequest) ProtoMessage() {}
+
+func (x *UntagImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_runtime_proto_msgTypes[86]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UntagImageRequest.ProtoReflect.Descriptor instead.
+func (*UntagImageRequest) Descriptor() ([]byte, []int) {
+	return file_runtime_proto_rawDescGZIP(), []int{86}
+}
+
+func (x *UntagImageRequest) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *UntagImageRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+type UntagImageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Deleted       bool                   `protobuf:"varint,1,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UntagImageResponse) Reset() {
+	*x = UntagImageResponse{}
+	mi := &file_runtime_proto_msgTypes[87]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UntagImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UntagImageResponse) ProtoMessage() {}
+
+func (x *UntagImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_runtime_proto_msgTypes[87]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UntagImageResponse.ProtoReflect.Descriptor instead.
+func (*UntagImageResponse) Descriptor() ([]byte, []int) {
+	return file_runtime_proto_rawDescGZIP(), []int{87}
+}
+
+func (x *UntagImageResponse) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
+type InspectImageRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Image         string                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InspectImageRequest) Reset() {
+	*x = InspectImageRequest{}
+	mi := &file_runtime_proto_msgTypes[88]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InspectImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InspectImageRequest) ProtoMessage() {}
+
+func (x *InspectImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_runtime_proto_msgTypes[88]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InspectImageRequest.ProtoReflect.Descriptor instead.
+func (*InspectImageRequest) Descriptor() ([]byte, []int) {
+	return file_runtime_proto_rawDescGZIP(), []int{88}
+}
+
+func (x *InspectImageRequest) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+type InspectImageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Image         *Image                 `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	Manifest      []byte                 `protobuf:"bytes,2,opt,name=manifest,proto3" json:"manifest,omitempty"`
+	Config        []byte                 `protobuf:"bytes,3,opt,name=config,proto3" json:"config,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InspectImageResponse) Reset() {
+	*x = InspectImageResponse{}
+	mi := &file_runtime_proto_msgTypes[89]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InspectImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InspectImageResponse) ProtoMessage() {}
+
+func (x *InspectImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_runtime_proto_msgTypes[89]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InspectImageResponse.ProtoReflect.Descriptor instead.
+func (*InspectImageResponse) Descriptor() ([]byte, []int) {
+	return file_runtime_proto_rawDescGZIP(), []int{89}
+}
+
+func (x *InspectImageResponse) GetImage() *Image {
+	if x != nil {
+		return x.Image
+	}
+	return nil
+}
+
+func (x *InspectImageResponse) GetManifest() []byte {
+	if x != nil {
+		return x.Manifest
+	}
+	return nil
+}
+
+func (x *InspectImageResponse) GetConfig() []byte {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
+type PruneImagesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only images without a tag (dangling); otherwise every unused image.
+	DanglingOnly  bool `protobuf:"varint,1,opt,name=dangling_only,json=danglingOnly,proto3" json:"dangling_only,omitempty"`
+	DryRun        bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PruneImagesRequest) Reset() {
+	*x = PruneImagesRequest{}
+	mi := &file_runtime_proto_msgTypes[90]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PruneImagesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PruneImagesRequest) ProtoMessage() {}
+
+func (x *PruneImagesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_runtime_proto_msgTypes[90]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PruneImagesRequest.ProtoReflect.Descriptor instead.
+func (*PruneImagesRequest) Descriptor() ([]byte, []int) {
+	return file_runtime_proto_rawDescGZIP(), []int{90}
+}
+
+func (x *PruneImagesRequest) GetDanglingOnly() bool {
+	if x != nil {
+		return x.DanglingOnly
+	}
+	return false
+}
+
+func (x *PruneImagesRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+type PruneImagesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Removed       []*Image               `protobuf:"bytes,1,rep,name=removed,proto3" json:"removed,omitempty"`
+	FreedBytes    uint64                 `protobuf:"varint,2,opt,name=freed_bytes,json=freedBytes,proto3" json:"freed_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PruneImagesResponse) Reset() {
+	*x = PruneImagesResponse{}
+	mi := &file_runtime_proto_msgTypes[91]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PruneImagesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PruneImagesResponse) ProtoMessage() {}
+
+func (x *PruneImagesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_runtime_proto_msgTypes[91]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PruneImagesResponse.ProtoReflect.Descriptor instead.
+func (*PruneImagesResponse) Descriptor() ([]byte, []int) {
+	return file_runtime_proto_rawDescGZIP(), []int{91}
+}
+
+func (x *PruneImagesResponse) GetRemoved() []*Image {
+	if x != nil {
+		return x.Removed
+	}
+	return nil
+}
+
+func (x *PruneImagesResponse) GetFreedBytes() uint64 {
+	if x != nil {
+		return x.FreedBytes
 	}
 	return 0
 }
@@ -6142,7 +6854,7 @@ const file_runtime_proto_rawDesc = "" +
 	"containers\x18\x04 \x03(\v2\x1f.k3sm.runtime.v1.ContainerStatsR\n" +
 	"containers\"E\n" +
 	"\x14ListPodStatsResponse\x12-\n" +
-	"\x04pods\x18\x01 \x03(\v2\x19.k3sm.runtime.v1.PodStatsR\x04pods\"\x9a\x01\n" +
+	"\x04pods\x18\x01 \x03(\v2\x19.k3sm.runtime.v1.PodStatsR\x04pods\"\xb3\x01\n" +
 	"\x05Image\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\trepo_tags\x18\x02 \x03(\tR\brepoTags\x12!\n" +
@@ -6150,7 +6862,8 @@ const file_runtime_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\x04 \x01(\x03R\tsizeBytes\x12\x0e\n" +
 	"\x02os\x18\x05 \x01(\tR\x02os\x12\x12\n" +
-	"\x04arch\x18\x06 \x01(\tR\x04arch\"\x13\n" +
+	"\x04arch\x18\x06 \x01(\tR\x04arch\x12\x17\n" +
+	"\aused_by\x18\a \x03(\tR\x06usedBy\"\x13\n" +
 	"\x11ListImagesRequest\"D\n" +
 	"\x12ListImagesResponse\x12.\n" +
 	"\x06images\x18\x01 \x03(\v2\x16.k3sm.runtime.v1.ImageR\x06images\"K\n" +
@@ -6172,7 +6885,48 @@ const file_runtime_proto_rawDesc = "" +
 	"\vinodes_used\x18\x03 \x01(\x04R\n" +
 	"inodesUsed\x12%\n" +
 	"\x0ecapacity_bytes\x18\x04 \x01(\x04R\rcapacityBytes\x12'\n" +
-	"\x0favailable_bytes\x18\x05 \x01(\x04R\x0eavailableBytes*\x83\x01\n" +
+	"\x0favailable_bytes\x18\x05 \x01(\x04R\x0eavailableBytes\"}\n" +
+	"\rImageProgress\x12\x1d\n" +
+	"\n" +
+	"done_bytes\x18\x01 \x01(\x03R\tdoneBytes\x12\x1f\n" +
+	"\vtotal_bytes\x18\x02 \x01(\x03R\n" +
+	"totalBytes\x12,\n" +
+	"\x05image\x18\x03 \x01(\v2\x16.k3sm.runtime.v1.ImageR\x05image\"<\n" +
+	"\x10LoadImageRequest\x12\x14\n" +
+	"\x05chunk\x18\x01 \x01(\fR\x05chunk\x12\x12\n" +
+	"\x04tags\x18\x02 \x03(\tR\x04tags\"C\n" +
+	"\x11LoadImageResponse\x12.\n" +
+	"\x06images\x18\x01 \x03(\v2\x16.k3sm.runtime.v1.ImageR\x06images\"*\n" +
+	"\x10SaveImageRequest\x12\x16\n" +
+	"\x06images\x18\x01 \x03(\tR\x06images\")\n" +
+	"\x11SaveImageResponse\x12\x14\n" +
+	"\x05chunk\x18\x01 \x01(\fR\x05chunk\"@\n" +
+	"\x10PushImageRequest\x12\x14\n" +
+	"\x05image\x18\x01 \x01(\tR\x05image\x12\x16\n" +
+	"\x06target\x18\x02 \x01(\tR\x06target\"A\n" +
+	"\x0fTagImageRequest\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\x12\x16\n" +
+	"\x06target\x18\x02 \x01(\tR\x06target\"@\n" +
+	"\x10TagImageResponse\x12,\n" +
+	"\x05image\x18\x01 \x01(\v2\x16.k3sm.runtime.v1.ImageR\x05image\"?\n" +
+	"\x11UntagImageRequest\x12\x14\n" +
+	"\x05image\x18\x01 \x01(\tR\x05image\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\".\n" +
+	"\x12UntagImageResponse\x12\x18\n" +
+	"\adeleted\x18\x01 \x01(\bR\adeleted\"+\n" +
+	"\x13InspectImageRequest\x12\x14\n" +
+	"\x05image\x18\x01 \x01(\tR\x05image\"x\n" +
+	"\x14InspectImageResponse\x12,\n" +
+	"\x05image\x18\x01 \x01(\v2\x16.k3sm.runtime.v1.ImageR\x05image\x12\x1a\n" +
+	"\bmanifest\x18\x02 \x01(\fR\bmanifest\x12\x16\n" +
+	"\x06config\x18\x03 \x01(\fR\x06config\"R\n" +
+	"\x12PruneImagesRequest\x12#\n" +
+	"\rdangling_only\x18\x01 \x01(\bR\fdanglingOnly\x12\x17\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"h\n" +
+	"\x13PruneImagesResponse\x120\n" +
+	"\aremoved\x18\x01 \x03(\v2\x16.k3sm.runtime.v1.ImageR\aremoved\x12\x1f\n" +
+	"\vfreed_bytes\x18\x02 \x01(\x04R\n" +
+	"freedBytes*\x83\x01\n" +
 	"\rRestartPolicy\x12\x1e\n" +
 	"\x1aRESTART_POLICY_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15RESTART_POLICY_ALWAYS\x10\x01\x12\x1d\n" +
@@ -6213,13 +6967,22 @@ const file_runtime_proto_rawDesc = "" +
 	"\vPortForward\x12#.k3sm.runtime.v1.PortForwardRequest\x1a$.k3sm.runtime.v1.PortForwardResponse(\x010\x01\x12[\n" +
 	"\fListPodStats\x12$.k3sm.runtime.v1.ListPodStatsRequest\x1a%.k3sm.runtime.v1.ListPodStatsResponse\x12p\n" +
 	"\x13UpdateRuntimeConfig\x12+.k3sm.runtime.v1.UpdateRuntimeConfigRequest\x1a,.k3sm.runtime.v1.UpdateRuntimeConfigResponse\x12p\n" +
-	"\x13SetPodNetworkPolicy\x12+.k3sm.runtime.v1.SetPodNetworkPolicyRequest\x1a,.k3sm.runtime.v1.SetPodNetworkPolicyResponse2\xe7\x02\n" +
+	"\x13SetPodNetworkPolicy\x12+.k3sm.runtime.v1.SetPodNetworkPolicyRequest\x1a,.k3sm.runtime.v1.SetPodNetworkPolicyResponse2\x9e\b\n" +
 	"\x06Images\x12U\n" +
 	"\n" +
 	"ListImages\x12\".k3sm.runtime.v1.ListImagesRequest\x1a#.k3sm.runtime.v1.ListImagesResponse\x12R\n" +
 	"\tPullImage\x12!.k3sm.runtime.v1.PullImageRequest\x1a\".k3sm.runtime.v1.PullImageResponse\x12X\n" +
 	"\vRemoveImage\x12#.k3sm.runtime.v1.RemoveImageRequest\x1a$.k3sm.runtime.v1.RemoveImageResponse\x12X\n" +
-	"\vImageFsInfo\x12#.k3sm.runtime.v1.ImageFsInfoRequest\x1a$.k3sm.runtime.v1.ImageFsInfoResponseB3Z1github.com/k3sm-dev/k3sm/api/runtime/v1;runtimev1b\x06proto3"
+	"\vImageFsInfo\x12#.k3sm.runtime.v1.ImageFsInfoRequest\x1a$.k3sm.runtime.v1.ImageFsInfoResponse\x12X\n" +
+	"\x11PullImageProgress\x12!.k3sm.runtime.v1.PullImageRequest\x1a\x1e.k3sm.runtime.v1.ImageProgress0\x01\x12T\n" +
+	"\tLoadImage\x12!.k3sm.runtime.v1.LoadImageRequest\x1a\".k3sm.runtime.v1.LoadImageResponse(\x01\x12T\n" +
+	"\tSaveImage\x12!.k3sm.runtime.v1.SaveImageRequest\x1a\".k3sm.runtime.v1.SaveImageResponse0\x01\x12P\n" +
+	"\tPushImage\x12!.k3sm.runtime.v1.PushImageRequest\x1a\x1e.k3sm.runtime.v1.ImageProgress0\x01\x12O\n" +
+	"\bTagImage\x12 .k3sm.runtime.v1.TagImageRequest\x1a!.k3sm.runtime.v1.TagImageResponse\x12U\n" +
+	"\n" +
+	"UntagImage\x12\".k3sm.runtime.v1.UntagImageRequest\x1a#.k3sm.runtime.v1.UntagImageResponse\x12[\n" +
+	"\fInspectImage\x12$.k3sm.runtime.v1.InspectImageRequest\x1a%.k3sm.runtime.v1.InspectImageResponse\x12X\n" +
+	"\vPruneImages\x12#.k3sm.runtime.v1.PruneImagesRequest\x1a$.k3sm.runtime.v1.PruneImagesResponseB3Z1github.com/k3sm-dev/k3sm/api/runtime/v1;runtimev1b\x06proto3"
 
 var (
 	file_runtime_proto_rawDescOnce sync.Once
@@ -6234,7 +6997,7 @@ func file_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 80)
+var file_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 94)
 var file_runtime_proto_goTypes = []any{
 	(RestartPolicy)(0),                  // 0: k3sm.runtime.v1.RestartPolicy
 	(PullPolicy)(0),                     // 1: k3sm.runtime.v1.PullPolicy
@@ -6320,133 +7083,168 @@ var file_runtime_proto_goTypes = []any{
 	(*RemoveImageResponse)(nil),         // 81: k3sm.runtime.v1.RemoveImageResponse
 	(*ImageFsInfoRequest)(nil),          // 82: k3sm.runtime.v1.ImageFsInfoRequest
 	(*ImageFsInfoResponse)(nil),         // 83: k3sm.runtime.v1.ImageFsInfoResponse
-	nil,                                 // 84: k3sm.runtime.v1.PodSpec.LabelsEntry
-	nil,                                 // 85: k3sm.runtime.v1.PodSpec.AnnotationsEntry
-	(*timestamppb.Timestamp)(nil),       // 86: google.protobuf.Timestamp
+	(*ImageProgress)(nil),               // 84: k3sm.runtime.v1.ImageProgress
+	(*LoadImageRequest)(nil),            // 85: k3sm.runtime.v1.LoadImageRequest
+	(*LoadImageResponse)(nil),           // 86: k3sm.runtime.v1.LoadImageResponse
+	(*SaveImageRequest)(nil),            // 87: k3sm.runtime.v1.SaveImageRequest
+	(*SaveImageResponse)(nil),           // 88: k3sm.runtime.v1.SaveImageResponse
+	(*PushImageRequest)(nil),            // 89: k3sm.runtime.v1.PushImageRequest
+	(*TagImageRequest)(nil),             // 90: k3sm.runtime.v1.TagImageRequest
+	(*TagImageResponse)(nil),            // 91: k3sm.runtime.v1.TagImageResponse
+	(*UntagImageRequest)(nil),           // 92: k3sm.runtime.v1.UntagImageRequest
+	(*UntagImageResponse)(nil),          // 93: k3sm.runtime.v1.UntagImageResponse
+	(*InspectImageRequest)(nil),         // 94: k3sm.runtime.v1.InspectImageRequest
+	(*InspectImageResponse)(nil),        // 95: k3sm.runtime.v1.InspectImageResponse
+	(*PruneImagesRequest)(nil),          // 96: k3sm.runtime.v1.PruneImagesRequest
+	(*PruneImagesResponse)(nil),         // 97: k3sm.runtime.v1.PruneImagesResponse
+	nil,                                 // 98: k3sm.runtime.v1.PodSpec.LabelsEntry
+	nil,                                 // 99: k3sm.runtime.v1.PodSpec.AnnotationsEntry
+	(*timestamppb.Timestamp)(nil),       // 100: google.protobuf.Timestamp
 }
 var file_runtime_proto_depIdxs = []int32{
-	0,  // 0: k3sm.runtime.v1.PodSpec.restart_policy:type_name -> k3sm.runtime.v1.RestartPolicy
-	8,  // 1: k3sm.runtime.v1.PodSpec.init_containers:type_name -> k3sm.runtime.v1.ContainerSpec
-	8,  // 2: k3sm.runtime.v1.PodSpec.containers:type_name -> k3sm.runtime.v1.ContainerSpec
-	84, // 3: k3sm.runtime.v1.PodSpec.labels:type_name -> k3sm.runtime.v1.PodSpec.LabelsEntry
-	85, // 4: k3sm.runtime.v1.PodSpec.annotations:type_name -> k3sm.runtime.v1.PodSpec.AnnotationsEntry
-	12, // 5: k3sm.runtime.v1.PodSpec.volumes:type_name -> k3sm.runtime.v1.Volume
-	7,  // 6: k3sm.runtime.v1.PodSpec.ephemeral_containers:type_name -> k3sm.runtime.v1.EphemeralContainerSpec
-	8,  // 7: k3sm.runtime.v1.EphemeralContainerSpec.container:type_name -> k3sm.runtime.v1.ContainerSpec
-	1,  // 8: k3sm.runtime.v1.ContainerSpec.image_pull_policy:type_name -> k3sm.runtime.v1.PullPolicy
-	9,  // 9: k3sm.runtime.v1.ContainerSpec.env:type_name -> k3sm.runtime.v1.EnvVar
-	2,  // 10: k3sm.runtime.v1.ContainerSpec.restart_policy:type_name -> k3sm.runtime.v1.ContainerRestartPolicy
-	11, // 11: k3sm.runtime.v1.ContainerSpec.resources:type_name -> k3sm.runtime.v1.Resources
-	10, // 12: k3sm.runtime.v1.ContainerSpec.ports:type_name -> k3sm.runtime.v1.ContainerPort
-	18, // 13: k3sm.runtime.v1.ContainerSpec.volume_mounts:type_name -> k3sm.runtime.v1.VolumeMount
-	21, // 14: k3sm.runtime.v1.ContainerSpec.liveness_probe:type_name -> k3sm.runtime.v1.Probe
-	21, // 15: k3sm.runtime.v1.ContainerSpec.readiness_probe:type_name -> k3sm.runtime.v1.Probe
-	21, // 16: k3sm.runtime.v1.ContainerSpec.startup_probe:type_name -> k3sm.runtime.v1.Probe
-	26, // 17: k3sm.runtime.v1.ContainerSpec.lifecycle:type_name -> k3sm.runtime.v1.Lifecycle
-	13, // 18: k3sm.runtime.v1.Volume.empty_dir:type_name -> k3sm.runtime.v1.EmptyDirVolume
-	14, // 19: k3sm.runtime.v1.Volume.files:type_name -> k3sm.runtime.v1.FilesVolume
-	16, // 20: k3sm.runtime.v1.Volume.host_path:type_name -> k3sm.runtime.v1.HostPathVolume
-	17, // 21: k3sm.runtime.v1.Volume.local_path:type_name -> k3sm.runtime.v1.LocalPathVolume
-	15, // 22: k3sm.runtime.v1.FilesVolume.files:type_name -> k3sm.runtime.v1.VolumeFile
-	12, // 23: k3sm.runtime.v1.UpdatePodVolumesRequest.volumes:type_name -> k3sm.runtime.v1.Volume
-	22, // 24: k3sm.runtime.v1.Probe.exec:type_name -> k3sm.runtime.v1.ExecAction
-	23, // 25: k3sm.runtime.v1.Probe.http_get:type_name -> k3sm.runtime.v1.HTTPGetAction
-	24, // 26: k3sm.runtime.v1.Probe.tcp_socket:type_name -> k3sm.runtime.v1.TCPSocketAction
-	25, // 27: k3sm.runtime.v1.Probe.grpc:type_name -> k3sm.runtime.v1.GRPCAction
-	9,  // 28: k3sm.runtime.v1.HTTPGetAction.headers:type_name -> k3sm.runtime.v1.EnvVar
-	27, // 29: k3sm.runtime.v1.Lifecycle.post_start:type_name -> k3sm.runtime.v1.LifecycleHandler
-	27, // 30: k3sm.runtime.v1.Lifecycle.pre_stop:type_name -> k3sm.runtime.v1.LifecycleHandler
-	22, // 31: k3sm.runtime.v1.LifecycleHandler.exec:type_name -> k3sm.runtime.v1.ExecAction
-	23, // 32: k3sm.runtime.v1.LifecycleHandler.http_get:type_name -> k3sm.runtime.v1.HTTPGetAction
-	24, // 33: k3sm.runtime.v1.LifecycleHandler.tcp_socket:type_name -> k3sm.runtime.v1.TCPSocketAction
-	3,  // 34: k3sm.runtime.v1.PodStatus.phase:type_name -> k3sm.runtime.v1.PodPhase
-	86, // 35: k3sm.runtime.v1.PodStatus.start_time:type_name -> google.protobuf.Timestamp
-	29, // 36: k3sm.runtime.v1.PodStatus.init_container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
-	29, // 37: k3sm.runtime.v1.PodStatus.container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
-	29, // 38: k3sm.runtime.v1.PodStatus.ephemeral_container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
-	30, // 39: k3sm.runtime.v1.ContainerStatus.state:type_name -> k3sm.runtime.v1.ContainerState
-	30, // 40: k3sm.runtime.v1.ContainerStatus.last_termination_state:type_name -> k3sm.runtime.v1.ContainerState
-	31, // 41: k3sm.runtime.v1.ContainerState.waiting:type_name -> k3sm.runtime.v1.ContainerStateWaiting
-	32, // 42: k3sm.runtime.v1.ContainerState.running:type_name -> k3sm.runtime.v1.ContainerStateRunning
-	33, // 43: k3sm.runtime.v1.ContainerState.terminated:type_name -> k3sm.runtime.v1.ContainerStateTerminated
-	86, // 44: k3sm.runtime.v1.ContainerStateRunning.started_at:type_name -> google.protobuf.Timestamp
-	86, // 45: k3sm.runtime.v1.ContainerStateTerminated.started_at:type_name -> google.protobuf.Timestamp
-	86, // 46: k3sm.runtime.v1.ContainerStateTerminated.finished_at:type_name -> google.protobuf.Timestamp
-	4,  // 47: k3sm.runtime.v1.PodEvent.type:type_name -> k3sm.runtime.v1.EventType
-	86, // 48: k3sm.runtime.v1.PodEvent.time:type_name -> google.protobuf.Timestamp
-	41, // 49: k3sm.runtime.v1.SetPodNetworkPolicyRequest.policy:type_name -> k3sm.runtime.v1.PodNetworkPolicy
-	42, // 50: k3sm.runtime.v1.PodNetworkPolicy.ingress:type_name -> k3sm.runtime.v1.NetworkPolicyDirection
-	42, // 51: k3sm.runtime.v1.PodNetworkPolicy.egress:type_name -> k3sm.runtime.v1.NetworkPolicyDirection
-	43, // 52: k3sm.runtime.v1.NetworkPolicyDirection.rules:type_name -> k3sm.runtime.v1.NetworkPolicyRule
-	44, // 53: k3sm.runtime.v1.NetworkPolicyRule.peers:type_name -> k3sm.runtime.v1.NetworkPolicyPeer
-	45, // 54: k3sm.runtime.v1.NetworkPolicyRule.ports:type_name -> k3sm.runtime.v1.NetworkPolicyPort
-	6,  // 55: k3sm.runtime.v1.CreatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
-	28, // 56: k3sm.runtime.v1.CreatePodResponse.status:type_name -> k3sm.runtime.v1.PodStatus
-	6,  // 57: k3sm.runtime.v1.UpdatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
-	28, // 58: k3sm.runtime.v1.UpdatePodResponse.status:type_name -> k3sm.runtime.v1.PodStatus
-	28, // 59: k3sm.runtime.v1.GetPodStatusResponse.status:type_name -> k3sm.runtime.v1.PodStatus
-	28, // 60: k3sm.runtime.v1.ListPodsResponse.pods:type_name -> k3sm.runtime.v1.PodStatus
-	6,  // 61: k3sm.runtime.v1.ListPodsResponse.specs:type_name -> k3sm.runtime.v1.PodSpec
-	5,  // 62: k3sm.runtime.v1.WatchPodStatusResponse.kind:type_name -> k3sm.runtime.v1.WatchPodStatusResponse.Kind
-	28, // 63: k3sm.runtime.v1.WatchPodStatusResponse.status:type_name -> k3sm.runtime.v1.PodStatus
-	34, // 64: k3sm.runtime.v1.WatchPodStatusResponse.event:type_name -> k3sm.runtime.v1.PodEvent
-	86, // 65: k3sm.runtime.v1.GetLogsRequest.since_time:type_name -> google.protobuf.Timestamp
-	60, // 66: k3sm.runtime.v1.ExecStart.initial_size:type_name -> k3sm.runtime.v1.TerminalSize
-	61, // 67: k3sm.runtime.v1.ExecRequest.start:type_name -> k3sm.runtime.v1.ExecStart
-	60, // 68: k3sm.runtime.v1.ExecRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
-	63, // 69: k3sm.runtime.v1.ExecResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
-	65, // 70: k3sm.runtime.v1.AttachRequest.start:type_name -> k3sm.runtime.v1.AttachStart
-	60, // 71: k3sm.runtime.v1.AttachRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
-	63, // 72: k3sm.runtime.v1.AttachResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
-	68, // 73: k3sm.runtime.v1.PortForwardRequest.start:type_name -> k3sm.runtime.v1.PortForwardStart
-	86, // 74: k3sm.runtime.v1.ContainerStats.timestamp:type_name -> google.protobuf.Timestamp
-	72, // 75: k3sm.runtime.v1.PodStats.containers:type_name -> k3sm.runtime.v1.ContainerStats
-	73, // 76: k3sm.runtime.v1.ListPodStatsResponse.pods:type_name -> k3sm.runtime.v1.PodStats
-	75, // 77: k3sm.runtime.v1.ListImagesResponse.images:type_name -> k3sm.runtime.v1.Image
-	75, // 78: k3sm.runtime.v1.PullImageResponse.image:type_name -> k3sm.runtime.v1.Image
-	35, // 79: k3sm.runtime.v1.Runtime.GetRuntimeInfo:input_type -> k3sm.runtime.v1.GetRuntimeInfoRequest
-	46, // 80: k3sm.runtime.v1.Runtime.CreatePod:input_type -> k3sm.runtime.v1.CreatePodRequest
-	48, // 81: k3sm.runtime.v1.Runtime.UpdatePod:input_type -> k3sm.runtime.v1.UpdatePodRequest
-	19, // 82: k3sm.runtime.v1.Runtime.UpdatePodVolumes:input_type -> k3sm.runtime.v1.UpdatePodVolumesRequest
-	50, // 83: k3sm.runtime.v1.Runtime.DeletePod:input_type -> k3sm.runtime.v1.DeletePodRequest
-	52, // 84: k3sm.runtime.v1.Runtime.GetPodStatus:input_type -> k3sm.runtime.v1.GetPodStatusRequest
-	54, // 85: k3sm.runtime.v1.Runtime.ListPods:input_type -> k3sm.runtime.v1.ListPodsRequest
-	56, // 86: k3sm.runtime.v1.Runtime.WatchPodStatus:input_type -> k3sm.runtime.v1.WatchPodStatusRequest
-	58, // 87: k3sm.runtime.v1.Runtime.GetLogs:input_type -> k3sm.runtime.v1.GetLogsRequest
-	62, // 88: k3sm.runtime.v1.Runtime.Exec:input_type -> k3sm.runtime.v1.ExecRequest
-	66, // 89: k3sm.runtime.v1.Runtime.Attach:input_type -> k3sm.runtime.v1.AttachRequest
-	69, // 90: k3sm.runtime.v1.Runtime.PortForward:input_type -> k3sm.runtime.v1.PortForwardRequest
-	71, // 91: k3sm.runtime.v1.Runtime.ListPodStats:input_type -> k3sm.runtime.v1.ListPodStatsRequest
-	37, // 92: k3sm.runtime.v1.Runtime.UpdateRuntimeConfig:input_type -> k3sm.runtime.v1.UpdateRuntimeConfigRequest
-	39, // 93: k3sm.runtime.v1.Runtime.SetPodNetworkPolicy:input_type -> k3sm.runtime.v1.SetPodNetworkPolicyRequest
-	76, // 94: k3sm.runtime.v1.Images.ListImages:input_type -> k3sm.runtime.v1.ListImagesRequest
-	78, // 95: k3sm.runtime.v1.Images.PullImage:input_type -> k3sm.runtime.v1.PullImageRequest
-	80, // 96: k3sm.runtime.v1.Images.RemoveImage:input_type -> k3sm.runtime.v1.RemoveImageRequest
-	82, // 97: k3sm.runtime.v1.Images.ImageFsInfo:input_type -> k3sm.runtime.v1.ImageFsInfoRequest
-	36, // 98: k3sm.runtime.v1.Runtime.GetRuntimeInfo:output_type -> k3sm.runtime.v1.GetRuntimeInfoResponse
-	47, // 99: k3sm.runtime.v1.Runtime.CreatePod:output_type -> k3sm.runtime.v1.CreatePodResponse
-	49, // 100: k3sm.runtime.v1.Runtime.UpdatePod:output_type -> k3sm.runtime.v1.UpdatePodResponse
-	20, // 101: k3sm.runtime.v1.Runtime.UpdatePodVolumes:output_type -> k3sm.runtime.v1.UpdatePodVolumesResponse
-	51, // 102: k3sm.runtime.v1.Runtime.DeletePod:output_type -> k3sm.runtime.v1.DeletePodResponse
-	53, // 103: k3sm.runtime.v1.Runtime.GetPodStatus:output_type -> k3sm.runtime.v1.GetPodStatusResponse
-	55, // 104: k3sm.runtime.v1.Runtime.ListPods:output_type -> k3sm.runtime.v1.ListPodsResponse
-	57, // 105: k3sm.runtime.v1.Runtime.WatchPodStatus:output_type -> k3sm.runtime.v1.WatchPodStatusResponse
-	59, // 106: k3sm.runtime.v1.Runtime.GetLogs:output_type -> k3sm.runtime.v1.GetLogsResponse
-	64, // 107: k3sm.runtime.v1.Runtime.Exec:output_type -> k3sm.runtime.v1.ExecResponse
-	67, // 108: k3sm.runtime.v1.Runtime.Attach:output_type -> k3sm.runtime.v1.AttachResponse
-	70, // 109: k3sm.runtime.v1.Runtime.PortForward:output_type -> k3sm.runtime.v1.PortForwardResponse
-	74, // 110: k3sm.runtime.v1.Runtime.ListPodStats:output_type -> k3sm.runtime.v1.ListPodStatsResponse
-	38, // 111: k3sm.runtime.v1.Runtime.UpdateRuntimeConfig:output_type -> k3sm.runtime.v1.UpdateRuntimeConfigResponse
-	40, // 112: k3sm.runtime.v1.Runtime.SetPodNetworkPolicy:output_type -> k3sm.runtime.v1.SetPodNetworkPolicyResponse
-	77, // 113: k3sm.runtime.v1.Images.ListImages:output_type -> k3sm.runtime.v1.ListImagesResponse
-	79, // 114: k3sm.runtime.v1.Images.PullImage:output_type -> k3sm.runtime.v1.PullImageResponse
-	81, // 115: k3sm.runtime.v1.Images.RemoveImage:output_type -> k3sm.runtime.v1.RemoveImageResponse
-	83, // 116: k3sm.runtime.v1.Images.ImageFsInfo:output_type -> k3sm.runtime.v1.ImageFsInfoResponse
-	98, // [98:117] is the sub-list for method output_type
-	79, // [79:98] is the sub-list for method input_type
-	79, // [79:79] is the sub-list for extension type_name
-	79, // [79:79] is the sub-list for extension extendee
-	0,  // [0:79] is the sub-list for field type_name
+	0,   // 0: k3sm.runtime.v1.PodSpec.restart_policy:type_name -> k3sm.runtime.v1.RestartPolicy
+	8,   // 1: k3sm.runtime.v1.PodSpec.init_containers:type_name -> k3sm.runtime.v1.ContainerSpec
+	8,   // 2: k3sm.runtime.v1.PodSpec.containers:type_name -> k3sm.runtime.v1.ContainerSpec
+	98,  // 3: k3sm.runtime.v1.PodSpec.labels:type_name -> k3sm.runtime.v1.PodSpec.LabelsEntry
+	99,  // 4: k3sm.runtime.v1.PodSpec.annotations:type_name -> k3sm.runtime.v1.PodSpec.AnnotationsEntry
+	12,  // 5: k3sm.runtime.v1.PodSpec.volumes:type_name -> k3sm.runtime.v1.Volume
+	7,   // 6: k3sm.runtime.v1.PodSpec.ephemeral_containers:type_name -> k3sm.runtime.v1.EphemeralContainerSpec
+	8,   // 7: k3sm.runtime.v1.EphemeralContainerSpec.container:type_name -> k3sm.runtime.v1.ContainerSpec
+	1,   // 8: k3sm.runtime.v1.ContainerSpec.image_pull_policy:type_name -> k3sm.runtime.v1.PullPolicy
+	9,   // 9: k3sm.runtime.v1.ContainerSpec.env:type_name -> k3sm.runtime.v1.EnvVar
+	2,   // 10: k3sm.runtime.v1.ContainerSpec.restart_policy:type_name -> k3sm.runtime.v1.ContainerRestartPolicy
+	11,  // 11: k3sm.runtime.v1.ContainerSpec.resources:type_name -> k3sm.runtime.v1.Resources
+	10,  // 12: k3sm.runtime.v1.ContainerSpec.ports:type_name -> k3sm.runtime.v1.ContainerPort
+	18,  // 13: k3sm.runtime.v1.ContainerSpec.volume_mounts:type_name -> k3sm.runtime.v1.VolumeMount
+	21,  // 14: k3sm.runtime.v1.ContainerSpec.liveness_probe:type_name -> k3sm.runtime.v1.Probe
+	21,  // 15: k3sm.runtime.v1.ContainerSpec.readiness_probe:type_name -> k3sm.runtime.v1.Probe
+	21,  // 16: k3sm.runtime.v1.ContainerSpec.startup_probe:type_name -> k3sm.runtime.v1.Probe
+	26,  // 17: k3sm.runtime.v1.ContainerSpec.lifecycle:type_name -> k3sm.runtime.v1.Lifecycle
+	13,  // 18: k3sm.runtime.v1.Volume.empty_dir:type_name -> k3sm.runtime.v1.EmptyDirVolume
+	14,  // 19: k3sm.runtime.v1.Volume.files:type_name -> k3sm.runtime.v1.FilesVolume
+	16,  // 20: k3sm.runtime.v1.Volume.host_path:type_name -> k3sm.runtime.v1.HostPathVolume
+	17,  // 21: k3sm.runtime.v1.Volume.local_path:type_name -> k3sm.runtime.v1.LocalPathVolume
+	15,  // 22: k3sm.runtime.v1.FilesVolume.files:type_name -> k3sm.runtime.v1.VolumeFile
+	12,  // 23: k3sm.runtime.v1.UpdatePodVolumesRequest.volumes:type_name -> k3sm.runtime.v1.Volume
+	22,  // 24: k3sm.runtime.v1.Probe.exec:type_name -> k3sm.runtime.v1.ExecAction
+	23,  // 25: k3sm.runtime.v1.Probe.http_get:type_name -> k3sm.runtime.v1.HTTPGetAction
+	24,  // 26: k3sm.runtime.v1.Probe.tcp_socket:type_name -> k3sm.runtime.v1.TCPSocketAction
+	25,  // 27: k3sm.runtime.v1.Probe.grpc:type_name -> k3sm.runtime.v1.GRPCAction
+	9,   // 28: k3sm.runtime.v1.HTTPGetAction.headers:type_name -> k3sm.runtime.v1.EnvVar
+	27,  // 29: k3sm.runtime.v1.Lifecycle.post_start:type_name -> k3sm.runtime.v1.LifecycleHandler
+	27,  // 30: k3sm.runtime.v1.Lifecycle.pre_stop:type_name -> k3sm.runtime.v1.LifecycleHandler
+	22,  // 31: k3sm.runtime.v1.LifecycleHandler.exec:type_name -> k3sm.runtime.v1.ExecAction
+	23,  // 32: k3sm.runtime.v1.LifecycleHandler.http_get:type_name -> k3sm.runtime.v1.HTTPGetAction
+	24,  // 33: k3sm.runtime.v1.LifecycleHandler.tcp_socket:type_name -> k3sm.runtime.v1.TCPSocketAction
+	3,   // 34: k3sm.runtime.v1.PodStatus.phase:type_name -> k3sm.runtime.v1.PodPhase
+	100, // 35: k3sm.runtime.v1.PodStatus.start_time:type_name -> google.protobuf.Timestamp
+	29,  // 36: k3sm.runtime.v1.PodStatus.init_container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
+	29,  // 37: k3sm.runtime.v1.PodStatus.container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
+	29,  // 38: k3sm.runtime.v1.PodStatus.ephemeral_container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
+	30,  // 39: k3sm.runtime.v1.ContainerStatus.state:type_name -> k3sm.runtime.v1.ContainerState
+	30,  // 40: k3sm.runtime.v1.ContainerStatus.last_termination_state:type_name -> k3sm.runtime.v1.ContainerState
+	31,  // 41: k3sm.runtime.v1.ContainerState.waiting:type_name -> k3sm.runtime.v1.ContainerStateWaiting
+	32,  // 42: k3sm.runtime.v1.ContainerState.running:type_name -> k3sm.runtime.v1.ContainerStateRunning
+	33,  // 43: k3sm.runtime.v1.ContainerState.terminated:type_name -> k3sm.runtime.v1.ContainerStateTerminated
+	100, // 44: k3sm.runtime.v1.ContainerStateRunning.started_at:type_name -> google.protobuf.Timestamp
+	100, // 45: k3sm.runtime.v1.ContainerStateTerminated.started_at:type_name -> google.protobuf.Timestamp
+	100, // 46: k3sm.runtime.v1.ContainerStateTerminated.finished_at:type_name -> google.protobuf.Timestamp
+	4,   // 47: k3sm.runtime.v1.PodEvent.type:type_name -> k3sm.runtime.v1.EventType
+	100, // 48: k3sm.runtime.v1.PodEvent.time:type_name -> google.protobuf.Timestamp
+	41,  // 49: k3sm.runtime.v1.SetPodNetworkPolicyRequest.policy:type_name -> k3sm.runtime.v1.PodNetworkPolicy
+	42,  // 50: k3sm.runtime.v1.PodNetworkPolicy.ingress:type_name -> k3sm.runtime.v1.NetworkPolicyDirection
+	42,  // 51: k3sm.runtime.v1.PodNetworkPolicy.egress:type_name -> k3sm.runtime.v1.NetworkPolicyDirection
+	43,  // 52: k3sm.runtime.v1.NetworkPolicyDirection.rules:type_name -> k3sm.runtime.v1.NetworkPolicyRule
+	44,  // 53: k3sm.runtime.v1.NetworkPolicyRule.peers:type_name -> k3sm.runtime.v1.NetworkPolicyPeer
+	45,  // 54: k3sm.runtime.v1.NetworkPolicyRule.ports:type_name -> k3sm.runtime.v1.NetworkPolicyPort
+	6,   // 55: k3sm.runtime.v1.CreatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
+	28,  // 56: k3sm.runtime.v1.CreatePodResponse.status:type_name -> k3sm.runtime.v1.PodStatus
+	6,   // 57: k3sm.runtime.v1.UpdatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
+	28,  // 58: k3sm.runtime.v1.UpdatePodResponse.status:type_name -> k3sm.runtime.v1.PodStatus
+	28,  // 59: k3sm.runtime.v1.GetPodStatusResponse.status:type_name -> k3sm.runtime.v1.PodStatus
+	28,  // 60: k3sm.runtime.v1.ListPodsResponse.pods:type_name -> k3sm.runtime.v1.PodStatus
+	6,   // 61: k3sm.runtime.v1.ListPodsResponse.specs:type_name -> k3sm.runtime.v1.PodSpec
+	5,   // 62: k3sm.runtime.v1.WatchPodStatusResponse.kind:type_name -> k3sm.runtime.v1.WatchPodStatusResponse.Kind
+	28,  // 63: k3sm.runtime.v1.WatchPodStatusResponse.status:type_name -> k3sm.runtime.v1.PodStatus
+	34,  // 64: k3sm.runtime.v1.WatchPodStatusResponse.event:type_name -> k3sm.runtime.v1.PodEvent
+	100, // 65: k3sm.runtime.v1.GetLogsRequest.since_time:type_name -> google.protobuf.Timestamp
+	60,  // 66: k3sm.runtime.v1.ExecStart.initial_size:type_name -> k3sm.runtime.v1.TerminalSize
+	61,  // 67: k3sm.runtime.v1.ExecRequest.start:type_name -> k3sm.runtime.v1.ExecStart
+	60,  // 68: k3sm.runtime.v1.ExecRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
+	63,  // 69: k3sm.runtime.v1.ExecResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
+	65,  // 70: k3sm.runtime.v1.AttachRequest.start:type_name -> k3sm.runtime.v1.AttachStart
+	60,  // 71: k3sm.runtime.v1.AttachRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
+	63,  // 72: k3sm.runtime.v1.AttachResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
+	68,  // 73: k3sm.runtime.v1.PortForwardRequest.start:type_name -> k3sm.runtime.v1.PortForwardStart
+	100, // 74: k3sm.runtime.v1.ContainerStats.timestamp:type_name -> google.protobuf.Timestamp
+	72,  // 75: k3sm.runtime.v1.PodStats.containers:type_name -> k3sm.runtime.v1.ContainerStats
+	73,  // 76: k3sm.runtime.v1.ListPodStatsResponse.pods:type_name -> k3sm.runtime.v1.PodStats
+	75,  // 77: k3sm.runtime.v1.ListImagesResponse.images:type_name -> k3sm.runtime.v1.Image
+	75,  // 78: k3sm.runtime.v1.PullImageResponse.image:type_name -> k3sm.runtime.v1.Image
+	75,  // 79: k3sm.runtime.v1.ImageProgress.image:type_name -> k3sm.runtime.v1.Image
+	75,  // 80: k3sm.runtime.v1.LoadImageResponse.images:type_name -> k3sm.runtime.v1.Image
+	75,  // 81: k3sm.runtime.v1.TagImageResponse.image:type_name -> k3sm.runtime.v1.Image
+	75,  // 82: k3sm.runtime.v1.InspectImageResponse.image:type_name -> k3sm.runtime.v1.Image
+	75,  // 83: k3sm.runtime.v1.PruneImagesResponse.removed:type_name -> k3sm.runtime.v1.Image
+	35,  // 84: k3sm.runtime.v1.Runtime.GetRuntimeInfo:input_type -> k3sm.runtime.v1.GetRuntimeInfoRequest
+	46,  // 85: k3sm.runtime.v1.Runtime.CreatePod:input_type -> k3sm.runtime.v1.CreatePodRequest
+	48,  // 86: k3sm.runtime.v1.Runtime.UpdatePod:input_type -> k3sm.runtime.v1.UpdatePodRequest
+	19,  // 87: k3sm.runtime.v1.Runtime.UpdatePodVolumes:input_type -> k3sm.runtime.v1.UpdatePodVolumesRequest
+	50,  // 88: k3sm.runtime.v1.Runtime.DeletePod:input_type -> k3sm.runtime.v1.DeletePodRequest
+	52,  // 89: k3sm.runtime.v1.Runtime.GetPodStatus:input_type -> k3sm.runtime.v1.GetPodStatusRequest
+	54,  // 90: k3sm.runtime.v1.Runtime.ListPods:input_type -> k3sm.runtime.v1.ListPodsRequest
+	56,  // 91: k3sm.runtime.v1.Runtime.WatchPodStatus:input_type -> k3sm.runtime.v1.WatchPodStatusRequest
+	58,  // 92: k3sm.runtime.v1.Runtime.GetLogs:input_type -> k3sm.runtime.v1.GetLogsRequest
+	62,  // 93: k3sm.runtime.v1.Runtime.Exec:input_type -> k3sm.runtime.v1.ExecRequest
+	66,  // 94: k3sm.runtime.v1.Runtime.Attach:input_type -> k3sm.runtime.v1.AttachRequest
+	69,  // 95: k3sm.runtime.v1.Runtime.PortForward:input_type -> k3sm.runtime.v1.PortForwardRequest
+	71,  // 96: k3sm.runtime.v1.Runtime.ListPodStats:input_type -> k3sm.runtime.v1.ListPodStatsRequest
+	37,  // 97: k3sm.runtime.v1.Runtime.UpdateRuntimeConfig:input_type -> k3sm.runtime.v1.UpdateRuntimeConfigRequest
+	39,  // 98: k3sm.runtime.v1.Runtime.SetPodNetworkPolicy:input_type -> k3sm.runtime.v1.SetPodNetworkPolicyRequest
+	76,  // 99: k3sm.runtime.v1.Images.ListImages:input_type -> k3sm.runtime.v1.ListImagesRequest
+	78,  // 100: k3sm.runtime.v1.Images.PullImage:input_type -> k3sm.runtime.v1.PullImageRequest
+	80,  // 101: k3sm.runtime.v1.Images.RemoveImage:input_type -> k3sm.runtime.v1.RemoveImageRequest
+	82,  // 102: k3sm.runtime.v1.Images.ImageFsInfo:input_type -> k3sm.runtime.v1.ImageFsInfoRequest
+	78,  // 103: k3sm.runtime.v1.Images.PullImageProgress:input_type -> k3sm.runtime.v1.PullImageRequest
+	85,  // 104: k3sm.runtime.v1.Images.LoadImage:input_type -> k3sm.runtime.v1.LoadImageRequest
+	87,  // 105: k3sm.runtime.v1.Images.SaveImage:input_type -> k3sm.runtime.v1.SaveImageRequest
+	89,  // 106: k3sm.runtime.v1.Images.PushImage:input_type -> k3sm.runtime.v1.PushImageRequest
+	90,  // 107: k3sm.runtime.v1.Images.TagImage:input_type -> k3sm.runtime.v1.TagImageRequest
+	92,  // 108: k3sm.runtime.v1.Images.UntagImage:input_type -> k3sm.runtime.v1.UntagImageRequest
+	94,  // 109: k3sm.runtime.v1.Images.InspectImage:input_type -> k3sm.runtime.v1.InspectImageRequest
+	96,  // 110: k3sm.runtime.v1.Images.PruneImages:input_type -> k3sm.runtime.v1.PruneImagesRequest
+	36,  // 111: k3sm.runtime.v1.Runtime.GetRuntimeInfo:output_type -> k3sm.runtime.v1.GetRuntimeInfoResponse
+	47,  // 112: k3sm.runtime.v1.Runtime.CreatePod:output_type -> k3sm.runtime.v1.CreatePodResponse
+	49,  // 113: k3sm.runtime.v1.Runtime.UpdatePod:output_type -> k3sm.runtime.v1.UpdatePodResponse
+	20,  // 114: k3sm.runtime.v1.Runtime.UpdatePodVolumes:output_type -> k3sm.runtime.v1.UpdatePodVolumesResponse
+	51,  // 115: k3sm.runtime.v1.Runtime.DeletePod:output_type -> k3sm.runtime.v1.DeletePodResponse
+	53,  // 116: k3sm.runtime.v1.Runtime.GetPodStatus:output_type -> k3sm.runtime.v1.GetPodStatusResponse
+	55,  // 117: k3sm.runtime.v1.Runtime.ListPods:output_type -> k3sm.runtime.v1.ListPodsResponse
+	57,  // 118: k3sm.runtime.v1.Runtime.WatchPodStatus:output_type -> k3sm.runtime.v1.WatchPodStatusResponse
+	59,  // 119: k3sm.runtime.v1.Runtime.GetLogs:output_type -> k3sm.runtime.v1.GetLogsResponse
+	64,  // 120: k3sm.runtime.v1.Runtime.Exec:output_type -> k3sm.runtime.v1.ExecResponse
+	67,  // 121: k3sm.runtime.v1.Runtime.Attach:output_type -> k3sm.runtime.v1.AttachResponse
+	70,  // 122: k3sm.runtime.v1.Runtime.PortForward:output_type -> k3sm.runtime.v1.PortForwardResponse
+	74,  // 123: k3sm.runtime.v1.Runtime.ListPodStats:output_type -> k3sm.runtime.v1.ListPodStatsResponse
+	38,  // 124: k3sm.runtime.v1.Runtime.UpdateRuntimeConfig:output_type -> k3sm.runtime.v1.UpdateRuntimeConfigResponse
+	40,  // 125: k3sm.runtime.v1.Runtime.SetPodNetworkPolicy:output_type -> k3sm.runtime.v1.SetPodNetworkPolicyResponse
+	77,  // 126: k3sm.runtime.v1.Images.ListImages:output_type -> k3sm.runtime.v1.ListImagesResponse
+	79,  // 127: k3sm.runtime.v1.Images.PullImage:output_type -> k3sm.runtime.v1.PullImageResponse
+	81,  // 128: k3sm.runtime.v1.Images.RemoveImage:output_type -> k3sm.runtime.v1.RemoveImageResponse
+	83,  // 129: k3sm.runtime.v1.Images.ImageFsInfo:output_type -> k3sm.runtime.v1.ImageFsInfoResponse
+	84,  // 130: k3sm.runtime.v1.Images.PullImageProgress:output_type -> k3sm.runtime.v1.ImageProgress
+	86,  // 131: k3sm.runtime.v1.Images.LoadImage:output_type -> k3sm.runtime.v1.LoadImageResponse
+	88,  // 132: k3sm.runtime.v1.Images.SaveImage:output_type -> k3sm.runtime.v1.SaveImageResponse
+	84,  // 133: k3sm.runtime.v1.Images.PushImage:output_type -> k3sm.runtime.v1.ImageProgress
+	91,  // 134: k3sm.runtime.v1.Images.TagImage:output_type -> k3sm.runtime.v1.TagImageResponse
+	93,  // 135: k3sm.runtime.v1.Images.UntagImage:output_type -> k3sm.runtime.v1.UntagImageResponse
+	95,  // 136: k3sm.runtime.v1.Images.InspectImage:output_type -> k3sm.runtime.v1.InspectImageResponse
+	97,  // 137: k3sm.runtime.v1.Images.PruneImages:output_type -> k3sm.runtime.v1.PruneImagesResponse
+	111, // [111:138] is the sub-list for method output_type
+	84,  // [84:111] is the sub-list for method input_type
+	84,  // [84:84] is the sub-list for extension type_name
+	84,  // [84:84] is the sub-list for extension extendee
+	0,   // [0:84] is the sub-list for field type_name
 }
 
 func init() { file_runtime_proto_init() }
@@ -6517,7 +7315,7 @@ func file_runtime_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_runtime_proto_rawDesc), len(file_runtime_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   80,
+			NumMessages:   94,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

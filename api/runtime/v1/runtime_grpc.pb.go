@@ -724,10 +724,18 @@ var Runtime_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Images_ListImages_FullMethodName  = "/k3sm.runtime.v1.Images/ListImages"
-	Images_PullImage_FullMethodName   = "/k3sm.runtime.v1.Images/PullImage"
-	Images_RemoveImage_FullMethodName = "/k3sm.runtime.v1.Images/RemoveImage"
-	Images_ImageFsInfo_FullMethodName = "/k3sm.runtime.v1.Images/ImageFsInfo"
+	Images_ListImages_FullMethodName        = "/k3sm.runtime.v1.Images/ListImages"
+	Images_PullImage_FullMethodName         = "/k3sm.runtime.v1.Images/PullImage"
+	Images_RemoveImage_FullMethodName       = "/k3sm.runtime.v1.Images/RemoveImage"
+	Images_ImageFsInfo_FullMethodName       = "/k3sm.runtime.v1.Images/ImageFsInfo"
+	Images_PullImageProgress_FullMethodName = "/k3sm.runtime.v1.Images/PullImageProgress"
+	Images_LoadImage_FullMethodName         = "/k3sm.runtime.v1.Images/LoadImage"
+	Images_SaveImage_FullMethodName         = "/k3sm.runtime.v1.Images/SaveImage"
+	Images_PushImage_FullMethodName         = "/k3sm.runtime.v1.Images/PushImage"
+	Images_TagImage_FullMethodName          = "/k3sm.runtime.v1.Images/TagImage"
+	Images_UntagImage_FullMethodName        = "/k3sm.runtime.v1.Images/UntagImage"
+	Images_InspectImage_FullMethodName      = "/k3sm.runtime.v1.Images/InspectImage"
+	Images_PruneImages_FullMethodName       = "/k3sm.runtime.v1.Images/PruneImages"
 )
 
 // ImagesClient is the client API for Images service.
@@ -740,6 +748,23 @@ type ImagesClient interface {
 	PullImage(ctx context.Context, in *PullImageRequest, opts ...grpc.CallOption) (*PullImageResponse, error)
 	RemoveImage(ctx context.Context, in *RemoveImageRequest, opts ...grpc.CallOption) (*RemoveImageResponse, error)
 	ImageFsInfo(ctx context.Context, in *ImageFsInfoRequest, opts ...grpc.CallOption) (*ImageFsInfoResponse, error)
+	// PullImageProgress pulls like PullImage and streams the bytes fetched;
+	// the last message carries the image.
+	PullImageProgress(ctx context.Context, in *PullImageRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ImageProgress], error)
+	// LoadImage reads a docker-archive (`docker save`) or OCI-layout tarball
+	// sent in chunks and stores every image in it.
+	LoadImage(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[LoadImageRequest, LoadImageResponse], error)
+	// SaveImage streams images as one docker-archive tarball.
+	SaveImage(ctx context.Context, in *SaveImageRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SaveImageResponse], error)
+	// PushImage writes an image to a registry, streaming the bytes sent.
+	PushImage(ctx context.Context, in *PushImageRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ImageProgress], error)
+	TagImage(ctx context.Context, in *TagImageRequest, opts ...grpc.CallOption) (*TagImageResponse, error)
+	// UntagImage removes a tag; an image left with no tag is deleted.
+	UntagImage(ctx context.Context, in *UntagImageRequest, opts ...grpc.CallOption) (*UntagImageResponse, error)
+	InspectImage(ctx context.Context, in *InspectImageRequest, opts ...grpc.CallOption) (*InspectImageResponse, error)
+	// PruneImages deletes images no pod uses (all, or only untagged ones)
+	// and blobs no image references.
+	PruneImages(ctx context.Context, in *PruneImagesRequest, opts ...grpc.CallOption) (*PruneImagesResponse, error)
 }
 
 type imagesClient struct {
@@ -790,6 +815,116 @@ func (c *imagesClient) ImageFsInfo(ctx context.Context, in *ImageFsInfoRequest, 
 	return out, nil
 }
 
+func (c *imagesClient) PullImageProgress(ctx context.Context, in *PullImageRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ImageProgress], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Images_ServiceDesc.Streams[0], Images_PullImageProgress_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PullImageRequest, ImageProgress]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Images_PullImageProgressClient = grpc.ServerStreamingClient[ImageProgress]
+
+func (c *imagesClient) LoadImage(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[LoadImageRequest, LoadImageResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Images_ServiceDesc.Streams[1], Images_LoadImage_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[LoadImageRequest, LoadImageResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Images_LoadImageClient = grpc.ClientStreamingClient[LoadImageRequest, LoadImageResponse]
+
+func (c *imagesClient) SaveImage(ctx context.Context, in *SaveImageRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SaveImageResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Images_ServiceDesc.Streams[2], Images_SaveImage_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SaveImageRequest, SaveImageResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Images_SaveImageClient = grpc.ServerStreamingClient[SaveImageResponse]
+
+func (c *imagesClient) PushImage(ctx context.Context, in *PushImageRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ImageProgress], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Images_ServiceDesc.Streams[3], Images_PushImage_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PushImageRequest, ImageProgress]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Images_PushImageClient = grpc.ServerStreamingClient[ImageProgress]
+
+func (c *imagesClient) TagImage(ctx context.Context, in *TagImageRequest, opts ...grpc.CallOption) (*TagImageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TagImageResponse)
+	err := c.cc.Invoke(ctx, Images_TagImage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *imagesClient) UntagImage(ctx context.Context, in *UntagImageRequest, opts ...grpc.CallOption) (*UntagImageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UntagImageResponse)
+	err := c.cc.Invoke(ctx, Images_UntagImage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *imagesClient) InspectImage(ctx context.Context, in *InspectImageRequest, opts ...grpc.CallOption) (*InspectImageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(InspectImageResponse)
+	err := c.cc.Invoke(ctx, Images_InspectImage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *imagesClient) PruneImages(ctx context.Context, in *PruneImagesRequest, opts ...grpc.CallOption) (*PruneImagesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PruneImagesResponse)
+	err := c.cc.Invoke(ctx, Images_PruneImages_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ImagesServer is the server API for Images service.
 // All implementations must embed UnimplementedImagesServer
 // for forward compatibility.
@@ -800,6 +935,23 @@ type ImagesServer interface {
 	PullImage(context.Context, *PullImageRequest) (*PullImageResponse, error)
 	RemoveImage(context.Context, *RemoveImageRequest) (*RemoveImageResponse, error)
 	ImageFsInfo(context.Context, *ImageFsInfoRequest) (*ImageFsInfoResponse, error)
+	// PullImageProgress pulls like PullImage and streams the bytes fetched;
+	// the last message carries the image.
+	PullImageProgress(*PullImageRequest, grpc.ServerStreamingServer[ImageProgress]) error
+	// LoadImage reads a docker-archive (`docker save`) or OCI-layout tarball
+	// sent in chunks and stores every image in it.
+	LoadImage(grpc.ClientStreamingServer[LoadImageRequest, LoadImageResponse]) error
+	// SaveImage streams images as one docker-archive tarball.
+	SaveImage(*SaveImageRequest, grpc.ServerStreamingServer[SaveImageResponse]) error
+	// PushImage writes an image to a registry, streaming the bytes sent.
+	PushImage(*PushImageRequest, grpc.ServerStreamingServer[ImageProgress]) error
+	TagImage(context.Context, *TagImageRequest) (*TagImageResponse, error)
+	// UntagImage removes a tag; an image left with no tag is deleted.
+	UntagImage(context.Context, *UntagImageRequest) (*UntagImageResponse, error)
+	InspectImage(context.Context, *InspectImageRequest) (*InspectImageResponse, error)
+	// PruneImages deletes images no pod uses (all, or only untagged ones)
+	// and blobs no image references.
+	PruneImages(context.Context, *PruneImagesRequest) (*PruneImagesResponse, error)
 	mustEmbedUnimplementedImagesServer()
 }
 
@@ -821,6 +973,30 @@ func (UnimplementedImagesServer) RemoveImage(context.Context, *RemoveImageReques
 }
 func (UnimplementedImagesServer) ImageFsInfo(context.Context, *ImageFsInfoRequest) (*ImageFsInfoResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ImageFsInfo not implemented")
+}
+func (UnimplementedImagesServer) PullImageProgress(*PullImageRequest, grpc.ServerStreamingServer[ImageProgress]) error {
+	return status.Error(codes.Unimplemented, "method PullImageProgress not implemented")
+}
+func (UnimplementedImagesServer) LoadImage(grpc.ClientStreamingServer[LoadImageRequest, LoadImageResponse]) error {
+	return status.Error(codes.Unimplemented, "method LoadImage not implemented")
+}
+func (UnimplementedImagesServer) SaveImage(*SaveImageRequest, grpc.ServerStreamingServer[SaveImageResponse]) error {
+	return status.Error(codes.Unimplemented, "method SaveImage not implemented")
+}
+func (UnimplementedImagesServer) PushImage(*PushImageRequest, grpc.ServerStreamingServer[ImageProgress]) error {
+	return status.Error(codes.Unimplemented, "method PushImage not implemented")
+}
+func (UnimplementedImagesServer) TagImage(context.Context, *TagImageRequest) (*TagImageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TagImage not implemented")
+}
+func (UnimplementedImagesServer) UntagImage(context.Context, *UntagImageRequest) (*UntagImageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UntagImage not implemented")
+}
+func (UnimplementedImagesServer) InspectImage(context.Context, *InspectImageRequest) (*InspectImageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method InspectImage not implemented")
+}
+func (UnimplementedImagesServer) PruneImages(context.Context, *PruneImagesRequest) (*PruneImagesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PruneImages not implemented")
 }
 func (UnimplementedImagesServer) mustEmbedUnimplementedImagesServer() {}
 func (UnimplementedImagesServer) testEmbeddedByValue()                {}
@@ -915,6 +1091,118 @@ func _Images_ImageFsInfo_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Images_PullImageProgress_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(PullImageRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ImagesServer).PullImageProgress(m, &grpc.GenericServerStream[PullImageRequest, ImageProgress]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Images_PullImageProgressServer = grpc.ServerStreamingServer[ImageProgress]
+
+func _Images_LoadImage_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(ImagesServer).LoadImage(&grpc.GenericServerStream[LoadImageRequest, LoadImageResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Images_LoadImageServer = grpc.ClientStreamingServer[LoadImageRequest, LoadImageResponse]
+
+func _Images_SaveImage_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(SaveImageRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ImagesServer).SaveImage(m, &grpc.GenericServerStream[SaveImageRequest, SaveImageResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Images_SaveImageServer = grpc.ServerStreamingServer[SaveImageResponse]
+
+func _Images_PushImage_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(PushImageRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ImagesServer).PushImage(m, &grpc.GenericServerStream[PushImageRequest, ImageProgress]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Images_PushImageServer = grpc.ServerStreamingServer[ImageProgress]
+
+func _Images_TagImage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TagImageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ImagesServer).TagImage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Images_TagImage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ImagesServer).TagImage(ctx, req.(*TagImageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Images_UntagImage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UntagImageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ImagesServer).UntagImage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Images_UntagImage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ImagesServer).UntagImage(ctx, req.(*UntagImageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Images_InspectImage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(InspectImageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ImagesServer).InspectImage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Images_InspectImage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ImagesServer).InspectImage(ctx, req.(*InspectImageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Images_PruneImages_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PruneImagesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ImagesServer).PruneImages(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Images_PruneImages_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ImagesServer).PruneImages(ctx, req.(*PruneImagesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Images_ServiceDesc is the grpc.ServiceDesc for Images service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -938,7 +1226,44 @@ var Images_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ImageFsInfo",
 			Handler:    _Images_ImageFsInfo_Handler,
 		},
+		{
+			MethodName: "TagImage",
+			Handler:    _Images_TagImage_Handler,
+		},
+		{
+			MethodName: "UntagImage",
+			Handler:    _Images_UntagImage_Handler,
+		},
+		{
+			MethodName: "InspectImage",
+			Handler:    _Images_InspectImage_Handler,
+		},
+		{
+			MethodName: "PruneImages",
+			Handler:    _Images_PruneImages_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "PullImageProgress",
+			Handler:       _Images_PullImageProgress_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "LoadImage",
+			Handler:       _Images_LoadImage_Handler,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "SaveImage",
+			Handler:       _Images_SaveImage_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "PushImage",
+			Handler:       _Images_PushImage_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "runtime.proto",
 }

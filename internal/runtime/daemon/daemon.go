@@ -25,6 +25,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/runtime/clone"
 	"github.com/k3sm-dev/k3sm/internal/runtime/image"
 	"github.com/k3sm-dev/k3sm/internal/runtime/pod"
+	"github.com/k3sm-dev/k3sm/internal/runtime/registry"
 	"github.com/k3sm-dev/k3sm/internal/runtime/shimclient"
 )
 
@@ -44,6 +45,9 @@ type Config struct {
 	// RegistriesFile is a k3s-style registries.yaml (mirrors, plain-HTTP
 	// endpoints, auth, TLS); read once at start. Missing file = no config.
 	RegistriesFile string
+	// RegistryPort serves the node-local registry (package registry) on
+	// 127.0.0.1; 0: none.
+	RegistryPort int
 	// MaxPods is reported as the pod capacity; default 110.
 	MaxPods int64
 	// Back-off tuning; zero takes the kubelet's values (10 s doubling to
@@ -187,9 +191,16 @@ func Run(ctx context.Context, cfg Config) error {
 	srv := &server{cfg: cfg, mgr: mgr, store: store, log: log, cloneMethod: string(clone.Probe(dirs.PodsDir())), netd: netd}
 	g := grpc.NewServer()
 	runtimev1.RegisterRuntimeServer(g, srv)
-	runtimev1.RegisterImagesServer(g, &imagesServer{store: store})
-	errc := make(chan error, 1)
+	runtimev1.RegisterImagesServer(g, &imagesServer{store: store, pods: mgr.List})
+	errc := make(chan error, 2)
 	go func() { errc <- g.Serve(ln) }()
+	if cfg.RegistryPort > 0 {
+		go func() {
+			if err := registry.Serve(ctx, store, cfg.RegistryPort, log); err != nil {
+				errc <- err
+			}
+		}()
+	}
 	log.Info("runtime daemon serving", "socket", cfg.Socket, "dataDir", dataDir, "shim", cfg.ShimPath, "clone", srv.cloneMethod)
 	if cfg.OnReady != nil {
 		cfg.OnReady()

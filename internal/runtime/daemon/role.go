@@ -47,7 +47,7 @@ func configFromRole(rc roleconfig.RuntimeConfig) (Config, error) {
 	if size == 0 {
 		size = -1
 	}
-	return Config{DataDir: rc.DataDir, Socket: rc.Socket, RegistriesFile: rc.RegistriesFile, MaxPods: rc.MaxPods,
+	return Config{DataDir: rc.DataDir, Socket: rc.Socket, RegistriesFile: rc.RegistriesFile, MaxPods: rc.MaxPods, RegistryPort: rc.RegistryPort,
 		NetdSocket: rc.NetdSocket, NoPodNetworkReason: rc.NoPodNetworkReason, ServiceCIDR: rc.ServiceCIDR, ClusterCIDR: rc.ClusterCIDR,
 		ContainerLogMaxSize: size, ContainerLogMaxFiles: rc.Disk.ContainerLogMaxFiles, Version: version.Version}, nil
 }

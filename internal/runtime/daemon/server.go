@@ -479,6 +479,9 @@ func (s *server) PortForward(stream runtimev1.Runtime_PortForwardServer) error {
 type imagesServer struct {
 	runtimev1.UnimplementedImagesServer
 	store *image.Store
+	// pods lists the pods the runtime runs (nil: none, as for a store
+	// opened while the server is stopped).
+	pods func() ([]*runtimev1.PodStatus, []*runtimev1.PodSpec)
 }
 
 func imageProto(img *image.Image) *runtimev1.Image {
@@ -487,8 +490,11 @@ func imageProto(img *image.Image) *runtimev1.Image {
 
 func (s *imagesServer) ListImages(ctx context.Context, _ *runtimev1.ListImagesRequest) (*runtimev1.ListImagesResponse, error) {
 	resp := &runtimev1.ListImagesResponse{}
+	used := s.usedBy()
 	for _, img := range s.store.List() {
-		resp.Images = append(resp.Images, imageProto(img))
+		p := imageProto(img)
+		p.UsedBy = used[img.ID]
+		resp.Images = append(resp.Images, p)
 	}
 	return resp, nil
 }
@@ -496,15 +502,7 @@ func (s *imagesServer) ListImages(ctx context.Context, _ *runtimev1.ListImagesRe
 func (s *imagesServer) PullImage(ctx context.Context, req *runtimev1.PullImageRequest) (*runtimev1.PullImageResponse, error) {
 	img, err := s.store.Pull(ctx, req.GetImage(), req.GetPullSecrets())
 	if err != nil {
-		var ie *image.InvalidNameError
-		var pe *image.PlatformError
-		switch {
-		case errors.As(err, &ie):
-			return nil, status.Error(codes.InvalidArgument, err.Error())
-		case errors.As(err, &pe):
-			return nil, status.Error(codes.FailedPrecondition, err.Error())
-		}
-		return nil, status.Error(codes.Unknown, err.Error())
+		return nil, imageError(err)
 	}
 	return &runtimev1.PullImageResponse{Image: imageProto(img)}, nil
 }

@@ -107,7 +107,7 @@ func NewStore(root string, registries *Registries) (*Store, error) {
 	if registries == nil {
 		registries = &Registries{}
 	}
-	for _, d := range []string{root, filepath.Join(root, "sha256"), filepath.Join(root, "tmp")} {
+	for _, d := range []string{root, filepath.Join(root, "sha256"), filepath.Join(root, "tmp"), filepath.Join(root, "blobs", "sha256")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, err
 		}
@@ -250,23 +250,24 @@ func (s *Store) Remove(ref string) error {
 	if hex == "" {
 		return fmt.Errorf("image %q: %w", ref, fs.ErrNotExist)
 	}
-	delete(s.images, hex)
-	if err := s.saveLocked(); err != nil {
-		return err
-	}
-	return os.RemoveAll(filepath.Join(s.root, "sha256", hex))
+	return s.deleteLocked(hex)
 }
 
 // Pull fetches ref for the host platform, trying the registry's mirrors
 // first, unpacks it if this digest is new, and records the reference.
 func (s *Store) Pull(ctx context.Context, ref string, secrets [][]byte) (*Image, error) {
+	return s.PullProgress(ctx, ref, secrets, nil)
+}
+
+// PullProgress is Pull reporting the bytes fetched to p.
+func (s *Store) PullProgress(ctx context.Context, ref string, secrets [][]byte, p Progress) (*Image, error) {
 	r, err := ParseRef(ref)
 	if err != nil {
 		return nil, err
 	}
 	var errs []error
 	for _, ep := range s.registries.endpoints(r.Context().Registry) {
-		img, err := s.pullFrom(ctx, r, ep, secrets)
+		img, err := s.pullFrom(ctx, r, ep, secrets, p)
 		if err == nil {
 			return img, nil
 		}
@@ -282,7 +283,7 @@ func (s *Store) Pull(ctx context.Context, ref string, secrets [][]byte) (*Image,
 	return nil, errors.Join(errs...)
 }
 
-func (s *Store) pullFrom(ctx context.Context, r name.Reference, ep endpoint, secrets [][]byte) (*Image, error) {
+func (s *Store) pullFrom(ctx context.Context, r name.Reference, ep endpoint, secrets [][]byte, p Progress) (*Image, error) {
 	// The same repository and tag/digest at the endpoint.
 	repo := ep.registry.Repo(r.Context().RepositoryStr())
 	var at name.Reference = repo.Tag(r.Identifier())
@@ -321,48 +322,12 @@ func (s *Store) pullFrom(ctx context.Context, r name.Reference, ep endpoint, sec
 	} else if img, err = desc.Image(); err != nil {
 		return nil, err
 	}
-	cf, err := img.ConfigFile()
-	if err != nil {
+	if _, err := img.ConfigFile(); err != nil {
 		return nil, describe(r.String(), ep.host, err)
-	}
-	// A config that names another platform is refused even when an index
-	// said otherwise: the config is what the image was built for.
-	if !runsOn(cf.OS, cf.Architecture, s.platform) {
-		return nil, &PlatformError{Ref: r.String(), Want: s.wantName(), Available: []string{platformName(cf.OS, cf.Architecture)}}
-	}
-	dg, err := img.Digest()
-	if err != nil {
-		return nil, err
-	}
-	size, err := s.unpack(ctx, dg.Hex, img)
-	if err != nil {
-		return nil, fmt.Errorf("unpack %s: %w", r.String(), err)
 	}
 	// Recorded under the name the pod used, not the mirror's.
 	repoDigest := r.Context().Digest(desc.Digest.String()).Name()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	rec, ok := s.images[dg.Hex]
-	if !ok {
-		rec = &Image{ID: dg.String(), Size: size, OS: cf.OS, Arch: cf.Architecture, Config: cf.Config}
-		s.images[dg.Hex] = rec
-	}
-	if _, isTag := r.(name.Tag); isTag {
-		// A tag moves: drop it from whatever image had it.
-		for _, other := range s.images {
-			other.RepoTags = without(other.RepoTags, r.Name())
-		}
-		rec.RepoTags = append(rec.RepoTags, r.Name())
-	}
-	if !contains(rec.RepoDigests, repoDigest) {
-		rec.RepoDigests = append(rec.RepoDigests, repoDigest)
-	}
-	if err := s.saveLocked(); err != nil {
-		return nil, err
-	}
-	c := *rec
-	c.RootFS = s.rootfs(dg.Hex)
-	return &c, nil
+	return s.add(ctx, img, []name.Reference{r}, repoDigest, p)
 }
 
 func (s *Store) wantName() string { return platformName(s.platform.OS, s.platform.Architecture) }

@@ -36,6 +36,8 @@ type Config struct {
 	NodeIP           string
 	KubeletPort      int
 	MaxPods          int
+	// RegistryPort serves the node-local OCI registry on 127.0.0.1 (0: off).
+	RegistryPort int
 	// PodNetwork: "auto" (a network namespace and address per pod through
 	// k3sm-netd when running as root on Linux, else the node's network),
 	// "netns" (required) or "host" (pods share the node's network).
@@ -157,6 +159,9 @@ func (c *Config) Validate() error {
 	case "", "auto", "netns", "host":
 	default:
 		add("pod-network", c.PodNetwork, "unknown mode", "use auto, netns or host")
+	}
+	if c.RegistryPort < 0 || c.RegistryPort > 65535 {
+		add("registry-port", fmt.Sprint(c.RegistryPort), "must be a TCP port", "use e.g. 5000, or 0 for no registry")
 	}
 	if c.MaxPods < 1 {
 		add("max-pods", fmt.Sprint(c.MaxPods), "must be at least 1", "use e.g. 110")

@@ -192,7 +192,7 @@ func Addon(log *slog.Logger) controlplane.Addon {
 // runtimeConfig is what the runtime daemon runs with.
 func runtimeConfig(p *controlplane.Plane) roleconfig.RuntimeConfig {
 	return roleconfig.RuntimeConfig{DataDir: p.Cfg.DataDir, Socket: p.Layout.RuntimeSocket(),
-		RegistriesFile: p.Cfg.RegistriesConfig, MaxPods: int64(p.Cfg.MaxPods), Disk: p.Cfg.Disk}
+		RegistriesFile: p.Cfg.RegistriesConfig, MaxPods: int64(p.Cfg.MaxPods), RegistryPort: p.Cfg.RegistryPort, Disk: p.Cfg.Disk}
 }
 
 // nodeConfig is what the node runs with.
