@@ -58,8 +58,9 @@ func newSystemdNode(t *testing.T) *systemdNode {
 		exec.Command("docker", "rm", "-f", "-v", n.name).Run()
 	})
 	n.waitBooted()
-	// The image's kubelet (kind's) must not hold the node API's port.
-	n.must("systemctl", "mask", "--now", "kubelet.service")
+	// The image's kubelet (kind's, a unit file in /etc/systemd/system,
+	// which systemctl cannot mask) must not hold the node API's port.
+	n.must("systemctl", "disable", "--now", "kubelet.service")
 	return n
 }
 
