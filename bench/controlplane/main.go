@@ -167,10 +167,13 @@ func runBench(o options) error {
 		if err := copyFile(bin, b.bin); err != nil {
 			return err
 		}
-		// The runtime daemon looks for its shim next to the executable.
-		if shim := filepath.Join(filepath.Dir(bin), "k3sm-shim"); fileExists(shim) {
-			if err := copyFile(shim, filepath.Join(work, "k3sm-shim")); err != nil {
-				return err
+		// The runtime daemon looks for its shim, and the server for
+		// k3sm-netd (the pod network as root), next to the executable.
+		for _, helper := range []string{"k3sm-shim", "k3sm-netd"} {
+			if src := filepath.Join(filepath.Dir(bin), helper); fileExists(src) {
+				if err := copyFile(src, filepath.Join(work, helper)); err != nil {
+					return err
+				}
 			}
 		}
 	}

@@ -86,11 +86,15 @@ func cmdline(pid int) ([]string, error) {
 }
 
 // role names a k3sm process by its hidden role (argv[1]); the supervisor
-// itself is "server".
+// itself is "server". A helper binary of its own (k3sm-netd) is named by
+// its executable.
 func role(pid int) string {
 	args, err := cmdline(pid)
 	if err != nil || len(args) < 2 {
 		return "?"
+	}
+	if base := filepath.Base(args[0]); strings.HasPrefix(base, "k3sm-") {
+		return base
 	}
 	return args[1]
 }
