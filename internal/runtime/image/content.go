@@ -305,6 +305,15 @@ func (s *Store) Resolve(ref string) (*Image, bool) {
 	return s.resolveLocked(ref)
 }
 
+// recordLocked is the stored record of the image ref names.
+func (s *Store) recordLocked(ref string) (*Image, error) {
+	img, ok := s.resolveLocked(ref)
+	if !ok {
+		return nil, fmt.Errorf("image %q: %w (see `k3sm image ls`)", ref, fs.ErrNotExist)
+	}
+	return s.images[strings.TrimPrefix(img.ID, "sha256:")], nil
+}
+
 func (s *Store) resolveLocked(ref string) (*Image, bool) {
 	hexID := strings.TrimPrefix(ref, "sha256:")
 	if len(hexID) >= 12 && isHex(hexID) {
@@ -347,12 +356,10 @@ func (s *Store) Tag(source, target string) (*Image, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	img, ok := s.resolveLocked(source)
-	if !ok {
-		return nil, fmt.Errorf("image %q: %w (see `k3sm image ls`)", source, fs.ErrNotExist)
+	rec, err := s.recordLocked(source)
+	if err != nil {
+		return nil, err
 	}
-	hex := strings.TrimPrefix(img.ID, "sha256:")
-	rec := s.images[hex]
 	s.moveTagLocked(rec, t.Name())
 	if err := s.saveLocked(); err != nil {
 		return nil, err
@@ -367,12 +374,10 @@ func (s *Store) Tag(source, target string) (*Image, error) {
 func (s *Store) Untag(ref string, inUse func(id string) error) (deleted bool, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	img, ok := s.resolveLocked(ref)
-	if !ok {
-		return false, fmt.Errorf("image %q: %w (see `k3sm image ls`)", ref, fs.ErrNotExist)
+	rec, err := s.recordLocked(ref)
+	if err != nil {
+		return false, err
 	}
-	hex := strings.TrimPrefix(img.ID, "sha256:")
-	rec := s.images[hex]
 	if r, err := name.ParseReference(ref); err == nil {
 		if _, isTag := r.(name.Tag); isTag && contains(rec.RepoTags, r.Name()) && len(rec.RepoTags) > 1 {
 			rec.RepoTags = without(rec.RepoTags, r.Name())
@@ -380,11 +385,11 @@ func (s *Store) Untag(ref string, inUse func(id string) error) (deleted bool, er
 		}
 	}
 	if inUse != nil {
-		if err := inUse(img.ID); err != nil {
+		if err := inUse(rec.ID); err != nil {
 			return false, err
 		}
 	}
-	return true, s.deleteLocked(hex)
+	return true, s.deleteLocked(strings.TrimPrefix(rec.ID, "sha256:"))
 }
 
 // deleteLocked drops an image, its tree and the blobs only it referenced.

@@ -109,15 +109,7 @@ func TestDefaultNodeTaint(t *testing.T) {
 // fresh start by ~4 s: every controller gets its ServiceAccount and token
 // before it starts (bench/RESULTS.md, issue 17).
 func TestControllerManagerIsNotThrottled(t *testing.T) {
-	c := Defaults()
-	c.DataDir, c.NodeName, c.BindAddress = t.TempDir(), "n", "127.0.0.1"
-	if err := c.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	p, err := NewPlane(&c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := testPlane(t)
 	flags := map[string]string{}
 	for _, a := range (controllerManager{p}).Args() {
 		if k, v, ok := strings.Cut(strings.TrimPrefix(a, "--"), "="); ok {
@@ -137,15 +129,7 @@ func TestControllerManagerIsNotThrottled(t *testing.T) {
 // The scheduler's configuration file is one the scheduler itself loads,
 // with the client rate and the settings its flags used to carry.
 func TestSchedulerConfigLoads(t *testing.T) {
-	c := Defaults()
-	c.DataDir, c.NodeName, c.BindAddress = t.TempDir(), "n", "127.0.0.1"
-	if err := c.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	p, err := NewPlane(&c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p := testPlane(t)
 	comp, err := p.Scheduler()
 	if err != nil {
 		t.Fatal(err)
@@ -170,4 +154,19 @@ func TestSchedulerConfigLoads(t *testing.T) {
 	if cfg.LeaderElection.LeaderElect || cfg.EnableProfiling {
 		t.Fatalf("leader election %v, profiling %v: want both off", cfg.LeaderElection.LeaderElect, cfg.EnableProfiling)
 	}
+}
+
+// testPlane is a Plane on a fresh data dir, its PKI made.
+func testPlane(t *testing.T) *Plane {
+	t.Helper()
+	c := Defaults()
+	c.DataDir, c.NodeName, c.BindAddress = t.TempDir(), "n", "127.0.0.1"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := NewPlane(&c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
