@@ -42,7 +42,11 @@ func TestKubectlTranslationsOnlyInKubectl(t *testing.T) {
 	if options > 64<<10 {
 		t.Errorf("k8s.io/kubectl/pkg/cmd/options allocates %d bytes at init: kubectl's translations are loaded outside kubectl", options)
 	}
-	if total > 16<<20 {
-		t.Errorf("package initialisation allocates %.1f MiB in every process (14.2 MiB when measured): find the package that grew", float64(total)/(1<<20))
+	// 14.2 MiB when first measured; the helm SDK (HelmChart, issue 15)
+	// added 3.4 MiB (jsonschema/v6 through its chartutil, govalidator
+	// through its lint rules), measured at 17.6 MiB: bench/RESULTS.md,
+	// issue 17. The bound is there to catch growth nobody measured.
+	if total > 18<<20 {
+		t.Errorf("package initialisation allocates %.1f MiB in every process (17.6 MiB when measured): find the package that grew", float64(total)/(1<<20))
 	}
 }
