@@ -121,15 +121,13 @@ func TestPodSpecSurface(t *testing.T) {
 		if _, err := c.CoreV1().Secrets("default").Create(cx, sec, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
+		// The pull without the secret first: once the image is in the store,
+		// a pod with pull policy IfNotPresent runs it without pulling, as on
+		// a kubelet, so the two pods at once raced.
 		without := nativePod("no-secret", privateRef)
-		with := nativePod("with-secret", privateRef)
-		with.Spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: "pull"}}
-		for _, p := range []*corev1.Pod{without, with} {
-			if _, err := c.CoreV1().Pods("default").Create(cx, p, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
+		if _, err := c.CoreV1().Pods("default").Create(cx, without, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
 		}
-		waitPod(t, c, "with-secret", time.Minute, running)
 		waitPod(t, c, "no-secret", time.Minute, func(p *corev1.Pod) error {
 			if len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].State.Waiting != nil {
 				if r := p.Status.ContainerStatuses[0].State.Waiting.Reason; r == "ErrImagePull" || r == "ImagePullBackOff" {
@@ -138,6 +136,12 @@ func TestPodSpecSurface(t *testing.T) {
 			}
 			return fmt.Errorf("status %+v", p.Status.ContainerStatuses)
 		})
+		with := nativePod("with-secret", privateRef)
+		with.Spec.ImagePullSecrets = []corev1.LocalObjectReference{{Name: "pull"}}
+		if _, err := c.CoreV1().Pods("default").Create(cx, with, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitPod(t, c, "with-secret", time.Minute, running)
 	})
 
 	t.Run("imagePullPolicy Never", func(t *testing.T) {
