@@ -3,10 +3,8 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"time"
 
@@ -26,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 
+	"github.com/k3sm-dev/k3sm/bench/internal/traffic"
 	"github.com/k3sm-dev/k3sm/internal/agent/proxy"
 	"github.com/k3sm-dev/k3sm/internal/netd/dataplane"
 	"github.com/k3sm-dev/k3sm/internal/runtime/podnet"
@@ -266,33 +264,7 @@ func throughput(ctx context.Context, ns, addr string, n int64, chunk int) (float
 	defer c.Close()
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
-	if _, err := c.Write([]byte{'u'}); err != nil {
-		return 0, err
-	}
-	buf := make([]byte, chunk)
-	for i := range buf {
-		buf[i] = byte(i)
-	}
-	t0 := time.Now()
-	for left := n; left > 0; {
-		w := buf[:min(int64(len(buf)), left)]
-		if _, err := c.Write(w); err != nil {
-			return 0, err
-		}
-		left -= int64(len(w))
-	}
-	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
-		return 0, err
-	}
-	var got int64
-	if err := binary.Read(c, binary.BigEndian, &got); err != nil {
-		return 0, err
-	}
-	d := time.Since(t0)
-	if got != n {
-		return 0, fmt.Errorf("backend got %d bytes of %d", got, n)
-	}
-	return float64(n) / d.Seconds() / 1e6, nil
+	return traffic.Upload(c.(*net.TCPConn), n, chunk)
 }
 
 // latency returns the median and 99th percentile of n 1-byte round trips
@@ -305,25 +277,5 @@ func latency(ctx context.Context, ns, addr string, n int) (p50, p99 time.Duratio
 	defer c.Close()
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
-	if _, err := c.Write([]byte{'p'}); err != nil {
-		return 0, 0, err
-	}
-	r := bufio.NewReader(c)
-	rtts := make([]time.Duration, n)
-	b := []byte{'x'}
-	for i := range n {
-		t0 := time.Now()
-		if _, err := c.Write(b); err != nil {
-			return 0, 0, err
-		}
-		if _, err := r.ReadByte(); err != nil {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			return 0, 0, err
-		}
-		rtts[i] = time.Since(t0)
-	}
-	slices.Sort(rtts)
-	return rtts[n/2], rtts[min(n-1, n*99/100)], nil
+	return traffic.RoundTrips(c, n)
 }
