@@ -57,6 +57,46 @@ func pct(d []time.Duration, p float64) time.Duration {
 	return d[int(float64(len(d)-1)*p)]
 }
 
+// benchPod is the pod both benchmarks start: the test program, forever.
+func benchPod(uid, ref string) *runtimev1.PodSpec {
+	return &runtimev1.PodSpec{Uid: uid, Namespace: "bench", Name: uid,
+		Containers: []*runtimev1.ContainerSpec{{Name: "main", Image: ref, ImagePullPolicy: runtimev1.PullPolicy_PULL_POLICY_IF_NOT_PRESENT, Args: []string{"forever"}}}}
+}
+
+// collect takes n latencies from lat, failing the test when one takes
+// longer than timeout to come.
+func collect(t *testing.T, lat <-chan time.Duration, n int, timeout time.Duration) []time.Duration {
+	var ds []time.Duration
+	for len(ds) < n {
+		select {
+		case d := <-lat:
+			ds = append(ds, d)
+		case <-time.After(timeout):
+			t.Fatalf("only %d of %d pods Running", len(ds), n)
+		}
+	}
+	return ds
+}
+
+// shimAndImage builds the shim (static, as `make` does: the sandbox runs
+// it inside pod roots) and the test image, served from a local registry.
+func shimAndImage(t *testing.T) (shimBin, ref string) {
+	bin := t.TempDir()
+	shimBin = filepath.Join(bin, "k3sm-shim")
+	build := exec.Command("go", "build", "-o", shimBin, "github.com/k3sm-dev/k3sm/cmd/k3sm-shim")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	prog, err := imagetest.BuildProg(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := imagetest.StartRegistry(t, "", "")
+	img, _ := imagetest.Image(prog, v1.Platform{})
+	return shimBin, reg.Push(t, "prog:v1", img)
+}
+
 func TestRuntimeDensity(t *testing.T) {
 	if os.Getenv("K3SM_BENCH_RUNTIME") == "" {
 		t.Skip("set K3SM_BENCH_RUNTIME=1 (and K3SM_BENCH_PODS=N, default 100) to run")
@@ -68,18 +108,7 @@ func TestRuntimeDensity(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("K3SM_BENCH_PODS")); err == nil && v > 0 {
 		n = v
 	}
-	bin := t.TempDir()
-	shimBin := filepath.Join(bin, "k3sm-shim")
-	if out, err := exec.Command("go", "build", "-o", shimBin, "github.com/k3sm-dev/k3sm/cmd/k3sm-shim").CombinedOutput(); err != nil {
-		t.Fatalf("%v %s", err, out)
-	}
-	prog, err := imagetest.BuildProg(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := imagetest.StartRegistry(t, "", "")
-	img, _ := imagetest.Image(prog, v1.Platform{})
-	ref := reg.Push(t, "prog:v1", img)
+	shimBin, ref := shimAndImage(t)
 
 	dir, _ := os.MkdirTemp("", "k3sm")
 	defer os.RemoveAll(dir)
@@ -155,7 +184,6 @@ func TestRuntimeDensity(t *testing.T) {
 			}
 		}
 	}()
-	policy := runtimev1.PullPolicy_PULL_POLICY_IF_NOT_PRESENT
 	start := time.Now()
 	var wg sync.WaitGroup
 	for i := 0; i < n; i++ {
@@ -166,24 +194,14 @@ func TestRuntimeDensity(t *testing.T) {
 			mu.Lock()
 			created[uid] = time.Now()
 			mu.Unlock()
-			_, err := c.Runtime.CreatePod(ctx, &runtimev1.CreatePodRequest{Pod: &runtimev1.PodSpec{Uid: uid, Namespace: "bench", Name: uid,
-				Containers: []*runtimev1.ContainerSpec{{Name: "main", Image: ref, ImagePullPolicy: policy, Args: []string{"forever"}}}}})
-
+			_, err := c.Runtime.CreatePod(ctx, &runtimev1.CreatePodRequest{Pod: benchPod(uid, ref)})
 			if err != nil {
 				t.Error(err)
 			}
 		}(i)
 	}
 	wg.Wait()
-	var ds []time.Duration
-	for len(ds) < n {
-		select {
-		case d := <-lat:
-			ds = append(ds, d)
-		case <-time.After(2 * time.Minute):
-			t.Fatalf("only %d of %d pods Running", len(ds), n)
-		}
-	}
+	ds := collect(t, lat, n, 2*time.Minute)
 	all := time.Since(start)
 	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
 	var ss []time.Duration

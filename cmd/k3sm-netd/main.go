@@ -24,17 +24,33 @@ func run(args []string) int {
 	// A handful of requests a minute: no need for a thread per core.
 	runtime.GOMAXPROCS(2)
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	// `k3sm-netd remove --config=FILE` (k3sm uninstall) takes the pod
+	// network off the machine instead of serving.
+	remove := len(args) > 0 && args[0] == "remove"
+	if remove {
+		args = args[1:]
+	}
 	cfg, err := netdconfig.Read(args)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
+	newDataplane := func() (dataplane.Dataplane, error) {
+		return dataplane.New(dataplane.Options{NetNSDir: cfg.NetNSDir})
+	}
+	if remove {
+		n, err := server.RemoveNetwork(server.Config{StateFile: cfg.StateFile, NetNSDir: cfg.NetNSDir, NewDataplane: newDataplane})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "k3sm-netd remove:", err)
+			return 1
+		}
+		fmt.Printf("removed the pod network (bridge %s, its routes and nft tables, %d pods' links and namespaces)\n", server.BridgeName, n)
+		return 0
+	}
 	srv, err := server.Start(server.Config{
 		Socket: cfg.Socket, StateFile: cfg.StateFile, NetNSDir: cfg.NetNSDir, AllowedUID: cfg.AllowedUID,
-		NewDataplane: func() (dataplane.Dataplane, error) {
-			return dataplane.New(dataplane.Options{NetNSDir: cfg.NetNSDir})
-		},
-		Logger: log,
+		NewDataplane: newDataplane,
+		Logger:       log,
 	})
 	if err != nil {
 		log.Error("k3sm-netd cannot start", "err", err)

@@ -20,6 +20,7 @@ func TestShimDependencies(t *testing.T) {
 		"github.com/k3sm-dev/k3sm/internal/runtime/criolog",
 		"github.com/k3sm-dev/k3sm/internal/runtime/mounts",
 		"github.com/k3sm-dev/k3sm/internal/runtime/procgroup",
+		"github.com/k3sm-dev/k3sm/internal/runtime/sandbox",
 		"golang.org/x/sys/",
 		"github.com/creack/pty", // dependency-free: opens the terminal of a tty: true container
 		"vendor/",               // the standard library's vendored packages

@@ -26,7 +26,7 @@ func main() {
 			os.Exit(run(os.Args[2:]))
 		}
 	}
-	os.Exit(k3smcmd.Execute(upstream.Kubectl, func(*controlplane.Config) []controlplane.Addon {
+	os.Exit(k3smcmd.Execute(k3smcmd.Upstream{Kubectl: upstream.Kubectl, Flags: upstream.Flags}, func(*controlplane.Config) []controlplane.Addon {
 		return []controlplane.Addon{localnode.Addon(nil)}
 	}))
 }

@@ -17,6 +17,7 @@
 //	  pods/<uid>/           a pod (the runtime daemon): pod.json, roots/<container>/,
 //	                        volumes/<name>/, attempts/<container>/<n>/
 //	  images/               the image store (the runtime daemon)
+//	    registry/           the node registry's journal of pushed manifests
 //	  storage/              local-path PersistentVolumes
 //	  quarantine/           what is left of pods whose state could not be read
 package datadir
@@ -98,10 +99,19 @@ func (l Layout) RuntimeSocket() string { return filepath.Join(l.RunDir(), "runti
 func (l Layout) RuntimeLock() string   { return filepath.Join(l.RunDir(), "runtimed.lock") }
 func (l Layout) ShimDir() string       { return filepath.Join(l.RunDir(), "shims") }
 func (l Layout) PodsDir() string       { return filepath.Join(l.Root, "pods") }
+
+// SeccompDir holds the node's seccomp profiles: a container's
+// `seccompProfile: {type: Localhost, localhostProfile: p}` is SeccompDir/p
+// (the kubelet's /var/lib/kubelet/seccomp).
+func (l Layout) SeccompDir() string { return filepath.Join(l.Root, "seccomp") }
 func (l Layout) PodDir(uid string) string {
 	return filepath.Join(l.PodsDir(), uid)
 }
 func (l Layout) ImagesDir() string { return filepath.Join(l.Root, "images") }
+
+// RegistryJournalDir holds the node-local registry's journal of pushed
+// manifests that are no image of the store (indexes, digest-only pushes).
+func (l Layout) RegistryJournalDir() string { return filepath.Join(l.ImagesDir(), "registry") }
 
 // k3sm-netd, the root network helper: its socket, the pods' addresses, and
 // the pods' network namespace files.

@@ -1,9 +1,10 @@
-// Package diskpolicy owns the kubelet's disk housekeeping settings with
-// their defaults and validation: container log rotation (done by the
-// runtime daemon's shims), image garbage collection and the DiskPressure
-// thresholds (done by the node). The server sets them from its flags and
-// passes them to the node and the runtime daemon; both sides import this
-// package, neither imports the other's.
+// Package diskpolicy owns the kubelet's housekeeping settings with their
+// defaults and validation: container log rotation (done by the runtime
+// daemon's shims), image garbage collection and the DiskPressure thresholds
+// (done by the node), and the memory.available threshold (MemoryPressure on
+// the node, evictions in the runtime daemon). The server sets them from its
+// flags and passes them to the node and the runtime daemon; both sides
+// import this package, neither imports the other's.
 package diskpolicy
 
 import (
@@ -31,13 +32,18 @@ type Config struct {
 	ImageGCLowThresholdPercent  int
 	ImageMinimumGCAge           time.Duration
 	ImageGCPeriod               time.Duration
-	// EvictionHard is the kubelet's --eviction-hard for the disk signals
-	// (nodefs.available, nodefs.inodesFree, imagefs.available): DiskPressure
-	// is True while one is below its threshold, and stays True for
-	// EvictionPressureTransitionPeriod after the last time one was.
+	// EvictionHard is the kubelet's --eviction-hard: the disk signals
+	// (nodefs.available, nodefs.inodesFree, imagefs.available,
+	// imagefs.inodesFree) make DiskPressure True while one is below its
+	// threshold; memory.available makes MemoryPressure True and the runtime
+	// evict pods. A condition stays True for
+	// EvictionPressureTransitionPeriod after the last crossing. As with the
+	// kubelet, the flag replaces the whole default list: a signal left out
+	// is not watched.
 	EvictionHard                     string
 	EvictionPressureTransitionPeriod time.Duration
-	// HousekeepingInterval is how often the disk is measured (10 s).
+	// HousekeepingInterval is how often disk and memory are measured
+	// (10 s, the kubelet's eviction monitoring period).
 	HousekeepingInterval time.Duration
 }
 
@@ -46,7 +52,7 @@ func Default() Config {
 	return Config{
 		ContainerLogMaxSize: "10Mi", ContainerLogMaxFiles: 5,
 		ImageGCHighThresholdPercent: 85, ImageGCLowThresholdPercent: 80, ImageMinimumGCAge: 2 * time.Minute, ImageGCPeriod: 5 * time.Minute,
-		EvictionHard:                     "nodefs.available<10%,imagefs.available<15%,nodefs.inodesFree<5%",
+		EvictionHard:                     "memory.available<100Mi,nodefs.available<10%,imagefs.available<15%,nodefs.inodesFree<5%",
 		EvictionPressureTransitionPeriod: 5 * time.Minute,
 		HousekeepingInterval:             10 * time.Second,
 	}
@@ -69,9 +75,13 @@ type Threshold struct {
 	Value   int64   // when Percent is 0
 }
 
+// MemoryAvailable is the kubelet's memory signal.
+const MemoryAvailable = "memory.available"
+
 // ParseEvictionHard parses "signal<quantity|percent%,...".
 func ParseEvictionHard(s string) ([]Threshold, error) {
 	var out []Threshold
+	seen := map[string]bool{}
 	for _, part := range strings.Split(s, ",") {
 		part = strings.TrimSpace(part)
 		if part == "" {
@@ -82,10 +92,14 @@ func ParseEvictionHard(s string) ([]Threshold, error) {
 			return nil, fmt.Errorf("%q: want signal<value, e.g. nodefs.available<10%%", part)
 		}
 		switch sig {
-		case "nodefs.available", "nodefs.inodesFree", "imagefs.available", "imagefs.inodesFree":
+		case MemoryAvailable, "nodefs.available", "nodefs.inodesFree", "imagefs.available", "imagefs.inodesFree":
 		default:
-			return nil, fmt.Errorf("%q: unknown signal %q (k3sm reports disk pressure from nodefs.available, nodefs.inodesFree, imagefs.available, imagefs.inodesFree)", part, sig)
+			return nil, fmt.Errorf("%q: unknown signal %q (k3sm watches memory.available, nodefs.available, nodefs.inodesFree, imagefs.available, imagefs.inodesFree)", part, sig)
 		}
+		if seen[sig] {
+			return nil, fmt.Errorf("%q: %s is given twice", part, sig)
+		}
+		seen[sig] = true
 		t := Threshold{Signal: sig}
 		if p, ok := strings.CutSuffix(val, "%"); ok {
 			f, err := strconv.ParseFloat(p, 64)
@@ -97,6 +111,9 @@ func ParseEvictionHard(s string) ([]Threshold, error) {
 			q, err := resource.ParseQuantity(val)
 			if err != nil {
 				return nil, fmt.Errorf("%q: %v", part, err)
+			}
+			if q.Sign() <= 0 {
+				return nil, fmt.Errorf("%q: the quantity must be positive", part)
 			}
 			t.Value = q.Value()
 		}
@@ -125,7 +142,7 @@ func (d *Config) Validate(add func(flag, value, problem, fix string)) {
 		add("image-minimum-gc-age", d.ImageMinimumGCAge.String(), "must not be negative", "use e.g. 2m")
 	}
 	if _, err := ParseEvictionHard(d.EvictionHard); err != nil {
-		add("eviction-hard", d.EvictionHard, err.Error(), "use e.g. nodefs.available<10%,imagefs.available<15%,nodefs.inodesFree<5%")
+		add("eviction-hard", d.EvictionHard, err.Error(), "use signal<quantity or signal<percent%, comma-separated, e.g. memory.available<100Mi,nodefs.available<10%,imagefs.available<15%,nodefs.inodesFree<5%")
 	}
 	if d.ImageGCPeriod <= 0 {
 		d.ImageGCPeriod = 5 * time.Minute

@@ -111,6 +111,7 @@ type builder struct {
 	cmd          *cobra.Command
 	args         map[string]string // --build-arg
 	vars         map[string]string // ARG and ENV in scope
+	ignore       *contextIgnore
 	lex          *shell.Lex
 }
 
@@ -160,6 +161,12 @@ func (b *builder) build() (v1.Image, error) {
 	}
 	if froms != 1 {
 		return nil, fmt.Errorf("%s: %d FROM instructions: k3sm image build takes exactly one (no multi-stage builds)", b.file, froms)
+	}
+	if b.ignore, err = loadIgnore(b.ctxDir, b.file); err != nil {
+		return nil, err
+	}
+	if b.ignore.file != "" {
+		fmt.Fprintf(b.out, "Using %s: %d patterns leave files out of the context\n", b.ignore.file, b.ignore.n)
 	}
 	var img v1.Image
 	var cfg *v1.ConfigFile
@@ -445,7 +452,22 @@ func (b *builder) copyLayer(verb string, flags, words []string, workdir string, 
 		if len(matches) == 0 {
 			return nil, fmt.Errorf("%s: source %s: no such file in the build context %s", loc, s, b.ctxDir)
 		}
-		files = append(files, matches...)
+		kept := matches[:0]
+		for _, m := range matches {
+			rel, _ := filepath.Rel(ctxAbs, m)
+			ex, err := b.ignore.excluded(rel)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %s: %w", loc, b.ignore.file, err)
+			}
+			// An excluded directory may still hold what a `!` pattern brings back.
+			if fi, serr := os.Stat(m); !ex || (serr == nil && fi.IsDir() && b.ignore.descend()) {
+				kept = append(kept, m)
+			}
+		}
+		if len(kept) == 0 {
+			return nil, fmt.Errorf("%s: source %s: excluded from the build context by %s (remove its pattern, or add !%s after it)", loc, s, b.ignore.file, strings.TrimPrefix(path.Clean("/"+s), "/"))
+		}
+		files = append(files, kept...)
 	}
 	toDir := strings.HasSuffix(dest, "/") || len(files) > 1
 	var buf bytes.Buffer
@@ -470,6 +492,20 @@ func (b *builder) copyLayer(verb string, flags, words []string, workdir string, 
 		return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 			if err != nil {
 				return err
+			}
+			if crel, _ := filepath.Rel(ctxAbs, p); crel != "." {
+				ex, err := b.ignore.excluded(crel)
+				if err != nil {
+					return fmt.Errorf("%s: %w", b.ignore.file, err)
+				}
+				switch {
+				case ex && d.IsDir() && b.ignore.descend():
+					return nil // its parents are made for what comes back inside
+				case ex && d.IsDir():
+					return filepath.SkipDir
+				case ex:
+					return nil
+				}
 			}
 			rel, _ := filepath.Rel(src, p)
 			t := path.Join(target, filepath.ToSlash(rel))

@@ -13,25 +13,29 @@ func TestInstallDryRunPersistsServerFlags(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("the systemd unit is rendered on Linux")
 	}
-	root := New(nil, nil)
+	root := New(Upstream{}, nil)
 	var out bytes.Buffer
 	root.SetOut(&out)
 	root.SetArgs([]string{"install", "--dry-run", "--data-dir", "/srv/k3sm", "--secrets-encryption", "--tls-san=a.example",
-		"--tls-san", "b.example", "--audit-log", "--node-taint=false", "--pod-network", "host", "--timeout", "1m", "--bin-link=false"})
+		"--tls-san", "b.example", "--audit-log", "--node-taint=false", "--pod-network", "host", "--timeout", "1m", "--bin-link=false",
+		"--kube-apiserver-arg=enable-admission-plugins+=PodNodeSelector", "--kube-controller-manager-arg", "kube-api-qps=20",
+		"--kube-controller-manager-arg=feature-gates=A=true,B=false"})
 	if err := root.Execute(); err != nil {
 		t.Fatal(err)
 	}
-	want := "ExecStart=/usr/local/lib/k3sm/k3sm server --data-dir /srv/k3sm --audit-log --node-taint=false --pod-network=host --secrets-encryption --tls-san=a.example --tls-san=b.example\n"
+	want := "ExecStart=/usr/local/lib/k3sm/k3sm server --data-dir /srv/k3sm --audit-log --kube-apiserver-arg=enable-admission-plugins+=PodNodeSelector --kube-controller-manager-arg=kube-api-qps=20 --kube-controller-manager-arg=feature-gates=A=true,B=false --node-taint=false --pod-network=host --secrets-encryption --tls-san=a.example --tls-san=b.example\n"
 	if !strings.Contains(out.String(), want) {
 		t.Fatalf("dry run lacks\n%s\ngot:\n%s", want, out.String())
 	}
 }
 
 func TestInstallRejectsBadServerFlags(t *testing.T) {
-	root := New(nil, nil)
-	root.SetOut(&bytes.Buffer{})
-	root.SetArgs([]string{"install", "--dry-run", "--pod-network", "bogus"})
-	if err := root.Execute(); err == nil || !strings.Contains(err.Error(), "pod-network") {
-		t.Fatalf("install --pod-network bogus: %v", err)
+	for _, args := range [][]string{{"--pod-network", "bogus"}, {"--kube-scheduler-arg", "=1"}} {
+		root := New(Upstream{}, nil)
+		root.SetOut(&bytes.Buffer{})
+		root.SetArgs(append([]string{"install", "--dry-run"}, args...))
+		if err := root.Execute(); err == nil || !strings.Contains(err.Error(), strings.TrimPrefix(args[0], "--")) {
+			t.Fatalf("install %q: %v", args, err)
+		}
 	}
 }

@@ -13,9 +13,11 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/k3sm-dev/k3sm/internal/kubeconfig"
+	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	"github.com/k3sm-dev/k3sm/internal/version"
@@ -29,25 +31,34 @@ import (
 // this package stays free of the control plane's imports.
 type Kubectl func(args []string, defaultKubeconfig string) int
 
+// Upstream is what cmd/k3sm wires in from internal/upstream, the only
+// package that links the upstream commands.
+type Upstream struct {
+	Kubectl Kubectl
+	// Flags returns an upstream component's flags by role name, so `server`
+	// checks --kube-*-arg before it starts anything; nil skips that check.
+	Flags func(role string) *pflag.FlagSet
+}
+
 // Addons returns what `k3sm server` starts after the control plane is verified.
 type Addons func(cfg *controlplane.Config) []controlplane.Addon
 
 // New returns the root command.
-func New(kubectl Kubectl, addons Addons) *cobra.Command {
+func New(up Upstream, addons Addons) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "k3sm",
 		Short:         "A whole Kubernetes distribution in one binary; pods run as native host processes",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServer(addons), newKubeconfig(), newKubectl(kubectl), newVersion())
+	root.AddCommand(newServer(up, addons), newKubeconfig(), newKubectl(up.Kubectl), newVersion())
 	addOps(root)
 	return root
 }
 
 // Execute runs the root command and returns the process exit code.
-func Execute(kubectl Kubectl, addons Addons) int {
-	if err := New(kubectl, addons).Execute(); err != nil {
+func Execute(up Upstream, addons Addons) int {
+	if err := New(up, addons).Execute(); err != nil {
 		var code exitCode
 		if errors.As(err, &code) {
 			return int(code)
@@ -58,8 +69,9 @@ func Execute(kubectl Kubectl, addons Addons) int {
 	return 0
 }
 
-func newServer(addons Addons) *cobra.Command {
+func newServer(up Upstream, addons Addons) *cobra.Command {
 	cfg := controlplane.Defaults()
+	cfg.ComponentFlags = up.Flags
 	var dc deployConfig
 	cmd := &cobra.Command{
 		Use:   "server",
@@ -102,7 +114,7 @@ func serverFlags(f *pflag.FlagSet, cfg *controlplane.Config, dc *deployConfig) {
 	f.StringVar(&cfg.BindAddress, "bind-address", cfg.BindAddress, "address the apiserver listens on")
 	f.StringVar(&cfg.AdvertiseAddress, "advertise-address", "", "address advertised for the apiserver (default: the bind address, or the host's first IPv4)")
 	f.StringVar(&cfg.ServiceCIDR, "service-cidr", cfg.ServiceCIDR, "IPv4 range for Service cluster IPs")
-	f.StringVar(&cfg.ClusterCIDR, "cluster-cidr", cfg.ClusterCIDR, "IPv4 range for Pod IPs; each node gets a /24")
+	f.StringVar(&cfg.ClusterCIDR, "cluster-cidr", cfg.ClusterCIDR, "IPv4 range for Pod IPs; each node gets a /24, or the larger range its --max-pods needs")
 	f.StringVar(&cfg.ClusterDNS, "cluster-dns", cfg.ClusterDNS, "cluster DNS Service address (inside --service-cidr)")
 	f.StringVar(&cfg.ClusterDomain, "cluster-domain", cfg.ClusterDomain, "cluster DNS domain")
 	f.StringSliceVar(&cfg.TLSSANs, "tls-san", nil, "extra host name or IP for the apiserver certificate (repeatable)")
@@ -113,9 +125,17 @@ func serverFlags(f *pflag.FlagSet, cfg *controlplane.Config, dc *deployConfig) {
 	f.IntVar(&cfg.MaxPods, "max-pods", cfg.MaxPods, "pods this node runs at most (the kubelet's --max-pods)")
 	f.StringVar(&cfg.DNSConfig, "dns-config", "", "file of per-domain forwards for the cluster DNS (forward: [{domain: corp.example, servers: [192.0.2.53]}])")
 	f.StringVar(&cfg.PodNetwork, "pod-network", cfg.PodNetwork, "auto: a network namespace and IP per pod (k3sm-netd) when run as root on Linux, else the node's network; netns: require it; host: pods share the node's network")
+	f.StringVar(&cfg.ServiceProxy, "service-proxy", cfg.ServiceProxy, "auto: ClusterIPs in the kernel (nftables DNAT by k3sm-netd) when the pod network is on, else the userspace relay; nftables: require it; userspace: the relay serves every Service")
 	f.BoolVar(&cfg.NodeTaint, "node-taint", cfg.NodeTaint,
 		"taint this node k3sm.io/provider=native:NoSchedule, so only pods that tolerate it run here (on by default on nodes other than Linux)")
 	f.StringVar(&cfg.RegistriesConfig, "registries-config", "", "registries.yaml with mirrors, plain-HTTP endpoints and auth (default <data-dir>/registries.yaml)")
+	if cfg.ExtraArgs == nil {
+		cfg.ExtraArgs = map[string][]string{}
+	}
+	for _, role := range []string{roleconfig.APIServer, roleconfig.Scheduler, roleconfig.ControllerManager} {
+		f.Var(&extraArgsValue{m: cfg.ExtraArgs, role: role}, controlplane.ExtraArgFlags[role],
+			"extra flag for "+role+" as NAME=VALUE, replacing k3sm's value of it; NAME+=VALUE appends to k3sm's list (repeatable)")
+	}
 	addDiskFlags(f, &cfg.Disk)
 	addOpsFlags(f, &cfg.Ops)
 	addDeployFlags(f, dc)
@@ -211,3 +231,29 @@ func logLevel() slog.Level {
 	}
 	return slog.LevelInfo
 }
+
+// extraArgsValue is a repeatable --kube-*-arg flag that collects into
+// Config.ExtraArgs; it is a pflag.SliceValue so `install` persists each value.
+type extraArgsValue struct {
+	m    map[string][]string
+	role string
+}
+
+// String is empty when unset, so --help shows no "(default [])".
+func (v *extraArgsValue) String() string {
+	if len(v.m[v.role]) == 0 {
+		return ""
+	}
+	return "[" + strings.Join(v.m[v.role], ",") + "]"
+}
+func (v *extraArgsValue) Type() string { return "stringArray" }
+func (v *extraArgsValue) Set(s string) error {
+	v.m[v.role] = append(v.m[v.role], s)
+	return nil
+}
+func (v *extraArgsValue) Append(s string) error { return v.Set(s) }
+func (v *extraArgsValue) Replace(ss []string) error {
+	v.m[v.role] = append([]string(nil), ss...)
+	return nil
+}
+func (v *extraArgsValue) GetSlice() []string { return append([]string(nil), v.m[v.role]...) }

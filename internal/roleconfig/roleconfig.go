@@ -98,6 +98,9 @@ type NodeConfig struct {
 	ClusterDomain string `json:"clusterDomain,omitempty"`
 	DNSConfig     string `json:"dnsConfig,omitempty"`
 	APIServiceIP  string `json:"apiServiceIP,omitempty"`
+	// NetdSocket, when set, is k3sm-netd's socket: the Service proxy puts
+	// ClusterIPs in the kernel through it (--service-proxy).
+	NetdSocket string `json:"netdSocket,omitempty"`
 	// Metrics is the metrics.k8s.io API the node serves (off when Addr is empty).
 	Metrics MetricsAPI `json:"metrics"`
 	// Disk: image GC and DiskPressure are the node's part of it.

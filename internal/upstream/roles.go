@@ -12,7 +12,9 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"k8s.io/component-base/cli"
+	cliflag "k8s.io/component-base/cli/flag"
 	"k8s.io/component-base/logs"
 	kubectlcmd "k8s.io/kubectl/pkg/cmd"
 	kubectlutil "k8s.io/kubectl/pkg/cmd/util"
@@ -31,6 +33,24 @@ func Roles() map[string]func(args []string) int {
 		roleconfig.Scheduler:         runCobra(func() *cobra.Command { return schedulerapp.NewSchedulerCommand() }),
 		roleconfig.ControllerManager: runCobra(cmapp.NewControllerManagerCommand),
 	}
+}
+
+// Flags returns the flags of an upstream component by role name (nil for
+// kine and unknown roles), as its command line parses them.
+func Flags(role string) *pflag.FlagSet {
+	var cmd *cobra.Command
+	switch role {
+	case roleconfig.APIServer:
+		cmd = apiserverapp.NewAPIServerCommand()
+	case roleconfig.Scheduler:
+		cmd = schedulerapp.NewSchedulerCommand()
+	case roleconfig.ControllerManager:
+		cmd = cmapp.NewControllerManagerCommand()
+	default:
+		return nil
+	}
+	cmd.SetGlobalNormalizationFunc(cliflag.WordSepNormalizeFunc) // as cli.Run does
+	return cmd.Flags()
 }
 
 func runCobra(newCmd func() *cobra.Command) func([]string) int {

@@ -342,7 +342,7 @@ func (x WatchPodStatusResponse_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchPodStatusResponse_Kind.Descriptor instead.
 func (WatchPodStatusResponse_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{51, 0}
+	return file_runtime_proto_rawDescGZIP(), []int{52, 0}
 }
 
 // PodSpec is what the provider resolved from the Kubernetes Pod.
@@ -382,7 +382,16 @@ type PodSpec struct {
 	// The pod's /etc/resolv.conf (its dnsPolicy and dnsConfig, as the
 	// kubelet renders it); every container sees it at /etc/resolv.conf.
 	// Empty: the node's own file.
-	ResolvConf    string `protobuf:"bytes,23,opt,name=resolv_conf,json=resolvConf,proto3" json:"resolv_conf,omitempty"`
+	ResolvConf string `protobuf:"bytes,23,opt,name=resolv_conf,json=resolvConf,proto3" json:"resolv_conf,omitempty"`
+	// spec.hostPID and spec.hostIPC: refused by k3sm (the pod would share
+	// the node's processes or IPC), carried so the refusal names them.
+	HostPid bool `protobuf:"varint,24,opt,name=host_pid,json=hostPid,proto3" json:"host_pid,omitempty"`
+	HostIpc bool `protobuf:"varint,25,opt,name=host_ipc,json=hostIpc,proto3" json:"host_ipc,omitempty"`
+	// spec.hostUsers: false asks for a user namespace (every k3sm pod on a
+	// Linux node with the sandbox gets one); true is refused there.
+	HostUsers *bool `protobuf:"varint,26,opt,name=host_users,json=hostUsers,proto3,oneof" json:"host_users,omitempty"`
+	// spec.priority (the PriorityClass's value): eviction ranks by it.
+	Priority      int32 `protobuf:"varint,27,opt,name=priority,proto3" json:"priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -529,6 +538,34 @@ func (x *PodSpec) GetResolvConf() string {
 	return ""
 }
 
+func (x *PodSpec) GetHostPid() bool {
+	if x != nil {
+		return x.HostPid
+	}
+	return false
+}
+
+func (x *PodSpec) GetHostIpc() bool {
+	if x != nil {
+		return x.HostIpc
+	}
+	return false
+}
+
+func (x *PodSpec) GetHostUsers() bool {
+	if x != nil && x.HostUsers != nil {
+		return *x.HostUsers
+	}
+	return false
+}
+
+func (x *PodSpec) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
 // EphemeralContainerSpec is a debugging container added to a running pod.
 type EphemeralContainerSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -626,8 +663,11 @@ type ContainerSpec struct {
 	// Empty (older providers): UpdatePod compares image, pull policy,
 	// command, args, env and working dir instead.
 	DefinitionHash string `protobuf:"bytes,30,opt,name=definition_hash,json=definitionHash,proto3" json:"definition_hash,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The container's securityContext merged with the pod's, as the kubelet
+	// merges them (a container field wins over the pod's).
+	SecurityContext *SecurityContext `protobuf:"bytes,31,opt,name=security_context,json=securityContext,proto3" json:"security_context,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ContainerSpec) Reset() {
@@ -793,6 +833,153 @@ func (x *ContainerSpec) GetDefinitionHash() string {
 	return ""
 }
 
+func (x *ContainerSpec) GetSecurityContext() *SecurityContext {
+	if x != nil {
+		return x.SecurityContext
+	}
+	return nil
+}
+
+// SecurityContext is what a container's process may be and do.
+type SecurityContext struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Unset: the image's user (its config User), else 0.
+	RunAsUser    *int64 `protobuf:"varint,1,opt,name=run_as_user,json=runAsUser,proto3,oneof" json:"run_as_user,omitempty"`
+	RunAsGroup   *int64 `protobuf:"varint,2,opt,name=run_as_group,json=runAsGroup,proto3,oneof" json:"run_as_group,omitempty"`
+	RunAsNonRoot bool   `protobuf:"varint,3,opt,name=run_as_non_root,json=runAsNonRoot,proto3" json:"run_as_non_root,omitempty"`
+	// Pod-level supplementalGroups and fsGroup.
+	SupplementalGroups     []int64 `protobuf:"varint,4,rep,packed,name=supplemental_groups,json=supplementalGroups,proto3" json:"supplemental_groups,omitempty"`
+	FsGroup                *int64  `protobuf:"varint,5,opt,name=fs_group,json=fsGroup,proto3,oneof" json:"fs_group,omitempty"`
+	ReadOnlyRootFilesystem bool    `protobuf:"varint,6,opt,name=read_only_root_filesystem,json=readOnlyRootFilesystem,proto3" json:"read_only_root_filesystem,omitempty"`
+	// Refused by k3sm (with the field named); carried so it can say so.
+	Privileged bool `protobuf:"varint,7,opt,name=privileged,proto3" json:"privileged,omitempty"`
+	// Unset: true, as upstream.
+	AllowPrivilegeEscalation *bool    `protobuf:"varint,8,opt,name=allow_privilege_escalation,json=allowPrivilegeEscalation,proto3,oneof" json:"allow_privilege_escalation,omitempty"`
+	CapabilitiesAdd          []string `protobuf:"bytes,9,rep,name=capabilities_add,json=capabilitiesAdd,proto3" json:"capabilities_add,omitempty"`
+	CapabilitiesDrop         []string `protobuf:"bytes,10,rep,name=capabilities_drop,json=capabilitiesDrop,proto3" json:"capabilities_drop,omitempty"`
+	// "RuntimeDefault" (also when empty), "Unconfined", or
+	// "Localhost/<path>" (a profile file below the node's seccomp dir).
+	SeccompProfile string `protobuf:"bytes,11,opt,name=seccomp_profile,json=seccompProfile,proto3" json:"seccomp_profile,omitempty"`
+	// "Default" (also when empty) or "Unmasked".
+	ProcMount     string `protobuf:"bytes,12,opt,name=proc_mount,json=procMount,proto3" json:"proc_mount,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SecurityContext) Reset() {
+	*x = SecurityContext{}
+	mi := &file_runtime_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SecurityContext) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SecurityContext) ProtoMessage() {}
+
+func (x *SecurityContext) ProtoReflect() protoreflect.Message {
+	mi := &file_runtime_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SecurityContext.ProtoReflect.Descriptor instead.
+func (*SecurityContext) Descriptor() ([]byte, []int) {
+	return file_runtime_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *SecurityContext) GetRunAsUser() int64 {
+	if x != nil && x.RunAsUser != nil {
+		return *x.RunAsUser
+	}
+	return 0
+}
+
+func (x *SecurityContext) GetRunAsGroup() int64 {
+	if x != nil && x.RunAsGroup != nil {
+		return *x.RunAsGroup
+	}
+	return 0
+}
+
+func (x *SecurityContext) GetRunAsNonRoot() bool {
+	if x != nil {
+		return x.RunAsNonRoot
+	}
+	return false
+}
+
+func (x *SecurityContext) GetSupplementalGroups() []int64 {
+	if x != nil {
+		return x.SupplementalGroups
+	}
+	return nil
+}
+
+func (x *SecurityContext) GetFsGroup() int64 {
+	if x != nil && x.FsGroup != nil {
+		return *x.FsGroup
+	}
+	return 0
+}
+
+func (x *SecurityContext) GetReadOnlyRootFilesystem() bool {
+	if x != nil {
+		return x.ReadOnlyRootFilesystem
+	}
+	return false
+}
+
+func (x *SecurityContext) GetPrivileged() bool {
+	if x != nil {
+		return x.Privileged
+	}
+	return false
+}
+
+func (x *SecurityContext) GetAllowPrivilegeEscalation() bool {
+	if x != nil && x.AllowPrivilegeEscalation != nil {
+		return *x.AllowPrivilegeEscalation
+	}
+	return false
+}
+
+func (x *SecurityContext) GetCapabilitiesAdd() []string {
+	if x != nil {
+		return x.CapabilitiesAdd
+	}
+	return nil
+}
+
+func (x *SecurityContext) GetCapabilitiesDrop() []string {
+	if x != nil {
+		return x.CapabilitiesDrop
+	}
+	return nil
+}
+
+func (x *SecurityContext) GetSeccompProfile() string {
+	if x != nil {
+		return x.SeccompProfile
+	}
+	return ""
+}
+
+func (x *SecurityContext) GetProcMount() string {
+	if x != nil {
+		return x.ProcMount
+	}
+	return ""
+}
+
 type EnvVar struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -814,7 +1001,7 @@ type EnvVar struct {
 
 func (x *EnvVar) Reset() {
 	*x = EnvVar{}
-	mi := &file_runtime_proto_msgTypes[3]
+	mi := &file_runtime_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -826,7 +1013,7 @@ func (x *EnvVar) String() string {
 func (*EnvVar) ProtoMessage() {}
 
 func (x *EnvVar) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[3]
+	mi := &file_runtime_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -839,7 +1026,7 @@ func (x *EnvVar) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvVar.ProtoReflect.Descriptor instead.
 func (*EnvVar) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{3}
+	return file_runtime_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *EnvVar) GetName() string {
@@ -881,7 +1068,7 @@ type ContainerPort struct {
 
 func (x *ContainerPort) Reset() {
 	*x = ContainerPort{}
-	mi := &file_runtime_proto_msgTypes[4]
+	mi := &file_runtime_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -893,7 +1080,7 @@ func (x *ContainerPort) String() string {
 func (*ContainerPort) ProtoMessage() {}
 
 func (x *ContainerPort) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[4]
+	mi := &file_runtime_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -906,7 +1093,7 @@ func (x *ContainerPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerPort.ProtoReflect.Descriptor instead.
 func (*ContainerPort) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{4}
+	return file_runtime_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ContainerPort) GetName() string {
@@ -944,7 +1131,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_runtime_proto_msgTypes[5]
+	mi := &file_runtime_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -956,7 +1143,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[5]
+	mi := &file_runtime_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -969,7 +1156,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{5}
+	return file_runtime_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Resources) GetCpuRequestMillis() int64 {
@@ -1016,7 +1203,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_runtime_proto_msgTypes[6]
+	mi := &file_runtime_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1028,7 +1215,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[6]
+	mi := &file_runtime_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1041,7 +1228,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{6}
+	return file_runtime_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Volume) GetName() string {
@@ -1134,7 +1321,7 @@ type EmptyDirVolume struct {
 
 func (x *EmptyDirVolume) Reset() {
 	*x = EmptyDirVolume{}
-	mi := &file_runtime_proto_msgTypes[7]
+	mi := &file_runtime_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1146,7 +1333,7 @@ func (x *EmptyDirVolume) String() string {
 func (*EmptyDirVolume) ProtoMessage() {}
 
 func (x *EmptyDirVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[7]
+	mi := &file_runtime_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1159,7 +1346,7 @@ func (x *EmptyDirVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EmptyDirVolume.ProtoReflect.Descriptor instead.
 func (*EmptyDirVolume) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{7}
+	return file_runtime_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *EmptyDirVolume) GetSizeLimitBytes() int64 {
@@ -1187,7 +1374,7 @@ type FilesVolume struct {
 
 func (x *FilesVolume) Reset() {
 	*x = FilesVolume{}
-	mi := &file_runtime_proto_msgTypes[8]
+	mi := &file_runtime_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1199,7 +1386,7 @@ func (x *FilesVolume) String() string {
 func (*FilesVolume) ProtoMessage() {}
 
 func (x *FilesVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[8]
+	mi := &file_runtime_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1212,7 +1399,7 @@ func (x *FilesVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FilesVolume.ProtoReflect.Descriptor instead.
 func (*FilesVolume) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{8}
+	return file_runtime_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *FilesVolume) GetFiles() []*VolumeFile {
@@ -1233,7 +1420,7 @@ type VolumeFile struct {
 
 func (x *VolumeFile) Reset() {
 	*x = VolumeFile{}
-	mi := &file_runtime_proto_msgTypes[9]
+	mi := &file_runtime_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1245,7 +1432,7 @@ func (x *VolumeFile) String() string {
 func (*VolumeFile) ProtoMessage() {}
 
 func (x *VolumeFile) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[9]
+	mi := &file_runtime_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1258,7 +1445,7 @@ func (x *VolumeFile) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeFile.ProtoReflect.Descriptor instead.
 func (*VolumeFile) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{9}
+	return file_runtime_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *VolumeFile) GetPath() string {
@@ -1292,7 +1479,7 @@ type HostPathVolume struct {
 
 func (x *HostPathVolume) Reset() {
 	*x = HostPathVolume{}
-	mi := &file_runtime_proto_msgTypes[10]
+	mi := &file_runtime_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1304,7 +1491,7 @@ func (x *HostPathVolume) String() string {
 func (*HostPathVolume) ProtoMessage() {}
 
 func (x *HostPathVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[10]
+	mi := &file_runtime_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1317,7 +1504,7 @@ func (x *HostPathVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostPathVolume.ProtoReflect.Descriptor instead.
 func (*HostPathVolume) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{10}
+	return file_runtime_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *HostPathVolume) GetPath() string {
@@ -1343,7 +1530,7 @@ type LocalPathVolume struct {
 
 func (x *LocalPathVolume) Reset() {
 	*x = LocalPathVolume{}
-	mi := &file_runtime_proto_msgTypes[11]
+	mi := &file_runtime_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1355,7 +1542,7 @@ func (x *LocalPathVolume) String() string {
 func (*LocalPathVolume) ProtoMessage() {}
 
 func (x *LocalPathVolume) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[11]
+	mi := &file_runtime_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1368,7 +1555,7 @@ func (x *LocalPathVolume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LocalPathVolume.ProtoReflect.Descriptor instead.
 func (*LocalPathVolume) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{11}
+	return file_runtime_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LocalPathVolume) GetPath() string {
@@ -1392,7 +1579,7 @@ type VolumeMount struct {
 
 func (x *VolumeMount) Reset() {
 	*x = VolumeMount{}
-	mi := &file_runtime_proto_msgTypes[12]
+	mi := &file_runtime_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1404,7 +1591,7 @@ func (x *VolumeMount) String() string {
 func (*VolumeMount) ProtoMessage() {}
 
 func (x *VolumeMount) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[12]
+	mi := &file_runtime_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1417,7 +1604,7 @@ func (x *VolumeMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VolumeMount.ProtoReflect.Descriptor instead.
 func (*VolumeMount) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{12}
+	return file_runtime_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *VolumeMount) GetName() string {
@@ -1465,7 +1652,7 @@ type UpdatePodVolumesRequest struct {
 
 func (x *UpdatePodVolumesRequest) Reset() {
 	*x = UpdatePodVolumesRequest{}
-	mi := &file_runtime_proto_msgTypes[13]
+	mi := &file_runtime_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1477,7 +1664,7 @@ func (x *UpdatePodVolumesRequest) String() string {
 func (*UpdatePodVolumesRequest) ProtoMessage() {}
 
 func (x *UpdatePodVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[13]
+	mi := &file_runtime_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1490,7 +1677,7 @@ func (x *UpdatePodVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePodVolumesRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePodVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{13}
+	return file_runtime_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *UpdatePodVolumesRequest) GetUid() string {
@@ -1517,7 +1704,7 @@ type UpdatePodVolumesResponse struct {
 
 func (x *UpdatePodVolumesResponse) Reset() {
 	*x = UpdatePodVolumesResponse{}
-	mi := &file_runtime_proto_msgTypes[14]
+	mi := &file_runtime_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1529,7 +1716,7 @@ func (x *UpdatePodVolumesResponse) String() string {
 func (*UpdatePodVolumesResponse) ProtoMessage() {}
 
 func (x *UpdatePodVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[14]
+	mi := &file_runtime_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1542,7 +1729,7 @@ func (x *UpdatePodVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePodVolumesResponse.ProtoReflect.Descriptor instead.
 func (*UpdatePodVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{14}
+	return file_runtime_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *UpdatePodVolumesResponse) GetChanged() []string {
@@ -1572,7 +1759,7 @@ type Probe struct {
 
 func (x *Probe) Reset() {
 	*x = Probe{}
-	mi := &file_runtime_proto_msgTypes[15]
+	mi := &file_runtime_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1584,7 +1771,7 @@ func (x *Probe) String() string {
 func (*Probe) ProtoMessage() {}
 
 func (x *Probe) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[15]
+	mi := &file_runtime_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1597,7 +1784,7 @@ func (x *Probe) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Probe.ProtoReflect.Descriptor instead.
 func (*Probe) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{15}
+	return file_runtime_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Probe) GetHandler() isProbe_Handler {
@@ -1715,7 +1902,7 @@ type ExecAction struct {
 
 func (x *ExecAction) Reset() {
 	*x = ExecAction{}
-	mi := &file_runtime_proto_msgTypes[16]
+	mi := &file_runtime_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1727,7 +1914,7 @@ func (x *ExecAction) String() string {
 func (*ExecAction) ProtoMessage() {}
 
 func (x *ExecAction) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[16]
+	mi := &file_runtime_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1740,7 +1927,7 @@ func (x *ExecAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecAction.ProtoReflect.Descriptor instead.
 func (*ExecAction) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{16}
+	return file_runtime_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ExecAction) GetCommand() []string {
@@ -1763,7 +1950,7 @@ type HTTPGetAction struct {
 
 func (x *HTTPGetAction) Reset() {
 	*x = HTTPGetAction{}
-	mi := &file_runtime_proto_msgTypes[17]
+	mi := &file_runtime_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1775,7 +1962,7 @@ func (x *HTTPGetAction) String() string {
 func (*HTTPGetAction) ProtoMessage() {}
 
 func (x *HTTPGetAction) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[17]
+	mi := &file_runtime_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1788,7 +1975,7 @@ func (x *HTTPGetAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPGetAction.ProtoReflect.Descriptor instead.
 func (*HTTPGetAction) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{17}
+	return file_runtime_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *HTTPGetAction) GetPath() string {
@@ -1836,7 +2023,7 @@ type TCPSocketAction struct {
 
 func (x *TCPSocketAction) Reset() {
 	*x = TCPSocketAction{}
-	mi := &file_runtime_proto_msgTypes[18]
+	mi := &file_runtime_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1848,7 +2035,7 @@ func (x *TCPSocketAction) String() string {
 func (*TCPSocketAction) ProtoMessage() {}
 
 func (x *TCPSocketAction) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[18]
+	mi := &file_runtime_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1861,7 +2048,7 @@ func (x *TCPSocketAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TCPSocketAction.ProtoReflect.Descriptor instead.
 func (*TCPSocketAction) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{18}
+	return file_runtime_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TCPSocketAction) GetPort() int32 {
@@ -1888,7 +2075,7 @@ type GRPCAction struct {
 
 func (x *GRPCAction) Reset() {
 	*x = GRPCAction{}
-	mi := &file_runtime_proto_msgTypes[19]
+	mi := &file_runtime_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1900,7 +2087,7 @@ func (x *GRPCAction) String() string {
 func (*GRPCAction) ProtoMessage() {}
 
 func (x *GRPCAction) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[19]
+	mi := &file_runtime_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1913,7 +2100,7 @@ func (x *GRPCAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GRPCAction.ProtoReflect.Descriptor instead.
 func (*GRPCAction) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{19}
+	return file_runtime_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GRPCAction) GetPort() int32 {
@@ -1940,7 +2127,7 @@ type Lifecycle struct {
 
 func (x *Lifecycle) Reset() {
 	*x = Lifecycle{}
-	mi := &file_runtime_proto_msgTypes[20]
+	mi := &file_runtime_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1952,7 +2139,7 @@ func (x *Lifecycle) String() string {
 func (*Lifecycle) ProtoMessage() {}
 
 func (x *Lifecycle) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[20]
+	mi := &file_runtime_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1965,7 +2152,7 @@ func (x *Lifecycle) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lifecycle.ProtoReflect.Descriptor instead.
 func (*Lifecycle) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{20}
+	return file_runtime_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Lifecycle) GetPostStart() *LifecycleHandler {
@@ -1997,7 +2184,7 @@ type LifecycleHandler struct {
 
 func (x *LifecycleHandler) Reset() {
 	*x = LifecycleHandler{}
-	mi := &file_runtime_proto_msgTypes[21]
+	mi := &file_runtime_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2009,7 +2196,7 @@ func (x *LifecycleHandler) String() string {
 func (*LifecycleHandler) ProtoMessage() {}
 
 func (x *LifecycleHandler) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[21]
+	mi := &file_runtime_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2022,7 +2209,7 @@ func (x *LifecycleHandler) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LifecycleHandler.ProtoReflect.Descriptor instead.
 func (*LifecycleHandler) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{21}
+	return file_runtime_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LifecycleHandler) GetHandler() isLifecycleHandler_Handler {
@@ -2132,7 +2319,7 @@ type PodStatus struct {
 
 func (x *PodStatus) Reset() {
 	*x = PodStatus{}
-	mi := &file_runtime_proto_msgTypes[22]
+	mi := &file_runtime_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2144,7 +2331,7 @@ func (x *PodStatus) String() string {
 func (*PodStatus) ProtoMessage() {}
 
 func (x *PodStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[22]
+	mi := &file_runtime_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2157,7 +2344,7 @@ func (x *PodStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodStatus.ProtoReflect.Descriptor instead.
 func (*PodStatus) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{22}
+	return file_runtime_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PodStatus) GetUid() string {
@@ -2287,7 +2474,7 @@ type ContainerStatus struct {
 
 func (x *ContainerStatus) Reset() {
 	*x = ContainerStatus{}
-	mi := &file_runtime_proto_msgTypes[23]
+	mi := &file_runtime_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2299,7 +2486,7 @@ func (x *ContainerStatus) String() string {
 func (*ContainerStatus) ProtoMessage() {}
 
 func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[23]
+	mi := &file_runtime_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2312,7 +2499,7 @@ func (x *ContainerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStatus.ProtoReflect.Descriptor instead.
 func (*ContainerStatus) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{23}
+	return file_runtime_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ContainerStatus) GetName() string {
@@ -2399,7 +2586,7 @@ type ContainerState struct {
 
 func (x *ContainerState) Reset() {
 	*x = ContainerState{}
-	mi := &file_runtime_proto_msgTypes[24]
+	mi := &file_runtime_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2411,7 +2598,7 @@ func (x *ContainerState) String() string {
 func (*ContainerState) ProtoMessage() {}
 
 func (x *ContainerState) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[24]
+	mi := &file_runtime_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2424,7 +2611,7 @@ func (x *ContainerState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerState.ProtoReflect.Descriptor instead.
 func (*ContainerState) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{24}
+	return file_runtime_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ContainerState) GetState() isContainerState_State {
@@ -2495,7 +2682,7 @@ type ContainerStateWaiting struct {
 
 func (x *ContainerStateWaiting) Reset() {
 	*x = ContainerStateWaiting{}
-	mi := &file_runtime_proto_msgTypes[25]
+	mi := &file_runtime_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2507,7 +2694,7 @@ func (x *ContainerStateWaiting) String() string {
 func (*ContainerStateWaiting) ProtoMessage() {}
 
 func (x *ContainerStateWaiting) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[25]
+	mi := &file_runtime_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2520,7 +2707,7 @@ func (x *ContainerStateWaiting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStateWaiting.ProtoReflect.Descriptor instead.
 func (*ContainerStateWaiting) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{25}
+	return file_runtime_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ContainerStateWaiting) GetReason() string {
@@ -2546,7 +2733,7 @@ type ContainerStateRunning struct {
 
 func (x *ContainerStateRunning) Reset() {
 	*x = ContainerStateRunning{}
-	mi := &file_runtime_proto_msgTypes[26]
+	mi := &file_runtime_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2558,7 +2745,7 @@ func (x *ContainerStateRunning) String() string {
 func (*ContainerStateRunning) ProtoMessage() {}
 
 func (x *ContainerStateRunning) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[26]
+	mi := &file_runtime_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2571,7 +2758,7 @@ func (x *ContainerStateRunning) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStateRunning.ProtoReflect.Descriptor instead.
 func (*ContainerStateRunning) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{26}
+	return file_runtime_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ContainerStateRunning) GetStartedAt() *timestamppb.Timestamp {
@@ -2597,7 +2784,7 @@ type ContainerStateTerminated struct {
 
 func (x *ContainerStateTerminated) Reset() {
 	*x = ContainerStateTerminated{}
-	mi := &file_runtime_proto_msgTypes[27]
+	mi := &file_runtime_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2609,7 +2796,7 @@ func (x *ContainerStateTerminated) String() string {
 func (*ContainerStateTerminated) ProtoMessage() {}
 
 func (x *ContainerStateTerminated) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[27]
+	mi := &file_runtime_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2622,7 +2809,7 @@ func (x *ContainerStateTerminated) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStateTerminated.ProtoReflect.Descriptor instead.
 func (*ContainerStateTerminated) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{27}
+	return file_runtime_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ContainerStateTerminated) GetExitCode() int32 {
@@ -2696,7 +2883,7 @@ type PodEvent struct {
 
 func (x *PodEvent) Reset() {
 	*x = PodEvent{}
-	mi := &file_runtime_proto_msgTypes[28]
+	mi := &file_runtime_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2708,7 +2895,7 @@ func (x *PodEvent) String() string {
 func (*PodEvent) ProtoMessage() {}
 
 func (x *PodEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[28]
+	mi := &file_runtime_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2721,7 +2908,7 @@ func (x *PodEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodEvent.ProtoReflect.Descriptor instead.
 func (*PodEvent) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{28}
+	return file_runtime_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *PodEvent) GetPodUid() string {
@@ -2795,7 +2982,7 @@ type GetRuntimeInfoRequest struct {
 
 func (x *GetRuntimeInfoRequest) Reset() {
 	*x = GetRuntimeInfoRequest{}
-	mi := &file_runtime_proto_msgTypes[29]
+	mi := &file_runtime_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2807,7 +2994,7 @@ func (x *GetRuntimeInfoRequest) String() string {
 func (*GetRuntimeInfoRequest) ProtoMessage() {}
 
 func (x *GetRuntimeInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[29]
+	mi := &file_runtime_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2820,7 +3007,7 @@ func (x *GetRuntimeInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRuntimeInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetRuntimeInfoRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{29}
+	return file_runtime_proto_rawDescGZIP(), []int{30}
 }
 
 type GetRuntimeInfoResponse struct {
@@ -2837,8 +3024,8 @@ type GetRuntimeInfoResponse struct {
 	MaxPods       int64  `protobuf:"varint,9,opt,name=max_pods,json=maxPods,proto3" json:"max_pods,omitempty"`
 	// Changes every time the daemon starts.
 	BootId string `protobuf:"bytes,10,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
-	// How pod roots are materialized on this data dir: reflink, clonefile or
-	// copy.
+	// How pod roots are materialized: overlay (the sandbox: the image as the
+	// container's "/"), else on this data dir reflink, clonefile or copy.
 	CloneMethod string `protobuf:"bytes,11,opt,name=clone_method,json=cloneMethod,proto3" json:"clone_method,omitempty"`
 	// The pod network: "netns" (a network namespace and address per pod,
 	// through k3sm-netd) or "host" (pods share the node's network).
@@ -2851,7 +3038,7 @@ type GetRuntimeInfoResponse struct {
 
 func (x *GetRuntimeInfoResponse) Reset() {
 	*x = GetRuntimeInfoResponse{}
-	mi := &file_runtime_proto_msgTypes[30]
+	mi := &file_runtime_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2863,7 +3050,7 @@ func (x *GetRuntimeInfoResponse) String() string {
 func (*GetRuntimeInfoResponse) ProtoMessage() {}
 
 func (x *GetRuntimeInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[30]
+	mi := &file_runtime_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2876,7 +3063,7 @@ func (x *GetRuntimeInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRuntimeInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetRuntimeInfoResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{30}
+	return file_runtime_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetRuntimeInfoResponse) GetRuntimeName() string {
@@ -2980,7 +3167,7 @@ type UpdateRuntimeConfigRequest struct {
 
 func (x *UpdateRuntimeConfigRequest) Reset() {
 	*x = UpdateRuntimeConfigRequest{}
-	mi := &file_runtime_proto_msgTypes[31]
+	mi := &file_runtime_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2992,7 +3179,7 @@ func (x *UpdateRuntimeConfigRequest) String() string {
 func (*UpdateRuntimeConfigRequest) ProtoMessage() {}
 
 func (x *UpdateRuntimeConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[31]
+	mi := &file_runtime_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3005,7 +3192,7 @@ func (x *UpdateRuntimeConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateRuntimeConfigRequest.ProtoReflect.Descriptor instead.
 func (*UpdateRuntimeConfigRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{31}
+	return file_runtime_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *UpdateRuntimeConfigRequest) GetPodCidr() string {
@@ -3023,7 +3210,7 @@ type UpdateRuntimeConfigResponse struct {
 
 func (x *UpdateRuntimeConfigResponse) Reset() {
 	*x = UpdateRuntimeConfigResponse{}
-	mi := &file_runtime_proto_msgTypes[32]
+	mi := &file_runtime_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3035,7 +3222,7 @@ func (x *UpdateRuntimeConfigResponse) String() string {
 func (*UpdateRuntimeConfigResponse) ProtoMessage() {}
 
 func (x *UpdateRuntimeConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[32]
+	mi := &file_runtime_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3048,7 +3235,7 @@ func (x *UpdateRuntimeConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateRuntimeConfigResponse.ProtoReflect.Descriptor instead.
 func (*UpdateRuntimeConfigResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{32}
+	return file_runtime_proto_rawDescGZIP(), []int{33}
 }
 
 type SetPodNetworkPolicyRequest struct {
@@ -3061,7 +3248,7 @@ type SetPodNetworkPolicyRequest struct {
 
 func (x *SetPodNetworkPolicyRequest) Reset() {
 	*x = SetPodNetworkPolicyRequest{}
-	mi := &file_runtime_proto_msgTypes[33]
+	mi := &file_runtime_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3073,7 +3260,7 @@ func (x *SetPodNetworkPolicyRequest) String() string {
 func (*SetPodNetworkPolicyRequest) ProtoMessage() {}
 
 func (x *SetPodNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[33]
+	mi := &file_runtime_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3086,7 +3273,7 @@ func (x *SetPodNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPodNetworkPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPodNetworkPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{33}
+	return file_runtime_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SetPodNetworkPolicyRequest) GetPodUid() string {
@@ -3111,7 +3298,7 @@ type SetPodNetworkPolicyResponse struct {
 
 func (x *SetPodNetworkPolicyResponse) Reset() {
 	*x = SetPodNetworkPolicyResponse{}
-	mi := &file_runtime_proto_msgTypes[34]
+	mi := &file_runtime_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3123,7 +3310,7 @@ func (x *SetPodNetworkPolicyResponse) String() string {
 func (*SetPodNetworkPolicyResponse) ProtoMessage() {}
 
 func (x *SetPodNetworkPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[34]
+	mi := &file_runtime_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3136,7 +3323,7 @@ func (x *SetPodNetworkPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPodNetworkPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetPodNetworkPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{34}
+	return file_runtime_proto_rawDescGZIP(), []int{35}
 }
 
 // PodNetworkPolicy is one pod's resolved NetworkPolicy. Traffic between the
@@ -3151,7 +3338,7 @@ type PodNetworkPolicy struct {
 
 func (x *PodNetworkPolicy) Reset() {
 	*x = PodNetworkPolicy{}
-	mi := &file_runtime_proto_msgTypes[35]
+	mi := &file_runtime_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3163,7 +3350,7 @@ func (x *PodNetworkPolicy) String() string {
 func (*PodNetworkPolicy) ProtoMessage() {}
 
 func (x *PodNetworkPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[35]
+	mi := &file_runtime_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3176,7 +3363,7 @@ func (x *PodNetworkPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodNetworkPolicy.ProtoReflect.Descriptor instead.
 func (*PodNetworkPolicy) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{35}
+	return file_runtime_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *PodNetworkPolicy) GetIngress() *NetworkPolicyDirection {
@@ -3206,7 +3393,7 @@ type NetworkPolicyDirection struct {
 
 func (x *NetworkPolicyDirection) Reset() {
 	*x = NetworkPolicyDirection{}
-	mi := &file_runtime_proto_msgTypes[36]
+	mi := &file_runtime_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3218,7 +3405,7 @@ func (x *NetworkPolicyDirection) String() string {
 func (*NetworkPolicyDirection) ProtoMessage() {}
 
 func (x *NetworkPolicyDirection) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[36]
+	mi := &file_runtime_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3231,7 +3418,7 @@ func (x *NetworkPolicyDirection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkPolicyDirection.ProtoReflect.Descriptor instead.
 func (*NetworkPolicyDirection) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{36}
+	return file_runtime_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *NetworkPolicyDirection) GetIsolated() bool {
@@ -3260,7 +3447,7 @@ type NetworkPolicyRule struct {
 
 func (x *NetworkPolicyRule) Reset() {
 	*x = NetworkPolicyRule{}
-	mi := &file_runtime_proto_msgTypes[37]
+	mi := &file_runtime_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3272,7 +3459,7 @@ func (x *NetworkPolicyRule) String() string {
 func (*NetworkPolicyRule) ProtoMessage() {}
 
 func (x *NetworkPolicyRule) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[37]
+	mi := &file_runtime_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3285,7 +3472,7 @@ func (x *NetworkPolicyRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkPolicyRule.ProtoReflect.Descriptor instead.
 func (*NetworkPolicyRule) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{37}
+	return file_runtime_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *NetworkPolicyRule) GetPeers() []*NetworkPolicyPeer {
@@ -3314,7 +3501,7 @@ type NetworkPolicyPeer struct {
 
 func (x *NetworkPolicyPeer) Reset() {
 	*x = NetworkPolicyPeer{}
-	mi := &file_runtime_proto_msgTypes[38]
+	mi := &file_runtime_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3326,7 +3513,7 @@ func (x *NetworkPolicyPeer) String() string {
 func (*NetworkPolicyPeer) ProtoMessage() {}
 
 func (x *NetworkPolicyPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[38]
+	mi := &file_runtime_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3339,7 +3526,7 @@ func (x *NetworkPolicyPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkPolicyPeer.ProtoReflect.Descriptor instead.
 func (*NetworkPolicyPeer) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{38}
+	return file_runtime_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *NetworkPolicyPeer) GetCidr() string {
@@ -3369,7 +3556,7 @@ type NetworkPolicyPort struct {
 
 func (x *NetworkPolicyPort) Reset() {
 	*x = NetworkPolicyPort{}
-	mi := &file_runtime_proto_msgTypes[39]
+	mi := &file_runtime_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3381,7 +3568,7 @@ func (x *NetworkPolicyPort) String() string {
 func (*NetworkPolicyPort) ProtoMessage() {}
 
 func (x *NetworkPolicyPort) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[39]
+	mi := &file_runtime_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3394,7 +3581,7 @@ func (x *NetworkPolicyPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkPolicyPort.ProtoReflect.Descriptor instead.
 func (*NetworkPolicyPort) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{39}
+	return file_runtime_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *NetworkPolicyPort) GetProtocol() string {
@@ -3427,7 +3614,7 @@ type CreatePodRequest struct {
 
 func (x *CreatePodRequest) Reset() {
 	*x = CreatePodRequest{}
-	mi := &file_runtime_proto_msgTypes[40]
+	mi := &file_runtime_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3439,7 +3626,7 @@ func (x *CreatePodRequest) String() string {
 func (*CreatePodRequest) ProtoMessage() {}
 
 func (x *CreatePodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[40]
+	mi := &file_runtime_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3452,7 +3639,7 @@ func (x *CreatePodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePodRequest.ProtoReflect.Descriptor instead.
 func (*CreatePodRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{40}
+	return file_runtime_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CreatePodRequest) GetPod() *PodSpec {
@@ -3471,7 +3658,7 @@ type CreatePodResponse struct {
 
 func (x *CreatePodResponse) Reset() {
 	*x = CreatePodResponse{}
-	mi := &file_runtime_proto_msgTypes[41]
+	mi := &file_runtime_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3483,7 +3670,7 @@ func (x *CreatePodResponse) String() string {
 func (*CreatePodResponse) ProtoMessage() {}
 
 func (x *CreatePodResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[41]
+	mi := &file_runtime_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3496,7 +3683,7 @@ func (x *CreatePodResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePodResponse.ProtoReflect.Descriptor instead.
 func (*CreatePodResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{41}
+	return file_runtime_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CreatePodResponse) GetStatus() *PodStatus {
@@ -3515,7 +3702,7 @@ type UpdatePodRequest struct {
 
 func (x *UpdatePodRequest) Reset() {
 	*x = UpdatePodRequest{}
-	mi := &file_runtime_proto_msgTypes[42]
+	mi := &file_runtime_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3527,7 +3714,7 @@ func (x *UpdatePodRequest) String() string {
 func (*UpdatePodRequest) ProtoMessage() {}
 
 func (x *UpdatePodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[42]
+	mi := &file_runtime_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3540,7 +3727,7 @@ func (x *UpdatePodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePodRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePodRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{42}
+	return file_runtime_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *UpdatePodRequest) GetPod() *PodSpec {
@@ -3559,7 +3746,7 @@ type UpdatePodResponse struct {
 
 func (x *UpdatePodResponse) Reset() {
 	*x = UpdatePodResponse{}
-	mi := &file_runtime_proto_msgTypes[43]
+	mi := &file_runtime_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3571,7 +3758,7 @@ func (x *UpdatePodResponse) String() string {
 func (*UpdatePodResponse) ProtoMessage() {}
 
 func (x *UpdatePodResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[43]
+	mi := &file_runtime_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3584,7 +3771,7 @@ func (x *UpdatePodResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePodResponse.ProtoReflect.Descriptor instead.
 func (*UpdatePodResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{43}
+	return file_runtime_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *UpdatePodResponse) GetStatus() *PodStatus {
@@ -3608,7 +3795,7 @@ type DeletePodRequest struct {
 
 func (x *DeletePodRequest) Reset() {
 	*x = DeletePodRequest{}
-	mi := &file_runtime_proto_msgTypes[44]
+	mi := &file_runtime_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3620,7 +3807,7 @@ func (x *DeletePodRequest) String() string {
 func (*DeletePodRequest) ProtoMessage() {}
 
 func (x *DeletePodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[44]
+	mi := &file_runtime_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3633,7 +3820,7 @@ func (x *DeletePodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePodRequest.ProtoReflect.Descriptor instead.
 func (*DeletePodRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{44}
+	return file_runtime_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DeletePodRequest) GetUid() string {
@@ -3665,7 +3852,7 @@ type DeletePodResponse struct {
 
 func (x *DeletePodResponse) Reset() {
 	*x = DeletePodResponse{}
-	mi := &file_runtime_proto_msgTypes[45]
+	mi := &file_runtime_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3677,7 +3864,7 @@ func (x *DeletePodResponse) String() string {
 func (*DeletePodResponse) ProtoMessage() {}
 
 func (x *DeletePodResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[45]
+	mi := &file_runtime_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3690,7 +3877,7 @@ func (x *DeletePodResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePodResponse.ProtoReflect.Descriptor instead.
 func (*DeletePodResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{45}
+	return file_runtime_proto_rawDescGZIP(), []int{46}
 }
 
 type GetPodStatusRequest struct {
@@ -3702,7 +3889,7 @@ type GetPodStatusRequest struct {
 
 func (x *GetPodStatusRequest) Reset() {
 	*x = GetPodStatusRequest{}
-	mi := &file_runtime_proto_msgTypes[46]
+	mi := &file_runtime_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3714,7 +3901,7 @@ func (x *GetPodStatusRequest) String() string {
 func (*GetPodStatusRequest) ProtoMessage() {}
 
 func (x *GetPodStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[46]
+	mi := &file_runtime_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3727,7 +3914,7 @@ func (x *GetPodStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPodStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetPodStatusRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{46}
+	return file_runtime_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *GetPodStatusRequest) GetUid() string {
@@ -3746,7 +3933,7 @@ type GetPodStatusResponse struct {
 
 func (x *GetPodStatusResponse) Reset() {
 	*x = GetPodStatusResponse{}
-	mi := &file_runtime_proto_msgTypes[47]
+	mi := &file_runtime_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3758,7 +3945,7 @@ func (x *GetPodStatusResponse) String() string {
 func (*GetPodStatusResponse) ProtoMessage() {}
 
 func (x *GetPodStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[47]
+	mi := &file_runtime_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3771,7 +3958,7 @@ func (x *GetPodStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPodStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetPodStatusResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{47}
+	return file_runtime_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetPodStatusResponse) GetStatus() *PodStatus {
@@ -3789,7 +3976,7 @@ type ListPodsRequest struct {
 
 func (x *ListPodsRequest) Reset() {
 	*x = ListPodsRequest{}
-	mi := &file_runtime_proto_msgTypes[48]
+	mi := &file_runtime_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3801,7 +3988,7 @@ func (x *ListPodsRequest) String() string {
 func (*ListPodsRequest) ProtoMessage() {}
 
 func (x *ListPodsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[48]
+	mi := &file_runtime_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3814,7 +4001,7 @@ func (x *ListPodsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodsRequest.ProtoReflect.Descriptor instead.
 func (*ListPodsRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{48}
+	return file_runtime_proto_rawDescGZIP(), []int{49}
 }
 
 type ListPodsResponse struct {
@@ -3828,7 +4015,7 @@ type ListPodsResponse struct {
 
 func (x *ListPodsResponse) Reset() {
 	*x = ListPodsResponse{}
-	mi := &file_runtime_proto_msgTypes[49]
+	mi := &file_runtime_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3840,7 +4027,7 @@ func (x *ListPodsResponse) String() string {
 func (*ListPodsResponse) ProtoMessage() {}
 
 func (x *ListPodsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[49]
+	mi := &file_runtime_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3853,7 +4040,7 @@ func (x *ListPodsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodsResponse.ProtoReflect.Descriptor instead.
 func (*ListPodsResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{49}
+	return file_runtime_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListPodsResponse) GetPods() []*PodStatus {
@@ -3883,7 +4070,7 @@ type WatchPodStatusRequest struct {
 
 func (x *WatchPodStatusRequest) Reset() {
 	*x = WatchPodStatusRequest{}
-	mi := &file_runtime_proto_msgTypes[50]
+	mi := &file_runtime_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3895,7 +4082,7 @@ func (x *WatchPodStatusRequest) String() string {
 func (*WatchPodStatusRequest) ProtoMessage() {}
 
 func (x *WatchPodStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[50]
+	mi := &file_runtime_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3908,7 +4095,7 @@ func (x *WatchPodStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchPodStatusRequest.ProtoReflect.Descriptor instead.
 func (*WatchPodStatusRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{50}
+	return file_runtime_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *WatchPodStatusRequest) GetEventsBootId() string {
@@ -3937,7 +4124,7 @@ type WatchPodStatusResponse struct {
 
 func (x *WatchPodStatusResponse) Reset() {
 	*x = WatchPodStatusResponse{}
-	mi := &file_runtime_proto_msgTypes[51]
+	mi := &file_runtime_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3949,7 +4136,7 @@ func (x *WatchPodStatusResponse) String() string {
 func (*WatchPodStatusResponse) ProtoMessage() {}
 
 func (x *WatchPodStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[51]
+	mi := &file_runtime_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3962,7 +4149,7 @@ func (x *WatchPodStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchPodStatusResponse.ProtoReflect.Descriptor instead.
 func (*WatchPodStatusResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{51}
+	return file_runtime_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *WatchPodStatusResponse) GetKind() WatchPodStatusResponse_Kind {
@@ -4012,7 +4199,7 @@ type GetLogsRequest struct {
 
 func (x *GetLogsRequest) Reset() {
 	*x = GetLogsRequest{}
-	mi := &file_runtime_proto_msgTypes[52]
+	mi := &file_runtime_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4024,7 +4211,7 @@ func (x *GetLogsRequest) String() string {
 func (*GetLogsRequest) ProtoMessage() {}
 
 func (x *GetLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[52]
+	mi := &file_runtime_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4037,7 +4224,7 @@ func (x *GetLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLogsRequest.ProtoReflect.Descriptor instead.
 func (*GetLogsRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{52}
+	return file_runtime_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *GetLogsRequest) GetPodUid() string {
@@ -4107,7 +4294,7 @@ type GetLogsResponse struct {
 
 func (x *GetLogsResponse) Reset() {
 	*x = GetLogsResponse{}
-	mi := &file_runtime_proto_msgTypes[53]
+	mi := &file_runtime_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4119,7 +4306,7 @@ func (x *GetLogsResponse) String() string {
 func (*GetLogsResponse) ProtoMessage() {}
 
 func (x *GetLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[53]
+	mi := &file_runtime_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4132,7 +4319,7 @@ func (x *GetLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLogsResponse.ProtoReflect.Descriptor instead.
 func (*GetLogsResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{53}
+	return file_runtime_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *GetLogsResponse) GetData() []byte {
@@ -4152,7 +4339,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_runtime_proto_msgTypes[54]
+	mi := &file_runtime_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4164,7 +4351,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[54]
+	mi := &file_runtime_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4177,7 +4364,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{54}
+	return file_runtime_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *TerminalSize) GetWidth() uint32 {
@@ -4208,7 +4395,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_runtime_proto_msgTypes[55]
+	mi := &file_runtime_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4220,7 +4407,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[55]
+	mi := &file_runtime_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4233,7 +4420,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{55}
+	return file_runtime_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ExecStart) GetPodUid() string {
@@ -4293,7 +4480,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_runtime_proto_msgTypes[56]
+	mi := &file_runtime_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4305,7 +4492,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[56]
+	mi := &file_runtime_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4318,7 +4505,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{56}
+	return file_runtime_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -4404,7 +4591,7 @@ type ExitStatus struct {
 
 func (x *ExitStatus) Reset() {
 	*x = ExitStatus{}
-	mi := &file_runtime_proto_msgTypes[57]
+	mi := &file_runtime_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4416,7 +4603,7 @@ func (x *ExitStatus) String() string {
 func (*ExitStatus) ProtoMessage() {}
 
 func (x *ExitStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[57]
+	mi := &file_runtime_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4429,7 +4616,7 @@ func (x *ExitStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExitStatus.ProtoReflect.Descriptor instead.
 func (*ExitStatus) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{57}
+	return file_runtime_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ExitStatus) GetExitCode() int32 {
@@ -4467,7 +4654,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_runtime_proto_msgTypes[58]
+	mi := &file_runtime_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4479,7 +4666,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[58]
+	mi := &file_runtime_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4492,7 +4679,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{58}
+	return file_runtime_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ExecResponse) GetMsg() isExecResponse_Msg {
@@ -4563,7 +4750,7 @@ type AttachStart struct {
 
 func (x *AttachStart) Reset() {
 	*x = AttachStart{}
-	mi := &file_runtime_proto_msgTypes[59]
+	mi := &file_runtime_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4575,7 +4762,7 @@ func (x *AttachStart) String() string {
 func (*AttachStart) ProtoMessage() {}
 
 func (x *AttachStart) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[59]
+	mi := &file_runtime_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4588,7 +4775,7 @@ func (x *AttachStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachStart.ProtoReflect.Descriptor instead.
 func (*AttachStart) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{59}
+	return file_runtime_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *AttachStart) GetPodUid() string {
@@ -4634,7 +4821,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_runtime_proto_msgTypes[60]
+	mi := &file_runtime_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4646,7 +4833,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[60]
+	mi := &file_runtime_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4659,7 +4846,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{60}
+	return file_runtime_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *AttachRequest) GetMsg() isAttachRequest_Msg {
@@ -4747,7 +4934,7 @@ type AttachResponse struct {
 
 func (x *AttachResponse) Reset() {
 	*x = AttachResponse{}
-	mi := &file_runtime_proto_msgTypes[61]
+	mi := &file_runtime_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4759,7 +4946,7 @@ func (x *AttachResponse) String() string {
 func (*AttachResponse) ProtoMessage() {}
 
 func (x *AttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[61]
+	mi := &file_runtime_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4772,7 +4959,7 @@ func (x *AttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachResponse.ProtoReflect.Descriptor instead.
 func (*AttachResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{61}
+	return file_runtime_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *AttachResponse) GetMsg() isAttachResponse_Msg {
@@ -4841,7 +5028,7 @@ type PortForwardStart struct {
 
 func (x *PortForwardStart) Reset() {
 	*x = PortForwardStart{}
-	mi := &file_runtime_proto_msgTypes[62]
+	mi := &file_runtime_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4853,7 +5040,7 @@ func (x *PortForwardStart) String() string {
 func (*PortForwardStart) ProtoMessage() {}
 
 func (x *PortForwardStart) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[62]
+	mi := &file_runtime_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4866,7 +5053,7 @@ func (x *PortForwardStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForwardStart.ProtoReflect.Descriptor instead.
 func (*PortForwardStart) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{62}
+	return file_runtime_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *PortForwardStart) GetPodUid() string {
@@ -4897,7 +5084,7 @@ type PortForwardRequest struct {
 
 func (x *PortForwardRequest) Reset() {
 	*x = PortForwardRequest{}
-	mi := &file_runtime_proto_msgTypes[63]
+	mi := &file_runtime_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4909,7 +5096,7 @@ func (x *PortForwardRequest) String() string {
 func (*PortForwardRequest) ProtoMessage() {}
 
 func (x *PortForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[63]
+	mi := &file_runtime_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4922,7 +5109,7 @@ func (x *PortForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForwardRequest.ProtoReflect.Descriptor instead.
 func (*PortForwardRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{63}
+	return file_runtime_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *PortForwardRequest) GetMsg() isPortForwardRequest_Msg {
@@ -4995,7 +5182,7 @@ type PortForwardResponse struct {
 
 func (x *PortForwardResponse) Reset() {
 	*x = PortForwardResponse{}
-	mi := &file_runtime_proto_msgTypes[64]
+	mi := &file_runtime_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5007,7 +5194,7 @@ func (x *PortForwardResponse) String() string {
 func (*PortForwardResponse) ProtoMessage() {}
 
 func (x *PortForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[64]
+	mi := &file_runtime_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5020,7 +5207,7 @@ func (x *PortForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForwardResponse.ProtoReflect.Descriptor instead.
 func (*PortForwardResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{64}
+	return file_runtime_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *PortForwardResponse) GetMsg() isPortForwardResponse_Msg {
@@ -5075,7 +5262,7 @@ type ListPodStatsRequest struct {
 
 func (x *ListPodStatsRequest) Reset() {
 	*x = ListPodStatsRequest{}
-	mi := &file_runtime_proto_msgTypes[65]
+	mi := &file_runtime_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5087,7 +5274,7 @@ func (x *ListPodStatsRequest) String() string {
 func (*ListPodStatsRequest) ProtoMessage() {}
 
 func (x *ListPodStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[65]
+	mi := &file_runtime_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5100,7 +5287,7 @@ func (x *ListPodStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodStatsRequest.ProtoReflect.Descriptor instead.
 func (*ListPodStatsRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{65}
+	return file_runtime_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ListPodStatsRequest) GetPodUid() string {
@@ -5124,7 +5311,7 @@ type ContainerStats struct {
 
 func (x *ContainerStats) Reset() {
 	*x = ContainerStats{}
-	mi := &file_runtime_proto_msgTypes[66]
+	mi := &file_runtime_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5136,7 +5323,7 @@ func (x *ContainerStats) String() string {
 func (*ContainerStats) ProtoMessage() {}
 
 func (x *ContainerStats) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[66]
+	mi := &file_runtime_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5149,7 +5336,7 @@ func (x *ContainerStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStats.ProtoReflect.Descriptor instead.
 func (*ContainerStats) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{66}
+	return file_runtime_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ContainerStats) GetName() string {
@@ -5206,7 +5393,7 @@ type PodStats struct {
 
 func (x *PodStats) Reset() {
 	*x = PodStats{}
-	mi := &file_runtime_proto_msgTypes[67]
+	mi := &file_runtime_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5218,7 +5405,7 @@ func (x *PodStats) String() string {
 func (*PodStats) ProtoMessage() {}
 
 func (x *PodStats) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[67]
+	mi := &file_runtime_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5231,7 +5418,7 @@ func (x *PodStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodStats.ProtoReflect.Descriptor instead.
 func (*PodStats) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{67}
+	return file_runtime_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *PodStats) GetUid() string {
@@ -5271,7 +5458,7 @@ type ListPodStatsResponse struct {
 
 func (x *ListPodStatsResponse) Reset() {
 	*x = ListPodStatsResponse{}
-	mi := &file_runtime_proto_msgTypes[68]
+	mi := &file_runtime_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5283,7 +5470,7 @@ func (x *ListPodStatsResponse) String() string {
 func (*ListPodStatsResponse) ProtoMessage() {}
 
 func (x *ListPodStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[68]
+	mi := &file_runtime_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5296,7 +5483,7 @@ func (x *ListPodStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodStatsResponse.ProtoReflect.Descriptor instead.
 func (*ListPodStatsResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{68}
+	return file_runtime_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ListPodStatsResponse) GetPods() []*PodStats {
@@ -5323,7 +5510,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_runtime_proto_msgTypes[69]
+	mi := &file_runtime_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5335,7 +5522,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[69]
+	mi := &file_runtime_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5348,7 +5535,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{69}
+	return file_runtime_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *Image) GetId() string {
@@ -5408,7 +5595,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_runtime_proto_msgTypes[70]
+	mi := &file_runtime_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5420,7 +5607,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[70]
+	mi := &file_runtime_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5433,7 +5620,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{70}
+	return file_runtime_proto_rawDescGZIP(), []int{71}
 }
 
 type ListImagesResponse struct {
@@ -5445,7 +5632,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_runtime_proto_msgTypes[71]
+	mi := &file_runtime_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5457,7 +5644,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[71]
+	mi := &file_runtime_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5470,7 +5657,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{71}
+	return file_runtime_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -5490,7 +5677,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_runtime_proto_msgTypes[72]
+	mi := &file_runtime_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5502,7 +5689,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[72]
+	mi := &file_runtime_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5515,7 +5702,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{72}
+	return file_runtime_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *PullImageRequest) GetImage() string {
@@ -5541,7 +5728,7 @@ type PullImageResponse struct {
 
 func (x *PullImageResponse) Reset() {
 	*x = PullImageResponse{}
-	mi := &file_runtime_proto_msgTypes[73]
+	mi := &file_runtime_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5553,7 +5740,7 @@ func (x *PullImageResponse) String() string {
 func (*PullImageResponse) ProtoMessage() {}
 
 func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[73]
+	mi := &file_runtime_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5566,7 +5753,7 @@ func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageResponse.ProtoReflect.Descriptor instead.
 func (*PullImageResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{73}
+	return file_runtime_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *PullImageResponse) GetImage() *Image {
@@ -5586,7 +5773,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_runtime_proto_msgTypes[74]
+	mi := &file_runtime_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5598,7 +5785,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[74]
+	mi := &file_runtime_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5611,7 +5798,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{74}
+	return file_runtime_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *RemoveImageRequest) GetImage() string {
@@ -5629,7 +5816,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_runtime_proto_msgTypes[75]
+	mi := &file_runtime_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5641,7 +5828,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[75]
+	mi := &file_runtime_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5654,7 +5841,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{75}
+	return file_runtime_proto_rawDescGZIP(), []int{76}
 }
 
 type ImageFsInfoRequest struct {
@@ -5665,7 +5852,7 @@ type ImageFsInfoRequest struct {
 
 func (x *ImageFsInfoRequest) Reset() {
 	*x = ImageFsInfoRequest{}
-	mi := &file_runtime_proto_msgTypes[76]
+	mi := &file_runtime_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5677,7 +5864,7 @@ func (x *ImageFsInfoRequest) String() string {
 func (*ImageFsInfoRequest) ProtoMessage() {}
 
 func (x *ImageFsInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[76]
+	mi := &file_runtime_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5690,7 +5877,7 @@ func (x *ImageFsInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageFsInfoRequest.ProtoReflect.Descriptor instead.
 func (*ImageFsInfoRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{76}
+	return file_runtime_proto_rawDescGZIP(), []int{77}
 }
 
 type ImageFsInfoResponse struct {
@@ -5706,7 +5893,7 @@ type ImageFsInfoResponse struct {
 
 func (x *ImageFsInfoResponse) Reset() {
 	*x = ImageFsInfoResponse{}
-	mi := &file_runtime_proto_msgTypes[77]
+	mi := &file_runtime_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5718,7 +5905,7 @@ func (x *ImageFsInfoResponse) String() string {
 func (*ImageFsInfoResponse) ProtoMessage() {}
 
 func (x *ImageFsInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[77]
+	mi := &file_runtime_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5731,7 +5918,7 @@ func (x *ImageFsInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageFsInfoResponse.ProtoReflect.Descriptor instead.
 func (*ImageFsInfoResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{77}
+	return file_runtime_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ImageFsInfoResponse) GetMountpoint() string {
@@ -5782,7 +5969,7 @@ type ImageProgress struct {
 
 func (x *ImageProgress) Reset() {
 	*x = ImageProgress{}
-	mi := &file_runtime_proto_msgTypes[78]
+	mi := &file_runtime_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5794,7 +5981,7 @@ func (x *ImageProgress) String() string {
 func (*ImageProgress) ProtoMessage() {}
 
 func (x *ImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[78]
+	mi := &file_runtime_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5807,7 +5994,7 @@ func (x *ImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageProgress.ProtoReflect.Descriptor instead.
 func (*ImageProgress) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{78}
+	return file_runtime_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ImageProgress) GetDoneBytes() int64 {
@@ -5842,7 +6029,7 @@ type LoadImageRequest struct {
 
 func (x *LoadImageRequest) Reset() {
 	*x = LoadImageRequest{}
-	mi := &file_runtime_proto_msgTypes[79]
+	mi := &file_runtime_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5854,7 +6041,7 @@ func (x *LoadImageRequest) String() string {
 func (*LoadImageRequest) ProtoMessage() {}
 
 func (x *LoadImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[79]
+	mi := &file_runtime_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5867,7 +6054,7 @@ func (x *LoadImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadImageRequest.ProtoReflect.Descriptor instead.
 func (*LoadImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{79}
+	return file_runtime_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *LoadImageRequest) GetChunk() []byte {
@@ -5893,7 +6080,7 @@ type LoadImageResponse struct {
 
 func (x *LoadImageResponse) Reset() {
 	*x = LoadImageResponse{}
-	mi := &file_runtime_proto_msgTypes[80]
+	mi := &file_runtime_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5905,7 +6092,7 @@ func (x *LoadImageResponse) String() string {
 func (*LoadImageResponse) ProtoMessage() {}
 
 func (x *LoadImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[80]
+	mi := &file_runtime_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5918,7 +6105,7 @@ func (x *LoadImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadImageResponse.ProtoReflect.Descriptor instead.
 func (*LoadImageResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{80}
+	return file_runtime_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *LoadImageResponse) GetImages() []*Image {
@@ -5937,7 +6124,7 @@ type SaveImageRequest struct {
 
 func (x *SaveImageRequest) Reset() {
 	*x = SaveImageRequest{}
-	mi := &file_runtime_proto_msgTypes[81]
+	mi := &file_runtime_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5949,7 +6136,7 @@ func (x *SaveImageRequest) String() string {
 func (*SaveImageRequest) ProtoMessage() {}
 
 func (x *SaveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[81]
+	mi := &file_runtime_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5962,7 +6149,7 @@ func (x *SaveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveImageRequest.ProtoReflect.Descriptor instead.
 func (*SaveImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{81}
+	return file_runtime_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *SaveImageRequest) GetImages() []string {
@@ -5981,7 +6168,7 @@ type SaveImageResponse struct {
 
 func (x *SaveImageResponse) Reset() {
 	*x = SaveImageResponse{}
-	mi := &file_runtime_proto_msgTypes[82]
+	mi := &file_runtime_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5993,7 +6180,7 @@ func (x *SaveImageResponse) String() string {
 func (*SaveImageResponse) ProtoMessage() {}
 
 func (x *SaveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[82]
+	mi := &file_runtime_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6006,7 +6193,7 @@ func (x *SaveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveImageResponse.ProtoReflect.Descriptor instead.
 func (*SaveImageResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{82}
+	return file_runtime_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *SaveImageResponse) GetChunk() []byte {
@@ -6028,7 +6215,7 @@ type PushImageRequest struct {
 
 func (x *PushImageRequest) Reset() {
 	*x = PushImageRequest{}
-	mi := &file_runtime_proto_msgTypes[83]
+	mi := &file_runtime_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6040,7 +6227,7 @@ func (x *PushImageRequest) String() string {
 func (*PushImageRequest) ProtoMessage() {}
 
 func (x *PushImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[83]
+	mi := &file_runtime_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6053,7 +6240,7 @@ func (x *PushImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushImageRequest.ProtoReflect.Descriptor instead.
 func (*PushImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{83}
+	return file_runtime_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *PushImageRequest) GetImage() string {
@@ -6080,7 +6267,7 @@ type TagImageRequest struct {
 
 func (x *TagImageRequest) Reset() {
 	*x = TagImageRequest{}
-	mi := &file_runtime_proto_msgTypes[84]
+	mi := &file_runtime_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6092,7 +6279,7 @@ func (x *TagImageRequest) String() string {
 func (*TagImageRequest) ProtoMessage() {}
 
 func (x *TagImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[84]
+	mi := &file_runtime_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6105,7 +6292,7 @@ func (x *TagImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagImageRequest.ProtoReflect.Descriptor instead.
 func (*TagImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{84}
+	return file_runtime_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *TagImageRequest) GetSource() string {
@@ -6131,7 +6318,7 @@ type TagImageResponse struct {
 
 func (x *TagImageResponse) Reset() {
 	*x = TagImageResponse{}
-	mi := &file_runtime_proto_msgTypes[85]
+	mi := &file_runtime_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6143,7 +6330,7 @@ func (x *TagImageResponse) String() string {
 func (*TagImageResponse) ProtoMessage() {}
 
 func (x *TagImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[85]
+	mi := &file_runtime_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6156,7 +6343,7 @@ func (x *TagImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagImageResponse.ProtoReflect.Descriptor instead.
 func (*TagImageResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{85}
+	return file_runtime_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *TagImageResponse) GetImage() *Image {
@@ -6177,7 +6364,7 @@ type UntagImageRequest struct {
 
 func (x *UntagImageRequest) Reset() {
 	*x = UntagImageRequest{}
-	mi := &file_runtime_proto_msgTypes[86]
+	mi := &file_runtime_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6189,7 +6376,7 @@ func (x *UntagImageRequest) String() string {
 func (*UntagImageRequest) ProtoMessage() {}
 
 func (x *UntagImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[86]
+	mi := &file_runtime_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6202,7 +6389,7 @@ func (x *UntagImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UntagImageRequest.ProtoReflect.Descriptor instead.
 func (*UntagImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{86}
+	return file_runtime_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *UntagImageRequest) GetImage() string {
@@ -6228,7 +6415,7 @@ type UntagImageResponse struct {
 
 func (x *UntagImageResponse) Reset() {
 	*x = UntagImageResponse{}
-	mi := &file_runtime_proto_msgTypes[87]
+	mi := &file_runtime_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6240,7 +6427,7 @@ func (x *UntagImageResponse) String() string {
 func (*UntagImageResponse) ProtoMessage() {}
 
 func (x *UntagImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[87]
+	mi := &file_runtime_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6253,7 +6440,7 @@ func (x *UntagImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UntagImageResponse.ProtoReflect.Descriptor instead.
 func (*UntagImageResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{87}
+	return file_runtime_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *UntagImageResponse) GetDeleted() bool {
@@ -6272,7 +6459,7 @@ type InspectImageRequest struct {
 
 func (x *InspectImageRequest) Reset() {
 	*x = InspectImageRequest{}
-	mi := &file_runtime_proto_msgTypes[88]
+	mi := &file_runtime_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6284,7 +6471,7 @@ func (x *InspectImageRequest) String() string {
 func (*InspectImageRequest) ProtoMessage() {}
 
 func (x *InspectImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[88]
+	mi := &file_runtime_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6297,7 +6484,7 @@ func (x *InspectImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectImageRequest.ProtoReflect.Descriptor instead.
 func (*InspectImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{88}
+	return file_runtime_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *InspectImageRequest) GetImage() string {
@@ -6318,7 +6505,7 @@ type InspectImageResponse struct {
 
 func (x *InspectImageResponse) Reset() {
 	*x = InspectImageResponse{}
-	mi := &file_runtime_proto_msgTypes[89]
+	mi := &file_runtime_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6330,7 +6517,7 @@ func (x *InspectImageResponse) String() string {
 func (*InspectImageResponse) ProtoMessage() {}
 
 func (x *InspectImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[89]
+	mi := &file_runtime_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6343,7 +6530,7 @@ func (x *InspectImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectImageResponse.ProtoReflect.Descriptor instead.
 func (*InspectImageResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{89}
+	return file_runtime_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *InspectImageResponse) GetImage() *Image {
@@ -6378,7 +6565,7 @@ type PruneImagesRequest struct {
 
 func (x *PruneImagesRequest) Reset() {
 	*x = PruneImagesRequest{}
-	mi := &file_runtime_proto_msgTypes[90]
+	mi := &file_runtime_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6390,7 +6577,7 @@ func (x *PruneImagesRequest) String() string {
 func (*PruneImagesRequest) ProtoMessage() {}
 
 func (x *PruneImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[90]
+	mi := &file_runtime_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6403,7 +6590,7 @@ func (x *PruneImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneImagesRequest.ProtoReflect.Descriptor instead.
 func (*PruneImagesRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{90}
+	return file_runtime_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *PruneImagesRequest) GetDanglingOnly() bool {
@@ -6430,7 +6617,7 @@ type PruneImagesResponse struct {
 
 func (x *PruneImagesResponse) Reset() {
 	*x = PruneImagesResponse{}
-	mi := &file_runtime_proto_msgTypes[91]
+	mi := &file_runtime_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6442,7 +6629,7 @@ func (x *PruneImagesResponse) String() string {
 func (*PruneImagesResponse) ProtoMessage() {}
 
 func (x *PruneImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[91]
+	mi := &file_runtime_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6455,7 +6642,7 @@ func (x *PruneImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneImagesResponse.ProtoReflect.Descriptor instead.
 func (*PruneImagesResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{91}
+	return file_runtime_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *PruneImagesResponse) GetRemoved() []*Image {
@@ -6476,7 +6663,7 @@ var File_runtime_proto protoreflect.FileDescriptor
 
 const file_runtime_proto_rawDesc = "" +
 	"\n" +
-	"\rruntime.proto\x12\x0fk3sm.runtime.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd6\a\n" +
+	"\rruntime.proto\x12\x0fk3sm.runtime.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdb\b\n" +
 	"\aPodSpec\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
@@ -6497,17 +6684,23 @@ const file_runtime_proto_rawDesc = "" +
 	"\x14ephemeral_containers\x18\x15 \x03(\v2'.k3sm.runtime.v1.EphemeralContainerSpecR\x13ephemeralContainers\x12!\n" +
 	"\fhost_network\x18\x16 \x01(\bR\vhostNetwork\x12\x1f\n" +
 	"\vresolv_conf\x18\x17 \x01(\tR\n" +
-	"resolvConf\x1a9\n" +
+	"resolvConf\x12\x19\n" +
+	"\bhost_pid\x18\x18 \x01(\bR\ahostPid\x12\x19\n" +
+	"\bhost_ipc\x18\x19 \x01(\bR\ahostIpc\x12\"\n" +
+	"\n" +
+	"host_users\x18\x1a \x01(\bH\x01R\thostUsers\x88\x01\x01\x12\x1a\n" +
+	"\bpriority\x18\x1b \x01(\x05R\bpriority\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a>\n" +
 	"\x10AnnotationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B#\n" +
-	"!_termination_grace_period_seconds\"\x8a\x01\n" +
+	"!_termination_grace_period_secondsB\r\n" +
+	"\v_host_users\"\x8a\x01\n" +
 	"\x16EphemeralContainerSpec\x12<\n" +
 	"\tcontainer\x18\x01 \x01(\v2\x1e.k3sm.runtime.v1.ContainerSpecR\tcontainer\x122\n" +
-	"\x15target_container_name\x18\x02 \x01(\tR\x13targetContainerName\"\xe6\x06\n" +
+	"\x15target_container_name\x18\x02 \x01(\tR\x13targetContainerName\"\xb3\a\n" +
 	"\rContainerSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12G\n" +
@@ -6530,7 +6723,30 @@ const file_runtime_proto_rawDesc = "" +
 	"\x0freadiness_probe\x18\x16 \x01(\v2\x16.k3sm.runtime.v1.ProbeR\x0ereadinessProbe\x12;\n" +
 	"\rstartup_probe\x18\x17 \x01(\v2\x16.k3sm.runtime.v1.ProbeR\fstartupProbe\x128\n" +
 	"\tlifecycle\x18\x18 \x01(\v2\x1a.k3sm.runtime.v1.LifecycleR\tlifecycle\x12'\n" +
-	"\x0fdefinition_hash\x18\x1e \x01(\tR\x0edefinitionHash\"e\n" +
+	"\x0fdefinition_hash\x18\x1e \x01(\tR\x0edefinitionHash\x12K\n" +
+	"\x10security_context\x18\x1f \x01(\v2 .k3sm.runtime.v1.SecurityContextR\x0fsecurityContext\"\xe0\x04\n" +
+	"\x0fSecurityContext\x12#\n" +
+	"\vrun_as_user\x18\x01 \x01(\x03H\x00R\trunAsUser\x88\x01\x01\x12%\n" +
+	"\frun_as_group\x18\x02 \x01(\x03H\x01R\n" +
+	"runAsGroup\x88\x01\x01\x12%\n" +
+	"\x0frun_as_non_root\x18\x03 \x01(\bR\frunAsNonRoot\x12/\n" +
+	"\x13supplemental_groups\x18\x04 \x03(\x03R\x12supplementalGroups\x12\x1e\n" +
+	"\bfs_group\x18\x05 \x01(\x03H\x02R\afsGroup\x88\x01\x01\x129\n" +
+	"\x19read_only_root_filesystem\x18\x06 \x01(\bR\x16readOnlyRootFilesystem\x12\x1e\n" +
+	"\n" +
+	"privileged\x18\a \x01(\bR\n" +
+	"privileged\x12A\n" +
+	"\x1aallow_privilege_escalation\x18\b \x01(\bH\x03R\x18allowPrivilegeEscalation\x88\x01\x01\x12)\n" +
+	"\x10capabilities_add\x18\t \x03(\tR\x0fcapabilitiesAdd\x12+\n" +
+	"\x11capabilities_drop\x18\n" +
+	" \x03(\tR\x10capabilitiesDrop\x12'\n" +
+	"\x0fseccomp_profile\x18\v \x01(\tR\x0eseccompProfile\x12\x1d\n" +
+	"\n" +
+	"proc_mount\x18\f \x01(\tR\tprocMountB\x0e\n" +
+	"\f_run_as_userB\x0f\n" +
+	"\r_run_as_groupB\v\n" +
+	"\t_fs_groupB\x1d\n" +
+	"\x1b_allow_privilege_escalation\"e\n" +
 	"\x06EnvVar\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\x12\x1a\n" +
@@ -6997,7 +7213,7 @@ func file_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 94)
+var file_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 95)
 var file_runtime_proto_goTypes = []any{
 	(RestartPolicy)(0),                  // 0: k3sm.runtime.v1.RestartPolicy
 	(PullPolicy)(0),                     // 1: k3sm.runtime.v1.PullPolicy
@@ -7008,243 +7224,245 @@ var file_runtime_proto_goTypes = []any{
 	(*PodSpec)(nil),                     // 6: k3sm.runtime.v1.PodSpec
 	(*EphemeralContainerSpec)(nil),      // 7: k3sm.runtime.v1.EphemeralContainerSpec
 	(*ContainerSpec)(nil),               // 8: k3sm.runtime.v1.ContainerSpec
-	(*EnvVar)(nil),                      // 9: k3sm.runtime.v1.EnvVar
-	(*ContainerPort)(nil),               // 10: k3sm.runtime.v1.ContainerPort
-	(*Resources)(nil),                   // 11: k3sm.runtime.v1.Resources
-	(*Volume)(nil),                      // 12: k3sm.runtime.v1.Volume
-	(*EmptyDirVolume)(nil),              // 13: k3sm.runtime.v1.EmptyDirVolume
-	(*FilesVolume)(nil),                 // 14: k3sm.runtime.v1.FilesVolume
-	(*VolumeFile)(nil),                  // 15: k3sm.runtime.v1.VolumeFile
-	(*HostPathVolume)(nil),              // 16: k3sm.runtime.v1.HostPathVolume
-	(*LocalPathVolume)(nil),             // 17: k3sm.runtime.v1.LocalPathVolume
-	(*VolumeMount)(nil),                 // 18: k3sm.runtime.v1.VolumeMount
-	(*UpdatePodVolumesRequest)(nil),     // 19: k3sm.runtime.v1.UpdatePodVolumesRequest
-	(*UpdatePodVolumesResponse)(nil),    // 20: k3sm.runtime.v1.UpdatePodVolumesResponse
-	(*Probe)(nil),                       // 21: k3sm.runtime.v1.Probe
-	(*ExecAction)(nil),                  // 22: k3sm.runtime.v1.ExecAction
-	(*HTTPGetAction)(nil),               // 23: k3sm.runtime.v1.HTTPGetAction
-	(*TCPSocketAction)(nil),             // 24: k3sm.runtime.v1.TCPSocketAction
-	(*GRPCAction)(nil),                  // 25: k3sm.runtime.v1.GRPCAction
-	(*Lifecycle)(nil),                   // 26: k3sm.runtime.v1.Lifecycle
-	(*LifecycleHandler)(nil),            // 27: k3sm.runtime.v1.LifecycleHandler
-	(*PodStatus)(nil),                   // 28: k3sm.runtime.v1.PodStatus
-	(*ContainerStatus)(nil),             // 29: k3sm.runtime.v1.ContainerStatus
-	(*ContainerState)(nil),              // 30: k3sm.runtime.v1.ContainerState
-	(*ContainerStateWaiting)(nil),       // 31: k3sm.runtime.v1.ContainerStateWaiting
-	(*ContainerStateRunning)(nil),       // 32: k3sm.runtime.v1.ContainerStateRunning
-	(*ContainerStateTerminated)(nil),    // 33: k3sm.runtime.v1.ContainerStateTerminated
-	(*PodEvent)(nil),                    // 34: k3sm.runtime.v1.PodEvent
-	(*GetRuntimeInfoRequest)(nil),       // 35: k3sm.runtime.v1.GetRuntimeInfoRequest
-	(*GetRuntimeInfoResponse)(nil),      // 36: k3sm.runtime.v1.GetRuntimeInfoResponse
-	(*UpdateRuntimeConfigRequest)(nil),  // 37: k3sm.runtime.v1.UpdateRuntimeConfigRequest
-	(*UpdateRuntimeConfigResponse)(nil), // 38: k3sm.runtime.v1.UpdateRuntimeConfigResponse
-	(*SetPodNetworkPolicyRequest)(nil),  // 39: k3sm.runtime.v1.SetPodNetworkPolicyRequest
-	(*SetPodNetworkPolicyResponse)(nil), // 40: k3sm.runtime.v1.SetPodNetworkPolicyResponse
-	(*PodNetworkPolicy)(nil),            // 41: k3sm.runtime.v1.PodNetworkPolicy
-	(*NetworkPolicyDirection)(nil),      // 42: k3sm.runtime.v1.NetworkPolicyDirection
-	(*NetworkPolicyRule)(nil),           // 43: k3sm.runtime.v1.NetworkPolicyRule
-	(*NetworkPolicyPeer)(nil),           // 44: k3sm.runtime.v1.NetworkPolicyPeer
-	(*NetworkPolicyPort)(nil),           // 45: k3sm.runtime.v1.NetworkPolicyPort
-	(*CreatePodRequest)(nil),            // 46: k3sm.runtime.v1.CreatePodRequest
-	(*CreatePodResponse)(nil),           // 47: k3sm.runtime.v1.CreatePodResponse
-	(*UpdatePodRequest)(nil),            // 48: k3sm.runtime.v1.UpdatePodRequest
-	(*UpdatePodResponse)(nil),           // 49: k3sm.runtime.v1.UpdatePodResponse
-	(*DeletePodRequest)(nil),            // 50: k3sm.runtime.v1.DeletePodRequest
-	(*DeletePodResponse)(nil),           // 51: k3sm.runtime.v1.DeletePodResponse
-	(*GetPodStatusRequest)(nil),         // 52: k3sm.runtime.v1.GetPodStatusRequest
-	(*GetPodStatusResponse)(nil),        // 53: k3sm.runtime.v1.GetPodStatusResponse
-	(*ListPodsRequest)(nil),             // 54: k3sm.runtime.v1.ListPodsRequest
-	(*ListPodsResponse)(nil),            // 55: k3sm.runtime.v1.ListPodsResponse
-	(*WatchPodStatusRequest)(nil),       // 56: k3sm.runtime.v1.WatchPodStatusRequest
-	(*WatchPodStatusResponse)(nil),      // 57: k3sm.runtime.v1.WatchPodStatusResponse
-	(*GetLogsRequest)(nil),              // 58: k3sm.runtime.v1.GetLogsRequest
-	(*GetLogsResponse)(nil),             // 59: k3sm.runtime.v1.GetLogsResponse
-	(*TerminalSize)(nil),                // 60: k3sm.runtime.v1.TerminalSize
-	(*ExecStart)(nil),                   // 61: k3sm.runtime.v1.ExecStart
-	(*ExecRequest)(nil),                 // 62: k3sm.runtime.v1.ExecRequest
-	(*ExitStatus)(nil),                  // 63: k3sm.runtime.v1.ExitStatus
-	(*ExecResponse)(nil),                // 64: k3sm.runtime.v1.ExecResponse
-	(*AttachStart)(nil),                 // 65: k3sm.runtime.v1.AttachStart
-	(*AttachRequest)(nil),               // 66: k3sm.runtime.v1.AttachRequest
-	(*AttachResponse)(nil),              // 67: k3sm.runtime.v1.AttachResponse
-	(*PortForwardStart)(nil),            // 68: k3sm.runtime.v1.PortForwardStart
-	(*PortForwardRequest)(nil),          // 69: k3sm.runtime.v1.PortForwardRequest
-	(*PortForwardResponse)(nil),         // 70: k3sm.runtime.v1.PortForwardResponse
-	(*ListPodStatsRequest)(nil),         // 71: k3sm.runtime.v1.ListPodStatsRequest
-	(*ContainerStats)(nil),              // 72: k3sm.runtime.v1.ContainerStats
-	(*PodStats)(nil),                    // 73: k3sm.runtime.v1.PodStats
-	(*ListPodStatsResponse)(nil),        // 74: k3sm.runtime.v1.ListPodStatsResponse
-	(*Image)(nil),                       // 75: k3sm.runtime.v1.Image
-	(*ListImagesRequest)(nil),           // 76: k3sm.runtime.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),          // 77: k3sm.runtime.v1.ListImagesResponse
-	(*PullImageRequest)(nil),            // 78: k3sm.runtime.v1.PullImageRequest
-	(*PullImageResponse)(nil),           // 79: k3sm.runtime.v1.PullImageResponse
-	(*RemoveImageRequest)(nil),          // 80: k3sm.runtime.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),         // 81: k3sm.runtime.v1.RemoveImageResponse
-	(*ImageFsInfoRequest)(nil),          // 82: k3sm.runtime.v1.ImageFsInfoRequest
-	(*ImageFsInfoResponse)(nil),         // 83: k3sm.runtime.v1.ImageFsInfoResponse
-	(*ImageProgress)(nil),               // 84: k3sm.runtime.v1.ImageProgress
-	(*LoadImageRequest)(nil),            // 85: k3sm.runtime.v1.LoadImageRequest
-	(*LoadImageResponse)(nil),           // 86: k3sm.runtime.v1.LoadImageResponse
-	(*SaveImageRequest)(nil),            // 87: k3sm.runtime.v1.SaveImageRequest
-	(*SaveImageResponse)(nil),           // 88: k3sm.runtime.v1.SaveImageResponse
-	(*PushImageRequest)(nil),            // 89: k3sm.runtime.v1.PushImageRequest
-	(*TagImageRequest)(nil),             // 90: k3sm.runtime.v1.TagImageRequest
-	(*TagImageResponse)(nil),            // 91: k3sm.runtime.v1.TagImageResponse
-	(*UntagImageRequest)(nil),           // 92: k3sm.runtime.v1.UntagImageRequest
-	(*UntagImageResponse)(nil),          // 93: k3sm.runtime.v1.UntagImageResponse
-	(*InspectImageRequest)(nil),         // 94: k3sm.runtime.v1.InspectImageRequest
-	(*InspectImageResponse)(nil),        // 95: k3sm.runtime.v1.InspectImageResponse
-	(*PruneImagesRequest)(nil),          // 96: k3sm.runtime.v1.PruneImagesRequest
-	(*PruneImagesResponse)(nil),         // 97: k3sm.runtime.v1.PruneImagesResponse
-	nil,                                 // 98: k3sm.runtime.v1.PodSpec.LabelsEntry
-	nil,                                 // 99: k3sm.runtime.v1.PodSpec.AnnotationsEntry
-	(*timestamppb.Timestamp)(nil),       // 100: google.protobuf.Timestamp
+	(*SecurityContext)(nil),             // 9: k3sm.runtime.v1.SecurityContext
+	(*EnvVar)(nil),                      // 10: k3sm.runtime.v1.EnvVar
+	(*ContainerPort)(nil),               // 11: k3sm.runtime.v1.ContainerPort
+	(*Resources)(nil),                   // 12: k3sm.runtime.v1.Resources
+	(*Volume)(nil),                      // 13: k3sm.runtime.v1.Volume
+	(*EmptyDirVolume)(nil),              // 14: k3sm.runtime.v1.EmptyDirVolume
+	(*FilesVolume)(nil),                 // 15: k3sm.runtime.v1.FilesVolume
+	(*VolumeFile)(nil),                  // 16: k3sm.runtime.v1.VolumeFile
+	(*HostPathVolume)(nil),              // 17: k3sm.runtime.v1.HostPathVolume
+	(*LocalPathVolume)(nil),             // 18: k3sm.runtime.v1.LocalPathVolume
+	(*VolumeMount)(nil),                 // 19: k3sm.runtime.v1.VolumeMount
+	(*UpdatePodVolumesRequest)(nil),     // 20: k3sm.runtime.v1.UpdatePodVolumesRequest
+	(*UpdatePodVolumesResponse)(nil),    // 21: k3sm.runtime.v1.UpdatePodVolumesResponse
+	(*Probe)(nil),                       // 22: k3sm.runtime.v1.Probe
+	(*ExecAction)(nil),                  // 23: k3sm.runtime.v1.ExecAction
+	(*HTTPGetAction)(nil),               // 24: k3sm.runtime.v1.HTTPGetAction
+	(*TCPSocketAction)(nil),             // 25: k3sm.runtime.v1.TCPSocketAction
+	(*GRPCAction)(nil),                  // 26: k3sm.runtime.v1.GRPCAction
+	(*Lifecycle)(nil),                   // 27: k3sm.runtime.v1.Lifecycle
+	(*LifecycleHandler)(nil),            // 28: k3sm.runtime.v1.LifecycleHandler
+	(*PodStatus)(nil),                   // 29: k3sm.runtime.v1.PodStatus
+	(*ContainerStatus)(nil),             // 30: k3sm.runtime.v1.ContainerStatus
+	(*ContainerState)(nil),              // 31: k3sm.runtime.v1.ContainerState
+	(*ContainerStateWaiting)(nil),       // 32: k3sm.runtime.v1.ContainerStateWaiting
+	(*ContainerStateRunning)(nil),       // 33: k3sm.runtime.v1.ContainerStateRunning
+	(*ContainerStateTerminated)(nil),    // 34: k3sm.runtime.v1.ContainerStateTerminated
+	(*PodEvent)(nil),                    // 35: k3sm.runtime.v1.PodEvent
+	(*GetRuntimeInfoRequest)(nil),       // 36: k3sm.runtime.v1.GetRuntimeInfoRequest
+	(*GetRuntimeInfoResponse)(nil),      // 37: k3sm.runtime.v1.GetRuntimeInfoResponse
+	(*UpdateRuntimeConfigRequest)(nil),  // 38: k3sm.runtime.v1.UpdateRuntimeConfigRequest
+	(*UpdateRuntimeConfigResponse)(nil), // 39: k3sm.runtime.v1.UpdateRuntimeConfigResponse
+	(*SetPodNetworkPolicyRequest)(nil),  // 40: k3sm.runtime.v1.SetPodNetworkPolicyRequest
+	(*SetPodNetworkPolicyResponse)(nil), // 41: k3sm.runtime.v1.SetPodNetworkPolicyResponse
+	(*PodNetworkPolicy)(nil),            // 42: k3sm.runtime.v1.PodNetworkPolicy
+	(*NetworkPolicyDirection)(nil),      // 43: k3sm.runtime.v1.NetworkPolicyDirection
+	(*NetworkPolicyRule)(nil),           // 44: k3sm.runtime.v1.NetworkPolicyRule
+	(*NetworkPolicyPeer)(nil),           // 45: k3sm.runtime.v1.NetworkPolicyPeer
+	(*NetworkPolicyPort)(nil),           // 46: k3sm.runtime.v1.NetworkPolicyPort
+	(*CreatePodRequest)(nil),            // 47: k3sm.runtime.v1.CreatePodRequest
+	(*CreatePodResponse)(nil),           // 48: k3sm.runtime.v1.CreatePodResponse
+	(*UpdatePodRequest)(nil),            // 49: k3sm.runtime.v1.UpdatePodRequest
+	(*UpdatePodResponse)(nil),           // 50: k3sm.runtime.v1.UpdatePodResponse
+	(*DeletePodRequest)(nil),            // 51: k3sm.runtime.v1.DeletePodRequest
+	(*DeletePodResponse)(nil),           // 52: k3sm.runtime.v1.DeletePodResponse
+	(*GetPodStatusRequest)(nil),         // 53: k3sm.runtime.v1.GetPodStatusRequest
+	(*GetPodStatusResponse)(nil),        // 54: k3sm.runtime.v1.GetPodStatusResponse
+	(*ListPodsRequest)(nil),             // 55: k3sm.runtime.v1.ListPodsRequest
+	(*ListPodsResponse)(nil),            // 56: k3sm.runtime.v1.ListPodsResponse
+	(*WatchPodStatusRequest)(nil),       // 57: k3sm.runtime.v1.WatchPodStatusRequest
+	(*WatchPodStatusResponse)(nil),      // 58: k3sm.runtime.v1.WatchPodStatusResponse
+	(*GetLogsRequest)(nil),              // 59: k3sm.runtime.v1.GetLogsRequest
+	(*GetLogsResponse)(nil),             // 60: k3sm.runtime.v1.GetLogsResponse
+	(*TerminalSize)(nil),                // 61: k3sm.runtime.v1.TerminalSize
+	(*ExecStart)(nil),                   // 62: k3sm.runtime.v1.ExecStart
+	(*ExecRequest)(nil),                 // 63: k3sm.runtime.v1.ExecRequest
+	(*ExitStatus)(nil),                  // 64: k3sm.runtime.v1.ExitStatus
+	(*ExecResponse)(nil),                // 65: k3sm.runtime.v1.ExecResponse
+	(*AttachStart)(nil),                 // 66: k3sm.runtime.v1.AttachStart
+	(*AttachRequest)(nil),               // 67: k3sm.runtime.v1.AttachRequest
+	(*AttachResponse)(nil),              // 68: k3sm.runtime.v1.AttachResponse
+	(*PortForwardStart)(nil),            // 69: k3sm.runtime.v1.PortForwardStart
+	(*PortForwardRequest)(nil),          // 70: k3sm.runtime.v1.PortForwardRequest
+	(*PortForwardResponse)(nil),         // 71: k3sm.runtime.v1.PortForwardResponse
+	(*ListPodStatsRequest)(nil),         // 72: k3sm.runtime.v1.ListPodStatsRequest
+	(*ContainerStats)(nil),              // 73: k3sm.runtime.v1.ContainerStats
+	(*PodStats)(nil),                    // 74: k3sm.runtime.v1.PodStats
+	(*ListPodStatsResponse)(nil),        // 75: k3sm.runtime.v1.ListPodStatsResponse
+	(*Image)(nil),                       // 76: k3sm.runtime.v1.Image
+	(*ListImagesRequest)(nil),           // 77: k3sm.runtime.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),          // 78: k3sm.runtime.v1.ListImagesResponse
+	(*PullImageRequest)(nil),            // 79: k3sm.runtime.v1.PullImageRequest
+	(*PullImageResponse)(nil),           // 80: k3sm.runtime.v1.PullImageResponse
+	(*RemoveImageRequest)(nil),          // 81: k3sm.runtime.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),         // 82: k3sm.runtime.v1.RemoveImageResponse
+	(*ImageFsInfoRequest)(nil),          // 83: k3sm.runtime.v1.ImageFsInfoRequest
+	(*ImageFsInfoResponse)(nil),         // 84: k3sm.runtime.v1.ImageFsInfoResponse
+	(*ImageProgress)(nil),               // 85: k3sm.runtime.v1.ImageProgress
+	(*LoadImageRequest)(nil),            // 86: k3sm.runtime.v1.LoadImageRequest
+	(*LoadImageResponse)(nil),           // 87: k3sm.runtime.v1.LoadImageResponse
+	(*SaveImageRequest)(nil),            // 88: k3sm.runtime.v1.SaveImageRequest
+	(*SaveImageResponse)(nil),           // 89: k3sm.runtime.v1.SaveImageResponse
+	(*PushImageRequest)(nil),            // 90: k3sm.runtime.v1.PushImageRequest
+	(*TagImageRequest)(nil),             // 91: k3sm.runtime.v1.TagImageRequest
+	(*TagImageResponse)(nil),            // 92: k3sm.runtime.v1.TagImageResponse
+	(*UntagImageRequest)(nil),           // 93: k3sm.runtime.v1.UntagImageRequest
+	(*UntagImageResponse)(nil),          // 94: k3sm.runtime.v1.UntagImageResponse
+	(*InspectImageRequest)(nil),         // 95: k3sm.runtime.v1.InspectImageRequest
+	(*InspectImageResponse)(nil),        // 96: k3sm.runtime.v1.InspectImageResponse
+	(*PruneImagesRequest)(nil),          // 97: k3sm.runtime.v1.PruneImagesRequest
+	(*PruneImagesResponse)(nil),         // 98: k3sm.runtime.v1.PruneImagesResponse
+	nil,                                 // 99: k3sm.runtime.v1.PodSpec.LabelsEntry
+	nil,                                 // 100: k3sm.runtime.v1.PodSpec.AnnotationsEntry
+	(*timestamppb.Timestamp)(nil),       // 101: google.protobuf.Timestamp
 }
 var file_runtime_proto_depIdxs = []int32{
 	0,   // 0: k3sm.runtime.v1.PodSpec.restart_policy:type_name -> k3sm.runtime.v1.RestartPolicy
 	8,   // 1: k3sm.runtime.v1.PodSpec.init_containers:type_name -> k3sm.runtime.v1.ContainerSpec
 	8,   // 2: k3sm.runtime.v1.PodSpec.containers:type_name -> k3sm.runtime.v1.ContainerSpec
-	98,  // 3: k3sm.runtime.v1.PodSpec.labels:type_name -> k3sm.runtime.v1.PodSpec.LabelsEntry
-	99,  // 4: k3sm.runtime.v1.PodSpec.annotations:type_name -> k3sm.runtime.v1.PodSpec.AnnotationsEntry
-	12,  // 5: k3sm.runtime.v1.PodSpec.volumes:type_name -> k3sm.runtime.v1.Volume
+	99,  // 3: k3sm.runtime.v1.PodSpec.labels:type_name -> k3sm.runtime.v1.PodSpec.LabelsEntry
+	100, // 4: k3sm.runtime.v1.PodSpec.annotations:type_name -> k3sm.runtime.v1.PodSpec.AnnotationsEntry
+	13,  // 5: k3sm.runtime.v1.PodSpec.volumes:type_name -> k3sm.runtime.v1.Volume
 	7,   // 6: k3sm.runtime.v1.PodSpec.ephemeral_containers:type_name -> k3sm.runtime.v1.EphemeralContainerSpec
 	8,   // 7: k3sm.runtime.v1.EphemeralContainerSpec.container:type_name -> k3sm.runtime.v1.ContainerSpec
 	1,   // 8: k3sm.runtime.v1.ContainerSpec.image_pull_policy:type_name -> k3sm.runtime.v1.PullPolicy
-	9,   // 9: k3sm.runtime.v1.ContainerSpec.env:type_name -> k3sm.runtime.v1.EnvVar
+	10,  // 9: k3sm.runtime.v1.ContainerSpec.env:type_name -> k3sm.runtime.v1.EnvVar
 	2,   // 10: k3sm.runtime.v1.ContainerSpec.restart_policy:type_name -> k3sm.runtime.v1.ContainerRestartPolicy
-	11,  // 11: k3sm.runtime.v1.ContainerSpec.resources:type_name -> k3sm.runtime.v1.Resources
-	10,  // 12: k3sm.runtime.v1.ContainerSpec.ports:type_name -> k3sm.runtime.v1.ContainerPort
-	18,  // 13: k3sm.runtime.v1.ContainerSpec.volume_mounts:type_name -> k3sm.runtime.v1.VolumeMount
-	21,  // 14: k3sm.runtime.v1.ContainerSpec.liveness_probe:type_name -> k3sm.runtime.v1.Probe
-	21,  // 15: k3sm.runtime.v1.ContainerSpec.readiness_probe:type_name -> k3sm.runtime.v1.Probe
-	21,  // 16: k3sm.runtime.v1.ContainerSpec.startup_probe:type_name -> k3sm.runtime.v1.Probe
-	26,  // 17: k3sm.runtime.v1.ContainerSpec.lifecycle:type_name -> k3sm.runtime.v1.Lifecycle
-	13,  // 18: k3sm.runtime.v1.Volume.empty_dir:type_name -> k3sm.runtime.v1.EmptyDirVolume
-	14,  // 19: k3sm.runtime.v1.Volume.files:type_name -> k3sm.runtime.v1.FilesVolume
-	16,  // 20: k3sm.runtime.v1.Volume.host_path:type_name -> k3sm.runtime.v1.HostPathVolume
-	17,  // 21: k3sm.runtime.v1.Volume.local_path:type_name -> k3sm.runtime.v1.LocalPathVolume
-	15,  // 22: k3sm.runtime.v1.FilesVolume.files:type_name -> k3sm.runtime.v1.VolumeFile
-	12,  // 23: k3sm.runtime.v1.UpdatePodVolumesRequest.volumes:type_name -> k3sm.runtime.v1.Volume
-	22,  // 24: k3sm.runtime.v1.Probe.exec:type_name -> k3sm.runtime.v1.ExecAction
-	23,  // 25: k3sm.runtime.v1.Probe.http_get:type_name -> k3sm.runtime.v1.HTTPGetAction
-	24,  // 26: k3sm.runtime.v1.Probe.tcp_socket:type_name -> k3sm.runtime.v1.TCPSocketAction
-	25,  // 27: k3sm.runtime.v1.Probe.grpc:type_name -> k3sm.runtime.v1.GRPCAction
-	9,   // 28: k3sm.runtime.v1.HTTPGetAction.headers:type_name -> k3sm.runtime.v1.EnvVar
-	27,  // 29: k3sm.runtime.v1.Lifecycle.post_start:type_name -> k3sm.runtime.v1.LifecycleHandler
-	27,  // 30: k3sm.runtime.v1.Lifecycle.pre_stop:type_name -> k3sm.runtime.v1.LifecycleHandler
-	22,  // 31: k3sm.runtime.v1.LifecycleHandler.exec:type_name -> k3sm.runtime.v1.ExecAction
-	23,  // 32: k3sm.runtime.v1.LifecycleHandler.http_get:type_name -> k3sm.runtime.v1.HTTPGetAction
-	24,  // 33: k3sm.runtime.v1.LifecycleHandler.tcp_socket:type_name -> k3sm.runtime.v1.TCPSocketAction
-	3,   // 34: k3sm.runtime.v1.PodStatus.phase:type_name -> k3sm.runtime.v1.PodPhase
-	100, // 35: k3sm.runtime.v1.PodStatus.start_time:type_name -> google.protobuf.Timestamp
-	29,  // 36: k3sm.runtime.v1.PodStatus.init_container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
-	29,  // 37: k3sm.runtime.v1.PodStatus.container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
-	29,  // 38: k3sm.runtime.v1.PodStatus.ephemeral_container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
-	30,  // 39: k3sm.runtime.v1.ContainerStatus.state:type_name -> k3sm.runtime.v1.ContainerState
-	30,  // 40: k3sm.runtime.v1.ContainerStatus.last_termination_state:type_name -> k3sm.runtime.v1.ContainerState
-	31,  // 41: k3sm.runtime.v1.ContainerState.waiting:type_name -> k3sm.runtime.v1.ContainerStateWaiting
-	32,  // 42: k3sm.runtime.v1.ContainerState.running:type_name -> k3sm.runtime.v1.ContainerStateRunning
-	33,  // 43: k3sm.runtime.v1.ContainerState.terminated:type_name -> k3sm.runtime.v1.ContainerStateTerminated
-	100, // 44: k3sm.runtime.v1.ContainerStateRunning.started_at:type_name -> google.protobuf.Timestamp
-	100, // 45: k3sm.runtime.v1.ContainerStateTerminated.started_at:type_name -> google.protobuf.Timestamp
-	100, // 46: k3sm.runtime.v1.ContainerStateTerminated.finished_at:type_name -> google.protobuf.Timestamp
-	4,   // 47: k3sm.runtime.v1.PodEvent.type:type_name -> k3sm.runtime.v1.EventType
-	100, // 48: k3sm.runtime.v1.PodEvent.time:type_name -> google.protobuf.Timestamp
-	41,  // 49: k3sm.runtime.v1.SetPodNetworkPolicyRequest.policy:type_name -> k3sm.runtime.v1.PodNetworkPolicy
-	42,  // 50: k3sm.runtime.v1.PodNetworkPolicy.ingress:type_name -> k3sm.runtime.v1.NetworkPolicyDirection
-	42,  // 51: k3sm.runtime.v1.PodNetworkPolicy.egress:type_name -> k3sm.runtime.v1.NetworkPolicyDirection
-	43,  // 52: k3sm.runtime.v1.NetworkPolicyDirection.rules:type_name -> k3sm.runtime.v1.NetworkPolicyRule
-	44,  // 53: k3sm.runtime.v1.NetworkPolicyRule.peers:type_name -> k3sm.runtime.v1.NetworkPolicyPeer
-	45,  // 54: k3sm.runtime.v1.NetworkPolicyRule.ports:type_name -> k3sm.runtime.v1.NetworkPolicyPort
-	6,   // 55: k3sm.runtime.v1.CreatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
-	28,  // 56: k3sm.runtime.v1.CreatePodResponse.status:type_name -> k3sm.runtime.v1.PodStatus
-	6,   // 57: k3sm.runtime.v1.UpdatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
-	28,  // 58: k3sm.runtime.v1.UpdatePodResponse.status:type_name -> k3sm.runtime.v1.PodStatus
-	28,  // 59: k3sm.runtime.v1.GetPodStatusResponse.status:type_name -> k3sm.runtime.v1.PodStatus
-	28,  // 60: k3sm.runtime.v1.ListPodsResponse.pods:type_name -> k3sm.runtime.v1.PodStatus
-	6,   // 61: k3sm.runtime.v1.ListPodsResponse.specs:type_name -> k3sm.runtime.v1.PodSpec
-	5,   // 62: k3sm.runtime.v1.WatchPodStatusResponse.kind:type_name -> k3sm.runtime.v1.WatchPodStatusResponse.Kind
-	28,  // 63: k3sm.runtime.v1.WatchPodStatusResponse.status:type_name -> k3sm.runtime.v1.PodStatus
-	34,  // 64: k3sm.runtime.v1.WatchPodStatusResponse.event:type_name -> k3sm.runtime.v1.PodEvent
-	100, // 65: k3sm.runtime.v1.GetLogsRequest.since_time:type_name -> google.protobuf.Timestamp
-	60,  // 66: k3sm.runtime.v1.ExecStart.initial_size:type_name -> k3sm.runtime.v1.TerminalSize
-	61,  // 67: k3sm.runtime.v1.ExecRequest.start:type_name -> k3sm.runtime.v1.ExecStart
-	60,  // 68: k3sm.runtime.v1.ExecRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
-	63,  // 69: k3sm.runtime.v1.ExecResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
-	65,  // 70: k3sm.runtime.v1.AttachRequest.start:type_name -> k3sm.runtime.v1.AttachStart
-	60,  // 71: k3sm.runtime.v1.AttachRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
-	63,  // 72: k3sm.runtime.v1.AttachResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
-	68,  // 73: k3sm.runtime.v1.PortForwardRequest.start:type_name -> k3sm.runtime.v1.PortForwardStart
-	100, // 74: k3sm.runtime.v1.ContainerStats.timestamp:type_name -> google.protobuf.Timestamp
-	72,  // 75: k3sm.runtime.v1.PodStats.containers:type_name -> k3sm.runtime.v1.ContainerStats
-	73,  // 76: k3sm.runtime.v1.ListPodStatsResponse.pods:type_name -> k3sm.runtime.v1.PodStats
-	75,  // 77: k3sm.runtime.v1.ListImagesResponse.images:type_name -> k3sm.runtime.v1.Image
-	75,  // 78: k3sm.runtime.v1.PullImageResponse.image:type_name -> k3sm.runtime.v1.Image
-	75,  // 79: k3sm.runtime.v1.ImageProgress.image:type_name -> k3sm.runtime.v1.Image
-	75,  // 80: k3sm.runtime.v1.LoadImageResponse.images:type_name -> k3sm.runtime.v1.Image
-	75,  // 81: k3sm.runtime.v1.TagImageResponse.image:type_name -> k3sm.runtime.v1.Image
-	75,  // 82: k3sm.runtime.v1.InspectImageResponse.image:type_name -> k3sm.runtime.v1.Image
-	75,  // 83: k3sm.runtime.v1.PruneImagesResponse.removed:type_name -> k3sm.runtime.v1.Image
-	35,  // 84: k3sm.runtime.v1.Runtime.GetRuntimeInfo:input_type -> k3sm.runtime.v1.GetRuntimeInfoRequest
-	46,  // 85: k3sm.runtime.v1.Runtime.CreatePod:input_type -> k3sm.runtime.v1.CreatePodRequest
-	48,  // 86: k3sm.runtime.v1.Runtime.UpdatePod:input_type -> k3sm.runtime.v1.UpdatePodRequest
-	19,  // 87: k3sm.runtime.v1.Runtime.UpdatePodVolumes:input_type -> k3sm.runtime.v1.UpdatePodVolumesRequest
-	50,  // 88: k3sm.runtime.v1.Runtime.DeletePod:input_type -> k3sm.runtime.v1.DeletePodRequest
-	52,  // 89: k3sm.runtime.v1.Runtime.GetPodStatus:input_type -> k3sm.runtime.v1.GetPodStatusRequest
-	54,  // 90: k3sm.runtime.v1.Runtime.ListPods:input_type -> k3sm.runtime.v1.ListPodsRequest
-	56,  // 91: k3sm.runtime.v1.Runtime.WatchPodStatus:input_type -> k3sm.runtime.v1.WatchPodStatusRequest
-	58,  // 92: k3sm.runtime.v1.Runtime.GetLogs:input_type -> k3sm.runtime.v1.GetLogsRequest
-	62,  // 93: k3sm.runtime.v1.Runtime.Exec:input_type -> k3sm.runtime.v1.ExecRequest
-	66,  // 94: k3sm.runtime.v1.Runtime.Attach:input_type -> k3sm.runtime.v1.AttachRequest
-	69,  // 95: k3sm.runtime.v1.Runtime.PortForward:input_type -> k3sm.runtime.v1.PortForwardRequest
-	71,  // 96: k3sm.runtime.v1.Runtime.ListPodStats:input_type -> k3sm.runtime.v1.ListPodStatsRequest
-	37,  // 97: k3sm.runtime.v1.Runtime.UpdateRuntimeConfig:input_type -> k3sm.runtime.v1.UpdateRuntimeConfigRequest
-	39,  // 98: k3sm.runtime.v1.Runtime.SetPodNetworkPolicy:input_type -> k3sm.runtime.v1.SetPodNetworkPolicyRequest
-	76,  // 99: k3sm.runtime.v1.Images.ListImages:input_type -> k3sm.runtime.v1.ListImagesRequest
-	78,  // 100: k3sm.runtime.v1.Images.PullImage:input_type -> k3sm.runtime.v1.PullImageRequest
-	80,  // 101: k3sm.runtime.v1.Images.RemoveImage:input_type -> k3sm.runtime.v1.RemoveImageRequest
-	82,  // 102: k3sm.runtime.v1.Images.ImageFsInfo:input_type -> k3sm.runtime.v1.ImageFsInfoRequest
-	78,  // 103: k3sm.runtime.v1.Images.PullImageProgress:input_type -> k3sm.runtime.v1.PullImageRequest
-	85,  // 104: k3sm.runtime.v1.Images.LoadImage:input_type -> k3sm.runtime.v1.LoadImageRequest
-	87,  // 105: k3sm.runtime.v1.Images.SaveImage:input_type -> k3sm.runtime.v1.SaveImageRequest
-	89,  // 106: k3sm.runtime.v1.Images.PushImage:input_type -> k3sm.runtime.v1.PushImageRequest
-	90,  // 107: k3sm.runtime.v1.Images.TagImage:input_type -> k3sm.runtime.v1.TagImageRequest
-	92,  // 108: k3sm.runtime.v1.Images.UntagImage:input_type -> k3sm.runtime.v1.UntagImageRequest
-	94,  // 109: k3sm.runtime.v1.Images.InspectImage:input_type -> k3sm.runtime.v1.InspectImageRequest
-	96,  // 110: k3sm.runtime.v1.Images.PruneImages:input_type -> k3sm.runtime.v1.PruneImagesRequest
-	36,  // 111: k3sm.runtime.v1.Runtime.GetRuntimeInfo:output_type -> k3sm.runtime.v1.GetRuntimeInfoResponse
-	47,  // 112: k3sm.runtime.v1.Runtime.CreatePod:output_type -> k3sm.runtime.v1.CreatePodResponse
-	49,  // 113: k3sm.runtime.v1.Runtime.UpdatePod:output_type -> k3sm.runtime.v1.UpdatePodResponse
-	20,  // 114: k3sm.runtime.v1.Runtime.UpdatePodVolumes:output_type -> k3sm.runtime.v1.UpdatePodVolumesResponse
-	51,  // 115: k3sm.runtime.v1.Runtime.DeletePod:output_type -> k3sm.runtime.v1.DeletePodResponse
-	53,  // 116: k3sm.runtime.v1.Runtime.GetPodStatus:output_type -> k3sm.runtime.v1.GetPodStatusResponse
-	55,  // 117: k3sm.runtime.v1.Runtime.ListPods:output_type -> k3sm.runtime.v1.ListPodsResponse
-	57,  // 118: k3sm.runtime.v1.Runtime.WatchPodStatus:output_type -> k3sm.runtime.v1.WatchPodStatusResponse
-	59,  // 119: k3sm.runtime.v1.Runtime.GetLogs:output_type -> k3sm.runtime.v1.GetLogsResponse
-	64,  // 120: k3sm.runtime.v1.Runtime.Exec:output_type -> k3sm.runtime.v1.ExecResponse
-	67,  // 121: k3sm.runtime.v1.Runtime.Attach:output_type -> k3sm.runtime.v1.AttachResponse
-	70,  // 122: k3sm.runtime.v1.Runtime.PortForward:output_type -> k3sm.runtime.v1.PortForwardResponse
-	74,  // 123: k3sm.runtime.v1.Runtime.ListPodStats:output_type -> k3sm.runtime.v1.ListPodStatsResponse
-	38,  // 124: k3sm.runtime.v1.Runtime.UpdateRuntimeConfig:output_type -> k3sm.runtime.v1.UpdateRuntimeConfigResponse
-	40,  // 125: k3sm.runtime.v1.Runtime.SetPodNetworkPolicy:output_type -> k3sm.runtime.v1.SetPodNetworkPolicyResponse
-	77,  // 126: k3sm.runtime.v1.Images.ListImages:output_type -> k3sm.runtime.v1.ListImagesResponse
-	79,  // 127: k3sm.runtime.v1.Images.PullImage:output_type -> k3sm.runtime.v1.PullImageResponse
-	81,  // 128: k3sm.runtime.v1.Images.RemoveImage:output_type -> k3sm.runtime.v1.RemoveImageResponse
-	83,  // 129: k3sm.runtime.v1.Images.ImageFsInfo:output_type -> k3sm.runtime.v1.ImageFsInfoResponse
-	84,  // 130: k3sm.runtime.v1.Images.PullImageProgress:output_type -> k3sm.runtime.v1.ImageProgress
-	86,  // 131: k3sm.runtime.v1.Images.LoadImage:output_type -> k3sm.runtime.v1.LoadImageResponse
-	88,  // 132: k3sm.runtime.v1.Images.SaveImage:output_type -> k3sm.runtime.v1.SaveImageResponse
-	84,  // 133: k3sm.runtime.v1.Images.PushImage:output_type -> k3sm.runtime.v1.ImageProgress
-	91,  // 134: k3sm.runtime.v1.Images.TagImage:output_type -> k3sm.runtime.v1.TagImageResponse
-	93,  // 135: k3sm.runtime.v1.Images.UntagImage:output_type -> k3sm.runtime.v1.UntagImageResponse
-	95,  // 136: k3sm.runtime.v1.Images.InspectImage:output_type -> k3sm.runtime.v1.InspectImageResponse
-	97,  // 137: k3sm.runtime.v1.Images.PruneImages:output_type -> k3sm.runtime.v1.PruneImagesResponse
-	111, // [111:138] is the sub-list for method output_type
-	84,  // [84:111] is the sub-list for method input_type
-	84,  // [84:84] is the sub-list for extension type_name
-	84,  // [84:84] is the sub-list for extension extendee
-	0,   // [0:84] is the sub-list for field type_name
+	12,  // 11: k3sm.runtime.v1.ContainerSpec.resources:type_name -> k3sm.runtime.v1.Resources
+	11,  // 12: k3sm.runtime.v1.ContainerSpec.ports:type_name -> k3sm.runtime.v1.ContainerPort
+	19,  // 13: k3sm.runtime.v1.ContainerSpec.volume_mounts:type_name -> k3sm.runtime.v1.VolumeMount
+	22,  // 14: k3sm.runtime.v1.ContainerSpec.liveness_probe:type_name -> k3sm.runtime.v1.Probe
+	22,  // 15: k3sm.runtime.v1.ContainerSpec.readiness_probe:type_name -> k3sm.runtime.v1.Probe
+	22,  // 16: k3sm.runtime.v1.ContainerSpec.startup_probe:type_name -> k3sm.runtime.v1.Probe
+	27,  // 17: k3sm.runtime.v1.ContainerSpec.lifecycle:type_name -> k3sm.runtime.v1.Lifecycle
+	9,   // 18: k3sm.runtime.v1.ContainerSpec.security_context:type_name -> k3sm.runtime.v1.SecurityContext
+	14,  // 19: k3sm.runtime.v1.Volume.empty_dir:type_name -> k3sm.runtime.v1.EmptyDirVolume
+	15,  // 20: k3sm.runtime.v1.Volume.files:type_name -> k3sm.runtime.v1.FilesVolume
+	17,  // 21: k3sm.runtime.v1.Volume.host_path:type_name -> k3sm.runtime.v1.HostPathVolume
+	18,  // 22: k3sm.runtime.v1.Volume.local_path:type_name -> k3sm.runtime.v1.LocalPathVolume
+	16,  // 23: k3sm.runtime.v1.FilesVolume.files:type_name -> k3sm.runtime.v1.VolumeFile
+	13,  // 24: k3sm.runtime.v1.UpdatePodVolumesRequest.volumes:type_name -> k3sm.runtime.v1.Volume
+	23,  // 25: k3sm.runtime.v1.Probe.exec:type_name -> k3sm.runtime.v1.ExecAction
+	24,  // 26: k3sm.runtime.v1.Probe.http_get:type_name -> k3sm.runtime.v1.HTTPGetAction
+	25,  // 27: k3sm.runtime.v1.Probe.tcp_socket:type_name -> k3sm.runtime.v1.TCPSocketAction
+	26,  // 28: k3sm.runtime.v1.Probe.grpc:type_name -> k3sm.runtime.v1.GRPCAction
+	10,  // 29: k3sm.runtime.v1.HTTPGetAction.headers:type_name -> k3sm.runtime.v1.EnvVar
+	28,  // 30: k3sm.runtime.v1.Lifecycle.post_start:type_name -> k3sm.runtime.v1.LifecycleHandler
+	28,  // 31: k3sm.runtime.v1.Lifecycle.pre_stop:type_name -> k3sm.runtime.v1.LifecycleHandler
+	23,  // 32: k3sm.runtime.v1.LifecycleHandler.exec:type_name -> k3sm.runtime.v1.ExecAction
+	24,  // 33: k3sm.runtime.v1.LifecycleHandler.http_get:type_name -> k3sm.runtime.v1.HTTPGetAction
+	25,  // 34: k3sm.runtime.v1.LifecycleHandler.tcp_socket:type_name -> k3sm.runtime.v1.TCPSocketAction
+	3,   // 35: k3sm.runtime.v1.PodStatus.phase:type_name -> k3sm.runtime.v1.PodPhase
+	101, // 36: k3sm.runtime.v1.PodStatus.start_time:type_name -> google.protobuf.Timestamp
+	30,  // 37: k3sm.runtime.v1.PodStatus.init_container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
+	30,  // 38: k3sm.runtime.v1.PodStatus.container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
+	30,  // 39: k3sm.runtime.v1.PodStatus.ephemeral_container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
+	31,  // 40: k3sm.runtime.v1.ContainerStatus.state:type_name -> k3sm.runtime.v1.ContainerState
+	31,  // 41: k3sm.runtime.v1.ContainerStatus.last_termination_state:type_name -> k3sm.runtime.v1.ContainerState
+	32,  // 42: k3sm.runtime.v1.ContainerState.waiting:type_name -> k3sm.runtime.v1.ContainerStateWaiting
+	33,  // 43: k3sm.runtime.v1.ContainerState.running:type_name -> k3sm.runtime.v1.ContainerStateRunning
+	34,  // 44: k3sm.runtime.v1.ContainerState.terminated:type_name -> k3sm.runtime.v1.ContainerStateTerminated
+	101, // 45: k3sm.runtime.v1.ContainerStateRunning.started_at:type_name -> google.protobuf.Timestamp
+	101, // 46: k3sm.runtime.v1.ContainerStateTerminated.started_at:type_name -> google.protobuf.Timestamp
+	101, // 47: k3sm.runtime.v1.ContainerStateTerminated.finished_at:type_name -> google.protobuf.Timestamp
+	4,   // 48: k3sm.runtime.v1.PodEvent.type:type_name -> k3sm.runtime.v1.EventType
+	101, // 49: k3sm.runtime.v1.PodEvent.time:type_name -> google.protobuf.Timestamp
+	42,  // 50: k3sm.runtime.v1.SetPodNetworkPolicyRequest.policy:type_name -> k3sm.runtime.v1.PodNetworkPolicy
+	43,  // 51: k3sm.runtime.v1.PodNetworkPolicy.ingress:type_name -> k3sm.runtime.v1.NetworkPolicyDirection
+	43,  // 52: k3sm.runtime.v1.PodNetworkPolicy.egress:type_name -> k3sm.runtime.v1.NetworkPolicyDirection
+	44,  // 53: k3sm.runtime.v1.NetworkPolicyDirection.rules:type_name -> k3sm.runtime.v1.NetworkPolicyRule
+	45,  // 54: k3sm.runtime.v1.NetworkPolicyRule.peers:type_name -> k3sm.runtime.v1.NetworkPolicyPeer
+	46,  // 55: k3sm.runtime.v1.NetworkPolicyRule.ports:type_name -> k3sm.runtime.v1.NetworkPolicyPort
+	6,   // 56: k3sm.runtime.v1.CreatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
+	29,  // 57: k3sm.runtime.v1.CreatePodResponse.status:type_name -> k3sm.runtime.v1.PodStatus
+	6,   // 58: k3sm.runtime.v1.UpdatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
+	29,  // 59: k3sm.runtime.v1.UpdatePodResponse.status:type_name -> k3sm.runtime.v1.PodStatus
+	29,  // 60: k3sm.runtime.v1.GetPodStatusResponse.status:type_name -> k3sm.runtime.v1.PodStatus
+	29,  // 61: k3sm.runtime.v1.ListPodsResponse.pods:type_name -> k3sm.runtime.v1.PodStatus
+	6,   // 62: k3sm.runtime.v1.ListPodsResponse.specs:type_name -> k3sm.runtime.v1.PodSpec
+	5,   // 63: k3sm.runtime.v1.WatchPodStatusResponse.kind:type_name -> k3sm.runtime.v1.WatchPodStatusResponse.Kind
+	29,  // 64: k3sm.runtime.v1.WatchPodStatusResponse.status:type_name -> k3sm.runtime.v1.PodStatus
+	35,  // 65: k3sm.runtime.v1.WatchPodStatusResponse.event:type_name -> k3sm.runtime.v1.PodEvent
+	101, // 66: k3sm.runtime.v1.GetLogsRequest.since_time:type_name -> google.protobuf.Timestamp
+	61,  // 67: k3sm.runtime.v1.ExecStart.initial_size:type_name -> k3sm.runtime.v1.TerminalSize
+	62,  // 68: k3sm.runtime.v1.ExecRequest.start:type_name -> k3sm.runtime.v1.ExecStart
+	61,  // 69: k3sm.runtime.v1.ExecRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
+	64,  // 70: k3sm.runtime.v1.ExecResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
+	66,  // 71: k3sm.runtime.v1.AttachRequest.start:type_name -> k3sm.runtime.v1.AttachStart
+	61,  // 72: k3sm.runtime.v1.AttachRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
+	64,  // 73: k3sm.runtime.v1.AttachResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
+	69,  // 74: k3sm.runtime.v1.PortForwardRequest.start:type_name -> k3sm.runtime.v1.PortForwardStart
+	101, // 75: k3sm.runtime.v1.ContainerStats.timestamp:type_name -> google.protobuf.Timestamp
+	73,  // 76: k3sm.runtime.v1.PodStats.containers:type_name -> k3sm.runtime.v1.ContainerStats
+	74,  // 77: k3sm.runtime.v1.ListPodStatsResponse.pods:type_name -> k3sm.runtime.v1.PodStats
+	76,  // 78: k3sm.runtime.v1.ListImagesResponse.images:type_name -> k3sm.runtime.v1.Image
+	76,  // 79: k3sm.runtime.v1.PullImageResponse.image:type_name -> k3sm.runtime.v1.Image
+	76,  // 80: k3sm.runtime.v1.ImageProgress.image:type_name -> k3sm.runtime.v1.Image
+	76,  // 81: k3sm.runtime.v1.LoadImageResponse.images:type_name -> k3sm.runtime.v1.Image
+	76,  // 82: k3sm.runtime.v1.TagImageResponse.image:type_name -> k3sm.runtime.v1.Image
+	76,  // 83: k3sm.runtime.v1.InspectImageResponse.image:type_name -> k3sm.runtime.v1.Image
+	76,  // 84: k3sm.runtime.v1.PruneImagesResponse.removed:type_name -> k3sm.runtime.v1.Image
+	36,  // 85: k3sm.runtime.v1.Runtime.GetRuntimeInfo:input_type -> k3sm.runtime.v1.GetRuntimeInfoRequest
+	47,  // 86: k3sm.runtime.v1.Runtime.CreatePod:input_type -> k3sm.runtime.v1.CreatePodRequest
+	49,  // 87: k3sm.runtime.v1.Runtime.UpdatePod:input_type -> k3sm.runtime.v1.UpdatePodRequest
+	20,  // 88: k3sm.runtime.v1.Runtime.UpdatePodVolumes:input_type -> k3sm.runtime.v1.UpdatePodVolumesRequest
+	51,  // 89: k3sm.runtime.v1.Runtime.DeletePod:input_type -> k3sm.runtime.v1.DeletePodRequest
+	53,  // 90: k3sm.runtime.v1.Runtime.GetPodStatus:input_type -> k3sm.runtime.v1.GetPodStatusRequest
+	55,  // 91: k3sm.runtime.v1.Runtime.ListPods:input_type -> k3sm.runtime.v1.ListPodsRequest
+	57,  // 92: k3sm.runtime.v1.Runtime.WatchPodStatus:input_type -> k3sm.runtime.v1.WatchPodStatusRequest
+	59,  // 93: k3sm.runtime.v1.Runtime.GetLogs:input_type -> k3sm.runtime.v1.GetLogsRequest
+	63,  // 94: k3sm.runtime.v1.Runtime.Exec:input_type -> k3sm.runtime.v1.ExecRequest
+	67,  // 95: k3sm.runtime.v1.Runtime.Attach:input_type -> k3sm.runtime.v1.AttachRequest
+	70,  // 96: k3sm.runtime.v1.Runtime.PortForward:input_type -> k3sm.runtime.v1.PortForwardRequest
+	72,  // 97: k3sm.runtime.v1.Runtime.ListPodStats:input_type -> k3sm.runtime.v1.ListPodStatsRequest
+	38,  // 98: k3sm.runtime.v1.Runtime.UpdateRuntimeConfig:input_type -> k3sm.runtime.v1.UpdateRuntimeConfigRequest
+	40,  // 99: k3sm.runtime.v1.Runtime.SetPodNetworkPolicy:input_type -> k3sm.runtime.v1.SetPodNetworkPolicyRequest
+	77,  // 100: k3sm.runtime.v1.Images.ListImages:input_type -> k3sm.runtime.v1.ListImagesRequest
+	79,  // 101: k3sm.runtime.v1.Images.PullImage:input_type -> k3sm.runtime.v1.PullImageRequest
+	81,  // 102: k3sm.runtime.v1.Images.RemoveImage:input_type -> k3sm.runtime.v1.RemoveImageRequest
+	83,  // 103: k3sm.runtime.v1.Images.ImageFsInfo:input_type -> k3sm.runtime.v1.ImageFsInfoRequest
+	79,  // 104: k3sm.runtime.v1.Images.PullImageProgress:input_type -> k3sm.runtime.v1.PullImageRequest
+	86,  // 105: k3sm.runtime.v1.Images.LoadImage:input_type -> k3sm.runtime.v1.LoadImageRequest
+	88,  // 106: k3sm.runtime.v1.Images.SaveImage:input_type -> k3sm.runtime.v1.SaveImageRequest
+	90,  // 107: k3sm.runtime.v1.Images.PushImage:input_type -> k3sm.runtime.v1.PushImageRequest
+	91,  // 108: k3sm.runtime.v1.Images.TagImage:input_type -> k3sm.runtime.v1.TagImageRequest
+	93,  // 109: k3sm.runtime.v1.Images.UntagImage:input_type -> k3sm.runtime.v1.UntagImageRequest
+	95,  // 110: k3sm.runtime.v1.Images.InspectImage:input_type -> k3sm.runtime.v1.InspectImageRequest
+	97,  // 111: k3sm.runtime.v1.Images.PruneImages:input_type -> k3sm.runtime.v1.PruneImagesRequest
+	37,  // 112: k3sm.runtime.v1.Runtime.GetRuntimeInfo:output_type -> k3sm.runtime.v1.GetRuntimeInfoResponse
+	48,  // 113: k3sm.runtime.v1.Runtime.CreatePod:output_type -> k3sm.runtime.v1.CreatePodResponse
+	50,  // 114: k3sm.runtime.v1.Runtime.UpdatePod:output_type -> k3sm.runtime.v1.UpdatePodResponse
+	21,  // 115: k3sm.runtime.v1.Runtime.UpdatePodVolumes:output_type -> k3sm.runtime.v1.UpdatePodVolumesResponse
+	52,  // 116: k3sm.runtime.v1.Runtime.DeletePod:output_type -> k3sm.runtime.v1.DeletePodResponse
+	54,  // 117: k3sm.runtime.v1.Runtime.GetPodStatus:output_type -> k3sm.runtime.v1.GetPodStatusResponse
+	56,  // 118: k3sm.runtime.v1.Runtime.ListPods:output_type -> k3sm.runtime.v1.ListPodsResponse
+	58,  // 119: k3sm.runtime.v1.Runtime.WatchPodStatus:output_type -> k3sm.runtime.v1.WatchPodStatusResponse
+	60,  // 120: k3sm.runtime.v1.Runtime.GetLogs:output_type -> k3sm.runtime.v1.GetLogsResponse
+	65,  // 121: k3sm.runtime.v1.Runtime.Exec:output_type -> k3sm.runtime.v1.ExecResponse
+	68,  // 122: k3sm.runtime.v1.Runtime.Attach:output_type -> k3sm.runtime.v1.AttachResponse
+	71,  // 123: k3sm.runtime.v1.Runtime.PortForward:output_type -> k3sm.runtime.v1.PortForwardResponse
+	75,  // 124: k3sm.runtime.v1.Runtime.ListPodStats:output_type -> k3sm.runtime.v1.ListPodStatsResponse
+	39,  // 125: k3sm.runtime.v1.Runtime.UpdateRuntimeConfig:output_type -> k3sm.runtime.v1.UpdateRuntimeConfigResponse
+	41,  // 126: k3sm.runtime.v1.Runtime.SetPodNetworkPolicy:output_type -> k3sm.runtime.v1.SetPodNetworkPolicyResponse
+	78,  // 127: k3sm.runtime.v1.Images.ListImages:output_type -> k3sm.runtime.v1.ListImagesResponse
+	80,  // 128: k3sm.runtime.v1.Images.PullImage:output_type -> k3sm.runtime.v1.PullImageResponse
+	82,  // 129: k3sm.runtime.v1.Images.RemoveImage:output_type -> k3sm.runtime.v1.RemoveImageResponse
+	84,  // 130: k3sm.runtime.v1.Images.ImageFsInfo:output_type -> k3sm.runtime.v1.ImageFsInfoResponse
+	85,  // 131: k3sm.runtime.v1.Images.PullImageProgress:output_type -> k3sm.runtime.v1.ImageProgress
+	87,  // 132: k3sm.runtime.v1.Images.LoadImage:output_type -> k3sm.runtime.v1.LoadImageResponse
+	89,  // 133: k3sm.runtime.v1.Images.SaveImage:output_type -> k3sm.runtime.v1.SaveImageResponse
+	85,  // 134: k3sm.runtime.v1.Images.PushImage:output_type -> k3sm.runtime.v1.ImageProgress
+	92,  // 135: k3sm.runtime.v1.Images.TagImage:output_type -> k3sm.runtime.v1.TagImageResponse
+	94,  // 136: k3sm.runtime.v1.Images.UntagImage:output_type -> k3sm.runtime.v1.UntagImageResponse
+	96,  // 137: k3sm.runtime.v1.Images.InspectImage:output_type -> k3sm.runtime.v1.InspectImageResponse
+	98,  // 138: k3sm.runtime.v1.Images.PruneImages:output_type -> k3sm.runtime.v1.PruneImagesResponse
+	112, // [112:139] is the sub-list for method output_type
+	85,  // [85:112] is the sub-list for method input_type
+	85,  // [85:85] is the sub-list for extension type_name
+	85,  // [85:85] is the sub-list for extension extendee
+	0,   // [0:85] is the sub-list for field type_name
 }
 
 func init() { file_runtime_proto_init() }
@@ -7253,59 +7471,60 @@ func file_runtime_proto_init() {
 		return
 	}
 	file_runtime_proto_msgTypes[0].OneofWrappers = []any{}
-	file_runtime_proto_msgTypes[6].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[3].OneofWrappers = []any{}
+	file_runtime_proto_msgTypes[7].OneofWrappers = []any{
 		(*Volume_EmptyDir)(nil),
 		(*Volume_Files)(nil),
 		(*Volume_HostPath)(nil),
 		(*Volume_LocalPath)(nil),
 	}
-	file_runtime_proto_msgTypes[15].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[16].OneofWrappers = []any{
 		(*Probe_Exec)(nil),
 		(*Probe_HttpGet)(nil),
 		(*Probe_TcpSocket)(nil),
 		(*Probe_Grpc)(nil),
 	}
-	file_runtime_proto_msgTypes[21].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[22].OneofWrappers = []any{
 		(*LifecycleHandler_Exec)(nil),
 		(*LifecycleHandler_HttpGet)(nil),
 		(*LifecycleHandler_TcpSocket)(nil),
 		(*LifecycleHandler_SleepSeconds)(nil),
 	}
-	file_runtime_proto_msgTypes[24].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[25].OneofWrappers = []any{
 		(*ContainerState_Waiting)(nil),
 		(*ContainerState_Running)(nil),
 		(*ContainerState_Terminated)(nil),
 	}
-	file_runtime_proto_msgTypes[44].OneofWrappers = []any{}
-	file_runtime_proto_msgTypes[52].OneofWrappers = []any{}
-	file_runtime_proto_msgTypes[56].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[45].OneofWrappers = []any{}
+	file_runtime_proto_msgTypes[53].OneofWrappers = []any{}
+	file_runtime_proto_msgTypes[57].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_Resize)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 	}
-	file_runtime_proto_msgTypes[58].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[59].OneofWrappers = []any{
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_runtime_proto_msgTypes[60].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[61].OneofWrappers = []any{
 		(*AttachRequest_Start)(nil),
 		(*AttachRequest_Stdin)(nil),
 		(*AttachRequest_Resize)(nil),
 		(*AttachRequest_CloseStdin)(nil),
 	}
-	file_runtime_proto_msgTypes[61].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[62].OneofWrappers = []any{
 		(*AttachResponse_Stdout)(nil),
 		(*AttachResponse_Stderr)(nil),
 		(*AttachResponse_Exit)(nil),
 	}
-	file_runtime_proto_msgTypes[63].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[64].OneofWrappers = []any{
 		(*PortForwardRequest_Start)(nil),
 		(*PortForwardRequest_Data)(nil),
 		(*PortForwardRequest_CloseWrite)(nil),
 	}
-	file_runtime_proto_msgTypes[64].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[65].OneofWrappers = []any{
 		(*PortForwardResponse_Data)(nil),
 		(*PortForwardResponse_Error)(nil),
 	}
@@ -7315,7 +7534,7 @@ func file_runtime_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_runtime_proto_rawDesc), len(file_runtime_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   94,
+			NumMessages:   95,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -96,12 +96,12 @@ type diskManager struct {
 	statfs     func(string) (fsStats, error)
 	now        func() time.Time
 
-	mu       sync.Mutex
-	records  map[string]*imageRecord // by image id
-	notify   func(*corev1.Node)
-	node     *corev1.Node // the provider's view of the node, DiskPressure kept current
-	pressure bool
-	lastSeen time.Time // last time a threshold was crossed
+	mu      sync.Mutex
+	records map[string]*imageRecord // by image id
+	notify  func(*corev1.Node)
+	node    *corev1.Node      // the provider's view of the node, DiskPressure kept current
+	disk    pressureCondition // DiskPressure
+	mem     *memoryWatch      // MemoryPressure (memory.go); nil: not watched
 }
 
 func newDiskManager(cfg diskpolicy.Config, dataDir, nodeName string, rt diskRuntime, recorder record.EventRecorder, log *slog.Logger) (*diskManager, error) {
@@ -115,10 +115,14 @@ func newDiskManager(cfg diskpolicy.Config, dataDir, nodeName string, rt diskRunt
 	if cfg.ImageGCPeriod <= 0 {
 		cfg.ImageGCPeriod = 5 * time.Minute
 	}
-	return &diskManager{cfg: cfg, thresholds: th, nodefs: dataDir, imagefs: datadir.New(dataDir).ImagesDir(), rt: rt,
+	d := &diskManager{cfg: cfg, thresholds: th, nodefs: dataDir, imagefs: datadir.New(dataDir).ImagesDir(), rt: rt,
 		recorder: recorder, log: log, statfs: statfs, now: time.Now, records: map[string]*imageRecord{},
+		disk: pressureCondition{typ: corev1.NodeDiskPressure, reason: reasonDiskPressure, message: messageDiskPressure,
+			reasonNone: reasonNoDiskPressure, messageNone: messageNoDiskPressure},
 		// As the kubelet names its node in events.
-		nodeRef: &corev1.ObjectReference{Kind: "Node", Name: nodeName, UID: types.UID(nodeName)}}, nil
+		nodeRef: &corev1.ObjectReference{Kind: "Node", Name: nodeName, UID: types.UID(nodeName)}}
+	d.watchMemory(th)
+	return d, nil
 }
 
 // setNode gives the manager the node object whose DiskPressure condition it
@@ -167,6 +171,7 @@ func (d *diskManager) detect(ctx context.Context) {
 // images first (freeSpace detects them anew), as the kubelet's eviction
 // manager does.
 func (d *diskManager) housekeeping(ctx context.Context) {
+	d.memoryHousekeeping()
 	crossed, err := d.observe()
 	if err != nil {
 		d.log.Warn("disk stats", "err", err)
@@ -200,6 +205,8 @@ func (d *diskManager) observe() ([]string, error) {
 	for _, t := range d.thresholds {
 		var avail, capacity uint64
 		switch t.Signal {
+		case diskpolicy.MemoryAvailable:
+			continue // MemoryPressure: memory.go
 		case "nodefs.available":
 			avail, capacity = nodefs.AvailableBytes, nodefs.CapacityBytes
 		case "nodefs.inodesFree":
@@ -223,52 +230,70 @@ func (d *diskManager) observe() ([]string, error) {
 	return crossed, nil
 }
 
-// setPressure updates the DiskPressure condition: True while a threshold is
-// crossed and for EvictionPressureTransitionPeriod after (the kubelet's
-// evictionPressureTransitionPeriod), then False.
+// setPressure updates the DiskPressure condition.
 func (d *diskManager) setPressure(observed bool) {
+	d.setCondition(&d.disk, observed, func(pressure bool) {
+		if pressure {
+			d.log.Warn("node has disk pressure")
+		} else {
+			d.log.Info("node has no disk pressure")
+		}
+	})
+}
+
+// pressureCondition is a node pressure condition (DiskPressure,
+// MemoryPressure) with the kubelet's reasons and messages, and its state.
+type pressureCondition struct {
+	typ                     corev1.NodeConditionType
+	reason, message         string // True
+	reasonNone, messageNone string // False
+	pressure                bool
+	lastSeen                time.Time // last time a threshold was met
+}
+
+// setCondition records whether c's threshold is met: c is True while it is
+// and for EvictionPressureTransitionPeriod after (the kubelet's
+// evictionPressureTransitionPeriod), then False. A change of the node's
+// condition calls changed, then reports the node.
+func (d *diskManager) setCondition(c *pressureCondition, met bool, changed func(pressure bool)) {
 	d.mu.Lock()
 	now := d.now()
-	if observed {
-		d.lastSeen = now
+	if met {
+		c.lastSeen = now
 	}
-	pressure := observed || (!d.lastSeen.IsZero() && now.Sub(d.lastSeen) < d.cfg.EvictionPressureTransitionPeriod)
-	if pressure == d.pressure || d.node == nil {
-		d.pressure = pressure
+	pressure := met || (!c.lastSeen.IsZero() && now.Sub(c.lastSeen) < d.cfg.EvictionPressureTransitionPeriod)
+	if pressure == c.pressure || d.node == nil {
+		c.pressure = pressure
 		d.mu.Unlock()
 		return
 	}
-	d.pressure = pressure
-	setDiskPressure(d.node, pressure, metav1.NewTime(now))
+	c.pressure = pressure
+	c.set(d.node, pressure, metav1.NewTime(now))
 	n, notify := d.node.DeepCopy(), d.notify
 	d.mu.Unlock()
-	if pressure {
-		d.log.Warn("node has disk pressure")
-	} else {
-		d.log.Info("node has no disk pressure")
-	}
+	changed(pressure)
 	if notify != nil {
 		notify(n)
 	}
 }
 
-// setDiskPressure sets n's DiskPressure condition as the kubelet does.
-func setDiskPressure(n *corev1.Node, pressure bool, now metav1.Time) {
-	c := corev1.NodeCondition{Type: corev1.NodeDiskPressure, Status: corev1.ConditionFalse, Reason: reasonNoDiskPressure,
-		Message: messageNoDiskPressure, LastHeartbeatTime: now, LastTransitionTime: now}
+// set sets n's condition as the kubelet does.
+func (c *pressureCondition) set(n *corev1.Node, pressure bool, now metav1.Time) {
+	nc := corev1.NodeCondition{Type: c.typ, Status: corev1.ConditionFalse, Reason: c.reasonNone,
+		Message: c.messageNone, LastHeartbeatTime: now, LastTransitionTime: now}
 	if pressure {
-		c.Status, c.Reason, c.Message = corev1.ConditionTrue, reasonDiskPressure, messageDiskPressure
+		nc.Status, nc.Reason, nc.Message = corev1.ConditionTrue, c.reason, c.message
 	}
 	for i := range n.Status.Conditions {
-		if n.Status.Conditions[i].Type == corev1.NodeDiskPressure {
-			if n.Status.Conditions[i].Status == c.Status {
-				c.LastTransitionTime = n.Status.Conditions[i].LastTransitionTime
+		if n.Status.Conditions[i].Type == c.typ {
+			if n.Status.Conditions[i].Status == nc.Status {
+				nc.LastTransitionTime = n.Status.Conditions[i].LastTransitionTime
 			}
-			n.Status.Conditions[i] = c
+			n.Status.Conditions[i] = nc
 			return
 		}
 	}
-	n.Status.Conditions = append(n.Status.Conditions, c)
+	n.Status.Conditions = append(n.Status.Conditions, nc)
 }
 
 // detectImages refreshes the records: new images get firstDetected now,

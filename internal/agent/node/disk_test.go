@@ -15,6 +15,7 @@ import (
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
+	"github.com/k3sm-dev/k3sm/internal/runtime/pressure"
 )
 
 type fakeDiskRuntime struct {
@@ -64,6 +65,10 @@ func testDisk(t *testing.T, rt diskRuntime, fs *fsStats) (*diskManager, *record.
 	clock := &fakeClock{time.Unix(1_000_000, 0)}
 	d.now = clock.now
 	d.statfs = func(string) (fsStats, error) { return *fs, nil }
+	// The machine's own memory must not decide a disk test.
+	d.mem.read = func() (pressure.Memory, error) {
+		return pressure.Memory{AvailableBytes: 8 << 30, TotalBytes: 16 << 30}, nil
+	}
 	return d, rec, clock
 }
 

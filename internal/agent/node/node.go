@@ -123,7 +123,7 @@ func Run(ctx context.Context, cfg Config) error {
 			podspec.APIServerEnv("https://"+net.JoinHostPort(cfg.APIServiceIP, "443")))
 		podDNS = &podspec.DNS{Server: cfg.ClusterDNS, Domain: cfg.ClusterDomain, HostResolvConf: podspec.HostResolvConfPath()}
 	}
-	translatorConfig := podspec.Config{Source: podspec.APISource(kc), NodeIP: cfg.IP, PodNetwork: podNetwork, DNS: podDNS, ServiceEnv: apiEnv,
+	translatorConfig := podspec.Config{Source: podspec.SharedSource(ctx, kc, log), NodeIP: cfg.IP, PodNetwork: podNetwork, DNS: podDNS, ServiceEnv: apiEnv,
 		EphemeralFailed: func(pod *corev1.Pod, container string, err error) {
 			log.Warn("ephemeral container left out", "pod", pod.Namespace+"/"+pod.Name, "container", container, "err", err)
 			provider.event(pod, container, corev1.EventTypeWarning, "Failed", "Error: "+err.Error())
@@ -322,7 +322,7 @@ func nodeObject(cfg Config, info *runtimev1.GetRuntimeInfoResponse) *corev1.Node
 			},
 			Conditions: []corev1.NodeCondition{
 				cond(corev1.NodeReady, corev1.ConditionTrue, "KubeletReady", "k3sm node is posting ready status"),
-				cond(corev1.NodeMemoryPressure, corev1.ConditionFalse, "KubeletHasSufficientMemory", "node has sufficient memory available"),
+				cond(corev1.NodeMemoryPressure, corev1.ConditionFalse, reasonNoMemoryPressure, messageNoMemoryPressure),
 				cond(corev1.NodeDiskPressure, corev1.ConditionFalse, reasonNoDiskPressure, messageNoDiskPressure),
 				cond(corev1.NodePIDPressure, corev1.ConditionFalse, "KubeletHasSufficientPID", "node has sufficient PID available"),
 				cond(corev1.NodeNetworkUnavailable, corev1.ConditionFalse, "RouteCreated", "pods use the host network"),

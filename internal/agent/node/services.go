@@ -10,6 +10,7 @@ import (
 
 	"github.com/k3sm-dev/k3sm/internal/agent/dns"
 	"github.com/k3sm-dev/k3sm/internal/agent/proxy"
+	netdclient "github.com/k3sm-dev/k3sm/internal/netd/client"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
@@ -33,7 +34,12 @@ func serveServices(ctx context.Context, cfg Config, apiURL string, kc kubernetes
 		}
 		api, _ = netip.ParseAddrPort(net.JoinHostPort(u.Hostname(), port))
 	}
-	px, err := proxy.New(proxy.Config{Client: kc, NodeName: cfg.Name, NodeIPs: []netip.Addr{nodeIP}, APIServer: api, Recorder: recorder, Log: log.With("component", "proxy")})
+	pcfg := proxy.Config{Client: kc, NodeName: cfg.Name, NodeIPs: []netip.Addr{nodeIP}, APIServer: api, Recorder: recorder, Log: log.With("component", "proxy")}
+	if cfg.NetdSocket != "" {
+		// --service-proxy: ClusterIPs in the kernel, through k3sm-netd.
+		pcfg.Kernel = proxy.NetdKernel{Client: netdclient.New(cfg.NetdSocket)}
+	}
+	px, err := proxy.New(pcfg)
 	if err != nil {
 		return fmt.Errorf("service proxy: %w", err)
 	}
@@ -47,7 +53,7 @@ func serveServices(ctx context.Context, cfg Config, apiURL string, kc kubernetes
 	if err != nil {
 		return fmt.Errorf("cluster DNS on %s: %w", cfg.ClusterDNS, err)
 	}
-	log.Info("serving Services and cluster DNS", "dns", cfg.ClusterDNS, "domain", cfg.ClusterDomain)
+	log.Info("serving Services and cluster DNS", "dns", cfg.ClusterDNS, "domain", cfg.ClusterDomain, "serviceProxy", px.Mode())
 	var g errgroup.Group
 	g.Go(func() error { return px.Run(ctx) })
 	g.Go(func() error { return ds.Run(ctx) })

@@ -58,6 +58,12 @@ func podStatus(pod *corev1.Pod, rs *runtimev1.PodStatus, nodeIP string, podNetwo
 		condition(prev, corev1.PodReady, ready, "ContainersNotReady"),
 		condition(prev, corev1.PodScheduled, true, ""),
 	}
+	if rs.Reason == "Evicted" {
+		// As the kubelet's eviction manager marks its evictions.
+		c := condition(prev, corev1.DisruptionTarget, true, "")
+		c.Reason, c.Message = corev1.PodReasonTerminationByKubelet, rs.Message
+		st.Conditions = append(st.Conditions, c)
+	}
 	if terminal {
 		// The kubelet reports PodCompleted for finished pods.
 		for i := range st.Conditions {

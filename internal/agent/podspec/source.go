@@ -25,9 +25,8 @@ type Source interface {
 	Token(ctx context.Context, ns, serviceAccount string, req *authenticationv1.TokenRequest) (*authenticationv1.TokenRequest, error)
 }
 
-// APISource reads from the API server with the node's own client.
-func APISource(c kubernetes.Interface) Source { return apiSource{c} }
-
+// apiSource reads from the API server with the node's own client, one GET
+// a read (SharedSource shares ConfigMaps and Secrets on top of it).
 type apiSource struct{ c kubernetes.Interface }
 
 func (s apiSource) ConfigMap(ctx context.Context, ns, name string) (*corev1.ConfigMap, error) {

@@ -124,9 +124,15 @@ func (t *Translator) translate(ctx context.Context, pod *corev1.Pod) (*runtimev1
 		Labels:        maps.Clone(pod.Labels),
 		Annotations:   maps.Clone(pod.Annotations),
 		HostNetwork:   pod.Spec.HostNetwork,
+		HostPid:       pod.Spec.HostPID,
+		HostIpc:       pod.Spec.HostIPC,
+		HostUsers:     pod.Spec.HostUsers,
 	}
 	if pod.Spec.Hostname != "" {
 		spec.Hostname = pod.Spec.Hostname
+	}
+	if pod.Spec.Priority != nil { // set by the Priority admission plugin
+		spec.Priority = *pod.Spec.Priority
 	}
 	rc, err := ResolvConf(pod, t.dns)
 	if err != nil {
@@ -239,7 +245,8 @@ func (t *Translator) container(ctx context.Context, pod *corev1.Pod, c *corev1.C
 			MemoryRequestBytes: c.Resources.Requests.Memory().Value(),
 			MemoryLimitBytes:   c.Resources.Limits.Memory().Value(),
 		},
-		DefinitionHash: definitionHash(c),
+		DefinitionHash:  definitionHash(c),
+		SecurityContext: securityContext(pod, c),
 	}
 	if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
 		cs.RestartPolicy = runtimev1.ContainerRestartPolicy_CONTAINER_RESTART_POLICY_ALWAYS

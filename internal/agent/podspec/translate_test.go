@@ -55,6 +55,9 @@ func TestTranslate(t *testing.T) {
 				s.TerminationGracePeriodSeconds = ptr.To[int64](5)
 				s.RestartPolicy = runtimev1.RestartPolicy_RESTART_POLICY_ON_FAILURE
 			})},
+		{name: "spec.priority (from the PriorityClass) for eviction ranking",
+			pod:  apiPod(func(p *corev1.Pod) { p.Spec.Priority = ptr.To[int32](2000001000) }),
+			want: runtimeSpec(func(s *runtimev1.PodSpec) { s.Priority = 2000001000 })},
 		{name: "restartPolicy Never",
 			pod:  apiPod(func(p *corev1.Pod) { p.Spec.RestartPolicy = corev1.RestartPolicyNever }),
 			want: runtimeSpec(func(s *runtimev1.PodSpec) { s.RestartPolicy = runtimev1.RestartPolicy_RESTART_POLICY_NEVER })},
@@ -106,13 +109,21 @@ func TestTranslate(t *testing.T) {
 					c.RestartPolicy = runtimev1.ContainerRestartPolicy_CONTAINER_RESTART_POLICY_ALWAYS
 				})}
 			})},
-		{name: "securityContext does not map: pods run as the daemon's user, nothing of it reaches the spec",
+		{name: "securityContext: the pod's fields merge under the container's, for the runtime's sandbox",
 			pod: apiPod(func(p *corev1.Pod) {
-				p.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsUser: ptr.To[int64](1000), FSGroup: ptr.To[int64](2000)}
-				p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{RunAsNonRoot: ptr.To(true), ReadOnlyRootFilesystem: ptr.To(true),
-					Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}
+				p.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsUser: ptr.To[int64](1000), FSGroup: ptr.To[int64](2000),
+					SupplementalGroups: []int64{3000}, SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
+				p.Spec.HostPID, p.Spec.HostUsers = true, ptr.To(false)
+				p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{RunAsUser: ptr.To[int64](1001), RunAsNonRoot: ptr.To(true), ReadOnlyRootFilesystem: ptr.To(true),
+					AllowPrivilegeEscalation: ptr.To(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: []corev1.Capability{"NET_BIND_SERVICE"}},
+					SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: ptr.To("prof.json")}}
 			}),
-			want: runtimeSpec()},
+			want: runtimeSpec(func(s *runtimev1.PodSpec) {
+				s.HostPid, s.HostUsers = true, ptr.To(false)
+				s.Containers[0].SecurityContext = &runtimev1.SecurityContext{RunAsUser: ptr.To[int64](1001), FsGroup: ptr.To[int64](2000),
+					SupplementalGroups: []int64{3000}, RunAsNonRoot: true, ReadOnlyRootFilesystem: true, AllowPrivilegeEscalation: ptr.To(false),
+					CapabilitiesDrop: []string{"ALL"}, CapabilitiesAdd: []string{"NET_BIND_SERVICE"}, SeccompProfile: "Localhost/prof.json"}
+			})},
 
 		// Env: every variable goes out final and marked verbatim.
 		{name: "env: a literal value is $(VAR)-expanded from the entries before it; $$ is $, an unknown or later name stays",

@@ -1,16 +1,21 @@
-// Package proxy owns the node's Service proxy: a userspace proxy that
-// watches Services and EndpointSlices and owns a listening socket per
-// Service port. k3sm runs no kube-proxy and programs no packet filter, so
-// every ClusterIP, NodePort and LoadBalancer address of a Service is a
-// socket in the node process that accepts connections (or datagrams) and
-// relays them to an endpoint.
+// Package proxy owns the node's Service proxy. It watches Services and
+// EndpointSlices and serves every ClusterIP, NodePort and LoadBalancer
+// address of a Service by one of two paths:
 //
-// A TCP port without endpoints has its socket closed, so clients get a
-// connection refused at once, as kube-proxy's reject rule gives them; a UDP
-// port likewise (the kernel answers port unreachable). LoadBalancer
-// Services are served on the node's own IPs, which are reported in
-// status.loadBalancer.ingress. EnsureRBAC grants the proxy's identity what
-// it needs.
+//   - the kernel (Config.Kernel: k3sm-netd's nftables on Linux), for
+//     ClusterIPs of TCP and UDP without session affinity: DNAT to an
+//     endpoint, no byte copied, the client's address kept (see kernel.go);
+//   - a userspace relay, for the rest and where there is no kernel path
+//     (darwin, no netd, --service-proxy=userspace): a listening socket per
+//     Service address in the node process that accepts connections (or
+//     datagrams) and relays them to an endpoint.
+//
+// A TCP port without endpoints has its socket closed (or, in the kernel,
+// a reject rule), so clients get a connection refused at once, as
+// kube-proxy's reject rule gives them; a UDP port likewise (port
+// unreachable). LoadBalancer Services are served on the node's own IPs,
+// which are reported in status.loadBalancer.ingress. EnsureRBAC grants the
+// proxy's identity what it needs.
 package proxy
 
 import (
@@ -77,6 +82,13 @@ type Config struct {
 	// the API through the Service, as upstream clients expect.
 	APIServer netip.AddrPort
 
+	// Kernel, when set, serves ClusterIPs in the kernel (see Kernel);
+	// NodePort, LoadBalancer and ClusterIPs with session affinity stay on
+	// the relay. nil: the relay serves everything.
+	Kernel         Kernel
+	KernelDebounce time.Duration // 0: DefaultKernelDebounce
+	KernelResync   time.Duration // 0: DefaultKernelResync
+
 	DialTimeout    time.Duration // per endpoint attempt; 0: DefaultDialTimeout
 	UDPIdleTimeout time.Duration // a UDP session without traffic ends; 0: DefaultUDPIdleTimeout
 	RetryInterval  time.Duration // a socket that failed to open is tried again; 0: DefaultRetryInterval
@@ -100,8 +112,12 @@ type Proxy struct {
 	wg    sync.WaitGroup // accept loops, relays, UDP sessions
 	conns connSet
 
+	kernel *kernelState // the ClusterIPs Config.Kernel serves
+
 	// onRelay, when set (by tests), sees both sides of each TCP relay.
 	onRelay func(client, backend net.Conn)
+	// kernelSent, when set (by tests), sees each set the kernel took.
+	kernelSent func([]KernelService)
 }
 
 // New checks cfg and returns a Proxy ready to Run.
@@ -130,12 +146,19 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.RetryInterval <= 0 {
 		cfg.RetryInterval = DefaultRetryInterval
 	}
+	if cfg.KernelDebounce <= 0 {
+		cfg.KernelDebounce = DefaultKernelDebounce
+	}
+	if cfg.KernelResync <= 0 {
+		cfg.KernelResync = DefaultKernelResync
+	}
 	cfg.NodeIPs = unmapAll(cfg.NodeIPs)
 	p := &Proxy{
 		cfg:      cfg,
 		log:      cfg.Log.With("component", "proxy"),
 		recorder: cfg.Recorder,
 		services: map[string]map[listenerKey]*frontend{},
+		kernel:   newKernelState(),
 	}
 	for _, ip := range cfg.NodeIPs {
 		if len(cfg.NodePortAddresses) == 0 || slices.ContainsFunc(cfg.NodePortAddresses, func(pr netip.Prefix) bool { return pr.Contains(ip) }) {
@@ -180,12 +203,12 @@ func (p *Proxy) Run(ctx context.Context) error {
 	sliceInf := factory.Discovery().V1().EndpointSlices()
 	p.svcLister, p.sliceLister = svcInf.Lister(), sliceInf.Lister()
 	// The handlers cannot fail on a factory that has not started.
-	_, _ = svcInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	svcReg, _ := svcInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    p.enqueueService,
 		UpdateFunc: func(_, obj any) { p.enqueueService(obj) },
 		DeleteFunc: p.enqueueService,
 	})
-	_, _ = sliceInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	sliceReg, _ := sliceInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: p.enqueueSlice,
 		UpdateFunc: func(old, obj any) {
 			p.enqueueSlice(old) // the service-name label may have changed
@@ -195,6 +218,16 @@ func (p *Proxy) Run(ctx context.Context) error {
 	})
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
+	// The kernel's first set waits for the queue's first pass, so a
+	// restarted node does not clear every Service for a moment.
+	synced := make(chan struct{})
+	var kernel sync.WaitGroup
+	kctx, kcancel := context.WithCancel(ctx)
+	if p.cfg.Kernel != nil {
+		kernel.Go(func() { p.runKernel(kctx, synced) })
+	}
+	defer kernel.Wait()
+	defer kcancel() // before the Wait: an early return ends the flusher too
 	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
 		if !ok {
 			if ctx.Err() != nil {
@@ -203,11 +236,28 @@ func (p *Proxy) Run(ctx context.Context) error {
 			return fmt.Errorf("proxy: %v informer did not sync", typ)
 		}
 	}
-	p.log.Info("service proxy running", "node", p.cfg.NodeName, "nodeIPs", p.cfg.NodeIPs)
+	p.log.Info("service proxy running", "node", p.cfg.NodeName, "nodeIPs", p.cfg.NodeIPs, "mode", p.Mode())
 
+	// Every Service known at the sync is queued once the handlers have
+	// seen the initial lists: when the queue has been through that many
+	// keys, the kernel set is whole.
+	if !cache.WaitForCacheSync(ctx.Done(), svcReg.HasSynced, sliceReg.HasSynced) {
+		return nil
+	}
+	initial := p.queue.Len()
 	var worker sync.WaitGroup
 	worker.Go(func() {
+		n := 0
+		if initial == 0 {
+			close(synced)
+		}
 		for p.processNext(ctx) {
+			if n++; n == initial {
+				close(synced)
+			}
+		}
+		if n < initial {
+			close(synced)
 		}
 	})
 	<-ctx.Done()
@@ -297,9 +347,15 @@ func (p *Proxy) sync(ctx context.Context, key string) error {
 		return nil
 	}
 	want := make(map[listenerKey]frontendSpec, len(specs))
+	var inKernel []KernelService
 	for _, s := range specs {
+		if p.inKernel(s) {
+			inKernel = append(inKernel, KernelService{Protocol: s.key.proto, IP: s.key.addr.Addr(), Port: s.key.addr.Port(), Endpoints: s.endpoints})
+			continue
+		}
 		want[s.key] = s
 	}
+	p.kernel.set(key, inKernel)
 	fronts := p.services[key]
 	if fronts == nil {
 		fronts = map[listenerKey]*frontend{}
@@ -356,6 +412,7 @@ func (p *Proxy) removeService(key string) {
 		f.shut()
 	}
 	delete(p.services, key)
+	p.kernel.set(key, nil)
 }
 
 // frontend is one listening socket of a Service and what it relays to.

@@ -5,10 +5,12 @@ package client
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/netd/wire"
@@ -17,6 +19,9 @@ import (
 // Client talks to the netd on one socket. It is safe for concurrent use.
 type Client struct {
 	socket string
+
+	svcMu sync.Mutex // one SetServices at a time: chunks of two would interleave
+	gen   uint64     // the last SetServices generation sent
 }
 
 // New returns a client of the netd serving on socket.
@@ -90,6 +95,64 @@ func (c *Client) TeardownPod(ctx context.Context, uid string) error {
 func (c *Client) SetPolicy(ctx context.Context, a wire.SetPolicyArgs) error {
 	_, err := c.do(ctx, &wire.Request{Verb: wire.VerbSetPolicy, SetPolicy: &a})
 	return err
+}
+
+// SetServices replaces the node's ClusterIP Service ports with svcs, in
+// as many chunks as the frame limit needs; netd applies them all at once
+// after the last. The chunks go one connection each, so a set of hundreds
+// of Services costs a few round trips, not one per Service.
+func (c *Client) SetServices(ctx context.Context, svcs []wire.ServicePort) error {
+	c.svcMu.Lock()
+	defer c.svcMu.Unlock()
+	if c.gen == 0 {
+		// A restarted node must not continue a generation it never began.
+		c.gen = uint64(time.Now().UnixNano())
+	}
+	c.gen++
+	chunks, err := chunkServices(svcs)
+	if err != nil {
+		return err
+	}
+	for i, ch := range chunks {
+		a := wire.SetServicesArgs{Generation: c.gen, Chunk: i, Final: i == len(chunks)-1, Services: ch}
+		if _, err := c.do(ctx, &wire.Request{Verb: wire.VerbSetServices, SetServices: &a}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// chunkBudget is what a chunk's Services may take of MaxFrame, leaving
+// room for the request around them.
+const chunkBudget = wire.MaxFrame - 512
+
+// chunkServices splits svcs into chunks whose frames fit in MaxFrame (one
+// chunk, possibly empty, at the least).
+func chunkServices(svcs []wire.ServicePort) ([][]wire.ServicePort, error) {
+	var out [][]wire.ServicePort
+	var cur []wire.ServicePort
+	size := 0
+	for _, s := range svcs {
+		b, err := json.Marshal(s)
+		if err != nil {
+			return nil, err
+		}
+		n := len(b) + 1 // and a comma
+		if n > chunkBudget {
+			return nil, &Error{Code: wire.CodeInvalid, Message: fmt.Sprintf("Service %s %s:%d: %d bytes with its endpoints, more than one frame holds (at most %d endpoints)", s.Protocol, s.IP, s.Port, n, wire.MaxServiceEndpoints)}
+		}
+		if size+n > chunkBudget {
+			out = append(out, cur)
+			cur, size = nil, 0
+		}
+		cur = append(cur, s)
+		size += n
+	}
+	out = append(out, cur)
+	if len(out) > wire.MaxServiceChunks {
+		return nil, &Error{Code: wire.CodeInvalid, Message: fmt.Sprintf("%d Service ports need %d chunks, at most %d", len(svcs), len(out), wire.MaxServiceChunks)}
+	}
+	return out, nil
 }
 
 // ListPods returns every pod netd has given an address.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -33,12 +34,30 @@ func (nopDP) Inventory(dataplane.Node) (dataplane.Inventory, error) {
 	return dataplane.Inventory{}, nil
 }
 func (nopDP) DelNode(dataplane.Node) error { return nil }
+func (nopDP) SetServices(dataplane.Node, []dataplane.Service) error {
+	return nil
+}
+
+// svcDP records the Service sets netd applies.
+type svcDP struct {
+	nopDP
+	sets chan []dataplane.Service
+}
+
+func (d svcDP) SetServices(_ dataplane.Node, svcs []dataplane.Service) error {
+	d.sets <- svcs
+	return nil
+}
 
 func startServer(t *testing.T, allowed int) string {
+	return startServerWith(t, allowed, nopDP{})
+}
+
+func startServerWith(t *testing.T, allowed int, dp dataplane.Dataplane) string {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "run", "netd.sock")
 	srv, err := server.Start(server.Config{Socket: sock, StateFile: filepath.Join(dir, "state.json"), NetNSDir: filepath.Join(dir, "netns"),
-		AllowedUID: allowed, NewDataplane: func() (dataplane.Dataplane, error) { return nopDP{}, nil },
+		AllowedUID: allowed, NewDataplane: func() (dataplane.Dataplane, error) { return dp, nil },
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -162,5 +181,75 @@ func TestClientRefusesOtherVersion(t *testing.T) {
 	}()
 	if _, err := New(sock).ListPods(context.Background()); !errors.Is(err, wire.ErrMalformed) {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// A set of 800 Service ports with 8 endpoints each does not fit in one
+// frame: it goes in chunks and netd applies it once, whole and in order.
+func TestSetServicesChunks(t *testing.T) {
+	dp := svcDP{sets: make(chan []dataplane.Service, 4)}
+	c := New(startServerWith(t, os.Getuid(), dp))
+	ctx := context.Background()
+	if err := c.SetServices(ctx, nil); !IsNotConfigured(err) {
+		t.Fatalf("SetServices before Configure: %v", err)
+	}
+	if _, err := c.Configure(ctx, "100.64.0.0/24"); err != nil {
+		t.Fatal(err)
+	}
+	var svcs []wire.ServicePort
+	for i := range 800 {
+		s := wire.ServicePort{Protocol: "TCP", IP: fmt.Sprintf("10.43.%d.%d", i/200, i%200+1), Port: 8080}
+		for j := range 8 {
+			s.Endpoints = append(s.Endpoints, wire.Endpoint{IP: fmt.Sprintf("100.64.0.%d", j+2), Port: uint16(9000 + j)})
+		}
+		svcs = append(svcs, s)
+	}
+	chunks, err := chunkServices(svcs)
+	if err != nil || len(chunks) < 2 {
+		t.Fatalf("%d chunks, %v: the set should need several", len(chunks), err)
+	}
+	if err := c.SetServices(ctx, svcs); err != nil {
+		t.Fatal(err)
+	}
+	got := <-dp.sets
+	if len(got) != len(svcs) || got[799].IP.String() != "10.43.3.200" || len(got[799].Endpoints) != 8 || got[799].Endpoints[7].Port() != 9007 {
+		t.Fatalf("netd applied %d Service ports (last %+v), want 800", len(got), got[len(got)-1])
+	}
+	select {
+	case extra := <-dp.sets:
+		t.Fatalf("a second application of %d ports: chunks must be applied once, at the last", len(extra))
+	default:
+	}
+	// An empty set is one empty final chunk.
+	if err := c.SetServices(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-dp.sets; len(got) != 0 {
+		t.Fatalf("empty set applied as %d ports", len(got))
+	}
+	// A chunk out of order is refused as a conflict, and nothing applied.
+	raw := func(gen uint64, chunk int, final bool) error {
+		_, err := c.do(ctx, &wire.Request{Verb: wire.VerbSetServices, SetServices: &wire.SetServicesArgs{Generation: gen, Chunk: chunk, Final: final}})
+		return err
+	}
+	if err := raw(99, 1, true); !hasCode(err, wire.CodeConflict) {
+		t.Fatalf("chunk 1 without chunk 0: %v", err)
+	}
+	if err := raw(100, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := raw(101, 1, true); !hasCode(err, wire.CodeConflict) {
+		t.Fatalf("chunk 1 of another generation: %v", err)
+	}
+	// Duplicates across chunks are the dataplane's to refuse; the wire
+	// refuses them within one.
+	dup := []wire.ServicePort{{Protocol: "UDP", IP: "10.43.0.10", Port: 53}, {Protocol: "UDP", IP: "10.43.0.10", Port: 53}}
+	if err := c.SetServices(ctx, dup); !hasCode(err, wire.CodeInvalid) {
+		t.Fatalf("duplicate Service port: %v", err)
+	}
+	select {
+	case s := <-dp.sets:
+		t.Fatalf("applied %d ports of refused requests", len(s))
+	default:
 	}
 }

@@ -115,6 +115,12 @@ type Dataplane interface {
 	// peers are matched by address). Established connections are never
 	// cut by a change. ErrPolicyUnsupported where it cannot be enforced.
 	SetPolicy(n Node, p Pod, pol Policy) error
+	// SetServices replaces the node's whole set of ClusterIP Service
+	// ports with svcs in one atomic change: new connections to a Service
+	// port are translated to one of its endpoints at random (refused at
+	// once when it has none); established ones keep theirs (conntrack).
+	// ErrServicesUnsupported where the kernel cannot do it.
+	SetServices(n Node, svcs []Service) error
 	// Inventory lists what is ours on the system.
 	Inventory(n Node) (Inventory, error)
 	// DelNode removes the bridge and the rules (k3sm uninstall, tests).
@@ -179,4 +185,17 @@ const (
 type Port struct {
 	Protocol      Protocol
 	Port, EndPort uint16
+}
+
+// ErrServicesUnsupported is SetServices on a data path without in-kernel
+// Service translation (darwin: the node's userspace proxy serves them).
+var ErrServicesUnsupported = errors.New("dataplane: in-kernel Service translation is not available on this OS (use the userspace proxy)")
+
+// Service is one ClusterIP Service port of TCP or UDP and its ready
+// endpoints (none: connections are refused, as kube-proxy does).
+type Service struct {
+	Protocol  Protocol
+	IP        netip.Addr
+	Port      uint16
+	Endpoints []netip.AddrPort
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -26,6 +27,9 @@ type linuxPlane struct {
 	hostNS   netns.NsHandle // held open for the life of the dataplane
 	netnsDir string
 	mtu      int
+
+	svcMu      sync.Mutex
+	svcApplied [32]byte // digest of the Services set in the kernel (zero: none known)
 }
 
 // New returns the Linux dataplane: netlink handles bound to the host and
@@ -198,6 +202,9 @@ func (d *linuxPlane) AddPod(n Node, p Pod) error {
 				return fmt.Errorf("dataplane: %s MTU: %w", l.link.Attrs().Name, err)
 			}
 		}
+	}
+	if err := ensureHairpin(h, host); err != nil {
+		return err
 	}
 	if err := ensureUp(h, host); err != nil {
 		return err
@@ -374,6 +381,9 @@ func (d *linuxPlane) DelNode(n Node) error {
 	if err := d.delPolicyTables(); err != nil {
 		return err
 	}
+	if err := d.delServices(); err != nil {
+		return err
+	}
 	return d.delRules(n)
 }
 
@@ -473,4 +483,17 @@ func prefixOf(n *net.IPNet) netip.Prefix {
 func isNotFound(err error) bool {
 	var nf netlink.LinkNotFoundError
 	return err != nil && (errors.As(err, &nf) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENOENT))
+}
+
+// ensureHairpin lets the bridge send a frame back out of the port it came
+// in by: a pod reaching itself through a Service comes back that way.
+func ensureHairpin(h *netlink.Handle, l netlink.Link) error {
+	pi, err := h.LinkGetProtinfo(l)
+	if err == nil && pi.Hairpin {
+		return nil
+	}
+	if err := h.LinkSetHairpin(l, true); err != nil {
+		return fmt.Errorf("dataplane: hairpin mode on %s: %w", l.Attrs().Name, err)
+	}
+	return nil
 }

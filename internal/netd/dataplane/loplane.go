@@ -223,3 +223,12 @@ func (d *loPlane) SetPolicy(n Node, p Pod, pol Policy) error {
 	}
 	return nil
 }
+
+// SetServices: darwin's pods reach Services through the node's userspace
+// proxy; pf has no per-pod path to translate on.
+func (d *loPlane) SetServices(n Node, svcs []Service) error {
+	if err := checkServices(n, svcs); err != nil {
+		return err
+	}
+	return ErrServicesUnsupported
+}

@@ -43,10 +43,7 @@ func (d *linuxPlane) ensureRules(n Node) error {
 	if err != nil {
 		return err
 	}
-	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: natTable}
-	c.AddTable(t)
-	c.DelTable(t)
-	c.AddTable(t)
+	t := freshTable(c, &nftables.Table{Family: nftables.TableFamilyIPv4, Name: natTable})
 	ch := c.AddChain(&nftables.Chain{
 		Name:     "postrouting",
 		Table:    t,
@@ -124,9 +121,7 @@ func (d *linuxPlane) delRules(n Node) error {
 	if err != nil {
 		return err
 	}
-	t := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: natTable}
-	c.AddTable(t)
-	c.DelTable(t)
+	dropTable(c, &nftables.Table{Family: nftables.TableFamilyIPv4, Name: natTable})
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("dataplane: remove table ip %s: %w", natTable, err)
 	}
@@ -297,4 +292,18 @@ func exprSig(es []expr.Any) string {
 		}
 	}
 	return b.String()
+}
+
+// dropTable queues the removal of table t whether or not it exists (the
+// add makes the delete valid when it does not).
+func dropTable(c *nftables.Conn, t *nftables.Table) {
+	c.AddTable(t)
+	c.DelTable(t)
+}
+
+// freshTable queues table t emptied of whatever it held, in the same
+// transaction as what the caller adds to it next.
+func freshTable(c *nftables.Conn, t *nftables.Table) *nftables.Table {
+	dropTable(c, t)
+	return c.AddTable(t)
 }

@@ -150,9 +150,7 @@ func ensureTables(c *nftables.Conn, st *nftState) (policyObjects, error) {
 		}
 	}
 	if !st.policy {
-		c.AddTable(o.pt)
-		c.DelTable(o.pt)
-		c.AddTable(o.pt)
+		freshTable(c, o.pt)
 		forget(nftables.TableFamilyIPv4, ingressMap, egressMap)
 		for _, m := range []*nftables.Set{o.in, o.eg} {
 			if err := c.AddSet(m, nil); err != nil {
@@ -181,9 +179,7 @@ func ensureTables(c *nftables.Conn, st *nftState) (policyObjects, error) {
 		st.policy = true
 	}
 	if !st.guard {
-		c.AddTable(o.gt)
-		c.DelTable(o.gt)
-		c.AddTable(o.gt)
+		freshTable(c, o.gt)
 		forget(nftables.TableFamilyBridge, guardMap)
 		if err := c.AddSet(o.guardMap, nil); err != nil {
 			return o, fmt.Errorf("dataplane: map %s: %w", guardMap, err)
@@ -350,8 +346,7 @@ func (d *linuxPlane) delPolicyTables() error {
 		{Family: nftables.TableFamilyIPv4, Name: policyTable},
 		{Family: nftables.TableFamilyBridge, Name: guardTable},
 	} {
-		c.AddTable(t)
-		c.DelTable(t)
+		dropTable(c, t)
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("dataplane: remove the NetworkPolicy tables: %w", err)

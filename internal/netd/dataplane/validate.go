@@ -169,3 +169,77 @@ func mergeRanges(out []addrRange) []addrRange {
 	}
 	return merged
 }
+
+// Bounds of SetServices (the wire protocol's, repeated: the dataplane
+// takes no client input but through its own checks).
+const (
+	maxServices              = 16384
+	maxServiceEndpoints      = 1000
+	maxServiceEndpointsTotal = 65536
+)
+
+// checkServices refuses what would translate traffic it must not: a
+// protocol other than TCP or UDP, a ClusterIP outside the Service range
+// (when the node has one) or inside the pod range, a port 0, a Service
+// port or an endpoint twice, an endpoint that is not an IPv4 address:port.
+func checkServices(n Node, svcs []Service) error {
+	if err := checkNode(n); err != nil {
+		return err
+	}
+	if len(svcs) > maxServices {
+		return fmt.Errorf("dataplane: %d Service ports, at most %d", len(svcs), maxServices)
+	}
+	seen := make(map[serviceKey]bool, len(svcs))
+	total := 0
+	for _, s := range svcs {
+		if total += len(s.Endpoints); total > maxServiceEndpointsTotal {
+			return fmt.Errorf("dataplane: more than %d Service endpoints in all", maxServiceEndpointsTotal)
+		}
+		if s.Protocol != TCP && s.Protocol != UDP {
+			return fmt.Errorf("dataplane: Service %v: protocol %d is not TCP or UDP", s.IP, s.Protocol)
+		}
+		if !s.IP.Is4() || s.Port == 0 {
+			return fmt.Errorf("dataplane: Service %v port %d: need an IPv4 address and a port", s.IP, s.Port)
+		}
+		if n.CIDR.Contains(s.IP) || (n.ClusterCIDR.IsValid() && n.ClusterCIDR.Contains(s.IP)) {
+			return fmt.Errorf("dataplane: Service %v is inside the pod range", s.IP)
+		}
+		if n.ServiceCIDR.IsValid() && !n.ServiceCIDR.Contains(s.IP) {
+			return fmt.Errorf("dataplane: Service %v is outside the Service range %v", s.IP, n.ServiceCIDR)
+		}
+		k := serviceKey{s.Protocol, s.IP, s.Port}
+		if seen[k] {
+			return fmt.Errorf("dataplane: Service %s twice", k)
+		}
+		seen[k] = true
+		if len(s.Endpoints) > maxServiceEndpoints {
+			return fmt.Errorf("dataplane: Service %s: %d endpoints, at most %d", k, len(s.Endpoints), maxServiceEndpoints)
+		}
+		eps := make(map[netip.AddrPort]bool, len(s.Endpoints))
+		for _, e := range s.Endpoints {
+			if !e.Addr().Is4() || e.Port() == 0 {
+				return fmt.Errorf("dataplane: Service %s: endpoint %v is not an IPv4 address and port", k, e)
+			}
+			if eps[e] {
+				return fmt.Errorf("dataplane: Service %s: endpoint %v twice", k, e)
+			}
+			eps[e] = true
+		}
+	}
+	return nil
+}
+
+// serviceKey is what a Service port is looked up by.
+type serviceKey struct {
+	proto Protocol
+	ip    netip.Addr
+	port  uint16
+}
+
+func (k serviceKey) String() string {
+	name := "tcp"
+	if k.proto == UDP {
+		name = "udp"
+	}
+	return fmt.Sprintf("%s-%s", netip.AddrPortFrom(k.ip, k.port), name)
+}

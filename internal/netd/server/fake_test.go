@@ -135,6 +135,16 @@ func (f *fakeDP) SetPolicy(n dataplane.Node, p dataplane.Pod, pol dataplane.Poli
 	return nil
 }
 
+func (f *fakeDP) SetServices(n dataplane.Node, svcs []dataplane.Service) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("SetServices %d", len(svcs))
+	if f.node == nil || *f.node != n {
+		return errors.New("SetServices before EnsureNode of its node")
+	}
+	return nil
+}
+
 func (f *fakeDP) policy(uid string) (dataplane.Policy, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -63,6 +63,8 @@ type Server struct {
 	rs   ranges
 	last netip.Addr
 	pods map[string]*pod
+	// svcs is the unfinished SetServices generation, chunks so far.
+	svcs *pendingServices
 
 	conns     sync.WaitGroup
 	connMu    sync.Mutex
@@ -285,6 +287,8 @@ func (s *Server) dispatch(req *wire.Request) *wire.Response {
 		return s.setupPod(req.SetupPod)
 	case wire.VerbSetPolicy:
 		return s.setPolicy(req.SetPolicy)
+	case wire.VerbSetServices:
+		return s.setServices(req.SetServices)
 	case wire.VerbListPods:
 		resp := &wire.Response{Pods: []wire.PodResult{}}
 		for _, p := range sortedPods(s.pods) {
@@ -487,6 +491,72 @@ func (s *Server) setPolicy(a *wire.SetPolicyArgs) *wire.Response {
 	return &wire.Response{}
 }
 
+// pendingServices collects the chunks of one SetServices generation.
+type pendingServices struct {
+	gen       uint64
+	next      int
+	svcs      []dataplane.Service
+	endpoints int
+}
+
+// setServices takes one chunk and, at the final one, replaces the
+// node's Services with the generation's whole set. Like policies, the set
+// is not kept in the state file: the kernel keeps the table across a netd
+// restart and the node sends the full set again periodically.
+func (s *Server) setServices(a *wire.SetServicesArgs) *wire.Response {
+	if !s.cidr.IsValid() {
+		return failure(wire.CodeNotConfigured, "SetServices before Configure: the node's pod network is not set up")
+	}
+	if err := wire.CheckSetServices(a); err != nil {
+		return failure(wire.CodeInvalid, "%v", err)
+	}
+	if a.Chunk == 0 {
+		s.svcs = &pendingServices{gen: a.Generation}
+	} else if s.svcs == nil || s.svcs.gen != a.Generation || s.svcs.next != a.Chunk {
+		s.svcs = nil
+		return failure(wire.CodeConflict, "SetServices generation %d chunk %d is out of order (send the set again from chunk 0)", a.Generation, a.Chunk)
+	}
+	p := s.svcs
+	if len(p.svcs)+len(a.Services) > wire.MaxServicePorts {
+		s.svcs = nil
+		return failure(wire.CodeInvalid, "setServices: generation %d has more than %d Service ports", a.Generation, wire.MaxServicePorts)
+	}
+	for _, sp := range a.Services {
+		p.endpoints += len(sp.Endpoints)
+		p.svcs = append(p.svcs, dataplaneService(sp))
+	}
+	if p.endpoints > wire.MaxServiceEndpointsTotal {
+		s.svcs = nil
+		return failure(wire.CodeInvalid, "setServices: generation %d has more than %d endpoints in all", a.Generation, wire.MaxServiceEndpointsTotal)
+	}
+	p.next++
+	if !a.Final {
+		return &wire.Response{}
+	}
+	s.svcs = nil
+	start := time.Now()
+	if err := s.dp.SetServices(s.node(), p.svcs); err != nil {
+		if errors.Is(err, dataplane.ErrServicesUnsupported) {
+			return failure(wire.CodeUnsupported, "%v", err)
+		}
+		return failure(wire.CodeInternal, "%v", err)
+	}
+	s.log.Debug("services set", "generation", a.Generation, "chunks", p.next, "servicePorts", len(p.svcs), "took", time.Since(start))
+	return &wire.Response{}
+}
+
+// dataplaneService converts a Service port CheckSetServices accepted.
+func dataplaneService(sp wire.ServicePort) dataplane.Service {
+	proto, _ := wire.ParseServiceProtocol(sp.Protocol)
+	ip, _ := wire.ParseServiceAddr("ip", sp.IP)
+	out := dataplane.Service{Protocol: dataplane.Protocol(proto), IP: ip, Port: sp.Port}
+	for _, e := range sp.Endpoints {
+		eip, _ := wire.ParseServiceAddr("endpoint ip", e.IP)
+		out.Endpoints = append(out.Endpoints, netip.AddrPortFrom(eip, e.Port))
+	}
+	return out
+}
+
 // dataplanePolicy re-validates the arguments (ReadRequest did, but the
 // types the data path builds rules from come only from here) and converts
 // them.
@@ -564,16 +634,26 @@ func (s *Server) resync() error {
 	if err != nil {
 		return err
 	}
+	s.removeUnclaimed(inv)
+	return nil
+}
+
+// removeUnclaimed removes the pod links and the namespace files under
+// NetNSDir that inv lists and no recorded pod claims (what a crash left),
+// logging each; it returns what it could not remove.
+func (s *Server) removeUnclaimed(inv dataplane.Inventory) []error {
 	claimedIf, claimedNS := map[string]bool{}, map[string]bool{}
 	for _, p := range s.pods {
 		dp := s.dpPod(p)
 		claimedIf[dp.HostIf], claimedNS[dp.NetNS] = true, true
 	}
+	var errs []error
 	for _, h := range inv.HostIfs {
 		if !claimedIf[h] && strings.HasPrefix(h, dataplane.HostIfPrefix) {
 			s.log.Info("removing an unclaimed pod link", "link", h)
 			if err := s.dp.DelPod(dataplane.Pod{HostIf: h}); err != nil {
 				s.log.Error("removing an unclaimed pod link", "link", h, "err", err)
+				errs = append(errs, err)
 			}
 		}
 	}
@@ -593,9 +673,10 @@ func (s *Server) resync() error {
 		s.log.Info("removing an unclaimed pod namespace", "netns", ns)
 		if err := s.dp.DelPod(p); err != nil {
 			s.log.Error("removing an unclaimed pod namespace", "netns", ns, "err", err)
+			errs = append(errs, err)
 		}
 	}
-	return nil
+	return errs
 }
 
 func sortedPods(pods map[string]*pod) []*pod {

@@ -29,7 +29,7 @@ func (r *Request) Validate() error {
 		return fmt.Errorf("version: got %d, k3sm-netd speaks %d (run k3sm and k3sm-netd of the same release)", r.Version, Version)
 	}
 	n := 0
-	for _, set := range []bool{r.Configure != nil, r.SetupPod != nil, r.TeardownPod != nil, r.SetPolicy != nil} {
+	for _, set := range []bool{r.Configure != nil, r.SetupPod != nil, r.TeardownPod != nil, r.SetPolicy != nil, r.SetServices != nil} {
 		if set {
 			n++
 		}
@@ -75,13 +75,18 @@ func (r *Request) Validate() error {
 			return err
 		}
 		return CheckPolicyDirection("egress", r.SetPolicy.Egress)
+	case VerbSetServices:
+		if err := want("setServices", r.SetServices != nil); err != nil {
+			return err
+		}
+		return CheckSetServices(r.SetServices)
 	case VerbListPods:
 		if n != 0 {
 			return fmt.Errorf("verb ListPods takes no arguments")
 		}
 		return nil
 	default:
-		return fmt.Errorf("verb: %q is not one of Configure, SetupPod, TeardownPod, ListPods, SetPolicy", r.Verb)
+		return fmt.Errorf("verb: %q is not one of Configure, SetupPod, TeardownPod, ListPods, SetPolicy, SetServices", r.Verb)
 	}
 }
 
@@ -270,4 +275,107 @@ func ParsePolicyProtocol(s string) (uint8, error) {
 		return 132, nil
 	}
 	return 0, fmt.Errorf("protocol %q is not TCP, UDP or SCTP", s)
+}
+
+// Bounds of SetServices, on top of MaxFrame: what netd holds between
+// chunks and builds one transaction from stays bounded.
+const (
+	MaxServiceChunks    = 256   // chunks of one generation
+	MaxServicePorts     = 16384 // Service ports of one generation, all chunks together
+	MaxServiceEndpoints = 1000  // endpoints of one Service port (1000 fit in one frame)
+	// MaxServiceEndpointsTotal bounds the endpoints of one generation:
+	// each is an nftables chain in the one transaction.
+	MaxServiceEndpointsTotal = 65536
+)
+
+// CheckSetServices checks one chunk: its index, and every Service port
+// (TCP or UDP, an IPv4 address clear of the reserved ranges, a port)
+// and endpoint (the same), no Service port or endpoint twice.
+func CheckSetServices(a *SetServicesArgs) error {
+	if a.Chunk < 0 || a.Chunk >= MaxServiceChunks {
+		return fmt.Errorf("setServices: chunk %d is not within 0..%d", a.Chunk, MaxServiceChunks-1)
+	}
+	if a.Services != nil && len(a.Services) == 0 {
+		return fmt.Errorf("setServices: services is an empty list (leave it out)")
+	}
+	if len(a.Services) > MaxServicePorts {
+		return fmt.Errorf("setServices: %d Service ports in one chunk, at most %d", len(a.Services), MaxServicePorts)
+	}
+	seen := map[string]bool{}
+	for i, s := range a.Services {
+		if _, err := ParseServiceProtocol(s.Protocol); err != nil {
+			return fmt.Errorf("setServices: service %d: %w", i, err)
+		}
+		ip, err := ParseServiceAddr("ip", s.IP)
+		if err != nil {
+			return fmt.Errorf("setServices: service %d: %w", i, err)
+		}
+		if s.Port == 0 {
+			return fmt.Errorf("setServices: service %d (%s): port 0 (want 1-65535)", i, s.IP)
+		}
+		key := ServiceKey(s.Protocol, ip, s.Port)
+		if seen[key] {
+			return fmt.Errorf("setServices: service %d: %s twice in one chunk", i, key)
+		}
+		seen[key] = true
+		if s.Endpoints != nil && len(s.Endpoints) == 0 {
+			return fmt.Errorf("setServices: service %s: endpoints is an empty list (leave it out)", key)
+		}
+		if len(s.Endpoints) > MaxServiceEndpoints {
+			return fmt.Errorf("setServices: service %s: %d endpoints, at most %d", key, len(s.Endpoints), MaxServiceEndpoints)
+		}
+		eps := map[netip.AddrPort]bool{}
+		for _, e := range s.Endpoints {
+			eip, err := ParseServiceAddr("endpoint ip", e.IP)
+			if err != nil {
+				return fmt.Errorf("setServices: service %s: %w", key, err)
+			}
+			if e.Port == 0 {
+				return fmt.Errorf("setServices: service %s: endpoint %s port 0 (want 1-65535)", key, e.IP)
+			}
+			ap := netip.AddrPortFrom(eip, e.Port)
+			if eps[ap] {
+				return fmt.Errorf("setServices: service %s: endpoint %s twice", key, ap)
+			}
+			eps[ap] = true
+		}
+	}
+	return nil
+}
+
+// ServiceKey names a Service port in errors and for duplicate checks.
+func ServiceKey(proto string, ip netip.Addr, port uint16) string {
+	return fmt.Sprintf("%s %s", proto, netip.AddrPortFrom(ip, port))
+}
+
+// ParseServiceAddr parses a ClusterIP or an endpoint's address: IPv4 in
+// canonical form, clear of loopback, 0.0.0.0/8 and multicast.
+func ParseServiceAddr(field, s string) (netip.Addr, error) {
+	a, err := netip.ParseAddr(s)
+	switch {
+	case err != nil:
+		return a, fmt.Errorf("%s %q is not an IP address: %v", field, s, err)
+	case !a.Is4():
+		return a, fmt.Errorf("%s %s is not IPv4 (the pod network is IPv4 only)", field, s)
+	case a.String() != s:
+		return a, fmt.Errorf("%s %q is not in canonical form (want %s)", field, s, a)
+	}
+	for _, r := range reserved {
+		if r.Contains(a) {
+			return a, fmt.Errorf("%s %s is inside the reserved %s", field, s, r)
+		}
+	}
+	return a, nil
+}
+
+// ParseServiceProtocol returns the IP protocol number of "TCP" or "UDP",
+// the protocols the kernel Service path translates.
+func ParseServiceProtocol(s string) (uint8, error) {
+	switch s {
+	case "TCP":
+		return 6, nil
+	case "UDP":
+		return 17, nil
+	}
+	return 0, fmt.Errorf("protocol %q is not TCP or UDP", s)
 }

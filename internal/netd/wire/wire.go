@@ -36,6 +36,7 @@ const (
 	VerbTeardownPod Verb = "TeardownPod"
 	VerbListPods    Verb = "ListPods"
 	VerbSetPolicy   Verb = "SetPolicy"
+	VerbSetServices Verb = "SetServices"
 )
 
 // Codes of Response.Code: what a client may act on.
@@ -58,6 +59,7 @@ type Request struct {
 	SetupPod    *SetupPodArgs    `json:"setupPod,omitempty"`
 	TeardownPod *TeardownPodArgs `json:"teardownPod,omitempty"`
 	SetPolicy   *SetPolicyArgs   `json:"setPolicy,omitempty"`
+	SetServices *SetServicesArgs `json:"setServices,omitempty"`
 }
 
 // ConfigureArgs sets up the node's side of the pod network.
@@ -118,6 +120,38 @@ type PolicyPort struct {
 	Protocol string `json:"protocol"`
 	Port     uint16 `json:"port,omitempty"`
 	EndPort  uint16 `json:"endPort,omitempty"`
+}
+
+// SetServicesArgs is one chunk of the node's full set of ClusterIP
+// Service ports. A set of hundreds of Services does not fit in MaxFrame,
+// so the node sends it in chunks 0, 1, ... of one Generation, the last
+// marked Final; netd keeps the chunks and, at the final one, replaces
+// the previous set with the whole new one in one nftables transaction. A
+// chunk 0 starts over (dropping an unfinished generation); a chunk out of
+// order is refused with CodeConflict, and the node starts again at 0.
+type SetServicesArgs struct {
+	// Generation names one full set; it only has to differ from the
+	// previous one's.
+	Generation uint64 `json:"generation"`
+	Chunk      int    `json:"chunk"`
+	Final      bool   `json:"final,omitempty"`
+	// Services of this chunk (none: an empty set, or an empty last chunk).
+	Services []ServicePort `json:"services,omitempty"`
+}
+
+// ServicePort is one ClusterIP:port of one protocol and the ready
+// endpoints it is translated to (none: refused, as kube-proxy does).
+type ServicePort struct {
+	Protocol  string     `json:"protocol"` // "TCP" or "UDP"
+	IP        string     `json:"ip"`
+	Port      uint16     `json:"port"`
+	Endpoints []Endpoint `json:"endpoints,omitempty"`
+}
+
+// Endpoint is one ready backend: a pod address and its target port.
+type Endpoint struct {
+	IP   string `json:"ip"`
+	Port uint16 `json:"port"`
 }
 
 // Response answers one Request. Error and Code are set together on failure.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"reflect"
 	"strings"
@@ -28,6 +29,11 @@ func TestRoundTrip(t *testing.T) {
 			{},
 		}}}},
 		{Version: Version, Verb: VerbSetPolicy, SetPolicy: &SetPolicyArgs{UID: uid}},
+		{Version: Version, Verb: VerbSetServices, SetServices: &SetServicesArgs{Generation: 3, Chunk: 1, Final: true, Services: []ServicePort{
+			{Protocol: "TCP", IP: "10.43.0.10", Port: 80, Endpoints: []Endpoint{{IP: "100.64.0.5", Port: 8080}}},
+			{Protocol: "UDP", IP: "10.43.0.10", Port: 53},
+		}}},
+		{Version: Version, Verb: VerbSetServices, SetServices: &SetServicesArgs{Generation: 4, Final: true}},
 	} {
 		var buf bytes.Buffer
 		if err := WriteRequest(&buf, r); err != nil {
@@ -210,5 +216,63 @@ func TestValidatePolicy(t *testing.T) {
 	bad := &Request{Version: Version, Verb: VerbSetPolicy, SetPolicy: &SetPolicyArgs{UID: "../x"}}
 	if err := bad.Validate(); err == nil || !strings.HasPrefix(err.Error(), "uid:") {
 		t.Errorf("bad uid: %v", err)
+	}
+}
+
+func TestValidateServices(t *testing.T) {
+	set := func(a SetServicesArgs) *Request {
+		return &Request{Version: Version, Verb: VerbSetServices, SetServices: &a}
+	}
+	svc := func(s ServicePort) SetServicesArgs { return SetServicesArgs{Services: []ServicePort{s}} }
+	ep := func(ip string, port uint16) []Endpoint { return []Endpoint{{IP: ip, Port: port}} }
+	for _, tc := range []struct {
+		a   SetServicesArgs
+		bad string
+	}{
+		{SetServicesArgs{}, ""},
+		{svc(ServicePort{Protocol: "TCP", IP: "10.43.0.1", Port: 443, Endpoints: ep("100.64.0.2", 6443)}), ""},
+		{svc(ServicePort{Protocol: "UDP", IP: "10.43.0.10", Port: 53}), ""},
+		{SetServicesArgs{Chunk: -1}, "chunk"},
+		{SetServicesArgs{Chunk: MaxServiceChunks}, "chunk"},
+		{SetServicesArgs{Services: []ServicePort{}}, "empty list"},
+		{svc(ServicePort{Protocol: "SCTP", IP: "10.43.0.1", Port: 1}), "protocol"},
+		{svc(ServicePort{Protocol: "tcp", IP: "10.43.0.1", Port: 1}), "protocol"},
+		{svc(ServicePort{Protocol: "TCP", IP: "10.43.0.1"}), "port 0"},
+		{svc(ServicePort{Protocol: "TCP", IP: "fd00::1", Port: 1}), "not IPv4"},
+		{svc(ServicePort{Protocol: "TCP", IP: "10.43.0.1/32", Port: 1}), "not an IP"},
+		{svc(ServicePort{Protocol: "TCP", IP: "::ffff:10.43.0.1", Port: 1}), "not IPv4"},
+		{svc(ServicePort{Protocol: "TCP", IP: "127.0.0.1", Port: 1}), "reserved"},
+		{svc(ServicePort{Protocol: "TCP", IP: "10.43.0.1", Port: 1, Endpoints: []Endpoint{}}), "empty list"},
+		{svc(ServicePort{Protocol: "TCP", IP: "10.43.0.1", Port: 1, Endpoints: ep("224.0.0.1", 1)}), "reserved"},
+		{svc(ServicePort{Protocol: "TCP", IP: "10.43.0.1", Port: 1, Endpoints: ep("100.64.0.2", 0)}), "port 0"},
+		{svc(ServicePort{Protocol: "TCP", IP: "10.43.0.1", Port: 1, Endpoints: append(ep("100.64.0.2", 1), ep("100.64.0.2", 1)...)}), "twice"},
+		{SetServicesArgs{Services: []ServicePort{{Protocol: "TCP", IP: "10.43.0.1", Port: 1}, {Protocol: "TCP", IP: "10.43.0.1", Port: 1}}}, "twice"},
+		{svc(ServicePort{Protocol: "TCP", IP: "10.43.0.1", Port: 1, Endpoints: make([]Endpoint, MaxServiceEndpoints+1)}), "endpoints"},
+	} {
+		err := set(tc.a).Validate()
+		if tc.bad == "" && err != nil {
+			t.Errorf("%+v: %v", tc.a, err)
+		}
+		if tc.bad != "" && (err == nil || !strings.Contains(err.Error(), tc.bad) || !strings.HasPrefix(err.Error(), "setServices")) {
+			t.Errorf("%+v: got %v, want an error about %s", tc.a, err, tc.bad)
+		}
+	}
+	if err := (&Request{Version: Version, Verb: VerbSetServices}).Validate(); err == nil {
+		t.Error("SetServices without arguments accepted")
+	}
+}
+
+// One Service port with the most endpoints, every address and port at
+// its longest, still fits in one frame: a chunk of one always can be sent.
+func TestLargestServiceFitsAFrame(t *testing.T) {
+	eps := make([]Endpoint, MaxServiceEndpoints)
+	for i := range eps {
+		eps[i] = Endpoint{IP: fmt.Sprintf("100.%d.%d.%d", 100+i/100%100, 100+i/10%10, 100+i%10), Port: 65535}
+	}
+	r := &Request{Version: Version, Verb: VerbSetServices, SetServices: &SetServicesArgs{Generation: ^uint64(0), Chunk: MaxServiceChunks - 1, Final: true,
+		Services: []ServicePort{{Protocol: "TCP", IP: "100.100.100.100", Port: 65535, Endpoints: eps}}}}
+	var buf bytes.Buffer
+	if err := WriteRequest(&buf, r); err != nil {
+		t.Fatalf("%v (%d bytes)", err, buf.Len())
 	}
 }

@@ -22,10 +22,13 @@ import (
 	"google.golang.org/grpc"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
 	"github.com/k3sm-dev/k3sm/internal/runtime/clone"
 	"github.com/k3sm-dev/k3sm/internal/runtime/image"
 	"github.com/k3sm-dev/k3sm/internal/runtime/pod"
+	"github.com/k3sm-dev/k3sm/internal/runtime/pressure"
 	"github.com/k3sm-dev/k3sm/internal/runtime/registry"
+	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
 	"github.com/k3sm-dev/k3sm/internal/runtime/shimclient"
 )
 
@@ -39,6 +42,9 @@ type Config struct {
 	// other access). Keep it short: unix socket paths are limited to ~104
 	// bytes.
 	Socket string
+	// DisableSandbox runs containers without the sandbox (benchmarks
+	// measuring its cost; see pod.Config).
+	DisableSandbox bool
 	// ShimPath is the k3sm-shim binary; default: k3sm-shim next to the
 	// running executable, else on $PATH.
 	ShimPath string
@@ -59,6 +65,10 @@ type Config struct {
 	ImagePullBackOffMax  time.Duration
 	// EmptyDirCheckInterval: how often emptyDir sizeLimits are checked (10 s).
 	EmptyDirCheckInterval time.Duration
+	// MemoryThreshold is --eviction-hard's memory.available: below it one
+	// pod is evicted every HousekeepingInterval (10 s). Nil: none.
+	MemoryThreshold      *pressure.Threshold
+	HousekeepingInterval time.Duration
 	// ContainerLogMaxSize and ContainerLogMaxFiles rotate container logs as
 	// the kubelet's containerLogMaxSize / containerLogMaxFiles do: each
 	// container's shim renames its live log to <n>.log.<timestamp> once it
@@ -76,6 +86,11 @@ type Config struct {
 	// Service addresses local to the node, the rest of the cluster range
 	// refused here.
 	ServiceCIDR, ClusterCIDR string
+	// Cgroups configures the pods' cgroups (package cgroups): the subtree
+	// name below the daemon's cgroup (default "k3sm"), the per-pod pids
+	// limit (default 4096) and Disable, which leaves limits to the
+	// sampler.
+	Cgroups cgroups.Options
 	// Version is reported by GetRuntimeInfo.
 	Version string
 	Logger  *slog.Logger
@@ -142,9 +157,17 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer lock.Close()
-	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		b, _ := os.ReadFile(lock.Name())
-		return fmt.Errorf("runtime daemon: another daemon (pid %s) already serves data dir %s", string(b), dataDir)
+	// A predecessor just killed may still be exiting (its lock goes with
+	// its last file): wait for it a while before calling it a second daemon.
+	for deadline := time.Now().Add(lockWait); ; time.Sleep(50 * time.Millisecond) {
+		err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) || ctx.Err() != nil {
+			b, _ := os.ReadFile(lock.Name())
+			return fmt.Errorf("runtime daemon: another daemon (pid %s) already serves data dir %s (stop it first)", string(b), dataDir)
+		}
 	}
 	lock.Truncate(0)
 	lock.WriteAt([]byte(strconv.Itoa(os.Getpid())), 0)
@@ -172,7 +195,13 @@ func Run(ctx context.Context, cfg Config) error {
 		netd = newNetdNetwork(cfg.NetdSocket, cfg.ServiceCIDR, cfg.ClusterCIDR)
 		network = netd
 	}
-	mgr, err := pod.NewManager(pod.Config{DataDir: dataDir, Images: store, Starter: starter, Network: network,
+	cg := cgroups.New(cfg.Cgroups)
+	if cg.Version() == cgroups.None {
+		log.Info("resources: limits enforced by the sampler (memory checked every second, CPU as a nice priority, no pids limit)", "cgroups", cg.Describe())
+	} else {
+		log.Info("resources: cgroups", "cgroups", cg.Describe(), "podPidsLimit", cg.PodPidsLimit())
+	}
+	mgr, err := pod.NewManager(pod.Config{DataDir: dataDir, Images: store, Starter: starter, Network: network, Cgroups: cg, ShimPath: cfg.ShimPath, DisableSandbox: cfg.DisableSandbox,
 		DNSShimLib:           filepath.Join(filepath.Dir(cfg.ShimPath), pod.DNSShimLibName),
 		CrashLoopBackOffBase: cfg.CrashLoopBackOffBase, CrashLoopBackOffMax: cfg.CrashLoopBackOffMax,
 		BackOffResetAfter: cfg.BackOffResetAfter, ImagePullBackOffBase: cfg.ImagePullBackOffBase,
@@ -188,15 +217,16 @@ func Run(ctx context.Context, cfg Config) error {
 		ln.Close()
 		return err
 	}
-	srv := &server{cfg: cfg, mgr: mgr, store: store, log: log, cloneMethod: string(clone.Probe(dirs.PodsDir())), netd: netd}
+	srv := &server{cfg: cfg, mgr: mgr, store: store, log: log, cloneMethod: podRoots(cfg, dirs.PodsDir()), netd: netd, cgroups: cg}
 	g := grpc.NewServer()
 	runtimev1.RegisterRuntimeServer(g, srv)
 	runtimev1.RegisterImagesServer(g, &imagesServer{store: store, pods: mgr.List})
 	errc := make(chan error, 2)
 	go func() { errc <- g.Serve(ln) }()
+	go srv.runMemoryEviction(mctx)
 	if cfg.RegistryPort > 0 {
 		go func() {
-			if err := registry.Serve(ctx, store, cfg.RegistryPort, log); err != nil {
+			if err := registry.Serve(ctx, store, dirs.RegistryJournalDir(), cfg.RegistryPort, log); err != nil {
 				errc <- err
 			}
 		}()
@@ -228,6 +258,9 @@ func Run(ctx context.Context, cfg Config) error {
 }
 
 // listen creates the socket 0600 in a 0700 directory.
+// lockWait is how long a starting daemon waits for its data dir's lock.
+const lockWait = 10 * time.Second
+
 func listen(socket string) (net.Listener, error) {
 	dir := filepath.Dir(socket)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -281,4 +314,14 @@ func findShim(path string) (string, error) {
 		return "", fmt.Errorf("runtime daemon: Config.ShimPath %s is not an executable file", path)
 	}
 	return abs, nil
+}
+
+// podRoots says how pod roots are made here: an overlay of the image in
+// the sandbox (image pods of a root runtime on Linux), else the data dir's
+// clone method (a reflink clone, or a copy).
+func podRoots(cfg Config, podsDir string) string {
+	if sandbox.Available() && !cfg.DisableSandbox {
+		return "overlay"
+	}
+	return string(clone.Probe(podsDir))
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -49,7 +50,9 @@ func TestIntegrationPodRunsAndLogs(t *testing.T) {
 	}
 
 	got := e.waitLog(spec.Uid, "pwd=")
-	root := filepath.Join(e.dir, "pods", spec.Uid, "roots", "main")
+	// The image is the container's "/" (the sandbox): its working dir is
+	// the image's own /app.
+	root := ""
 	got = strings.Replace(got, "to stderr\n", "", 1) // its own pipe: order against stdout is not defined
 	want := "hello from k3sm\nFROM_IMAGE=yes\nMY_VAR=x\nDERIVED=x-y\npwd=" + root + "/app\n"
 	if got != want {
@@ -171,8 +174,12 @@ func TestIntegrationPodRunsAndLogs(t *testing.T) {
 		Containers: []*runtimev1.ContainerSpec{{Name: "sh", Image: "native", Command: []string{"/bin/sh", "-c", "echo native on $HOSTNAME in $PWD; sleep 100"}}}}
 	e.create(spec3)
 	e.waitFor(spec3.Uid, "Running", 30*time.Second, running)
-	nroot := filepath.Join(e.dir, "pods", spec3.Uid, "roots", "sh")
-	e.waitLog(spec3.Uid, "native on native in "+nroot+"\n")
+	// In the sandbox its private directory is at /run/k3sm-pod (the data
+	// dir is closed to the pod's ids), and it runs as root of its own range.
+	e.waitLog(spec3.Uid, "native on native in /run/k3sm-pod\n")
+	if fi, err := os.Stat(filepath.Join(e.dir, "pods", spec3.Uid, "roots", "sh")); err != nil || fi.Sys().(*syscall.Stat_t).Uid < 1<<30 {
+		t.Errorf("the native container's private directory is not its own: %v %v", fi, err)
+	}
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -45,7 +46,10 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	shimBin = filepath.Join(dir, "k3sm-shim")
-	if out, err := exec.Command("go", "build", "-o", shimBin, "github.com/k3sm-dev/k3sm/cmd/k3sm-shim").CombinedOutput(); err != nil {
+	// Static, as `make` builds it: the sandbox runs it inside pod roots.
+	build := exec.Command("go", "build", "-o", shimBin, "github.com/k3sm-dev/k3sm/cmd/k3sm-shim")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build shim: %v\n%s", err, out)
 		os.Exit(1)
 	}
@@ -85,6 +89,9 @@ type env struct {
 	reg   *imagetest.Registry
 	image string // the test program, host platform
 	stop  func()
+	// The last subprocess daemon's log file and exit (startSubprocess).
+	daemonLog    string
+	daemonExited chan error
 }
 
 func integration(t *testing.T) {
@@ -97,10 +104,9 @@ func integration(t *testing.T) {
 	}
 }
 
-// newEnv starts a daemon in process on a fresh data dir (short: socket
-// paths are limited) and pushes the test image to a local registry.
-func newEnv(t *testing.T) *env {
-	integration(t)
+// newBareEnv makes the data dir and the registry with the test image; the
+// caller starts the daemon.
+func newBareEnv(t *testing.T) *env {
 	dir, err := os.MkdirTemp("", "k3sm")
 	if err != nil {
 		t.Fatal(err)
@@ -112,7 +118,20 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	e.image = e.reg.Push(t, "prog:v1", img)
-	e.startInProcess()
+	return e
+}
+
+// newEnv starts a daemon in process on a fresh data dir (short: socket
+// paths are limited) and pushes the test image to a local registry.
+func newEnv(t *testing.T) *env { return newEnvWith(t, nil) }
+
+// newEnvWith is newEnv with configure (if not nil) changing the daemon's
+// Config first.
+func newEnvWith(t *testing.T, configure func(*Config)) *env {
+	integration(t)
+	e := newBareEnv(t)
+	dir := e.dir
+	e.startInProcessWith(configure)
 	t.Cleanup(func() {
 		e.deleteAll()
 		e.stop()
@@ -121,12 +140,19 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
-func (e *env) startInProcess() {
+func (e *env) startInProcess() { e.startInProcessWith(nil) }
+
+// startInProcessWith is startInProcess with configure (if not nil)
+// changing the daemon's Config first.
+func (e *env) startInProcessWith(configure func(*Config)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cfg := testConfig(e.dir)
 	cfg.ShimPath = shimBin
 	if testing.Verbose() {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	if configure != nil {
+		configure(&cfg)
 	}
 	ready := make(chan struct{})
 	cfg.OnReady = func() { close(ready) }
@@ -157,7 +183,17 @@ func (e *env) dial() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := c.WaitReady(ctx); err != nil {
-		e.t.Fatalf("daemon not answering: %v", err)
+		why := ""
+		if e.daemonLog != "" {
+			select {
+			case werr := <-e.daemonExited:
+				why = fmt.Sprintf("; the daemon exited (%v)", werr)
+			default:
+			}
+			b, _ := os.ReadFile(e.daemonLog)
+			why += "; its log:\n" + string(b)
+		}
+		e.t.Fatalf("daemon not answering: %v%s", err, why)
 	}
 	e.c = c
 }
@@ -170,14 +206,22 @@ func (e *env) startSubprocess() *exec.Cmd { return e.startSubprocessShim(shimBin
 func (e *env) startSubprocessShim(shim string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), subprocessEnv+"="+e.dir, "K3SM_TEST_SHIM="+shim)
-	cmd.Stderr = io.Discard
+	// Its log, shown when it does not come up.
+	logf, err := os.CreateTemp(e.t.TempDir(), "daemon-*.log")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cmd.Stderr = logf
 	if testing.Verbose() {
-		cmd.Stderr = os.Stderr
+		cmd.Stderr = io.MultiWriter(logf, os.Stderr)
 	}
 	if err := cmd.Start(); err != nil {
 		e.t.Fatal(err)
 	}
-	go cmd.Wait()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	e.daemonLog = logf.Name()
+	e.daemonExited = exited
 	e.dial()
 	return cmd
 }
@@ -211,8 +255,35 @@ func (e *env) podSpec(name string, args ...string) *runtimev1.PodSpec {
 
 func (e *env) create(spec *runtimev1.PodSpec) {
 	e.t.Helper()
+	e.shareScratch(spec)
 	if _, err := e.c.Runtime.CreatePod(context.Background(), &runtimev1.CreatePodRequest{Pod: spec}); err != nil {
 		e.t.Fatalf("create %s: %v", spec.GetName(), err)
+	}
+}
+
+// shareScratch mounts the test's temporary directories (t.TempDir) into
+// every container at the same path: a sandboxed pod sees only its image,
+// and the test program's ops (pid:, append:, ...) write files the test
+// reads on the host.
+func (e *env) shareScratch(spec *runtimev1.PodSpec) {
+	scratch := filepath.Dir(e.t.TempDir())
+	// Open to the pods' ids (a sandboxed pod runs as ids of its own
+	// range; t.TempDir makes 0700 directories).
+	filepath.WalkDir(scratch, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			os.Chmod(p, 0o777)
+		}
+		return nil
+	})
+	for _, v := range spec.GetVolumes() {
+		if v.GetName() == "test-scratch" {
+			return
+		}
+	}
+	spec.Volumes = append(spec.Volumes, &runtimev1.Volume{Name: "test-scratch",
+		Source: &runtimev1.Volume_HostPath{HostPath: &runtimev1.HostPathVolume{Path: scratch}}})
+	for _, c := range append(append([]*runtimev1.ContainerSpec{}, spec.GetInitContainers()...), spec.GetContainers()...) {
+		c.VolumeMounts = append(c.VolumeMounts, &runtimev1.VolumeMount{Name: "test-scratch", MountPath: scratch})
 	}
 }
 
@@ -303,9 +374,11 @@ func readPid(t *testing.T, path string) int {
 	t.Helper()
 	for i := 0; i < 250; i++ {
 		b, err := os.ReadFile(path)
-		if err == nil && len(b) > 0 {
-			var pid int
-			fmt.Sscan(string(b), &pid)
+		if err == nil && len(b) > 0 && (len(strings.Fields(string(b))) > 1 || !strings.Contains(string(b), "pid:")) {
+			pid, err := imagetest.HostPid(string(b))
+			if err != nil {
+				t.Fatalf("%s: %v", path, err)
+			}
 			return pid
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -68,11 +69,11 @@ func TestIntegrationExecLeavesNoProcesses(t *testing.T) {
 	}{
 		// kubectl exec pod -- sh -c 'sleep 1000 &' with the output
 		// redirected: the exec returns at once, the sleep stayed.
-		{"detached", false, "sleep 1000 >/dev/null 2>&1 </dev/null & echo $! > %s"},
+		{"detached", false, "sleep 1000 >/dev/null 2>&1 </dev/null & echo $! " + imagetest.PidNSSuffix + " > %s"},
 		// The background child holds the exec's stdout: the exec used to
 		// hang until the child ended.
-		{"holding-output", false, "sleep 1000 & echo $! > %s"},
-		{"tty", true, "sleep 1000 & echo $! > %s"},
+		{"holding-output", false, "sleep 1000 & echo $! " + imagetest.PidNSSuffix + " > %s"},
+		{"tty", true, "sleep 1000 & echo $! " + imagetest.PidNSSuffix + " > %s"},
 	}
 	for _, c := range cases {
 		pidFile := filepath.Join(tmp, c.name+".pid")
@@ -96,7 +97,7 @@ func TestIntegrationExecLeavesNoProcesses(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, collect := e.execStream(ctx, &runtimev1.ExecStart{PodUid: spec.Uid,
-		Command: []string{"/bin/sh", "-c", "sleep 1000 & echo $! > " + pidFile + "; wait"}})
+		Command: []string{"/bin/sh", "-c", "sleep 1000 & echo $! " + imagetest.PidNSSuffix + " > " + pidFile + "; wait"}})
 	child := readPid(t, pidFile)
 	zero := int64(0)
 	if _, err := e.c.Runtime.DeletePod(context.Background(), &runtimev1.DeletePodRequest{Uid: spec.Uid, GracePeriodSeconds: &zero, Wait: true}); err != nil {

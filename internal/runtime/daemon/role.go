@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
+	"github.com/k3sm-dev/k3sm/internal/runtime/pressure"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	"github.com/k3sm-dev/k3sm/internal/version"
 )
@@ -47,7 +48,15 @@ func configFromRole(rc roleconfig.RuntimeConfig) (Config, error) {
 	if size == 0 {
 		size = -1
 	}
-	return Config{DataDir: rc.DataDir, Socket: rc.Socket, RegistriesFile: rc.RegistriesFile, MaxPods: rc.MaxPods, RegistryPort: rc.RegistryPort,
+	mem, ok, err := pressure.FromPolicy(rc.Disk.EvictionHard)
+	if err != nil {
+		return Config{}, fmt.Errorf("disk.evictionHard (--eviction-hard): %w", err)
+	}
+	var memThreshold *pressure.Threshold
+	if ok {
+		memThreshold = &mem
+	}
+	return Config{DataDir: rc.DataDir, MemoryThreshold: memThreshold, HousekeepingInterval: rc.Disk.HousekeepingInterval, Socket: rc.Socket, RegistriesFile: rc.RegistriesFile, MaxPods: rc.MaxPods, RegistryPort: rc.RegistryPort,
 		NetdSocket: rc.NetdSocket, NoPodNetworkReason: rc.NoPodNetworkReason, ServiceCIDR: rc.ServiceCIDR, ClusterCIDR: rc.ClusterCIDR,
 		ContainerLogMaxSize: size, ContainerLogMaxFiles: rc.Disk.ContainerLogMaxFiles, Version: version.Version}, nil
 }

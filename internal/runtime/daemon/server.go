@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
 	"github.com/k3sm-dev/k3sm/internal/runtime/criolog"
 	"github.com/k3sm-dev/k3sm/internal/runtime/image"
 	"github.com/k3sm-dev/k3sm/internal/runtime/pod"
@@ -37,6 +38,7 @@ type server struct {
 	log         *slog.Logger
 	cloneMethod string
 	netd        *netdNetwork // nil: pods share the node's network
+	cgroups     *cgroups.Manager
 }
 
 // grpcErr maps lifecycle errors onto gRPC codes.
@@ -237,15 +239,33 @@ func (s *server) ListPodStats(ctx context.Context, req *runtimev1.ListPodStatsRe
 	if req.GetPodUid() != "" && len(resp.Pods) == 0 {
 		return nil, status.Errorf(codes.NotFound, "pod %s not found", req.GetPodUid())
 	}
-	samples, err := stats.ProcessGroups(pgids)
-	if err != nil {
-		return nil, status.Error(codes.Unimplemented, err.Error())
+	// The container's cgroup where it has one (every process it started,
+	// working set as the kubelet counts it), else its process group: /proc
+	// is read, in one pass for all, only when a reading needs it.
+	var samples map[int]stats.Sample
+	var err error
+	scanned := false
+	processGroup := func(pid int) stats.Sample {
+		if !scanned {
+			samples, err = stats.ProcessGroups(pgids)
+			scanned = true
+		}
+		return samples[pid]
+	}
+	if s.cgroups.Version() == cgroups.None {
+		if samples, err = stats.ProcessGroups(pgids); err != nil {
+			return nil, status.Error(codes.Unimplemented, err.Error())
+		}
+		scanned = true
 	}
 	now := timestamppb.Now()
 	for _, r := range refs {
-		sm := samples[r.pid]
+		sm, ok := stats.Cgroup(s.cgroups, resp.Pods[r.pod].GetUid(), r.name, func() stats.Sample { return processGroup(r.pid) })
+		if !ok && err != nil {
+			return nil, status.Error(codes.Unimplemented, err.Error())
+		}
 		resp.Pods[r.pod].Containers = append(resp.Pods[r.pod].Containers, &runtimev1.ContainerStats{Name: r.name, Timestamp: now,
-			CpuUsageCoreNanoseconds: sm.CPUNanos, MemoryWorkingSetBytes: sm.RSSBytes, MemoryRssBytes: sm.RSSBytes, ProcessCount: sm.Processes})
+			CpuUsageCoreNanoseconds: sm.CPUNanos, MemoryWorkingSetBytes: sm.WorkingSetBytes, MemoryRssBytes: sm.RSSBytes, ProcessCount: sm.Processes})
 	}
 	return resp, nil
 }

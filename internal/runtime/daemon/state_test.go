@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,7 +21,7 @@ func TestIntegrationUnreadablePodStateKillsContainers(t *testing.T) {
 	tmp := t.TempDir()
 	spec := e.podSpec("corrupt", "pid:"+filepath.Join(tmp, "main.pid"), "forever")
 	spec.Containers = append(spec.Containers, &runtimev1.ContainerSpec{Name: "forker", Image: "native",
-		Command: []string{"/bin/sh", "-c", "sleep 1000 & echo $! > " + filepath.Join(tmp, "child.pid") + "; wait"}})
+		Command: []string{"/bin/sh", "-c", "sleep 1000 & echo $! " + imagetest.PidNSSuffix + " > " + filepath.Join(tmp, "child.pid") + "; wait"}})
 	e.create(spec)
 	e.waitFor(spec.Uid, "Running", 30*time.Second, func(st *runtimev1.PodStatus) bool {
 		return running(st) && st.GetContainerStatuses()[1].GetState().GetRunning() != nil

@@ -2,14 +2,18 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Volumes through the contract: files volumes at their mountPath (not on
@@ -120,4 +124,49 @@ func (e *env) exec(uid, container string, command ...string) string {
 		e.t.Fatalf("exec %v in %s: exit %v, stderr %q", command, container, exit, errOut.String())
 	}
 	return out.String()
+}
+
+// A volume refresh racing a pod's deletion (the node rewrites a token while
+// the pod goes) must not leave anything of the pod's directory behind.
+func TestIntegrationDeleteDuringVolumeUpdates(t *testing.T) {
+	e := newEnv(t)
+	for round := range 5 {
+		spec := e.podSpec(fmt.Sprintf("refreshed-%d", round), "forever")
+		spec.Volumes = []*runtimev1.Volume{{Name: "token", Source: &runtimev1.Volume_Files{Files: &runtimev1.FilesVolume{Files: []*runtimev1.VolumeFile{
+			{Path: "token", Content: []byte("0")}}}}}}
+		spec.Containers[0].VolumeMounts = []*runtimev1.VolumeMount{{Name: "token", MountPath: "/run/token"}}
+		e.create(spec)
+		e.waitFor(spec.Uid, "running", 30*time.Second, running)
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for i := 1; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				e.c.Runtime.UpdatePodVolumes(context.Background(), &runtimev1.UpdatePodVolumesRequest{Uid: spec.Uid,
+					Volumes: []*runtimev1.Volume{{Name: "token", Source: &runtimev1.Volume_Files{Files: &runtimev1.FilesVolume{Files: []*runtimev1.VolumeFile{
+						{Path: "token", Content: []byte(strconv.Itoa(i))}}}}}}})
+			}
+		}()
+		time.Sleep(20 * time.Millisecond)
+		if _, err := e.c.Runtime.DeletePod(context.Background(), &runtimev1.DeletePodRequest{Uid: spec.Uid, Wait: true, GracePeriodSeconds: ptr(int64(0))}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		close(stop)
+		<-done
+		if _, err := os.Lstat(filepath.Join(e.dir, "pods", spec.Uid)); !os.IsNotExist(err) {
+			entries, _ := filepath.Glob(filepath.Join(e.dir, "pods", spec.Uid, "*", "*"))
+			t.Fatalf("round %d: the deleted pod's directory is still there (%v): %v", round, err, entries)
+		}
+		_, err := e.c.Runtime.UpdatePodVolumes(context.Background(), &runtimev1.UpdatePodVolumesRequest{Uid: spec.Uid,
+			Volumes: []*runtimev1.Volume{{Name: "token", Source: &runtimev1.Volume_Files{Files: &runtimev1.FilesVolume{}}}}})
+		if status.Code(err) != codes.NotFound {
+			t.Fatalf("round %d: an update of a deleted pod: %v, want NotFound", round, err)
+		}
+	}
 }

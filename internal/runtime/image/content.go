@@ -436,6 +436,7 @@ func (s *Store) referencedLocked() map[v1.Hash]bool {
 			used[b] = true
 		}
 	}
+	s.pinnedLocked(used)
 	return used
 }
 
@@ -470,6 +471,7 @@ func (s *Store) Prune(keep func(img *Image) bool, dryRun bool) (PruneResult, err
 			}
 		}
 	}
+	s.pinnedLocked(used)
 	blobs, _ := os.ReadDir(filepath.Join(s.root, "blobs", "sha256"))
 	var orphans []v1.Hash
 	for _, e := range blobs {

@@ -12,3 +12,6 @@ func statfs(path string) (capacity, available uint64) {
 	}
 	return uint64(st.Blocks) * uint64(st.Bsize), uint64(st.Bavail) * uint64(st.Bsize)
 }
+
+// mkfifo lays down a layer's fifo.
+func mkfifo(path string, mode uint32) error { return unix.Mkfifo(path, mode) }

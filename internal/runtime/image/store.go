@@ -98,6 +98,7 @@ type Store struct {
 	mu     sync.Mutex
 	images map[string]*Image // by hex digest
 	locks  map[string]*sync.Mutex
+	pins   func() map[v1.Hash]bool // see PinBlobs
 }
 
 const indexFile = "index.json"
@@ -133,6 +134,25 @@ func NewStore(root string, registries *Registries) (*Store, error) {
 		}
 	}
 	return s, nil
+}
+
+// PinBlobs makes pinned's blobs used as if an image held them, so neither
+// Prune nor an image's deletion removes them: the node-local registry's
+// manifests that are no image of the store (indexes' platforms, digest-only
+// pushes, artifacts). pinned must not call the store.
+func (s *Store) PinBlobs(pinned func() map[v1.Hash]bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pins = pinned
+}
+
+func (s *Store) pinnedLocked(used map[v1.Hash]bool) {
+	if s.pins == nil {
+		return
+	}
+	for h := range s.pins() {
+		used[h] = true
+	}
 }
 
 // SetPlatform overrides the host platform (tests).
@@ -532,11 +552,30 @@ func untar(ctx context.Context, tr *tar.Reader, root string) (int64, error) {
 			if err := os.Link(src, target); err != nil {
 				return 0, err
 			}
+		case tar.TypeFifo:
+			os.RemoveAll(target)
+			if err := mkfifo(target, uint32(mode)); err != nil {
+				return 0, err
+			}
+			os.Chmod(target, mode)
 		default:
-			// Devices, fifos: pods run unprivileged; skip.
+			// Devices: a pod gets only the sandbox's /dev; skip.
+			continue
+		}
+		if owner {
+			// As root the layer's owners and special bits are kept: the
+			// sandbox shows the image to a pod through an idmapped mount,
+			// so uid 101 here is uid 101 in the pod.
+			os.Lchown(target, h.Uid, h.Gid)
+			if h.Typeflag == tar.TypeDir || h.Typeflag == tar.TypeReg || h.Typeflag == tar.TypeFifo {
+				os.Chmod(target, h.FileInfo().Mode()&(fs.ModePerm|fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky))
+			}
 		}
 	}
 }
+
+// owner: unpacking as root reproduces ownership.
+var owner = os.Geteuid() == 0
 
 // checkParents refuses a path whose parent directories inside root include a
 // symlink (which could point outside root).

@@ -38,7 +38,7 @@ import (
 //	env:NAME    print NAME=value            pwd        print the working dir
 //	append:PATH:TEXT  append TEXT and a newline to PATH (host path)
 //	spin:DUR    burn CPU for DUR            cat        copy stdin to stdout
-//	pid:PATH    write the pid to PATH
+//	pid:PATH    write the pid and its pid namespace to PATH (HostPid)
 //	failonce:PATH  exit 1 if PATH does not exist (creating it), else go on
 //	trapfile:PATH:D  on SIGTERM append "got SIGTERM" to PATH, wait D, exit 0
 //	http:PORT:PATH   serve HTTP on :PORT in the background: 200 "ok"
@@ -59,6 +59,9 @@ import (
 //	absent:PATH exit 1 (printing "PATH exists") if PATH exists, else go on
 //	onterm:PATH:TEXT on SIGTERM append TEXT to PATH and exit 0
 //
+// More ops live in their own files of the program (progFiles, e.g.
+// alloc.go), registered in its extraOps map.
+//
 // With no arguments it prints "hello from k3sm" and sleeps forever.
 const ProgSource = `package main
 
@@ -75,6 +78,9 @@ import (
 	"syscall"
 	"time"
 )
+
+// extraOps are the ops of the program's other files (they register in init).
+var extraOps = map[string]func(arg string){}
 
 func main() {
 	args := os.Args[1:]
@@ -283,7 +289,10 @@ func main() {
 				os.Exit(0)
 			}()
 		case "pid":
-			os.WriteFile(arg, []byte(strconv.Itoa(os.Getpid())), 0o644)
+			// The pid and the pid namespace it is a pid in (a sandboxed
+			// pod has its own): imagetest.HostPid translates it.
+			ns, _ := os.Readlink("/proc/self/ns/pid")
+			os.WriteFile(arg, []byte(strconv.Itoa(os.Getpid())+" "+ns), 0o644)
 		case "failonce":
 			if _, err := os.Stat(arg); err != nil {
 				os.WriteFile(arg, []byte("x"), 0o644)
@@ -304,12 +313,20 @@ func main() {
 				os.Exit(0)
 			}()
 		default:
+			if f, ok := extraOps[op]; ok {
+				f(arg)
+				continue
+			}
 			fmt.Fprintln(os.Stderr, "unknown op", a)
 			os.Exit(2)
 		}
 	}
 }
 `
+
+// progFiles are the test program's files besides main.go (ProgSource), by
+// name; each registers its ops in extraOps from an init function.
+var progFiles = map[string]string{}
 
 // BuildProg compiles ProgSource statically for the host platform into dir.
 func BuildProg(dir string) (string, error) {
@@ -319,6 +336,9 @@ func BuildProg(dir string) (string, error) {
 	}
 	os.WriteFile(filepath.Join(src, "go.mod"), []byte("module k3smtestprog\n\ngo 1.22\n"), 0o644)
 	os.WriteFile(filepath.Join(src, "main.go"), []byte(ProgSource), 0o644)
+	for name, text := range progFiles {
+		os.WriteFile(filepath.Join(src, name), []byte(text), 0o644)
+	}
 	out := filepath.Join(dir, "prog")
 	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, ".")
 	cmd.Dir = src
@@ -346,8 +366,24 @@ func Image(bin string, platform v1.Platform) (v1.Image, error) {
 	msg := []byte("data shipped in the image\n")
 	tw.WriteHeader(&tar.Header{Name: "app/data/msg.txt", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(msg)), ModTime: now})
 	tw.Write(msg)
+	if err := addSystem(tw, now); err != nil {
+		return nil, err
+	}
 	tw.Close()
-	layerBytes := buf.Bytes()
+	if platform.OS == "" {
+		platform = v1.Platform{OS: runtime.GOOS, Architecture: runtime.GOARCH}
+	}
+	return oneLayerImage(buf.Bytes(), func(cf *v1.ConfigFile) {
+		cf.OS, cf.Architecture = platform.OS, platform.Architecture
+		cf.Config.Entrypoint = []string{"/app/prog"}
+		cf.Config.Env = []string{"PATH=/app:/usr/local/bin:/usr/bin:/bin", "FROM_IMAGE=yes"}
+		cf.Config.WorkingDir = "/app"
+	})
+}
+
+// oneLayerImage is an OCI image of one uncompressed-tar layer, its config
+// set by configure.
+func oneLayerImage(layerBytes []byte, configure func(*v1.ConfigFile)) (v1.Image, error) {
 	layer, err := tarball.LayerFromOpener(func() (ioReadCloser, error) { return nopCloser{bytes.NewReader(layerBytes)}, nil },
 		tarball.WithMediaType(types.OCILayer))
 	if err != nil {
@@ -358,18 +394,12 @@ func Image(bin string, platform v1.Platform) (v1.Image, error) {
 		return nil, err
 	}
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	if platform.OS == "" {
-		platform = v1.Platform{OS: runtime.GOOS, Architecture: runtime.GOARCH}
-	}
 	cf, err := img.ConfigFile()
 	if err != nil {
 		return nil, err
 	}
 	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = platform.OS, platform.Architecture
-	cf.Config.Entrypoint = []string{"/app/prog"}
-	cf.Config.Env = []string{"PATH=/app:/usr/local/bin:/usr/bin:/bin", "FROM_IMAGE=yes"}
-	cf.Config.WorkingDir = "/app"
+	configure(cf)
 	return mutate.ConfigFile(img, cf)
 }
 

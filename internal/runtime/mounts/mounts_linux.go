@@ -200,8 +200,31 @@ func Apply(ms []Mount, stageDir string) error {
 		return fmt.Errorf("make mounts slave: %w", err)
 	}
 	a := &applier{stage: stageDir, tmp: map[string]bool{}}
-	for _, m := range ms {
-		if err := a.apply(m); err != nil {
+	// Every source is opened first: a mount of the list may cover the
+	// path of a later one's source (a bind over /tmp, with a data dir or
+	// a hostPath below /tmp).
+	srcs := make([]int, len(ms))
+	defer func() {
+		for _, fd := range srcs {
+			if fd > 0 {
+				unix.Close(fd)
+			}
+		}
+	}()
+	for i, m := range ms {
+		if _, err := os.Stat(m.Source); err != nil {
+			return mountError(m, "source", err)
+		}
+		// A detached clone of the source: it outlives the old root when
+		// a mount pivots (newRoot), and a later mount cannot cover it.
+		fd, err := unix.OpenTree(unix.AT_FDCWD, m.Source, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+		if err != nil {
+			return mountError(m, "source", err)
+		}
+		srcs[i] = fd
+	}
+	for i, m := range ms {
+		if err := a.apply(m, srcs[i]); err != nil {
 			return err
 		}
 	}
@@ -237,7 +260,7 @@ func mountError(m Mount, step string, err error) error {
 	return fmt.Errorf("volume mount %s → %s: %s: %w", m.Source, m.Target, step, err)
 }
 
-func (a *applier) apply(m Mount) error {
+func (a *applier) apply(m Mount, src int) error {
 	if !filepath.IsAbs(m.Target) {
 		return mountError(m, "target", errors.New("not an absolute path"))
 	}
@@ -245,7 +268,8 @@ func (a *applier) apply(m Mount) error {
 	if target == "/" {
 		return mountError(m, "target", errors.New("cannot mount over /"))
 	}
-	sfi, err := os.Stat(m.Source)
+	source := fmt.Sprintf("/proc/self/fd/%d", src)
+	sfi, err := os.Stat(source)
 	if err != nil {
 		return mountError(m, "source", err)
 	}
@@ -299,11 +323,11 @@ func (a *applier) apply(m Mount) error {
 			a.tmp[p] = true
 		}
 	}
-	if err := unix.Mount(m.Source, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+	if err := unix.MoveMount(src, "", unix.AT_FDCWD, dst, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return mountError(m, "bind "+dst, err)
 	}
 	if m.ReadOnly {
-		if err := remountReadOnly(dst); err != nil {
+		if err := RemountReadOnly(dst); err != nil {
 			return mountError(m, "read-only remount", err)
 		}
 	}
@@ -575,9 +599,9 @@ func (a *applier) newRoot() error {
 	return nil
 }
 
-// remountReadOnly makes the bind at dir read-only, keeping the flags the
+// RemountReadOnly makes the bind at dir read-only, keeping the flags the
 // kernel locks on mounts inherited into a user namespace.
-func remountReadOnly(dir string) error {
+func RemountReadOnly(dir string) error {
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
 		return err

@@ -20,6 +20,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/datadir"
@@ -29,6 +30,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
 	"github.com/k3sm-dev/k3sm/internal/runtime/image"
 )
 
@@ -50,6 +52,12 @@ type Config struct {
 	CrashLoopBackOffBase time.Duration // 10 s
 	CrashLoopBackOffMax  time.Duration // 300 s
 	BackOffResetAfter    time.Duration // 10 min
+	// DisableSandbox runs containers without the sandbox (the host's view,
+	// the daemon's user): for side-by-side benchmarks only.
+	DisableSandbox bool
+	// ShimPath is the k3sm-shim binary, which also enters a sandboxed
+	// container for exec, exec probes and hooks (sandbox.EnterArgv).
+	ShimPath string
 	// ImagePullBackOff: Base doubling to Max.
 	ImagePullBackOffBase time.Duration // 10 s
 	ImagePullBackOffMax  time.Duration // 300 s
@@ -67,7 +75,10 @@ type Config struct {
 	// the cluster DNS (DNSShimLibName next to k3sm-shim); used only where
 	// containers get no mount namespace, and only if the file exists.
 	DNSShimLib string
-	Logger     *slog.Logger
+	// Cgroups gives every pod and container attempt a cgroup with its
+	// limits (see resources.go); nil or cgroups.None: the sampler.
+	Cgroups *cgroups.Manager
+	Logger  *slog.Logger
 }
 
 // ErrNotFound is returned for an unknown pod or container.
@@ -91,6 +102,7 @@ type Manager struct {
 	wg   sync.WaitGroup
 
 	startSlots chan struct{} // bounds concurrent container starts
+	res        resourceState // the resource sampler's (resources.go)
 }
 
 // NewManager checks cfg and prepares the directories.
@@ -157,6 +169,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		p, running, err := m.load(e.Name())
 		if err != nil {
 			m.unreadable(e.Name(), err)
+			m.removeCgroupsOf(e.Name())
 			continue
 		}
 		m.mu.Lock()
@@ -173,6 +186,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 	go m.enforceEmptyDirLimits(ctx)
 	go m.releaseOrphans(ctx, time.Minute)
+	go m.enforceResources(ctx)
 	return nil
 }
 
@@ -502,7 +516,13 @@ func (m *Manager) finishDelete(p *managedPod) {
 		return // daemon stopping: the next daemon finishes the delete
 	}
 	m.releaseNetwork(p)
+	m.removeCgroupsOf(p.uid)
 	last := p.status()
+	// A volume refresh may be writing a token or a ConfigMap into the pod's
+	// directory right now: wait for it, and make later ones stop.
+	p.volMu.Lock()
+	p.volGone = true
+	p.volMu.Unlock()
 	if err := os.RemoveAll(p.dir); err != nil {
 		m.log.Error("remove pod directory", "dir", p.dir, "err", err)
 	}
@@ -584,6 +604,9 @@ type ContainerInfo struct {
 	Image *image.Image
 	// PodIP is the pod's own address ("" in the node's network).
 	PodIP string
+	// Sandboxed: the attempt in StateDir runs in the sandbox.
+	Sandboxed bool
+	StateDir  string
 }
 
 // Container looks a container up; name may be empty for a pod with one
@@ -616,7 +639,8 @@ func (m *Manager) Container(uid, name string) (ContainerInfo, error) {
 		return ContainerInfo{}, fmt.Errorf("container %q in pod %s: %w", name, p.key(), ErrNotFound)
 	}
 	info := ContainerInfo{Pod: p.spec, Spec: c.spec, RestartCount: c.restartCount,
-		LogDir: filepath.Join(p.logDir(), c.spec.GetName()), Root: p.rootDir(c), PodIP: p.net.IP}
+		LogDir: filepath.Join(p.logDir(), c.spec.GetName()), Root: p.rootDir(c), PodIP: p.net.IP,
+		Sandboxed: c.sandboxed, StateDir: c.stateDir}
 	if c.proc != nil && c.state.Running != nil {
 		info.Pid = c.proc.Pid()
 		info.Proc = c.proc
@@ -650,12 +674,16 @@ func (m *Manager) ResolveExec(info ContainerInfo, command []string) (argv, env [
 	if cs.GetImage() != NativeImage && info.Image == nil {
 		return nil, nil, "", errors.New("container has not started yet")
 	}
-	r, err := resolveProcess(info.Pod, cs, info.Image, info.Root)
+	root := info.Root
+	if info.Sandboxed && info.Image == nil {
+		root = nativeRoot
+	}
+	r, err := resolveProcess(info.Pod, cs, info.Image, root, info.Sandboxed)
 	if err != nil {
 		return nil, nil, "", err
 	}
 	r.fillPodIP(info.PodIP)
-	argv, dir, err = inContainerMounts(info.Pid, r.Dir, r.Argv)
+	argv, dir, err = m.enter(info.Sandboxed, info.StateDir, info.Pid, r.Dir, r.Argv)
 	return argv, r.Env, dir, err
 }
 
@@ -713,7 +741,9 @@ type container struct {
 	imageID     string
 	imageDigest string
 	rootImage   string
-	changed     bool // spec changed: restart without back-off
+	// sandboxed: the current attempt runs in the sandbox (exec enters it).
+	sandboxed bool
+	changed   bool // spec changed: restart without back-off
 	// nextEnv is the env of an update that did not restart the container:
 	// its next attempt starts with it (envPending). Not persisted: after a
 	// daemon restart the next attempt has the env it ran with until the
@@ -757,6 +787,7 @@ type persistedContainer struct {
 	ImageID      string         `json:"imageID,omitempty"`
 	ImageDigest  string         `json:"imageDigest,omitempty"`
 	RootImage    string         `json:"rootImage,omitempty"`
+	Sandboxed    bool           `json:"sandboxed,omitempty"`
 }
 
 type persistedPod struct {
@@ -766,6 +797,7 @@ type persistedPod struct {
 	GraceSeconds int64                `json:"graceSeconds,omitempty"`
 	Evicted      string               `json:"evicted,omitempty"`
 	Network      *PodNetwork          `json:"network,omitempty"`
+	IDSlot       int32                `json:"idSlot,omitempty"`
 	Containers   []persistedContainer `json:"containers"`
 }
 
@@ -788,14 +820,18 @@ type managedPod struct {
 	revision    uint64
 	saveSeq     uint64     // snapshots taken (under mu)
 	net         PodNetwork // the pod's own network, once set up
+	// idSlot is the pod's user-namespace range (sandbox), 0 until given.
+	idSlot atomic.Int32
 
 	saveMu  sync.Mutex
 	written uint64 // newest snapshot on disk (under saveMu)
 
 	// volMu serializes volume set-up and content updates; volReady: the
-	// volumes exist on disk.
+	// volumes exist on disk; volGone: the pod's directory is being removed,
+	// and an update must not write into it (nor its pod.json) again.
 	volMu    sync.Mutex
 	volReady bool
+	volGone  bool
 
 	// evicted is the eviction message (the kubelet's "Evicted" reason): the
 	// containers are stopped, the pod stays Failed until it is deleted.
@@ -887,7 +923,7 @@ func (p *managedPod) snapshotLocked() ([]byte, uint64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	pp := persistedPod{Spec: spec, StartTime: p.startTime, Terminating: p.terminating, GraceSeconds: int64(p.grace / time.Second), Evicted: p.evicted}
+	pp := persistedPod{Spec: spec, StartTime: p.startTime, Terminating: p.terminating, GraceSeconds: int64(p.grace / time.Second), Evicted: p.evicted, IDSlot: p.idSlot.Load()}
 	if p.net.IP != "" {
 		pn := p.net
 		pp.Network = &pn
@@ -895,7 +931,7 @@ func (p *managedPod) snapshotLocked() ([]byte, uint64, error) {
 	for _, c := range p.all() {
 		pp.Containers = append(pp.Containers, persistedContainer{Name: c.spec.GetName(), RestartCount: c.restartCount, HasRun: c.hasRun,
 			StateDir: c.stateDir, ContainerID: c.containerID, State: c.state, Last: c.last, ImageID: c.imageID,
-			ImageDigest: c.imageDigest, RootImage: c.rootImage})
+			ImageDigest: c.imageDigest, RootImage: c.rootImage, Sandboxed: c.sandboxed})
 	}
 	b, err := json.MarshalIndent(pp, "", " ")
 	if err != nil {
@@ -929,6 +965,7 @@ func (m *Manager) load(uid string) (*managedPod, int, error) {
 	p.grace = time.Duration(pp.GraceSeconds) * time.Second
 	p.graceEnd = time.Now().Add(p.grace)
 	p.evicted = pp.Evicted
+	p.idSlot.Store(pp.IDSlot)
 	if pp.Network != nil {
 		p.net = *pp.Network
 	}
@@ -947,6 +984,7 @@ func (m *Manager) load(uid string) (*managedPod, int, error) {
 		}
 		c.restartCount, c.hasRun, c.stateDir, c.containerID = pc.RestartCount, pc.HasRun, pc.StateDir, pc.ContainerID
 		c.state, c.last, c.imageID, c.imageDigest, c.rootImage = pc.State, pc.Last, pc.ImageID, pc.ImageDigest, pc.RootImage
+		c.sandboxed = pc.Sandboxed
 		if c.stateDir == "" || (c.state.Running == nil && c.state.Waiting == nil) {
 			continue
 		}

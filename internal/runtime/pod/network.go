@@ -12,7 +12,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
+	"os"
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/runtime/podnet"
@@ -54,10 +56,17 @@ func (p *managedPod) ownNetwork() bool {
 // FailedCreatePodSandBox) until it works or the pod goes away.
 func (p *managedPod) ensureNetwork(ctx context.Context) bool {
 	p.mu.Lock()
-	need := p.ownNetwork() && p.net.IP == ""
+	need := p.ownNetwork() && (p.net.IP == "" || netnsGone(p.net.NetNS))
+	gone := p.net.IP != ""
 	p.mu.Unlock()
 	if !need {
 		return true
+	}
+	if gone {
+		// The recorded namespace went with the pod network (`k3sm
+		// uninstall` without --purge, then install again): a new sandbox,
+		// as the kubelet makes after a reboot, with an address netd gives.
+		p.m.log.Info("pod network namespace gone; setting the pod network up again", "pod", p.key(), "netns", p.net.NetNS, "ip", p.net.IP)
 	}
 	delay, lastMsg := 100*time.Millisecond, ""
 	for {
@@ -92,6 +101,16 @@ func (p *managedPod) ensureNetwork(ctx context.Context) bool {
 		}
 		delay = min(2*delay, 5*time.Second)
 	}
+}
+
+// netnsGone reports whether a recorded network namespace file no longer
+// exists (none is recorded on darwin).
+func netnsGone(path string) bool {
+	if path == "" {
+		return false
+	}
+	_, err := os.Lstat(path)
+	return errors.Is(err, fs.ErrNotExist)
 }
 
 // releaseNetwork returns the pod's address once its containers stopped. A

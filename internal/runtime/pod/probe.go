@@ -71,6 +71,7 @@ func (p *managedPod) execIn(ctx context.Context, c *container, command []string)
 	cs := proto.Clone(c.spec).(*runtimev1.ContainerSpec)
 	root := p.rootDir(c)
 	digest := c.imageDigest
+	boxed, stateDir := c.sandboxed, c.stateDir
 	pid := 0
 	if c.proc != nil && c.state.Terminated == nil {
 		// Running, or still in its postStart hook.
@@ -82,14 +83,17 @@ func (p *managedPod) execIn(ctx context.Context, c *container, command []string)
 	if cs.GetImage() != NativeImage && img == nil {
 		return "", -1, errors.New("container has not started yet")
 	}
-	res, err := resolveProcess(spec, cs, img, root)
+	if boxed && img == nil {
+		root = nativeRoot
+	}
+	res, err := resolveProcess(spec, cs, img, root, boxed)
 	if err != nil {
 		return "", -1, err
 	}
 	p.mu.Lock()
 	res.fillPodIP(p.net.IP)
 	p.mu.Unlock()
-	argv, dir, err := inContainerMounts(pid, res.Dir, res.Argv)
+	argv, dir, err := p.m.enter(boxed, stateDir, pid, res.Dir, res.Argv)
 	if err != nil {
 		return "", -1, err
 	}

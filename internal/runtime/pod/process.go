@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
+	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
 )
 
 // ProcessSpec is everything needed to start one container attempt. Paths
@@ -36,6 +37,12 @@ type ProcessSpec struct {
 	// NetNS is the pod's network namespace (a bound nsfs file) the
 	// process starts in; empty: the node's network.
 	NetNS string
+	// Sandbox is the container's boundary (nil: none, as on a node
+	// without one). See package sandbox.
+	Sandbox *sandbox.Spec
+	// Cgroups are the container's cgroup directories (one per
+	// hierarchy; empty: not placed in a cgroup).
+	Cgroups []string
 }
 
 // Starter starts container processes. It is the single seam through which

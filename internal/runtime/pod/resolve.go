@@ -55,8 +55,14 @@ func (r *resolved) fillPodIP(ip string) {
 //     created if missing; without either the process starts in the root.
 //   - image "native": no root; the command must resolve on the host and
 //     workingDir is a host path (default: the container's private dir).
-func resolveProcess(spec *runtimev1.PodSpec, c *runtimev1.ContainerSpec, img *image.Image, root string) (resolved, error) {
+//
+// With inRoot the container's "/" is its image root (the sandbox pivots
+// into it): paths are the container's own, HOME comes from the sandbox
+// (the image's /etc/passwd), and the executable is looked up inside the
+// root when the process starts.
+func resolveProcess(spec *runtimev1.PodSpec, c *runtimev1.ContainerSpec, img *image.Image, root string, inRoot bool) (resolved, error) {
 	native := img == nil
+	inRoot = inRoot && !native
 	var entrypoint, cmd, imgEnv []string
 	imgDir := ""
 	if !native {
@@ -79,13 +85,11 @@ func resolveProcess(spec *runtimev1.PodSpec, c *runtimev1.ContainerSpec, img *im
 	if native {
 		set("PATH", hostPath)
 	}
-	hostname := spec.GetHostname()
-	if hostname == "" {
-		hostname = spec.GetName()
+	set("HOSTNAME", podHostname(spec))
+	if !inRoot {
+		set("HOME", root)
+		set("K3SM_ROOT", root)
 	}
-	set("HOSTNAME", hostname)
-	set("HOME", root)
-	set("K3SM_ROOT", root)
 	// A verbatim variable is final (the provider expanded it as the kubelet
 	// does); an older provider's are expanded here, from the ones before.
 	containerVars := map[string]string{}
@@ -100,7 +104,7 @@ func resolveProcess(spec *runtimev1.PodSpec, c *runtimev1.ContainerSpec, img *im
 	if _, ok := envMap["PATH"]; !ok {
 		set("PATH", hostPath)
 	}
-	if !native {
+	if !native && !inRoot {
 		envMap["PATH"] = rootPath(root, envMap["PATH"])
 	}
 
@@ -136,6 +140,19 @@ func resolveProcess(spec *runtimev1.PodSpec, c *runtimev1.ContainerSpec, img *im
 	dir := c.GetWorkingDir()
 	if dir == "" {
 		dir = imgDir
+	}
+	if inRoot {
+		if dir == "" {
+			dir = "/"
+		}
+		if !filepath.IsAbs(dir) {
+			return resolved{}, fmt.Errorf("workingDir %q must be an absolute path", dir)
+		}
+		env := make([]string, 0, len(order))
+		for _, k := range order {
+			env = append(env, k+"="+envMap[k])
+		}
+		return resolved{Argv: argv, Env: env, Dir: dir}, nil
 	}
 	switch {
 	case native && dir == "":

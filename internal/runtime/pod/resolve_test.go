@@ -33,7 +33,7 @@ func TestResolveProcess(t *testing.T) {
 
 	// Image entrypoint + cmd, root mapping, env order and expansion.
 	c := &runtimev1.ContainerSpec{Name: "c", Env: []*runtimev1.EnvVar{{Name: "FOO", Value: "ctr"}, {Name: "BAR", Value: "$(FOO)-x"}}}
-	r, err := resolveProcess(pod, c, img, root)
+	r, err := resolveProcess(pod, c, img, root, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,12 +50,12 @@ func TestResolveProcess(t *testing.T) {
 
 	// args only: entrypoint + args. A bare name found in the root's PATH.
 	c = &runtimev1.ContainerSpec{Args: []string{"a"}}
-	r, _ = resolveProcess(pod, c, img, root)
+	r, _ = resolveProcess(pod, c, img, root, false)
 	if strings.Join(r.Argv[1:], " ") != "a" {
 		t.Errorf("args-only argv %v", r.Argv)
 	}
 	c = &runtimev1.ContainerSpec{Command: []string{"server"}, WorkingDir: "/data/work"}
-	r, err = resolveProcess(pod, c, img, root)
+	r, err = resolveProcess(pod, c, img, root, false)
 	if err != nil || r.Argv[0] != filepath.Join(root, "app/server") || len(r.Argv) != 1 {
 		t.Errorf("bare command: %v %v", r.Argv, err)
 	}
@@ -64,30 +64,30 @@ func TestResolveProcess(t *testing.T) {
 	}
 	// An absolute command absent from the root runs from the host.
 	c = &runtimev1.ContainerSpec{Command: []string{"/bin/sh", "-c", "true"}}
-	if r, err = resolveProcess(pod, c, img, root); err != nil || r.Argv[0] != "/bin/sh" {
+	if r, err = resolveProcess(pod, c, img, root, false); err != nil || r.Argv[0] != "/bin/sh" {
 		t.Errorf("host command: %v %v", r.Argv, err)
 	}
 	// Host tools found through the host part of PATH.
 	c = &runtimev1.ContainerSpec{Command: []string{"sh"}}
-	if r, err = resolveProcess(pod, c, img, root); err != nil || !strings.HasSuffix(r.Argv[0], "/sh") {
+	if r, err = resolveProcess(pod, c, img, root, false); err != nil || !strings.HasSuffix(r.Argv[0], "/sh") {
 		t.Errorf("sh via PATH: %v %v", r.Argv, err)
 	}
 	c = &runtimev1.ContainerSpec{Command: []string{"/no/such"}}
-	if _, err = resolveProcess(pod, c, img, root); err == nil || !strings.Contains(err.Error(), "executable file not found") {
+	if _, err = resolveProcess(pod, c, img, root, false); err == nil || !strings.Contains(err.Error(), "executable file not found") {
 		t.Errorf("missing command: %v", err)
 	}
 
 	// native
 	c = &runtimev1.ContainerSpec{Image: "native", Command: []string{"/bin/echo", "hi"}}
-	if r, err = resolveProcess(pod, c, nil, root); err != nil || r.Argv[0] != "/bin/echo" || r.Dir != root {
+	if r, err = resolveProcess(pod, c, nil, root, false); err != nil || r.Argv[0] != "/bin/echo" || r.Dir != root {
 		t.Errorf("native: %+v %v", r, err)
 	}
 	c = &runtimev1.ContainerSpec{Image: "native"}
-	if _, err = resolveProcess(pod, c, nil, root); err == nil || !strings.Contains(err.Error(), "needs a command") {
+	if _, err = resolveProcess(pod, c, nil, root, false); err == nil || !strings.Contains(err.Error(), "needs a command") {
 		t.Errorf("native without command: %v", err)
 	}
 	c = &runtimev1.ContainerSpec{Image: "native", Command: []string{"/bin/true"}, WorkingDir: "/no/such/dir"}
-	if _, err = resolveProcess(pod, c, nil, root); err == nil || !strings.Contains(err.Error(), "workingDir") {
+	if _, err = resolveProcess(pod, c, nil, root, false); err == nil || !strings.Contains(err.Error(), "workingDir") {
 		t.Errorf("native missing workingDir: %v", err)
 	}
 }
@@ -107,7 +107,7 @@ func TestResolveVerbatimEnv(t *testing.T) {
 			{Name: "LIT", Value: "v-$", Verbatim: true},
 			{Name: "OLD", Value: "$(LIT)$$"},
 		}}
-	r, err := resolveProcess(pod, c, img, root)
+	r, err := resolveProcess(pod, c, img, root, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestResolveVerbatimEnv(t *testing.T) {
 	// The image's Entrypoint and Cmd are not expanded (the kubelet expands
 	// only the container's command and args).
 	c.Command = nil
-	if r, err = resolveProcess(pod, c, img, root); err != nil || strings.Join(r.Argv, " ") != "/bin/echo $(PW) v-$ $(NOPE)" {
+	if r, err = resolveProcess(pod, c, img, root, false); err != nil || strings.Join(r.Argv, " ") != "/bin/echo $(PW) v-$ $(NOPE)" {
 		t.Errorf("entrypoint + args: %q %v", r.Argv, err)
 	}
 }

@@ -2,15 +2,18 @@ package pod
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
+	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
 	"github.com/k3sm-dev/k3sm/internal/runtime/volume"
 	"google.golang.org/protobuf/proto"
 )
@@ -151,12 +154,16 @@ func (m *Manager) UpdateVolumes(uid string, vols []*runtimev1.Volume) ([]string,
 	}
 	p.volMu.Lock()
 	defer p.volMu.Unlock()
+	if p.volGone {
+		return nil, fmt.Errorf("pod %s is being removed: %w", uid, ErrNotFound)
+	}
 	var changed []string
 	for _, nv := range vols {
 		if nv.GetFiles() == nil {
 			continue
 		}
 		p.mu.Lock()
+		spec := p.spec
 		var cur *runtimev1.Volume
 		for _, v := range p.spec.GetVolumes() {
 			if v.GetName() == nv.GetName() {
@@ -169,6 +176,9 @@ func (m *Manager) UpdateVolumes(uid string, vols []*runtimev1.Volume) ([]string,
 		}
 		if p.volReady {
 			ch, err := volume.WriteAtomic(p.volumeDir(nv.GetName()), volumeFiles(nv.GetFiles()))
+			if err == nil {
+				err = p.ownVolume(spec, nv)
+			}
 			if err != nil {
 				return changed, fmt.Errorf("volume %q: %w", nv.GetName(), err)
 			}
@@ -181,6 +191,25 @@ func (m *Manager) UpdateVolumes(uid string, vols []*runtimev1.Volume) ([]string,
 		p.mu.Unlock()
 	}
 	return changed, p.save()
+}
+
+// enter makes a command run in a container: through its sandbox when it
+// runs in one (the returned dir is "/": the command starts in the
+// container's root, at dir), else in its mount namespace.
+func (m *Manager) enter(sandboxed bool, stateDir string, pid int, dir string, argv []string) ([]string, string, error) {
+	if sandboxed && pid > 0 {
+		if m.cfg.ShimPath == "" {
+			return nil, "", errors.New("enter the container's sandbox: the runtime has no shim path")
+		}
+		return sandbox.EnterArgv(m.cfg.ShimPath, stateDir, dir, argv), "/", nil
+	}
+	if runtime.GOOS == "darwin" && stateDir != "" {
+		// The container's Seatbelt profile wraps its execs too.
+		if att, err := sandbox.ReadAttempt(stateDir, false); err == nil {
+			argv = sandbox.WrapArgv(att.Sandbox, argv)
+		}
+	}
+	return inContainerMounts(pid, dir, argv)
 }
 
 // inContainerMounts makes a command run in the mount namespace of container

@@ -18,6 +18,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/runtime/criolog"
 	"github.com/k3sm-dev/k3sm/internal/runtime/image"
 	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
+	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
 )
 
 type outcome int
@@ -160,6 +161,19 @@ func (p *managedPod) startEphemeral() {
 	}
 }
 
+// targetSandboxed reports whether ephemeral container c's target runs in
+// the sandbox.
+func (p *managedPod) targetSandboxed(c *container) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, t := range append(append([]*container{}, p.init...), p.main...) {
+		if t.name == c.target {
+			return t.sandboxed
+		}
+	}
+	return false
+}
+
 // enterTarget makes an ephemeral container's command run in the mount
 // namespace of its target container (kubectl debug --target), the way exec
 // enters a container. It reports whether it did: then the ephemeral
@@ -167,16 +181,18 @@ func (p *managedPod) startEphemeral() {
 func (p *managedPod) enterTarget(c *container, argv []string, dir string) ([]string, string, bool, error) {
 	p.mu.Lock()
 	pid := 0
+	boxed, stateDir := false, ""
 	for _, t := range append(append([]*container{}, p.init...), p.main...) {
 		if t.name == c.target && t.proc != nil && t.state.Running != nil {
 			pid = t.proc.Pid()
+			boxed, stateDir = t.sandboxed, t.stateDir
 		}
 	}
 	p.mu.Unlock()
 	if pid == 0 {
 		return nil, "", false, fmt.Errorf("target container %q is not running", c.target)
 	}
-	wrapped, wdir, err := inContainerMounts(pid, dir, argv)
+	wrapped, wdir, err := p.m.enter(boxed, stateDir, pid, dir, argv)
 	if err != nil {
 		return nil, "", false, err
 	}
@@ -387,9 +403,47 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 	release := sync.OnceFunc(func() { <-p.m.startSlots })
 	defer release()
 
-	// The container's root: a copy-on-write clone of the image, kept across
-	// restarts of the same image.
-	if img == nil {
+	// In the sandbox the image is the container's "/" (an overlay: nothing
+	// is copied; each attempt starts from the image, as a new container
+	// does). Otherwise the container's root is a copy-on-write clone of
+	// the image, kept across restarts of the same image.
+	sandboxOn := !p.m.cfg.DisableSandbox && sandboxed()
+	if sandboxOn {
+		if msg := refusal(spec, cspec); msg != "" {
+			return p.refuse(ctx, c, msg)
+		}
+	}
+	boxed := sandboxOn && c.target == ""
+	var box sandboxInput
+	if boxed {
+		id, err := containerIdentity(spec, cspec, img)
+		if err != nil {
+			return p.refuse(ctx, c, err.Error())
+		}
+		base, err := p.idRangeBase()
+		if err != nil {
+			return fail(err.Error())
+		}
+		if img == nil {
+			// The native container's private directory (at nativeRoot
+			// in the sandbox), its own: kept across restarts, as before.
+			if err := os.MkdirAll(root, 0o700); err != nil {
+				return fail(err.Error())
+			}
+			if err := os.Chown(root, int(base), int(base)); err != nil {
+				return fail(err.Error())
+			}
+			os.Chmod(root, 0o777|os.ModeSticky)
+		} else {
+			os.RemoveAll(root)
+			if err := os.MkdirAll(root, 0o700); err != nil {
+				return fail(err.Error())
+			}
+		}
+		box = sandboxInput{Pod: spec, Container: cspec, PodDir: p.dir, Root: root, Native: img == nil, Image: img, IDBase: base,
+			Upper: filepath.Join(root, "upper"), Work: filepath.Join(root, "work"), Hostname: podHostname(spec), Identity: id,
+			SeccompDir: p.m.dirs().SeccompDir()}
+	} else if img == nil {
 		if err := os.MkdirAll(root, 0o755); err != nil {
 			return fail(err.Error())
 		}
@@ -402,9 +456,21 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 		p.update(func() { c.rootImage = img.ID })
 	}
 
-	res, err := resolveProcess(spec, cspec, img, root)
+	resolveRoot, inRoot := root, boxed
+	if c.target != "" && p.targetSandboxed(c) {
+		// It runs in the target's sandbox (kubectl debug --target), so its
+		// paths are the target's view.
+		inRoot = true
+	}
+	if inRoot && img == nil {
+		resolveRoot = nativeRoot
+	}
+	res, err := resolveProcess(spec, cspec, img, resolveRoot, inRoot)
 	if err != nil {
 		return fail(err.Error())
+	}
+	if boxed && !hasEnv(res.Env, "HOME") {
+		res.Env = append(res.Env, "HOME="+box.Identity.Home)
 	}
 	res.fillPodIP(podIP)
 	entered := false
@@ -427,10 +493,42 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 		}
 		res.Env = append(res.Env, env...)
 	}
+	var sb *sandbox.Spec
+	if boxed {
+		// The volumes exist now (containerMounts sets them up).
+		if err := p.ownVolumes(spec); err != nil {
+			return fail(err.Error())
+		}
+		etc, err := p.etcFiles(box.Hostname, podIP, ms)
+		if err != nil {
+			return fail(err.Error())
+		}
+		ms = append(ms, etc...)
+		if img == nil {
+			ms = append(ms, mounts.Mount{Source: root, Target: nativeRoot})
+		}
+		box.addMounts(ms)
+		if sb, err = buildSandbox(box); err != nil {
+			return p.refuse(ctx, c, err.Error())
+		}
+	}
+	if !boxed && !entered {
+		// Where the boundary is a wrapper (darwin's Seatbelt).
+		in := sandboxInput{Pod: spec, Container: cspec, PodDir: p.dir, Root: root, Native: img == nil}
+		in.addMounts(ms)
+		if sb, err = wrapperSandbox(in); err != nil {
+			return p.refuse(ctx, c, err.Error())
+		}
+	}
+	p.update(func() { c.sandboxed = sb != nil && sb.Seatbelt == "" })
+	cgs, err := p.containerCgroups(spec, c, cspec)
+	if err != nil {
+		return fail(err.Error())
+	}
 	proc, err := p.m.cfg.Starter.Start(ctx, ProcessSpec{ID: attempt, Argv: res.Argv, Env: res.Env, Dir: res.Dir,
 		LogPath:    filepath.Join(p.logDir(), name, strconv.Itoa(int(n))+".log"),
 		LogMaxSize: p.m.cfg.ContainerLogMaxSize, LogMaxFiles: p.m.cfg.ContainerLogMaxFiles, StateDir: c.stateDir,
-		Stdin: cspec.GetStdin(), StdinOnce: cspec.GetStdinOnce(), TTY: cspec.GetTty(), Mounts: ms, NetNS: netns})
+		Stdin: cspec.GetStdin(), StdinOnce: cspec.GetStdinOnce(), TTY: cspec.GetTty(), Mounts: ms, NetNS: netns, Sandbox: sb, Cgroups: cgs})
 	release()
 	if err != nil {
 		return fail(err.Error())
@@ -636,6 +734,7 @@ func (p *managedPod) recordExit(c *container, r waitResult) {
 		if t.StartedAt.IsZero() && c.state.Running != nil {
 			t.StartedAt = c.state.Running.StartedAt
 		}
+		p.noteOOM(c, t)
 		c.state = containerState{Terminated: t}
 		c.proc = nil
 	})

@@ -29,6 +29,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/runtime/criolog"
 	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
 	"github.com/k3sm-dev/k3sm/internal/runtime/procgroup"
+	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
 )
 
 // Files in a shim's state directory.
@@ -38,6 +39,7 @@ const (
 	PidFile    = "shim.json"   // State at start (pids), written by the shim
 	LogFile    = "shim.log"    // the shim's own stderr
 	MountStage = "mnt"         // scratch directory of mounts.Apply
+	RootStage  = "root"        // where a sandboxed container's root is built
 )
 
 // ReadyFD is the descriptor on which the shim reports start-up: one JSON
@@ -71,6 +73,14 @@ type Config struct {
 	// never rotates.
 	LogMaxSize  int64 `json:"logMaxSize,omitempty"`
 	LogMaxFiles int   `json:"logMaxFiles,omitempty"`
+	// Sandbox, when set, is the container's boundary (package sandbox): on
+	// Linux the shim builds its root and starts the workload through
+	// sandbox.Start; on darwin its Seatbelt profile wraps the workload.
+	Sandbox *sandbox.Spec `json:"sandbox,omitempty"`
+	// Cgroups are cgroup directories (one per hierarchy) the workload is
+	// placed in before it runs: it and everything it forks are accounted
+	// and limited there.
+	Cgroups []string `json:"cgroups,omitempty"`
 }
 
 // Ready is the start-up report on ReadyFD.
@@ -117,6 +127,17 @@ type Response struct {
 // Main runs the shim for the state directory given as the only argument and
 // returns the process exit code.
 func Main(args []string) int {
+	if len(args) >= 2 {
+		// The same binary enters a container's sandbox (package sandbox).
+		switch args[1] {
+		case sandbox.InitArg:
+			return sandbox.InitMain()
+		case sandbox.EnterArg:
+			return sandbox.EnterMain(args[1:])
+		case sandbox.ExecArg:
+			return sandbox.ExecMain(args[1:])
+		}
+	}
 	if len(args) != 2 {
 		fmt.Fprintln(os.Stderr, "usage: k3sm-shim <state-dir>")
 		return 2
@@ -194,7 +215,14 @@ func start(dir string) (*server, error) {
 	if err := os.Chmod(s.cfg.Socket, 0o600); err != nil {
 		return nil, err
 	}
-	if len(s.cfg.Mounts) > 0 {
+	if s.cfg.Sandbox != nil && s.cfg.Sandbox.Seatbelt != "" {
+		// darwin: the boundary is a wrapper process (sandbox-exec).
+		s.cfg.Argv = sandbox.WrapArgv(s.cfg.Sandbox, s.cfg.Argv)
+		s.cfg.Sandbox = nil
+	}
+	sandboxed := s.cfg.Sandbox != nil
+	imageRoot := sandboxed && s.cfg.Sandbox.Lower != ""
+	if len(s.cfg.Mounts) > 0 && !imageRoot {
 		if err := mounts.Apply(s.cfg.Mounts, filepath.Join(dir, MountStage)); err != nil {
 			s.failStart(time.Now(), err)
 			return nil, err
@@ -230,7 +258,18 @@ func start(dir string) (*server, error) {
 	}
 	startWorkload := func() error { return s.startWorkload(stdinR, outW, errW, attrs) }
 	var startErr error
-	if len(s.cfg.Mounts) > 0 {
+	if sandboxed {
+		// The container's own root, namespaces and restrictions (package
+		// sandbox); the volumes are mounted inside that root (the host's
+		// view of an `image: native` container has them mounted above).
+		s.startedAt = time.Now()
+		stage, ms := "", []mounts.Mount(nil)
+		if imageRoot {
+			stage, ms = filepath.Join(dir, RootStage), s.cfg.Mounts
+		}
+		s.cmd, startErr = sandbox.Start(s.cfg.Sandbox, ms, stage, s.cfg.Cgroups,
+			s.cfg.Argv, s.cfg.Env, s.cfg.Dir, stdinR, outW, errW, attrs)
+	} else if len(s.cfg.Mounts) > 0 {
 		// Without the capability an unprivileged daemon's shim mounts
 		// with (mounts.SysProcAttr).
 		startErr = mounts.StartWithoutCaps(startWorkload)
@@ -251,6 +290,18 @@ func start(dir string) (*server, error) {
 		return nil, startErr
 	}
 	s.pid = s.cmd.Process.Pid
+	if sandboxed {
+		// Placed before it ran.
+	} else if err := sandbox.JoinCgroups(s.cfg.Cgroups, s.pid); err != nil {
+		s.cmd.Process.Kill()
+		s.cmd.Wait()
+		outR.Close()
+		if errR != nil {
+			errR.Close()
+		}
+		s.failStart(s.startedAt, err)
+		return nil, err
+	}
 	// A terminal's container leads its own session (Setsid): its
 	// background jobs end with it too.
 	s.group = procgroup.New(s.pid, s.cfg.TTY)

@@ -58,7 +58,8 @@ func (s *Starter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process,
 	}
 	cfg := shim.Config{Argv: spec.Argv, Env: spec.Env, Dir: spec.Dir, LogPath: spec.LogPath,
 		LogMaxSize: spec.LogMaxSize, LogMaxFiles: spec.LogMaxFiles, Socket: s.socketPath(spec.ID),
-		Stdin: spec.Stdin, StdinOnce: spec.StdinOnce, TTY: spec.TTY, Mounts: spec.Mounts}
+		Stdin: spec.Stdin, StdinOnce: spec.StdinOnce, TTY: spec.TTY, Mounts: spec.Mounts,
+		Sandbox: spec.Sandbox, Cgroups: spec.Cgroups}
 	if len(cfg.Socket) > 100 {
 		return nil, fmt.Errorf("shim socket path %s is %d bytes, over the unix socket limit: use a shorter data dir", cfg.Socket, len(cfg.Socket))
 	}
@@ -89,7 +90,7 @@ func (s *Starter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process,
 	// Own session: no signal aimed at the daemon's group or terminal reaches
 	// the shim, and it outlives the daemon.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if len(spec.Mounts) > 0 {
+	if len(spec.Mounts) > 0 || spec.Sandbox != nil {
 		// A mount namespace of its own (Linux), where the shim applies
 		// the mounts before it starts the workload; without mounts the
 		// shim shares the daemon's, as before.
@@ -186,6 +187,14 @@ func (s *Starter) Attach(stateDir string) (pod.Process, bool, error) {
 		}
 		alive, recorded := shimSpawned(stateDir)
 		waited := time.Since(start)
+		if !recorded && waited >= spawnGrace {
+			// The daemon may have died between spawning the shim and
+			// recording it: a live process of this attempt is its shim.
+			if pid := findShim(stateDir); pid > 0 {
+				writeAtomic(stateDir, spawnFile, []byte(strconv.Itoa(pid)))
+				continue
+			}
+		}
 		if (!recorded && waited >= spawnGrace) || (recorded && !alive) || waited >= s.startTimeout() {
 			// Once more: the shim may have recorded its start just now.
 			if exists(filepath.Join(stateDir, shim.PidFile)) || exists(filepath.Join(stateDir, shim.ExitFile)) {
@@ -340,6 +349,29 @@ func shimSpawned(stateDir string) (alive, recorded bool) {
 		return bytes.Contains(cmdline, []byte(stateDir)), true
 	}
 	return true, true
+}
+
+// findShim returns a live process whose arguments name stateDir (this
+// attempt's shim, spawned but not recorded), or 0. Without /proc (darwin)
+// it finds none, and the spawn file alone decides.
+func findShim(stateDir string) int {
+	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range cmdlines {
+		b, err := os.ReadFile(f)
+		// The whole directory: attempt 1 is a prefix of attempt 10.
+		if err != nil || !(bytes.Contains(b, []byte(stateDir+"\x00")) || bytes.Contains(b, []byte(stateDir+"/"))) {
+			continue
+		}
+		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if st, err := os.ReadFile(filepath.Join(filepath.Dir(f), "stat")); err == nil && bytes.Contains(st, []byte(") Z ")) {
+			continue // a zombie started nothing more
+		}
+		return pid
+	}
+	return 0
 }
 
 // writeAtomic replaces dir/name with b through a temp file and a rename.

@@ -34,7 +34,10 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	shimBin = filepath.Join(dir, "k3sm-shim")
-	out, err := exec.Command("go", "build", "-o", shimBin, "github.com/k3sm-dev/k3sm/cmd/k3sm-shim").CombinedOutput()
+	// Static, as `make` builds it: the sandbox runs it inside pod roots.
+	build := exec.Command("go", "build", "-o", shimBin, "github.com/k3sm-dev/k3sm/cmd/k3sm-shim")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := build.CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "build shim: %v\n%s", err, out)
 		os.Exit(1)

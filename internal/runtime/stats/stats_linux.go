@@ -37,6 +37,7 @@ func processGroups(pgids []int) (map[int]Sample, error) {
 		s := out[pgrp]
 		s.CPUNanos += ticks * (1e9 / clockTicks)
 		s.RSSBytes += rss * page
+		s.WorkingSetBytes = s.RSSBytes
 		s.Processes++
 		out[pgrp] = s
 	}

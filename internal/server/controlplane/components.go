@@ -163,7 +163,7 @@ func (a apiserver) Args() []string {
 	if ip, err := netip.ParseAddr(cfg.AdvertiseAddress); err == nil && ip.IsLoopback() {
 		args = append(args, "--endpoint-reconciler-type=none")
 	}
-	return args
+	return withExtraArgs(args, cfg.ExtraArgs[roleconfig.APIServer])
 }
 
 func (a apiserver) Command() supervisor.Command {
@@ -205,8 +205,7 @@ func schedulerConfig(kubeconfig string) []byte {
 func (s scheduler) Name() string { return roleconfig.Scheduler }
 func (s scheduler) Command() supervisor.Command {
 	kc := s.p.Layout.Cred("scheduler")
-	return supervisor.Command{Path: s.p.Cfg.Executable, Dir: s.p.Layout.ServerDir(), Args: []string{
-		roleconfig.Scheduler,
+	args := withExtraArgs([]string{
 		"--config=" + s.config,
 		"--authentication-kubeconfig=" + kc,
 		"--authorization-kubeconfig=" + kc,
@@ -214,7 +213,8 @@ func (s scheduler) Command() supervisor.Command {
 		fmt.Sprintf("--secure-port=%d", s.p.Cfg.SchedulerPort),
 		"--tls-cert-file=" + s.p.SchedulerServing.CertPath,
 		"--tls-private-key-file=" + s.p.SchedulerServing.KeyPath,
-	}, Settle: true}
+	}, s.p.Cfg.ExtraArgs[roleconfig.Scheduler])
+	return supervisor.Command{Path: s.p.Cfg.Executable, Dir: s.p.Layout.ServerDir(), Args: append([]string{roleconfig.Scheduler}, args...), Settle: true}
 }
 func (s scheduler) Ready(ctx context.Context) error {
 	return s.p.probe(ctx, fmt.Sprintf("https://127.0.0.1:%d/healthz", s.p.Cfg.SchedulerPort), false)
@@ -237,7 +237,7 @@ func (c controllerManager) Args() []string {
 	for _, d := range DisabledControllers {
 		controllers = append(controllers, "-"+d)
 	}
-	return []string{
+	return withExtraArgs([]string{
 		"--kubeconfig=" + kc,
 		"--authentication-kubeconfig=" + kc,
 		"--authorization-kubeconfig=" + kc,
@@ -266,10 +266,10 @@ func (c controllerManager) Args() []string {
 		"--cluster-signing-legacy-unknown-key-file=" + certs.ServerCA.KeyPath,
 		"--allocate-node-cidrs=true",
 		"--cluster-cidr=" + cfg.ClusterCIDR,
-		"--node-cidr-mask-size-ipv4=24",
+		fmt.Sprintf("--node-cidr-mask-size-ipv4=%d", NodeCIDRMaskSize(cfg.MaxPods)),
 		"--service-cluster-ip-range=" + cfg.ServiceCIDR,
 		"--flex-volume-plugin-dir=" + l.FlexVolumeDir(),
-	}
+	}, cfg.ExtraArgs[roleconfig.ControllerManager])
 }
 
 func (c controllerManager) Command() supervisor.Command {

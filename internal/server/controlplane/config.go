@@ -19,6 +19,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 
 	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
+	"github.com/spf13/pflag"
 )
 
 // Config is what `k3sm server` is asked to run.
@@ -42,6 +43,10 @@ type Config struct {
 	// k3sm-netd when running as root on Linux, else the node's network),
 	// "netns" (required) or "host" (pods share the node's network).
 	PodNetwork string
+	// ServiceProxy: "auto" (ClusterIPs in the kernel through k3sm-netd's
+	// nftables when netd runs, else the userspace relay), "nftables"
+	// (required) or "userspace" (the relay serves every Service).
+	ServiceProxy string
 	// DNSConfig is the --dns-config file: per-domain forwarding for the
 	// cluster DNS (see docs/networking.md).
 	DNSConfig string
@@ -61,6 +66,14 @@ type Config struct {
 	// Ports of the scheduler's and controller-manager's health endpoints (loopback only).
 	SchedulerPort         int
 	ControllerManagerPort int
+
+	// ExtraArgs are the --kube-apiserver-arg, --kube-scheduler-arg and
+	// --kube-controller-manager-arg values, by role name (see withExtraArgs).
+	ExtraArgs map[string][]string
+	// ComponentFlags returns an upstream component's flags, by role name, to
+	// check ExtraArgs against before anything starts; nil skips that check
+	// (only internal/upstream links the components).
+	ComponentFlags func(role string) *pflag.FlagSet
 
 	// Executable is the binary that serves the hidden component roles (normally os.Executable()).
 	Executable string
@@ -99,6 +112,7 @@ func Defaults() Config {
 		KubeletPort:           10250,
 		MaxPods:               110,
 		PodNetwork:            "auto",
+		ServiceProxy:          "auto",
 		NodeTaint:             DefaultNodeTaint(goruntime.GOOS),
 		SchedulerPort:         10259,
 		ControllerManagerPort: 10257,
@@ -160,6 +174,11 @@ func (c *Config) Validate() error {
 	default:
 		add("pod-network", c.PodNetwork, "unknown mode", "use auto, netns or host")
 	}
+	switch c.ServiceProxy {
+	case "", "auto", "nftables", "userspace":
+	default:
+		add("service-proxy", c.ServiceProxy, "unknown mode", "use auto, nftables or userspace")
+	}
 	if c.RegistryPort < 0 || c.RegistryPort > 65535 {
 		add("registry-port", fmt.Sprint(c.RegistryPort), "must be a TCP port", "use e.g. 5000, or 0 for no registry")
 	}
@@ -187,8 +206,12 @@ func (c *Config) Validate() error {
 		add("cluster-cidr", c.ClusterCIDR, "not a CIDR", "use e.g. 100.64.0.0/10")
 	} else if pods.Masked() != pods {
 		add("cluster-cidr", c.ClusterCIDR, "has host bits set", "use "+pods.Masked().String())
-	} else if pods.Addr().Is4() && pods.Bits() > 24 {
-		add("cluster-cidr", c.ClusterCIDR, "is smaller than one node's /24", "use a /24 or larger range")
+	} else if pods.Addr().Is4() && pods.Bits() > NodeCIDRMaskSize(c.MaxPods) {
+		add("cluster-cidr", c.ClusterCIDR, fmt.Sprintf("is smaller than one node's /%d (for --max-pods %d)", NodeCIDRMaskSize(c.MaxPods), c.MaxPods),
+			fmt.Sprintf("use a /%d or larger range", NodeCIDRMaskSize(c.MaxPods)))
+	}
+	if c.MaxPods > maxPodsPerNode {
+		add("max-pods", fmt.Sprint(c.MaxPods), fmt.Sprintf("is more than a node's /16 pod range holds (%d)", maxPodsPerNode), fmt.Sprintf("use at most %d", maxPodsPerNode))
 	}
 	if svcErr == nil && podErr == nil && svc.Overlaps(pods) {
 		add("service-cidr", c.ServiceCIDR, "overlaps --cluster-cidr "+c.ClusterCIDR, "choose ranges that do not overlap")
@@ -210,6 +233,7 @@ func (c *Config) Validate() error {
 	if c.NodeName == "" || len(c.NodeName) > 253 || strings.Trim(strings.ToLower(c.NodeName), "abcdefghijklmnopqrstuvwxyz0123456789.-") != "" {
 		add("node-name", c.NodeName, "not a valid Kubernetes node name", "use lower-case letters, digits, '-' and '.'")
 	}
+	c.validateExtraArgs(add)
 	c.Disk.Validate(add)
 	c.Ops.validate(c.DataDir, add)
 	return errors.Join(errs...)
@@ -317,4 +341,20 @@ func LockDataDir(dataDir string) (release func(), err error) {
 // k3sm.lock) and its pid, without creating anything there.
 func ServerHoldsLock(dataDir string) (running bool, pid int, err error) {
 	return lockHeld(datadir.New(dataDir).LockFile())
+}
+
+// maxPodsPerNode is what a node's largest pod range, a /16, holds: all but
+// its network, broadcast and gateway addresses.
+const maxPodsPerNode = 1<<16 - 3
+
+// NodeCIDRMaskSize is the size of each node's pod range: a /24 (the
+// kubelet's default, 253 pods) or, for a --max-pods that does not fit one,
+// the smallest range that holds that many pods, so every pod the scheduler
+// places gets an address.
+func NodeCIDRMaskSize(maxPods int) int {
+	m := 24
+	for m > 16 && 1<<(32-m)-3 < maxPods {
+		m--
+	}
+	return m
 }

@@ -23,6 +23,8 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"port", func(c *Config) { c.HTTPSPort = 70000 }, []string{"--https-listen-port", "1 to 65535"}},
 		{"bind", func(c *Config) { c.BindAddress = "localhost" }, []string{"--bind-address"}},
 		{"pod range too small", func(c *Config) { c.ClusterCIDR = "100.64.0.0/28" }, []string{"--cluster-cidr", "/24"}},
+		{"pod range too small for max-pods", func(c *Config) { c.ClusterCIDR, c.MaxPods = "100.64.0.0/23", 510 }, []string{"--cluster-cidr", "/22", "--max-pods 510"}},
+		{"max-pods beyond a /16", func(c *Config) { c.MaxPods = 70000 }, []string{"--max-pods", "65533"}},
 		{"san", func(c *Config) { c.TLSSANs = []string{"a b"} }, []string{"--tls-san"}},
 		{"node name", func(c *Config) { c.NodeName = "Bad_Name" }, []string{"--node-name"}},
 	}
@@ -169,4 +171,25 @@ func testPlane(t *testing.T) *Plane {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// Every pod the scheduler may place on a node gets an address: the node's
+// pod range follows --max-pods (a /24 holds 253 pods besides its gateway).
+func TestNodeCIDRFollowsMaxPods(t *testing.T) {
+	for _, tc := range []struct{ maxPods, mask int }{{1, 24}, {110, 24}, {253, 24}, {254, 23}, {509, 23}, {510, 22}, {65533, 16}} {
+		if got := NodeCIDRMaskSize(tc.maxPods); got != tc.mask {
+			t.Errorf("NodeCIDRMaskSize(%d) = /%d, want /%d", tc.maxPods, got, tc.mask)
+		}
+	}
+	p := testPlane(t)
+	p.Cfg.MaxPods = 510
+	var mask string
+	for _, a := range (controllerManager{p}).Args() {
+		if v, ok := strings.CutPrefix(a, "--node-cidr-mask-size-ipv4="); ok {
+			mask = v
+		}
+	}
+	if mask != "22" {
+		t.Fatalf("controller-manager node-cidr-mask-size-ipv4=%q for --max-pods 510, want 22", mask)
+	}
 }

@@ -15,7 +15,7 @@ func TestDiskConfigDefaultsAndValidation(t *testing.T) {
 	}
 	if d := c.Disk; d.ContainerLogMaxSize != "10Mi" || d.ContainerLogMaxFiles != 5 || d.ImageGCHighThresholdPercent != 85 ||
 		d.ImageGCLowThresholdPercent != 80 || d.ImageMinimumGCAge != 2*time.Minute || d.EvictionPressureTransitionPeriod != 5*time.Minute ||
-		d.EvictionHard != "nodefs.available<10%,imagefs.available<15%,nodefs.inodesFree<5%" {
+		d.EvictionHard != "memory.available<100Mi,nodefs.available<10%,imagefs.available<15%,nodefs.inodesFree<5%" {
 		t.Errorf("kubelet defaults: %+v", d)
 	}
 	th, err := diskpolicy.ParseEvictionHard("nodefs.available<1Gi, imagefs.available<15%")
@@ -30,8 +30,10 @@ func TestDiskConfigDefaultsAndValidation(t *testing.T) {
 		{func(d *diskpolicy.Config) { d.ContainerLogMaxFiles = 1 }, "--container-log-max-files"},
 		{func(d *diskpolicy.Config) { d.ImageGCLowThresholdPercent = 90 }, "--image-gc-low-threshold"},
 		{func(d *diskpolicy.Config) { d.ImageGCHighThresholdPercent = 101 }, "--image-gc-high-threshold"},
-		{func(d *diskpolicy.Config) { d.EvictionHard = "memory.available<100Mi" }, "--eviction-hard"},
+		{func(d *diskpolicy.Config) { d.EvictionHard = "memory.available<lots" }, "--eviction-hard"},
 		{func(d *diskpolicy.Config) { d.EvictionHard = "nodefs.available<120%" }, "--eviction-hard"},
+		{func(d *diskpolicy.Config) { d.EvictionHard = "memory.available<100Mi,memory.available<1Gi" }, "--eviction-hard"},
+		{func(d *diskpolicy.Config) { d.EvictionHard = "memory.available<-1Mi" }, "--eviction-hard"},
 	} {
 		c := Defaults()
 		tc.set(&c.Disk)

@@ -1,15 +1,13 @@
 package controlplane
 
 import (
-	"fmt"
 	"net"
 	"os"
 	"strings"
 
 	"github.com/k3sm-dev/k3sm/internal/datadir"
+	"github.com/k3sm-dev/k3sm/internal/kubeconfig"
 	"github.com/k3sm-dev/k3sm/internal/pki"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
 
 // Certs are the issued files the components are started with.
@@ -88,7 +86,7 @@ func EnsurePKI(cfg *Config) (*Certs, error) {
 		{l.Cred("scheduler"), c.Scheduler, "scheduler"},
 		{l.Cred("controller-manager"), c.ControllerManager, "controller-manager"},
 	} {
-		if err := WriteKubeconfig(k.path, server, c.ServerCA.CertPEM(), k.leaf, k.user); err != nil {
+		if err := kubeconfig.WriteClient(k.path, server, c.ServerCA.CertPEM(), k.leaf, k.user); err != nil {
 			return nil, err
 		}
 	}
@@ -134,28 +132,4 @@ func servingNames(cfg *Config) ([]string, []net.IP) {
 		}
 	}
 	return dns, ips
-}
-
-// WriteKubeconfig writes a kubeconfig for one client certificate, with the
-// certificate data embedded so the file works when copied elsewhere.
-func WriteKubeconfig(path, server string, caPEM []byte, leaf pki.Leaf, user string) error {
-	certPEM, err := os.ReadFile(leaf.CertPath)
-	if err != nil {
-		return err
-	}
-	keyPEM, err := os.ReadFile(leaf.KeyPath)
-	if err != nil {
-		return err
-	}
-	name := "k3sm"
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters[name] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: caPEM}
-	cfg.AuthInfos[name+"-"+user] = &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}
-	cfg.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: name + "-" + user}
-	cfg.CurrentContext = name
-	data, err := clientcmd.Write(*cfg)
-	if err != nil {
-		return fmt.Errorf("kubeconfig %s: %w", path, err)
-	}
-	return pki.WriteFile(path, data)
 }

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"encoding/json"
 	"os"
+	goruntime "runtime"
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/atomicfile"
@@ -25,12 +26,15 @@ type RunInfo struct {
 	ServiceCIDR           string    `json:"serviceCIDR"`
 	ClusterDNS            string    `json:"clusterDNS"`
 	ClusterDomain         string    `json:"clusterDomain"`
+	// ServiceProxy is the mode in force: "nftables" or "userspace".
+	ServiceProxy string `json:"serviceProxy,omitempty"`
 }
 
 func (c *Config) runInfo(started time.Time) RunInfo {
 	return RunInfo{Pid: os.Getpid(), Started: started.UTC(), Version: version.Version, APIURL: c.LocalAPIURL(),
 		SchedulerPort: c.SchedulerPort, ControllerManagerPort: c.ControllerManagerPort, KubeletPort: c.KubeletPort,
-		NodeName: c.NodeName, ServiceCIDR: c.ServiceCIDR, ClusterDNS: c.ClusterDNS, ClusterDomain: c.ClusterDomain}
+		NodeName: c.NodeName, ServiceCIDR: c.ServiceCIDR, ClusterDNS: c.ClusterDNS, ClusterDomain: c.ClusterDomain,
+		ServiceProxy: ServiceProxyMode(c.ServiceProxy, goruntime.GOOS, os.Geteuid(), c.PodNetwork)}
 }
 
 func writeRunInfo(l datadir.Layout, ri RunInfo) error {
@@ -49,4 +53,16 @@ func ReadRunInfo(dataDir string) (RunInfo, error) {
 		return ri, err
 	}
 	return ri, json.Unmarshal(data, &ri)
+}
+
+// ServiceProxyMode resolves --service-proxy for a pod network mode: the
+// kernel path ("nftables") needs k3sm-netd, which runs as root on Linux
+// unless --pod-network=host. The config check refused unknown modes; an
+// impossible "nftables" is refused when the node starts.
+func ServiceProxyMode(mode, goos string, euid int, podNetwork string) string {
+	netd := goos == "linux" && euid == 0 && podNetwork != "host"
+	if mode == "userspace" || (!netd && mode != "nftables") {
+		return "userspace"
+	}
+	return "nftables"
 }

@@ -18,18 +18,17 @@ import (
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
-	"helm.sh/helm/v3/pkg/getter"
-	"helm.sh/helm/v3/pkg/registry"
 	"helm.sh/helm/v3/pkg/release"
-	"helm.sh/helm/v3/pkg/repo"
 	"helm.sh/helm/v3/pkg/storage/driver"
 	"helm.sh/helm/v3/pkg/strvals"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
@@ -58,6 +57,7 @@ type Charts struct {
 	Resync time.Duration // how often every chart is checked again (its release may have been removed)
 
 	dyn   dynamic.Interface
+	kube  kubernetes.Interface // the Secrets and ConfigMaps a HelmChart names; its Events
 	queue workqueue.TypedRateLimitingInterface[string]
 	store cache.Store
 }
@@ -66,6 +66,9 @@ type Charts struct {
 func (c *Charts) Run(ctx context.Context) error {
 	var err error
 	if c.dyn, err = dynamic.NewForConfig(c.RC); err != nil {
+		return err
+	}
+	if c.kube, err = kubernetes.NewForConfig(c.RC); err != nil {
 		return err
 	}
 	if c.Resync <= 0 {
@@ -157,7 +160,7 @@ func (c *Charts) sync(ctx context.Context, key string) error {
 		}
 	}
 
-	ch, err := c.loadChart(hc)
+	ch, err := c.loadChart(ctx, hc)
 	if err != nil {
 		return c.fail(ctx, hc, "ChartNotLoaded", err)
 	}
@@ -239,13 +242,11 @@ func ignored(hc *unstructured.Unstructured) []string {
 	return out
 }
 
-// loadChart reads the chart from spec.chartContent, an OCI reference in
-// spec.chart, or spec.repo.
-func (c *Charts) loadChart(hc *unstructured.Unstructured) (*chart.Chart, error) {
-	spec, _, _ := unstructured.NestedMap(hc.Object, "spec")
-	str := func(k string) string { s, _ := spec[k].(string); return s }
-	flag := func(k string) bool { b, _ := spec[k].(bool); return b }
-	if content := str("chartContent"); content != "" {
+// loadChart reads the chart from spec.chartContent, or from the source
+// spec.chart names (a repository, an OCI registry or a URL) with the
+// credentials and CAs its Secrets and ConfigMap hold.
+func (c *Charts) loadChart(ctx context.Context, hc *unstructured.Unstructured) (*chart.Chart, error) {
+	if content, _, _ := unstructured.NestedString(hc.Object, "spec", "chartContent"); content != "" {
 		raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(content))
 		if err != nil {
 			return nil, fmt.Errorf("spec.chartContent is not base64 (make it with `base64 -w0 chart.tgz`): %w", err)
@@ -256,87 +257,16 @@ func (c *Charts) loadChart(hc *unstructured.Unstructured) (*chart.Chart, error) 
 		}
 		return ch, nil
 	}
-	name, version := str("chart"), str("version")
-	if name == "" {
-		return nil, errors.New("spec.chart is empty: name a chart (with spec.repo), an OCI reference oci://host/path/chart, or set spec.chartContent")
-	}
-	if ref, ok := strings.CutPrefix(name, "oci://"); ok {
-		opts := []registry.ClientOption{}
-		if flag("plainHTTP") {
-			opts = append(opts, registry.ClientOptPlainHTTP())
-		}
-		rc, err := registry.NewClient(opts...)
-		if err != nil {
-			return nil, err
-		}
-		if version != "" {
-			ref += ":" + version
-		} else if !strings.Contains(ref[strings.LastIndex(ref, "/")+1:], ":") {
-			tags, err := rc.Tags(ref)
-			if err != nil {
-				return nil, fmt.Errorf("spec.chart %s: listing versions: %w", name, err)
-			}
-			if len(tags) == 0 {
-				return nil, fmt.Errorf("spec.chart %s: no versions in the registry: push one or set spec.version", name)
-			}
-			ref += ":" + tags[0] // newest semver first
-		}
-		res, err := rc.Pull(ref, registry.PullOptWithChart(true))
-		if err != nil {
-			return nil, fmt.Errorf("spec.chart %s: %w", name, err)
-		}
-		return loader.LoadArchive(bytes.NewReader(res.Chart.Data))
-	}
-	repoURL := str("repo")
-	if repoURL == "" {
-		return nil, fmt.Errorf("spec.chart %q needs spec.repo (a chart repository URL), or use oci:// or spec.chartContent", name)
-	}
-	url, err := findInRepo(repoURL, name, version, flag("insecureSkipTLSVerify"))
-	if err != nil {
-		return nil, fmt.Errorf("spec.repo %s: %w", repoURL, err)
-	}
-	g, err := getter.NewHTTPGetter(getter.WithInsecureSkipVerifyTLS(flag("insecureSkipTLSVerify")))
+	src, err := readSource(ctx, c.kube, hc)
 	if err != nil {
 		return nil, err
 	}
-	buf, err := g.Get(url)
+	tmp, err := os.MkdirTemp("", "k3sm-helm-")
 	if err != nil {
-		return nil, fmt.Errorf("downloading %s: %w", url, err)
-	}
-	return loader.LoadArchive(buf)
-}
-
-// findInRepo resolves a chart's URL from the repository's index. helm's
-// FindChartInRepoURL would cache the index under $HOME, which the k3sm
-// system user may not have: the index goes to a temporary directory.
-func findInRepo(repoURL, name, version string, insecure bool) (string, error) {
-	tmp, err := os.MkdirTemp("", "k3sm-helm-index-")
-	if err != nil {
-		return "", err
+		return nil, err
 	}
 	defer os.RemoveAll(tmp)
-	providers := getter.Providers{{Schemes: []string{"http", "https"}, New: getter.NewHTTPGetter}}
-	r, err := repo.NewChartRepository(&repo.Entry{Name: "index", URL: repoURL, InsecureSkipTLSverify: insecure}, providers)
-	if err != nil {
-		return "", err
-	}
-	r.CachePath = tmp
-	path, err := r.DownloadIndexFile()
-	if err != nil {
-		return "", fmt.Errorf("not a chart repository, or unreachable: %w", err)
-	}
-	idx, err := repo.LoadIndexFile(path)
-	if err != nil {
-		return "", err
-	}
-	cv, err := idx.Get(name, version)
-	if err != nil {
-		return "", fmt.Errorf("chart %q version %q not in the index: %w", name, version, err)
-	}
-	if len(cv.URLs) == 0 {
-		return "", fmt.Errorf("chart %q version %s has no URL in the index", name, cv.Version)
-	}
-	return repo.ResolveReferenceURL(repoURL, cv.URLs[0])
+	return src.fetch(tmp)
 }
 
 // values are spec.valuesContent overridden by spec.set.
@@ -387,7 +317,28 @@ func (c *Charts) fail(ctx context.Context, hc *unstructured.Unstructured, reason
 	if serr := c.setStatus(ctx, hc, st); serr != nil {
 		c.Log.Debug("cannot update HelmChart status", "err", serr)
 	}
+	c.event(ctx, hc, reason, err.Error())
 	return err
+}
+
+// event records a new failure on the HelmChart, where `kubectl describe
+// helmchart` shows it.
+func (c *Charts) event(ctx context.Context, hc *unstructured.Unstructured, reason, msg string) {
+	if len(msg) > 1024 {
+		msg = msg[:1024]
+	}
+	now := metav1.NewTime(time.Now())
+	ev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: hc.GetName() + ".", Namespace: hc.GetNamespace()},
+		InvolvedObject: corev1.ObjectReference{APIVersion: HelmChartGVR.GroupVersion().String(), Kind: "HelmChart",
+			Name: hc.GetName(), Namespace: hc.GetNamespace(), UID: hc.GetUID(), ResourceVersion: hc.GetResourceVersion()},
+		Reason: reason, Message: msg, Type: corev1.EventTypeWarning,
+		Source:         corev1.EventSource{Component: "k3sm-helm-controller"},
+		FirstTimestamp: now, LastTimestamp: now, Count: 1,
+	}
+	if _, err := c.kube.CoreV1().Events(hc.GetNamespace()).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		c.Log.Debug("cannot record the HelmChart failure as an Event", "err", err)
+	}
 }
 
 func (c *Charts) setStatus(ctx context.Context, hc *unstructured.Unstructured, st map[string]any) error {

@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
+
+	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
 )
 
 func osName() string { return "linux" }
@@ -16,7 +18,7 @@ func kernelChecks(string) []Check {
 	euid := os.Geteuid()
 	maxNS, _ := strconv.Atoi(readTrim("/proc/sys/user/max_user_namespaces"))
 	fs, _ := os.ReadFile("/proc/filesystems")
-	abi, err := landlockABI()
+	abi, err := sandbox.LandlockVersion()
 	v2, own, writable, controllers := cgroupState()
 	tables, nerr := nftTables()
 	return []Check{
@@ -32,16 +34,6 @@ func kernelChecks(string) []Check {
 func readTrim(path string) string {
 	b, _ := os.ReadFile(path)
 	return strings.TrimSpace(string(b))
-}
-
-// landlockABI asks the kernel for its Landlock ABI version:
-// landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION).
-func landlockABI() (int, error) {
-	r, _, errno := unix.Syscall(unix.SYS_LANDLOCK_CREATE_RULESET, 0, 0, unix.LANDLOCK_CREATE_RULESET_VERSION)
-	if errno != 0 {
-		return 0, errno
-	}
-	return int(r), nil
 }
 
 // cgroupState: whether /sys/fs/cgroup is cgroup v2, this process's cgroup,

@@ -222,23 +222,32 @@ func overlayVerdict(filesystems string) Check {
 	return c
 }
 
-// landlockVerdict: abi from landlock_create_ruleset(NULL, 0, VERSION).
+// landlockVerdict: abi and err from sandbox.LandlockVersion, the ABI the
+// runtime's sandbox restricts pods with (sandbox.ApplyLandlock uses the
+// best the kernel has).
 func landlockVerdict(abi int, err error) Check {
 	c := Check{Name: "landlock"}
+	const none = ": pods' file access is not restricted by Landlock; their mount and user namespaces are the only boundary"
+	const fix = "use a kernel built with CONFIG_SECURITY_LANDLOCK=y (5.13 or later) and add landlock to the lsm= boot parameter (e.g. lsm=landlock,lockdown,yama,apparmor,bpf; the active list is in /sys/kernel/security/lsm)"
 	switch {
 	case errors.Is(err, syscall.ENOSYS):
-		c.Status, c.Detail = Warn, "the kernel has no Landlock (ENOSYS; it came in 5.13): pods cannot be confined to their own files"
-		c.Fix = "use a kernel built with CONFIG_SECURITY_LANDLOCK (5.13 or later; 6.7+ for TCP rules)"
+		c.Status, c.Detail, c.Fix = Warn, "the kernel has no Landlock (ENOSYS)"+none, fix
 	case errors.Is(err, syscall.EOPNOTSUPP):
-		c.Status, c.Detail = Warn, "Landlock is built in but not enabled (EOPNOTSUPP)"
-		c.Fix = "add landlock to the kernel's lsm= boot parameter (e.g. lsm=landlock,lockdown,yama,apparmor,bpf)"
+		c.Status, c.Detail, c.Fix = Warn, "Landlock is built in but not enabled (EOPNOTSUPP)"+none, fix
 	case err != nil:
-		c.Status, c.Detail, c.Fix = Warn, "landlock_create_ruleset: "+err.Error(), "check the kernel's Landlock support"
-	case abi < 4:
-		c.Status, c.Detail = Warn, fmt.Sprintf("Landlock ABI %d: filesystem rules only; TCP bind/connect rules need ABI 4 (kernel 6.7)", abi)
-		c.Fix = "upgrade to kernel 6.7 or later for network confinement"
+		c.Status, c.Detail, c.Fix = Warn, "landlock_create_ruleset: "+err.Error()+none, fix
+	case abi < 1:
+		c.Status, c.Detail, c.Fix = Warn, fmt.Sprintf("Landlock ABI %d", abi)+none, fix
+	case abi == 1:
+		c.Status = Warn
+		c.Detail = "Landlock ABI v1: pods' file access is restricted, but before ABI 2 no file can be renamed or linked into another directory inside a pod (EXDEV)"
+		c.Fix = "upgrade to kernel 5.19 or later (Landlock ABI 2)"
+	case abi < 3:
+		c.Status, c.Detail = Pass, fmt.Sprintf("Landlock ABI v%d: pods' file access is restricted (truncate is confined from ABI 3, device ioctls from ABI 5)", abi)
+	case abi < 5:
+		c.Status, c.Detail = Pass, fmt.Sprintf("Landlock ABI v%d: pods' file access is restricted (device ioctls are confined from ABI 5)", abi)
 	default:
-		c.Status, c.Detail = Pass, fmt.Sprintf("Landlock ABI %d (filesystem and TCP rules%s)", abi, map[bool]string{true: ", scopes", false: ""}[abi >= 6])
+		c.Status, c.Detail = Pass, fmt.Sprintf("Landlock ABI v%d: pods' file access is restricted", abi)
 	}
 	return c
 }
@@ -249,8 +258,8 @@ func cgroupVerdict(v2 bool, own string, writable bool, controllers string) Check
 	c := Check{Name: "cgroups"}
 	if !v2 {
 		c.Status = Warn
-		c.Detail = "cgroup v1 (no unified hierarchy at /sys/fs/cgroup): k3sm holds pods to their limits with its own sampler only (memory checked about once a second, CPU not limited), and a service's Delegate=yes hands it no subtree"
-		c.Fix = "boot with systemd.unified_cgroup_hierarchy=1 (cgroup v2); k3sm works without it"
+		c.Detail = "cgroup v1 (no unified hierarchy at /sys/fs/cgroup): as root k3sm places pods in the v1 memory, cpu, cpuacct and pids hierarchies (limits, OOMKilled, usage; without root, its sampler: memory checked about once a second, CPU as a nice priority), and a service's Delegate=yes hands it no subtree"
+		c.Fix = "boot with systemd.unified_cgroup_hierarchy=1 (cgroup v2) for delegation; k3sm works without it"
 		return c
 	}
 	if !writable {
@@ -284,7 +293,7 @@ func nftVerdict(tables []string, err error, euid int) Check {
 		}
 	}
 	if len(ours) == 0 {
-		c.Status, c.Detail = Pass, fmt.Sprintf("nftables over netlink works (%d tables; k3sm-netd creates k3sm-policy and k3sm-guard when pods start)", len(tables))
+		c.Status, c.Detail = Pass, fmt.Sprintf("nftables over netlink works (%d tables; k3sm-netd creates k3sm-policy and k3sm-guard when pods start, k3sm-services for ClusterIPs in the kernel)", len(tables))
 	} else {
 		c.Status, c.Detail = Pass, "nftables over netlink works; k3sm's tables: "+strings.Join(ours, ", ")
 	}

@@ -2,13 +2,16 @@ package doctor
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
+	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
 	"github.com/k3sm-dev/k3sm/internal/server/certs"
 )
 
@@ -101,11 +104,47 @@ func TestOverlayVerdict(t *testing.T) {
 }
 
 func TestLandlockVerdict(t *testing.T) {
-	want(t, landlockVerdict(7, nil), Pass, "ABI 7 (filesystem and TCP rules, scopes)")
-	want(t, landlockVerdict(4, nil), Pass, "ABI 4 (filesystem and TCP rules)")
-	want(t, landlockVerdict(2, nil), Warn, "ABI 2: filesystem rules only")
-	want(t, landlockVerdict(0, syscall.ENOSYS), Warn, "no Landlock")
-	want(t, landlockVerdict(0, syscall.EOPNOTSUPP), Warn, "not enabled")
+	want(t, landlockVerdict(7, nil), Pass, "Landlock ABI v7: pods' file access is restricted")
+	want(t, landlockVerdict(6, nil), Pass, "Landlock ABI v6: pods' file access is restricted")
+	want(t, landlockVerdict(4, nil), Pass, "ABI v4: pods' file access is restricted (device ioctls are confined from ABI 5)")
+	want(t, landlockVerdict(2, nil), Pass, "ABI v2: pods' file access is restricted (truncate")
+	want(t, landlockVerdict(1, nil), Warn, "EXDEV")
+	for _, err := range []error{syscall.ENOSYS, syscall.EOPNOTSUPP, syscall.EINVAL} {
+		c := landlockVerdict(0, err)
+		want(t, c, Warn, "namespaces are the only boundary")
+		if !strings.Contains(c.Fix, "CONFIG_SECURITY_LANDLOCK") || !strings.Contains(c.Fix, "lsm=") {
+			t.Errorf("%v: fix %q names neither CONFIG_SECURITY_LANDLOCK nor lsm=", err, c.Fix)
+		}
+	}
+	want(t, landlockVerdict(0, syscall.ENOSYS), Warn, "no Landlock (ENOSYS)")
+	want(t, landlockVerdict(0, syscall.EOPNOTSUPP), Warn, "not enabled (EOPNOTSUPP)")
+}
+
+// On this machine the check reports the ABI the sandbox applies.
+func TestLandlockCheckMatchesSandbox(t *testing.T) {
+	var got *Check
+	for _, c := range kernelChecks(t.TempDir()) {
+		if c.Name == "landlock" {
+			got = &c
+		}
+	}
+	if runtime.GOOS != "linux" {
+		if got != nil {
+			t.Errorf("landlock checked on %s", runtime.GOOS)
+		}
+		return
+	}
+	if got == nil {
+		t.Fatal("no landlock check")
+	}
+	switch abi := sandbox.LandlockABI(); abi {
+	case 0:
+		want(t, *got, Warn, "only boundary")
+	case 1:
+		want(t, *got, Warn, "Landlock ABI v1:")
+	default:
+		want(t, *got, Pass, fmt.Sprintf("Landlock ABI v%d:", abi))
+	}
 }
 
 func TestCgroupVerdict(t *testing.T) {

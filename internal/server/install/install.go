@@ -18,6 +18,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/atomicfile"
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/kubeconfig"
+	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 )
 
 // Options say what to install where. The zero values of the paths are the
@@ -427,6 +428,7 @@ func Uninstall(ctx context.Context, svc Service, o Options, u UninstallOptions) 
 		say("killed %d pod processes that outlived SIGTERM", len(leftovers))
 	}
 	say("stopped k3sm")
+	removePodNetwork(ctx, o, say)
 
 	for _, k := range m.Kubeconfigs {
 		if err := kubeconfig.Remove(k.Path, k.Contexts); err != nil {
@@ -474,6 +476,40 @@ func Uninstall(ctx context.Context, svc Service, o Options, u UninstallOptions) 
 		say("kept the data dir %s (`k3sm uninstall --purge` removes it; `k3sm install --data-dir %s` brings the cluster back)", m.DataDir, m.DataDir)
 	}
 	return nil
+}
+
+// removePodNetwork has the installed k3sm-netd take the pod network off the
+// machine (its bridge, routes, nft tables and the pods' links and
+// namespaces), when netd ever ran on this data dir. The pods are stopped
+// by then; a netd that is still serving holds nothing removal needs.
+func removePodNetwork(ctx context.Context, o Options, say func(string, ...any)) {
+	l := datadir.New(o.DataDir)
+	if _, err := os.Stat(l.NetdStateFile()); err != nil {
+		return // never ran, or the network is already gone
+	}
+	bin := filepath.Join(o.libDir(), "k3sm-netd")
+	if _, err := os.Stat(bin); err != nil {
+		say("warning: the pod network is left on the machine: %s is missing (reinstall and uninstall again, or remove the %s bridge and the nft tables k3sm and k3sm-* by hand)", bin, "k3sm0")
+		return
+	}
+	dir, err := os.MkdirTemp("", "k3sm-uninstall-")
+	if err != nil {
+		say("warning: the pod network is left on the machine: %v", err)
+		return
+	}
+	defer os.RemoveAll(dir)
+	args, err := roleconfig.Write(filepath.Join(dir, "netd.json"), roleconfig.NetdConfig{
+		Socket: l.NetdSocket(), StateFile: l.NetdStateFile(), NetNSDir: l.NetNSDir(), AllowedUID: os.Geteuid()})
+	if err != nil {
+		say("warning: the pod network is left on the machine: %v", err)
+		return
+	}
+	out, err := o.Runner.Run(ctx, append([]string{bin, "remove"}, args...))
+	if err != nil {
+		say("warning: the pod network is left on the machine: %v (run `k3sm uninstall` again to retry)", err)
+		return
+	}
+	say("%s", strings.TrimSpace(out))
 }
 
 func kubeconfigEmpty(path string) bool {

@@ -2,6 +2,7 @@ package install
 
 import (
 	"context"
+	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"os"
 	"path/filepath"
 	"slices"
@@ -194,6 +195,11 @@ func TestInstallUninstallFiles(t *testing.T) {
 		t.Fatalf("install with another data dir: %v", err)
 	}
 
+	// netd ran on this data dir: uninstall has the installed k3sm-netd
+	// remove the pod network once the service is stopped.
+	netdState := datadir.New(data).NetdStateFile()
+	os.MkdirAll(filepath.Dir(netdState), 0o700)
+	os.WriteFile(netdState, []byte("{}"), 0o600)
 	rec.cmds = nil
 	if err := Uninstall(context.Background(), Systemd{}, o, UninstallOptions{}); err != nil {
 		t.Fatal(err)
@@ -201,6 +207,14 @@ func TestInstallUninstallFiles(t *testing.T) {
 	if !slices.Contains(rec.cmds, "systemctl stop k3sm.service") || !slices.Contains(rec.cmds, "systemctl disable k3sm.service") {
 		t.Fatalf("uninstall ran %q", rec.cmds)
 	}
+	stop := slices.Index(rec.cmds, "systemctl stop k3sm.service")
+	remove := slices.IndexFunc(rec.cmds, func(c string) bool {
+		return strings.HasPrefix(c, filepath.Join(o.LibDir, "k3sm-netd")+" remove --config=")
+	})
+	if remove < stop {
+		t.Fatalf("uninstall did not remove the pod network after stopping the service: %q", rec.cmds)
+	}
+	os.Remove(netdState)
 	for _, gone := range []string{o.LibDir, o.BinLink, filepath.Join(root, "etc"), filepath.Join(root, "usr/local/lib")} {
 		if _, err := os.Lstat(gone); !os.IsNotExist(err) {
 			t.Errorf("%s still there after uninstall (%v)", gone, err)

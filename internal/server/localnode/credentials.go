@@ -4,6 +4,7 @@ import (
 	"net"
 	"os"
 
+	"github.com/k3sm-dev/k3sm/internal/kubeconfig"
 	"github.com/k3sm-dev/k3sm/internal/pki"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
 )
@@ -39,14 +40,14 @@ func issueCredentials(p *controlplane.Plane) error {
 	if err := pki.WriteFile(l.KubeletClientCA(), p.Certs.ClientCA.CertPEM()); err != nil {
 		return err
 	}
-	if err := controlplane.WriteKubeconfig(l.NodeKubeconfig(), cfg.LocalAPIURL(), p.Certs.ServerCA.CertPEM(), client, "node"); err != nil {
+	if err := kubeconfig.WriteClient(l.NodeKubeconfig(), cfg.LocalAPIURL(), p.Certs.ServerCA.CertPEM(), client, "node"); err != nil {
 		return err
 	}
 	lp, err := p.Certs.ClientCA.Ensure(tlsDir, "client-local-path", pki.LeafSpec{CommonName: localPathUser(cfg.NodeName), Client: true})
 	if err != nil {
 		return err
 	}
-	return controlplane.WriteKubeconfig(l.LocalPathKubeconfig(), cfg.LocalAPIURL(), p.Certs.ServerCA.CertPEM(), lp, "local-path")
+	return kubeconfig.WriteClient(l.LocalPathKubeconfig(), cfg.LocalAPIURL(), p.Certs.ServerCA.CertPEM(), lp, "local-path")
 }
 
 func uniq(xs ...string) []string {

@@ -72,6 +72,9 @@ func Addon(log *slog.Logger) controlplane.Addon {
 			if err != nil {
 				return err
 			}
+			if p.Cfg.ServiceProxy == "nftables" && !netns {
+				return fmt.Errorf("--service-proxy=nftables: ClusterIPs in the kernel need k3sm-netd (%s); use --service-proxy=auto or userspace", reason)
+			}
 			if netns {
 				if err := startNetd(ctx, p, sup); err != nil {
 					return err
@@ -198,7 +201,7 @@ func runtimeConfig(p *controlplane.Plane) roleconfig.RuntimeConfig {
 // nodeConfig is what the node runs with.
 func nodeConfig(p *controlplane.Plane, m metricsAPI) roleconfig.NodeConfig {
 	cfg, l := p.Cfg, p.Layout
-	return roleconfig.NodeConfig{
+	nc := roleconfig.NodeConfig{
 		Name: cfg.NodeName, IP: cfg.NodeIP, KubeletPort: cfg.KubeletPort,
 		Kubeconfig: l.NodeKubeconfig(), ServingCert: l.KubeletServingCert(), ServingKey: l.KubeletServingKey(),
 		ClientCAFile: l.KubeletClientCA(), RuntimeSocket: l.RuntimeSocket(), DataDir: cfg.DataDir,
@@ -206,6 +209,10 @@ func nodeConfig(p *controlplane.Plane, m metricsAPI) roleconfig.NodeConfig {
 		Instant: cfg.NodeInstant, Taint: cfg.NodeTaint, Metrics: m.serveConfig(p), Disk: cfg.Disk,
 		ClusterDNS: cfg.ClusterDNS, ClusterDomain: cfg.ClusterDomain, DNSConfig: cfg.DNSConfig, APIServiceIP: apiServiceIP(cfg.ServiceCIDR),
 	}
+	if controlplane.ServiceProxyMode(cfg.ServiceProxy, goruntime.GOOS, os.Geteuid(), cfg.PodNetwork) == "nftables" {
+		nc.NetdSocket = l.NetdSocket()
+	}
+	return nc
 }
 
 // apiServiceIP is the kubernetes Service's ClusterIP ("" if the range does

@@ -362,7 +362,14 @@ func (p prober) proxy(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("Service kubernetes at %s: %w", addr, unwrap(err))
 	}
 	c.Close()
-	return "Service kubernetes at " + addr + " answers", nil
+	mode := ""
+	switch p.ri.ServiceProxy {
+	case "nftables":
+		mode = " (ClusterIPs: nftables DNAT, table ip k3sm-services)"
+	case "userspace":
+		mode = " (ClusterIPs: userspace relay)"
+	}
+	return "Service kubernetes at " + addr + " answers" + mode, nil
 }
 
 // dns resolves the kubernetes Service's name at the cluster DNS address.

@@ -1,0 +1,127 @@
+package node
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/roleconfig"
+	"github.com/k3sm-dev/k3sm/internal/runtime/pressure"
+)
+
+func memoryCondition(n *corev1.Node) corev1.NodeCondition {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeMemoryPressure {
+			return c
+		}
+	}
+	return corev1.NodeCondition{}
+}
+
+// MemoryPressure follows memory.available<100Mi (the kubelet's default)
+// and the transition period, with the kubelet's reasons, messages and
+// events; DiskPressure is left alone.
+func TestMemoryPressureCondition(t *testing.T) {
+	fs := &fsStats{CapacityBytes: 1000, AvailableBytes: 500, Inodes: 1000, InodesFree: 500}
+	d, rec, clock := testDisk(t, &fakeDiskRuntime{pods: &runtimev1.ListPodsResponse{}}, fs)
+	avail := uint64(1 << 30)
+	d.mem.read = func() (pressure.Memory, error) {
+		return pressure.Memory{AvailableBytes: avail, TotalBytes: 4 << 30}, nil
+	}
+	var got []*corev1.Node
+	d.setNode(nodeObject(Config{NodeConfig: roleconfig.NodeConfig{Name: "n1"}}, &runtimev1.GetRuntimeInfoResponse{}), func(n *corev1.Node) { got = append(got, n) })
+	if c := memoryCondition(d.node); c.Status != corev1.ConditionFalse || c.Reason != "KubeletHasSufficientMemory" || c.Message != "kubelet has sufficient memory available" {
+		t.Fatalf("initial condition %+v", c)
+	}
+	ctx := context.Background()
+	d.housekeeping(ctx)
+	if len(got) != 0 || len(events(rec)) != 0 {
+		t.Fatalf("1Gi available: %d updates", len(got))
+	}
+	avail = 99 << 20
+	d.housekeeping(ctx)
+	if len(got) != 1 {
+		t.Fatalf("99Mi available: %d updates", len(got))
+	}
+	c := memoryCondition(got[0])
+	if c.Status != corev1.ConditionTrue || c.Reason != "KubeletHasInsufficientMemory" || c.Message != "kubelet has insufficient memory available" || !c.LastTransitionTime.Time.Equal(clock.t) {
+		t.Fatalf("condition %+v", c)
+	}
+	if dc := diskCondition(got[0]); dc.Status != corev1.ConditionFalse {
+		t.Errorf("DiskPressure changed: %+v", dc)
+	}
+	ev := strings.Join(events(rec), "\n")
+	if !strings.Contains(ev, "Warning EvictionThresholdMet Attempting to reclaim memory") || !strings.Contains(ev, "Normal NodeHasInsufficientMemory Node n1 status is now: NodeHasInsufficientMemory") {
+		t.Errorf("events %q", ev)
+	}
+	// Above the threshold again: True for the transition period, then False.
+	avail = 200 << 20
+	clock.t = clock.t.Add(time.Minute)
+	d.housekeeping(ctx)
+	if len(got) != 1 {
+		t.Fatal("condition changed within the transition period")
+	}
+	clock.t = clock.t.Add(5 * time.Minute)
+	d.housekeeping(ctx)
+	if len(got) != 2 {
+		t.Fatalf("after the transition period: %d updates", len(got))
+	}
+	if c := memoryCondition(got[1]); c.Status != corev1.ConditionFalse || c.Reason != "KubeletHasSufficientMemory" || !c.LastTransitionTime.Time.Equal(clock.t) {
+		t.Errorf("cleared condition %+v", c)
+	}
+	if ev := strings.Join(events(rec), "\n"); !strings.Contains(ev, "Normal NodeHasSufficientMemory") {
+		t.Errorf("events %q", ev)
+	}
+	if len(got[1].Status.Conditions) != 5 {
+		t.Errorf("%d conditions", len(got[1].Status.Conditions))
+	}
+}
+
+// Without memory.available in --eviction-hard memory is not watched; a bad
+// threshold is an error naming the flag.
+func TestMemoryPressureThresholdFromFlag(t *testing.T) {
+	fs := &fsStats{CapacityBytes: 1000, AvailableBytes: 500, Inodes: 1000, InodesFree: 500}
+	d, _, _ := testDisk(t, &fakeDiskRuntime{pods: &runtimev1.ListPodsResponse{}}, fs)
+	if d.mem == nil || d.mem.threshold.Bytes != 100<<20 {
+		t.Fatalf("default threshold: %+v", d.mem)
+	}
+	cfg := d.cfg
+	cfg.EvictionHard = "nodefs.available<10%"
+	d2, err := newDiskManager(cfg, "/data", "n1", nil, nil, d.log)
+	if err != nil || d2.mem != nil {
+		t.Fatalf("no memory signal: %+v %v", d2, err)
+	}
+	cfg.EvictionHard = "memory.available<lots"
+	if _, err := newDiskManager(cfg, "/data", "n1", nil, nil, d.log); err == nil || !strings.Contains(err.Error(), "--eviction-hard") {
+		t.Fatalf("bad threshold: %v", err)
+	}
+}
+
+// An evicted pod carries the kubelet's DisruptionTarget condition beside
+// phase Failed, reason Evicted and the message.
+func TestEvictedPodStatus(t *testing.T) {
+	msg := "The node was low on resource: memory. Threshold quantity: 100Mi, available: 80Mi. "
+	st := podStatus(&corev1.Pod{}, &runtimev1.PodStatus{Phase: runtimev1.PodPhase_POD_PHASE_FAILED, Reason: "Evicted", Message: msg}, "127.0.0.1", false)
+	if st.Phase != corev1.PodFailed || st.Reason != "Evicted" || st.Message != msg {
+		t.Fatalf("status %+v", st)
+	}
+	found := false
+	for _, c := range st.Conditions {
+		if c.Type == corev1.DisruptionTarget {
+			found = c.Status == corev1.ConditionTrue && c.Reason == "TerminationByKubelet" && c.Message == msg
+		}
+	}
+	if !found {
+		t.Errorf("no DisruptionTarget condition: %+v", st.Conditions)
+	}
+	st = podStatus(&corev1.Pod{}, &runtimev1.PodStatus{Phase: runtimev1.PodPhase_POD_PHASE_FAILED, Reason: "Error"}, "127.0.0.1", false)
+	for _, c := range st.Conditions {
+		if c.Type == corev1.DisruptionTarget {
+			t.Errorf("DisruptionTarget on a pod that was not evicted: %+v", c)
+		}
+	}
+}

@@ -1,0 +1,277 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/netd/client"
+	"github.com/k3sm-dev/k3sm/internal/netd/dataplane"
+	"github.com/k3sm-dev/k3sm/internal/netd/server"
+	"github.com/k3sm-dev/k3sm/internal/netd/wire"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+// fakeKernel records every set the proxy sends; fail makes the next calls
+// fail.
+type fakeKernel struct {
+	mu   sync.Mutex
+	sets [][]KernelService
+	fail int
+}
+
+func (k *fakeKernel) SetServices(_ context.Context, svcs []KernelService) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.fail > 0 {
+		k.fail--
+		return errors.New("netd is restarting")
+	}
+	k.sets = append(k.sets, slices.Clone(svcs))
+	return nil
+}
+
+func (k *fakeKernel) last() ([]KernelService, int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.sets) == 0 {
+		return nil, 0
+	}
+	return k.sets[len(k.sets)-1], len(k.sets)
+}
+
+// render prints a set compactly for comparisons.
+func render(set []KernelService) string {
+	out := ""
+	for _, s := range set {
+		out += fmt.Sprintf("%s %s:%d->%v; ", s.Protocol, s.IP, s.Port, s.Endpoints)
+	}
+	return out
+}
+
+func (k *fakeKernel) waitFor(t *testing.T, want string) {
+	t.Helper()
+	eventually(t, "kernel set "+want, func() bool {
+		set, _ := k.last()
+		return render(set) == want
+	})
+}
+
+const (
+	podA = "100.64.0.5"
+	podB = "100.64.0.6"
+)
+
+// TestKernelClusterIP: ClusterIPs of TCP and UDP go to the kernel with
+// their ready endpoints, and no socket opens for them; a NodePort stays a
+// socket of the relay while its ClusterIP is in the kernel; a Service with
+// session affinity stays on the relay; changes and deletions follow.
+func TestKernelClusterIP(t *testing.T) {
+	k := &fakeKernel{}
+	np := freePort(t, nodeIP, tcp)
+	web := service("web", corev1.ServiceTypeNodePort, "10.43.0.20", svcPort("http", tcp, 80, np), svcPort("dns", udp, 53, 0))
+	sticky := service("sticky", corev1.ServiceTypeClusterIP, clusterIP, svcPort("http", tcp, freePort(t, clusterIP, tcp), 0))
+	sticky.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	notReady := ready(podB)
+	notReady.Conditions.Ready = ptr.To(false)
+	h := start(t, func(c *Config) { c.Kernel = k },
+		web, sticky,
+		slice("web", "web-1", tcp, "http", 8080, ready(podA), notReady),
+		slice("web", "web-2", udp, "dns", 5353, ready(podA), ready(podB)),
+		slice("sticky", "sticky-1", tcp, "http", 8080, ready(podA)),
+	)
+	if h.p.Mode() != "nftables" {
+		t.Fatalf("mode %s", h.p.Mode())
+	}
+	k.waitFor(t, "UDP 10.43.0.20:53->[100.64.0.5:5353 100.64.0.6:5353]; TCP 10.43.0.20:80->[100.64.0.5:8080]; ")
+	// The ClusterIP has no socket; the NodePort and the sticky Service do.
+	eventually(t, "the NodePort and the sticky ClusterIP listen on the relay", func() bool {
+		return listening(t, "tcp", netip.MustParseAddr(nodeIP), np) && listening(t, "tcp", netip.MustParseAddr(clusterIP), sticky.Spec.Ports[0].Port)
+	})
+	if listening(t, "tcp", netip.MustParseAddr("10.43.0.20"), 80) || listening(t, "udp", netip.MustParseAddr("10.43.0.20"), 53) {
+		t.Fatal("the relay opened a socket on a ClusterIP the kernel serves")
+	}
+
+	// B becomes ready; then the UDP port loses every endpoint (refused in
+	// the kernel, so it stays in the set with none).
+	s := slice("web", "web-1", tcp, "http", 8080, ready(podA), ready(podB))
+	changed := time.Now()
+	h.updateSlice(s)
+	h.deleteSlice("web-2")
+	k.waitFor(t, "UDP 10.43.0.20:53->[]; TCP 10.43.0.20:80->[100.64.0.5:8080 100.64.0.6:8080]; ")
+	// The bound for an endpoint change to reach the data path.
+	if d := time.Since(changed); d > time.Second {
+		t.Errorf("an endpoint change reached the kernel after %v, want within 1 s", d)
+	} else {
+		t.Logf("endpoint change → kernel set in %v (debounce %v)", d, DefaultKernelDebounce)
+	}
+
+	if err := h.client.CoreV1().Services(testNS).Delete(context.Background(), "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	k.waitFor(t, "")
+}
+
+// A burst of endpoint changes is one transaction, not one per change.
+func TestKernelDebounce(t *testing.T) {
+	k := &fakeKernel{}
+	h := start(t, func(c *Config) { c.Kernel = k; c.KernelDebounce = 300 * time.Millisecond },
+		service("web", corev1.ServiceTypeClusterIP, "10.43.0.20", svcPort("http", tcp, 80, 0)))
+	k.waitFor(t, "TCP 10.43.0.20:80->[]; ")
+	_, before := k.last()
+	var eps []string
+	for i := range 10 {
+		ip := fmt.Sprintf("100.64.0.%d", 10+i)
+		eps = append(eps, ip)
+		h.createSlice(slice("web", "web-"+ip, tcp, "http", 8080, ready(ip)))
+	}
+	want := "TCP 10.43.0.20:80->["
+	for i, ip := range eps {
+		if i > 0 {
+			want += " "
+		}
+		want += ip + ":8080"
+	}
+	k.waitFor(t, want+"]; ")
+	if _, after := k.last(); after-before > 2 {
+		t.Fatalf("10 endpoint changes in a burst took %d transactions, want 1 (2 at a debounce edge)", after-before)
+	}
+}
+
+// A failing netd is retried until it takes the set; the set is sent
+// again every resync although nothing changed.
+func TestKernelRetryAndResync(t *testing.T) {
+	k := &fakeKernel{fail: 2}
+	start(t, func(c *Config) { c.Kernel = k; c.KernelResync = 300 * time.Millisecond },
+		service("web", corev1.ServiceTypeClusterIP, "10.43.0.20", svcPort("http", tcp, 80, 0)),
+		slice("web", "web-1", tcp, "http", 8080, ready(podA)))
+	k.waitFor(t, "TCP 10.43.0.20:80->[100.64.0.5:8080]; ")
+	eventually(t, "a resync resends the set", func() bool { _, n := k.last(); return n >= 3 })
+}
+
+// Only what the kernel can translate goes there: the kubernetes Service's
+// loopback apiserver fallback stays on the relay; without a Kernel,
+// nothing goes.
+func TestInKernel(t *testing.T) {
+	p := &Proxy{cfg: Config{Kernel: &fakeKernel{}}}
+	ap := func(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+	cip := listenerKey{proto: tcp, addr: ap("10.43.0.1:443")}
+	for _, tc := range []struct {
+		s    frontendSpec
+		want bool
+	}{
+		{frontendSpec{key: cip, kind: kindClusterIP, endpoints: []netip.AddrPort{ap("100.64.0.5:6443")}}, true},
+		{frontendSpec{key: cip, kind: kindClusterIP}, true},
+		{frontendSpec{key: cip, kind: kindClusterIP, endpoints: []netip.AddrPort{ap("127.0.0.1:6443")}}, false},
+		{frontendSpec{key: cip, kind: kindClusterIP, endpoints: []netip.AddrPort{ap("100.64.0.5:80"), ap("0.1.2.3:80")}}, false},
+		{frontendSpec{key: cip, kind: kindClusterIP, endpoints: []netip.AddrPort{ap("224.0.0.5:80")}}, false},
+		{frontendSpec{key: cip, kind: kindClusterIP, affinity: time.Hour}, false},
+		{frontendSpec{key: cip, kind: kindNodePort}, false},
+		{frontendSpec{key: cip, kind: kindLoadBalancer}, false},
+	} {
+		if got := p.inKernel(tc.s); got != tc.want {
+			t.Errorf("%+v: in kernel %v, want %v", tc.s, got, tc.want)
+		}
+	}
+	if (&Proxy{}).inKernel(frontendSpec{key: cip, kind: kindClusterIP}) {
+		t.Error("no Kernel, yet a ClusterIP went to it")
+	}
+}
+
+// recordingDP is a netd dataplane that keeps the last Service set.
+type recordingDP struct {
+	dataplane.Dataplane
+	mu   sync.Mutex
+	last []dataplane.Service
+	n    int
+}
+
+func (d *recordingDP) EnsureNode(dataplane.Node) error { return nil }
+func (d *recordingDP) Inventory(dataplane.Node) (dataplane.Inventory, error) {
+	return dataplane.Inventory{NodeReady: true}, nil
+}
+func (d *recordingDP) SetServices(_ dataplane.Node, svcs []dataplane.Service) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.last, d.n = svcs, d.n+1
+	return nil
+}
+
+// NetdKernel through a real netd server (its dataplane recorded): 300
+// Services of 5 endpoints, more than one frame, arrive whole.
+func TestNetdKernel(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "run", "netd.sock")
+	dp := &recordingDP{}
+	srv, err := server.Start(server.Config{Socket: sock, StateFile: filepath.Join(dir, "state.json"), NetNSDir: filepath.Join(dir, "netns"),
+		AllowedUID: os.Getuid(), NewDataplane: func() (dataplane.Dataplane, error) { return dp, nil },
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	c := client.New(sock)
+	if _, err := c.ConfigureRanges(context.Background(), wireRanges()); err != nil {
+		t.Fatal(err)
+	}
+	var set []KernelService
+	for i := range 300 {
+		s := KernelService{Protocol: tcp, IP: netip.AddrFrom4([4]byte{10, 43, byte(i / 250), byte(i%250 + 1)}), Port: 80}
+		if i%2 == 1 {
+			s.Protocol = udp
+		}
+		for j := range 5 {
+			s.Endpoints = append(s.Endpoints, netip.AddrPortFrom(netip.AddrFrom4([4]byte{100, 64, 0, byte(j + 2)}), uint16(8000+j)))
+		}
+		set = append(set, s)
+	}
+	if err := (NetdKernel{Client: c}).SetServices(context.Background(), set); err != nil {
+		t.Fatal(err)
+	}
+	dp.mu.Lock()
+	defer dp.mu.Unlock()
+	if dp.n != 1 || len(dp.last) != 300 {
+		t.Fatalf("netd applied %d sets, the last of %d ports; want one of 300", dp.n, len(dp.last))
+	}
+	got := dp.last[299]
+	if got.IP.String() != "10.43.1.50" || got.Protocol != dataplane.UDP || len(got.Endpoints) != 5 || got.Endpoints[4].String() != "100.64.0.6:8004" {
+		t.Fatalf("last Service port arrived as %+v", got)
+	}
+}
+
+// listening reports whether this process has a socket bound to ip:port
+// ("tcp": listening; "udp": bound), from /proc/self/net.
+func listening(t *testing.T, proto string, ip netip.Addr, port int32) bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/net/" + proto)
+	if err != nil {
+		t.Skipf("no /proc/self/net/%s: %v", proto, err)
+	}
+	a := ip.As4()
+	// The kernel prints the address as the host-order value of the
+	// network-order word (little-endian here), then the port in hex.
+	want := fmt.Sprintf("%02X%02X%02X%02X:%04X", a[3], a[2], a[1], a[0], port)
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) > 3 && f[1] == want && (proto == "udp" || f[3] == "0A") {
+			return true
+		}
+	}
+	return false
+}
+
+func wireRanges() wire.ConfigureArgs {
+	return wire.ConfigureArgs{PodCIDR: "100.64.0.0/24", ServiceCIDR: "10.43.0.0/16"}
+}

@@ -1,0 +1,304 @@
+//go:build linux
+
+package cgroups
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// LeafName is where, on v2, the processes of a delegated cgroup move so
+// that it may have children with controllers (the no-internal-processes
+// rule): the daemon, and whatever else ran in it.
+const LeafName = "supervisor"
+
+// New detects the host's cgroups and prepares k3sm's subtree:
+//
+//   - v2 (a cgroup2 hierarchy holds the controllers): below the daemon's
+//     own cgroup when systemd delegated it (Delegate=yes marks it with the
+//     trusted.delegate / user.delegate xattr) or when it is the root of a
+//     cgroup namespace; its processes move to <own>/supervisor first (a
+//     daemon already in <delegated>/supervisor uses <delegated>).
+//     Otherwise as root below the root cgroup; unprivileged below its own
+//     cgroup if that is allowed.
+//   - v1 (controllers on their own hierarchies): <hierarchy>/<own>/<Name>
+//     in the memory, cpu, cpuacct and pids hierarchies.
+//
+// It never fails: a Manager of Version None carries the reason (Describe),
+// and the daemon falls back to its sampler.
+func New(opts Options) *Manager {
+	m := &Manager{pidsLimit: opts.PodPidsLimit, dirs: map[string]string{}}
+	if m.pidsLimit == 0 {
+		m.pidsLimit = DefaultPodPidsLimit
+	}
+	if m.pidsLimit < 0 {
+		m.pidsLimit = 0
+	}
+	if opts.Disable {
+		m.reason = "disabled in the daemon's configuration"
+		return m
+	}
+	name := opts.Name
+	if name == "" {
+		name = DefaultName
+	}
+	if err := checkName("Options.Name", name); err != nil {
+		m.reason = err.Error()
+		return m
+	}
+	l, err := readLayout("/proc/self/mountinfo", "/proc/self/cgroup")
+	if err != nil {
+		m.reason = err.Error()
+		return m
+	}
+	switch {
+	case len(l.v1) > 0 && l.v1[Memory].mount != "":
+		m.setupV1(l, name)
+	case l.v2.mount != "":
+		m.setupV2(l.v2, name, os.Geteuid())
+	case len(l.v1) > 0:
+		m.setupV1(l, name)
+	default:
+		m.reason = "no cgroup hierarchy is mounted"
+	}
+	if m.version != None && len(m.dirs) == 0 {
+		if m.reason == "" { // setupV2 may have said why, with the fix
+			m.reason = fmt.Sprintf("cgroup %s: no usable controller (%s)", m.version, strings.Join(m.missing, "; "))
+		}
+		m.version = None
+	}
+	return m
+}
+
+// hierarchy is one mounted cgroup hierarchy and the daemon's cgroup in it
+// (as a directory below the mount point).
+type hierarchy struct {
+	mount string
+	own   string // mount + the daemon's cgroup path
+	rel   string // the daemon's cgroup path inside the hierarchy ("/": its root)
+}
+
+type layout struct {
+	v2 hierarchy
+	v1 map[string]hierarchy // by controller
+}
+
+// readLayout finds the cgroup mounts (mountinfo) and the daemon's cgroups
+// (/proc/self/cgroup).
+func readLayout(mountinfo, self string) (layout, error) {
+	l := layout{v1: map[string]hierarchy{}}
+	own := map[string]string{} // controller (or "" for v2) -> path
+	f, err := os.Open(self)
+	if err != nil {
+		return l, fmt.Errorf("read the daemon's cgroups: %w", err)
+	}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		parts := strings.SplitN(sc.Text(), ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if parts[1] == "" {
+			own[""] = parts[2]
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			own[c] = parts[2]
+		}
+	}
+	f.Close()
+	mf, err := os.Open(mountinfo)
+	if err != nil {
+		return l, fmt.Errorf("read the mounts: %w", err)
+	}
+	defer mf.Close()
+	sc = bufio.NewScanner(mf)
+	for sc.Scan() {
+		// id parent maj:min root mountpoint opts [optional...] - fstype source superopts
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		if !ok {
+			continue
+		}
+		pf, qf := strings.Fields(pre), strings.Fields(post)
+		if len(pf) < 5 || len(qf) < 3 {
+			continue
+		}
+		root, point := unescape(pf[3]), unescape(pf[4])
+		switch qf[0] {
+		case "cgroup2":
+			if l.v2.mount == "" {
+				l.v2 = place(point, root, own[""])
+			}
+		case "cgroup":
+			for _, o := range strings.Split(qf[2], ",") {
+				switch o {
+				case Memory, CPU, CPUAcct, Pids:
+					if _, dup := l.v1[o]; !dup {
+						l.v1[o] = place(point, root, own[o])
+					}
+				}
+			}
+		}
+	}
+	return l, sc.Err()
+}
+
+// place joins a mount point with the daemon's path inside the hierarchy;
+// a mount of a sub-tree (root other than "/", as in a container) is
+// relative to that root.
+func place(point, root, path string) hierarchy {
+	if path == "" {
+		path = "/"
+	}
+	rel := path
+	if root != "/" {
+		if r, ok := strings.CutPrefix(path, root); ok {
+			rel = r
+		}
+	}
+	if rel == "" {
+		rel = "/"
+	}
+	return hierarchy{mount: point, own: filepath.Join(point, rel), rel: rel}
+}
+
+// unescape undoes mountinfo's octal escapes (\040 for a space).
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			var n int
+			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &n); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func (m *Manager) setupV1(l layout, name string) {
+	m.version = V1
+	for _, c := range []string{Memory, CPU, CPUAcct, Pids} {
+		h, ok := l.v1[c]
+		if !ok || h.mount == "" {
+			m.missing = append(m.missing, c+": no v1 hierarchy mounted")
+			continue
+		}
+		d := filepath.Join(h.own, name)
+		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			m.missing = append(m.missing, fmt.Sprintf("%s: create %s: %v", c, d, err))
+			continue
+		}
+		if unix.Access(filepath.Join(d, "cgroup.procs"), unix.W_OK) != nil {
+			m.missing = append(m.missing, fmt.Sprintf("%s: %s is not writable by uid %d", c, d, os.Geteuid()))
+			continue
+		}
+		m.dirs[c] = d
+	}
+}
+
+func (m *Manager) setupV2(h hierarchy, name string, euid int) {
+	m.version = V2
+	if filepath.Base(h.own) == LeafName && h.rel != "/" && delegatedV2(filepath.Dir(h.own)) {
+		// Already in the leaf of a delegated cgroup (a previous daemon
+		// moved us, or systemd's DelegateSubgroup=supervisor did).
+		h.own, h.rel = filepath.Dir(h.own), filepath.Dir(h.rel)
+	}
+	delegated := delegatedV2(h.own)
+	parent := h.own
+	if h.rel != "/" && !delegated && euid == 0 {
+		// Not handed to us: as root, a subtree of our own below the root
+		// (whose processes are exempt from the no-internal-processes rule).
+		parent = h.mount
+	}
+	avail := strings.Fields(readString(filepath.Join(parent, "cgroup.controllers")))
+	var want []string
+	for _, c := range []string{Memory, CPU, Pids} {
+		if slices.Contains(avail, c) {
+			want = append(want, c)
+		} else {
+			m.missing = append(m.missing, fmt.Sprintf("%s: not in %s", c, filepath.Join(parent, "cgroup.controllers")))
+		}
+	}
+	if len(want) == 0 {
+		return
+	}
+	err := enableV2(parent, want)
+	if errors.Is(err, syscall.EBUSY) && parent == h.own && (delegated || h.rel == "/") {
+		if err = evacuate(parent); err == nil {
+			err = enableV2(parent, want)
+		}
+	}
+	if err != nil {
+		m.reason = fmt.Sprintf("cgroup v2: %v: run the daemon as root or under systemd with Delegate=yes (k3sm install writes such a unit)", err)
+		m.missing = append(m.missing, err.Error())
+		return
+	}
+	d := filepath.Join(parent, name)
+	if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		m.missing = append(m.missing, fmt.Sprintf("create %s: %v", d, err))
+		return
+	}
+	if err := enableV2(d, want); err != nil {
+		m.missing = append(m.missing, err.Error())
+		return
+	}
+	for _, c := range want {
+		m.dirs[c] = d
+	}
+}
+
+// delegatedV2: systemd marks a cgroup it delegated (Delegate=yes) with
+// trusted.delegate (system services, v251+) or user.delegate.
+func delegatedV2(d string) bool {
+	buf := make([]byte, 8)
+	for _, x := range []string{"trusted.delegate", "user.delegate"} {
+		if n, err := unix.Getxattr(d, x, buf); err == nil && n > 0 && buf[0] == '1' {
+			return true
+		}
+	}
+	return false
+}
+
+// evacuate moves every process of cgroup d into d/supervisor, so that d
+// can have controllers enabled for children.
+func evacuate(d string) error {
+	leaf := filepath.Join(d, LeafName)
+	if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("create %s: %w", leaf, err)
+	}
+	for try := 0; try < 100; try++ {
+		pids, err := procs(d)
+		if err != nil {
+			return err
+		}
+		if len(pids) == 0 {
+			return nil
+		}
+		for _, pid := range pids {
+			if err := writeFile(filepath.Join(leaf, "cgroup.procs"), fmt.Sprint(pid)); err != nil && !errors.Is(err, syscall.ESRCH) {
+				return fmt.Errorf("move process %d into %s: %w", pid, leaf, err)
+			}
+		}
+	}
+	return fmt.Errorf("processes keep appearing in %s", d)
+}
+
+func readString(p string) string {
+	b, _ := os.ReadFile(p)
+	return string(b)
+}

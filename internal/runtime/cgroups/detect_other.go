@@ -1,0 +1,9 @@
+//go:build !linux
+
+package cgroups
+
+// New elsewhere than Linux: no cgroups; the daemon's sampler enforces
+// memory limits and CPU is a priority.
+func New(opts Options) *Manager {
+	return &Manager{reason: "cgroups are a Linux kernel feature", dirs: map[string]string{}}
+}

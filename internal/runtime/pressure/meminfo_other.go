@@ -1,0 +1,5 @@
+//go:build !linux && !darwin
+
+package pressure
+
+func readMemory() (Memory, error) { return Memory{}, ErrUnsupported }

@@ -1,0 +1,439 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
+)
+
+// Available reports whether the sandbox can be used here: as root (a
+// range of ids per pod needs CAP_SETUID/CAP_SETGID on the host, and the
+// shared image layers are mapped with idmapped mounts, which only the
+// host's root may create).
+func Available() bool { return os.Geteuid() == 0 }
+
+// initConfig is what the shim sends the init (InitMain) on initFD.
+type initConfig struct {
+	Spec  *Spec    `json:"spec"`
+	Stage string   `json:"stage"`
+	Argv  []string `json:"argv"`
+	Env   []string `json:"env"`
+	Dir   string   `json:"dir"`
+}
+
+const (
+	initFD   = 3 // config, then the go-ahead (one byte) or EOF to give up
+	resultFD = 4 // an error text from the init, or EOF once it exec'd
+	exeFD    = 5 // the shim's binary, which the init runs
+)
+
+// InitArg is the argument that makes the shim binary the init.
+const InitArg = "init"
+
+// Start starts argv as the container's process under spec: the shim's
+// own executable re-executed as the init, in new user, pid, UTS and IPC
+// namespaces (and the caller's network namespace), with stdio and attrs
+// (process group or session) as given. Before the init may go on, the
+// shim (the caller, root in a mount namespace of its own) places it in
+// cgroups, builds the root at stage (see prepare) and the volumes (ms,
+// Targets as the container sees them). With stage "" the container keeps
+// the shim's view of the host's files, its volumes mounted by the caller.
+// Start returns once the workload runs, or the error that kept it from
+// running.
+func Start(spec *Spec, ms []mounts.Mount, stage string, cgroups []string, argv, env []string, dir string, stdin, stdout, stderr *os.File, attrs *syscall.SysProcAttr) (*exec.Cmd, error) {
+	// The init is the shim's own binary, run through a descriptor: the
+	// pod's ids may not be allowed to reach its directory.
+	self, err := os.Open("/proc/self/exe")
+	if err != nil {
+		return nil, err
+	}
+	defer self.Close()
+	// Config and go-ahead are messages on a socket: the go-ahead carries
+	// the root's descriptor (the pod's ids cannot reach it by its path).
+	sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	cfgW, cfgR := sp[0], os.NewFile(uintptr(sp[1]), "init")
+	defer unix.Close(cfgW)
+	resR, resW, err := os.Pipe()
+	if err != nil {
+		cfgR.Close()
+		return nil, err
+	}
+	defer resR.Close()
+	a := *attrs
+	a.Cloneflags |= syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC
+	if len(spec.UIDMap) > 0 {
+		a.Cloneflags |= syscall.CLONE_NEWUSER
+		a.UidMappings = sysMaps(spec.UIDMap)
+		a.GidMappings = sysMaps(spec.GIDMap)
+		a.GidMappingsEnableSetgroups = true
+		// Root of the new namespace: the shim's own uid is not mapped
+		// there, and an unmapped uid loses its capabilities at exec.
+		a.Credential = &syscall.Credential{Uid: 0, Gid: 0, NoSetGroups: true}
+	}
+	cmd := &exec.Cmd{
+		Path: fdPath(exeFD), Args: []string{"k3sm-shim", InitArg}, Dir: "/", Env: []string{"GOMAXPROCS=1"},
+		Stdin: stdin, Stdout: stdout, Stderr: stderr,
+		ExtraFiles:  []*os.File{cfgR, resW, self},
+		SysProcAttr: &a,
+	}
+	err = cmd.Start()
+	cfgR.Close()
+	resW.Close()
+	if err != nil {
+		return nil, fmt.Errorf("start the container's init: %w", err)
+	}
+	fail := func(err error) (*exec.Cmd, error) {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return nil, err
+	}
+	b, _ := json.Marshal(initConfig{Spec: spec, Stage: stage, Argv: argv, Env: env, Dir: dir})
+	if err := unix.Sendmsg(cfgW, b, nil, nil, 0); err != nil {
+		return fail(fmt.Errorf("configure the container's init: %w", err))
+	}
+	if err := JoinCgroups(cgroups, cmd.Process.Pid); err != nil {
+		return fail(err)
+	}
+	if err := prepare(spec, ms, stage, cmd.Process.Pid); err != nil {
+		return fail(err)
+	}
+	var rights []byte
+	if stage != "" {
+		rootFD, err := unix.Open(stage, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fail(err)
+		}
+		defer unix.Close(rootFD)
+		rights = unix.UnixRights(rootFD)
+	}
+	err = unix.Sendmsg(cfgW, []byte{'g'}, rights, nil, 0)
+	if err != nil {
+		return fail(fmt.Errorf("start the container's init: %w", err))
+	}
+	msg, _ := io.ReadAll(resR)
+	if len(msg) > 0 {
+		cmd.Wait()
+		return nil, errors.New(string(msg))
+	}
+	return cmd, nil
+}
+
+func sysMaps(ms []IDMap) []syscall.SysProcIDMap {
+	out := make([]syscall.SysProcIDMap, len(ms))
+	for i, m := range ms {
+		out[i] = syscall.SysProcIDMap{ContainerID: int(m.ContainerID), HostID: int(m.HostID), Size: int(m.Size)}
+	}
+	return out
+}
+
+// hostRoot is the host uid (and gid) of the container's root.
+func hostRoot(ms []IDMap) (uint32, bool) {
+	for _, m := range ms {
+		if m.ContainerID == 0 {
+			return m.HostID, true
+		}
+	}
+	return 0, false
+}
+
+// prepare builds the container's root at stage in the shim's mount
+// namespace, which the init then enters and pivots into: the image
+// (Lower) through an idmapped mount of the init's user namespace (its
+// files owned by the container's ids, though shared on disk by every pod
+// of the image), an overlay with the container's own upper directory, a
+// minimal /dev, a read-only /sys, and the mounts.
+func prepare(spec *Spec, ms []mounts.Mount, stage string, initPid int) error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+		return fmt.Errorf("make the shim's mounts private: %w", err)
+	}
+	if spec.Lower == "" {
+		return nil // the host's view: the shim mounted the volumes already
+	}
+	ns := ""
+	if len(spec.UIDMap) > 0 {
+		ns = fmt.Sprintf("/proc/%d/ns/user", initPid)
+	}
+	lower := spec.Lower
+	if ns != "" {
+		lower = stage + ".lower"
+		if err := idmapped(spec.Lower, lower, ns); err != nil {
+			return fmt.Errorf("map the image's files into the pod's user namespace: %w", err)
+		}
+	}
+	for _, d := range []string{stage, spec.Upper, spec.Work} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	if uid, ok := hostRoot(spec.UIDMap); ok {
+		gid, _ := hostRoot(spec.GIDMap)
+		if err := os.Chown(spec.Upper, int(uid), int(gid)); err != nil {
+			return err
+		}
+	}
+	if fi, err := os.Stat(spec.Lower); err == nil {
+		os.Chmod(spec.Upper, fi.Mode().Perm())
+	}
+	opts := "lowerdir=" + lower + ",upperdir=" + spec.Upper + ",workdir=" + spec.Work
+	if err := unix.Mount("overlay", stage, "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mount the container's root (overlay of %s): %w", spec.Lower, err)
+	}
+	r, err := openRoot(stage)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	if err := r.dev(spec); err != nil {
+		return fmt.Errorf("make the container's /dev: %w", err)
+	}
+	if err := r.sys(); err != nil {
+		return fmt.Errorf("make the container's /sys: %w", err)
+	}
+	// Mount points the init mounts on itself.
+	for _, d := range []string{"proc", "dev/pts"} {
+		if _, err := r.mkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	for _, m := range ms {
+		if err := r.bind(m); err != nil {
+			return fmt.Errorf("volume mount %s → %s: %w", m.Source, m.Target, err)
+		}
+	}
+	if spec.ReadOnlyRoot {
+		if err := unix.Mount("", stage, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
+			return fmt.Errorf("make the root read-only: %w", err)
+		}
+	}
+	return nil
+}
+
+// idmapped mounts a clone of dir at target, its ids mapped as the user
+// namespace nsPath maps them.
+func idmapped(dir, target, nsPath string) error {
+	if err := os.MkdirAll(target, 0o700); err != nil {
+		return err
+	}
+	nsfd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(nsfd)
+	tree, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("open_tree %s: %w", dir, err)
+	}
+	defer unix.Close(tree)
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(nsfd)}
+	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		return fmt.Errorf("idmap %s (the data dir's filesystem must support idmapped mounts, Linux 5.12 or later): %w", dir, err)
+	}
+	return unix.MoveMount(tree, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH)
+}
+
+// root is the container's root being built, opened once: every path in it
+// resolves with RESOLVE_IN_ROOT, so a symlink in the image cannot lead a
+// mount out of it.
+type root struct {
+	dir string
+	fd  int
+}
+
+func openRoot(dir string) (*root, error) {
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	return &root{dir: dir, fd: fd}, nil
+}
+
+func (r *root) Close() { unix.Close(r.fd) }
+
+func (r *root) open(rel string, flags uint64) (int, error) {
+	return unix.Openat2(r.fd, rel, &unix.OpenHow{Flags: flags | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS})
+}
+
+// mkdirAll makes directory rel (inside the root) and returns an O_PATH
+// descriptor of it. Each prefix resolves from the root, so an image's
+// absolute symlink (/var/run -> /run) means what it means in the pod.
+func (r *root) mkdirAll(rel string, mode uint32) (int, error) {
+	cur, err := unix.Dup(r.fd)
+	if err != nil {
+		return -1, err
+	}
+	prefix := ""
+	for _, c := range splitPath(rel) {
+		prefix += "/" + c
+		next, err := r.open(prefix, unix.O_PATH|unix.O_DIRECTORY)
+		if errors.Is(err, unix.ENOENT) {
+			// Missing: made in its parent as the root resolved it.
+			if err = unix.Mkdirat(cur, c, mode); err == nil || errors.Is(err, unix.EEXIST) {
+				next, err = r.open(prefix, unix.O_PATH|unix.O_DIRECTORY)
+			}
+		}
+		unix.Close(cur)
+		if err != nil {
+			return -1, fmt.Errorf("%s in the container's root: %w", rel, err)
+		}
+		cur = next
+	}
+	return cur, nil
+}
+
+// file makes (if missing) the regular file rel and returns an O_PATH
+// descriptor of it. A symlink resolves inside the root; one that leads
+// nowhere (an image's /etc/resolv.conf -> ../run/...) is replaced by the
+// file, in the container's own upper layer.
+func (r *root) file(rel string) (int, error) {
+	fd, err := r.open(rel, unix.O_PATH)
+	if !errors.Is(err, unix.ENOENT) {
+		if err != nil {
+			return -1, fmt.Errorf("%s in the container's root: %w", rel, err)
+		}
+		return fd, nil
+	}
+	dir, base := filepath.Split(filepath.Clean("/" + rel))
+	dfd, err := r.mkdirAll(dir, 0o755)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(dfd)
+	unix.Unlinkat(dfd, base, 0) // a dangling symlink
+	cfd, err := unix.Openat(dfd, base, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o644)
+	if err == nil {
+		unix.Close(cfd)
+	}
+	if err == nil || errors.Is(err, unix.EEXIST) {
+		fd, err = r.open(rel, unix.O_PATH)
+	}
+	if err != nil {
+		return -1, fmt.Errorf("%s in the container's root: %w", rel, err)
+	}
+	return fd, nil
+}
+
+func splitPath(p string) []string {
+	var out []string
+	for _, c := range strings.Split(filepath.Clean("/"+p), "/") {
+		if c != "" {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func fdPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
+
+// bind mounts m.Source at m.Target inside the root, making the mount
+// point (a directory or a file, as the source is) where it is missing.
+func (r *root) bind(m mounts.Mount) error {
+	fi, err := os.Stat(m.Source)
+	if err != nil {
+		return fmt.Errorf("source: %w", err)
+	}
+	var fd int
+	if fi.IsDir() {
+		fd, err = r.mkdirAll(m.Target, 0o755)
+	} else {
+		fd, err = r.file(m.Target)
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Mount(m.Source, fdPath(fd), "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return err
+	}
+	if m.ReadOnly {
+		// The mount on fd's path now: reopened to name it.
+		rfd, err := r.open(m.Target, unix.O_PATH)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(rfd)
+		return mounts.RemountReadOnly(fdPath(rfd))
+	}
+	return nil
+}
+
+// devices are the host's device nodes a container gets (bound: a user
+// namespace cannot make device nodes).
+var devices = []string{"null", "zero", "full", "random", "urandom", "tty"}
+
+// dev makes /dev a tmpfs with the usual devices, links, /dev/shm, and
+// /dev/pts as a mount point (the init mounts its own devpts instance).
+func (r *root) dev(spec *Spec) error {
+	fd, err := r.mkdirAll("dev", 0o755)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	// Both tmpfs belong to the pod's root.
+	owner := ""
+	if uid, ok := hostRoot(spec.UIDMap); ok {
+		gid, _ := hostRoot(spec.GIDMap)
+		owner = fmt.Sprintf(",uid=%d,gid=%d", uid, gid)
+	}
+	if err := unix.Mount("tmpfs", fdPath(fd), "tmpfs", unix.MS_NOSUID|unix.MS_STRICTATIME, "mode=755,size=65536k"+owner); err != nil {
+		return err
+	}
+	dev := filepath.Join(r.dir, "dev")
+	for _, d := range devices {
+		p := filepath.Join(dev, d)
+		if err := os.WriteFile(p, nil, 0o666); err != nil {
+			return err
+		}
+		if err := unix.Mount("/dev/"+d, p, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("/dev/%s: %w", d, err)
+		}
+	}
+	for name, target := range map[string]string{"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+		"stderr": "/proc/self/fd/2", "ptmx": "pts/ptmx", "core": "/proc/kcore"} {
+		if err := os.Symlink(target, filepath.Join(dev, name)); err != nil {
+			return err
+		}
+	}
+	for _, d := range []string{"pts", "shm"} {
+		if err := os.Mkdir(filepath.Join(dev, d), 0o755); err != nil {
+			return err
+		}
+	}
+	return unix.Mount("shm", filepath.Join(dev, "shm"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=1777,size=65536k"+owner)
+}
+
+// sys binds the host's /sys read-only, submounts included (a pod's user
+// namespace does not own the network namespace, so it cannot mount a
+// sysfs of its own).
+func (r *root) sys() error {
+	fd, err := r.mkdirAll("sys", 0o555)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Mount("/sys", fdPath(fd), "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return err
+	}
+	// Read-only all the way down (cgroup and other submounts too).
+	sys := filepath.Join(r.dir, "sys")
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC}
+	if err := unix.MountSetattr(unix.AT_FDCWD, sys, unix.AT_RECURSIVE, &attr); err != nil {
+		return fmt.Errorf("read-only: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,37 @@
+//go:build !linux
+
+package sandbox
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"syscall"
+
+	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
+)
+
+// Arguments of the shim binary's sandbox modes (Linux only).
+const (
+	InitArg  = "init"
+	EnterArg = "enter"
+	ExecArg  = "exec"
+)
+
+var errLinuxOnly = errors.New("the namespace sandbox is Linux-only (darwin's boundary is Seatbelt, see WrapArgv)")
+
+// Available reports whether the namespace sandbox can be used: never here.
+func Available() bool { return false }
+
+// Start is Linux-only.
+func Start(spec *Spec, ms []mounts.Mount, stage string, cgroups []string, argv, env []string, dir string, stdin, stdout, stderr *os.File, attrs *syscall.SysProcAttr) (*exec.Cmd, error) {
+	return nil, errLinuxOnly
+}
+
+// EnterArgv is argv itself: there are no namespaces to enter.
+func EnterArgv(shim, attemptDir, dir string, argv []string) []string { return argv }
+
+// InitMain, EnterMain and ExecMain are Linux-only.
+func InitMain() int               { return 126 }
+func EnterMain(args []string) int { return 126 }
+func ExecMain(args []string) int  { return 126 }
