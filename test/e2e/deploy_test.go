@@ -1,9 +1,6 @@
 package e2e
 
 import (
-	"archive/tar"
-	"bytes"
-	"compress/gzip"
 	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
@@ -17,6 +14,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/registry"
 	"github.com/k3sm-dev/k3sm/internal/datadir"
+	"github.com/k3sm-dev/k3sm/internal/server/deploy/charttest"
 	helmregistry "helm.sh/helm/v3/pkg/registry"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -389,35 +387,5 @@ func chartStatus(t *testing.T, dyn dynamic.Interface, name string, revision int6
 // makeChart builds a chart .tgz whose one template is a ConfigMap
 // <release>-greeting carrying .Values.greeting.
 func makeChart(t *testing.T, name, version string) []byte {
-	t.Helper()
-	files := map[string]string{
-		"Chart.yaml":  fmt.Sprintf("apiVersion: v2\nname: %s\nversion: %s\n", name, version),
-		"values.yaml": "greeting: default\n",
-		"templates/cm.yaml": `apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: {{ .Release.Name }}-greeting
-data:
-  greeting: {{ .Values.greeting | quote }}
-`,
-	}
-	var buf bytes.Buffer
-	gz := gzip.NewWriter(&buf)
-	tw := tar.NewWriter(gz)
-	for _, f := range []string{"Chart.yaml", "values.yaml", "templates/cm.yaml"} {
-		body := files[f]
-		if err := tw.WriteHeader(&tar.Header{Name: name + "/" + f, Mode: 0o644, Size: int64(len(body)), ModTime: time.Now()}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tw.Write([]byte(body)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tw.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := gz.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return buf.Bytes()
+	return charttest.Chart(t, name, version)
 }

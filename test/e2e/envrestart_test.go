@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -120,6 +119,7 @@ func TestEnvValuesAndRestarts(t *testing.T) {
 			{Name: "LBL", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels['v']"}}},
 			{Name: "K", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "restart-cm"}, Key: "k"}}},
 		}
+		shareScratch(t, &p.Spec) // the pid file
 		if _, err := c.CoreV1().Pods("default").Create(cx, p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -233,7 +233,7 @@ func readPid(t *testing.T, file string) int {
 		if err != nil {
 			return err
 		}
-		if pid, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
+		if pid, err = imagetest.HostPid(string(b)); err != nil {
 			return err
 		}
 		_, err = os.Stat(fmt.Sprintf("/proc/%d", pid))

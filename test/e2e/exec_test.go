@@ -99,17 +99,17 @@ func TestExecAttachPortForwardCp(t *testing.T) {
 	if _, err := c.CoreV1().Pods("default").Create(ctx(t), shell, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	shellPod := waitPod(t, c, "shell", 2*time.Minute, running)
-	root := filepath.Join(s.dataDir, "pods", string(shellPod.UID), "roots", "main")
+	waitPod(t, c, "shell", 2*time.Minute, running)
 
 	t.Run("exec output and exit codes", func(t *testing.T) {
 		out, err := s.kubectl("exec", "shell", "--", "prog", "echo:to stdout", "err:to stderr", "exit:3")
 		if exitCode(err) != 3 || !strings.Contains(out, "to stdout") || !strings.Contains(out, "to stderr") {
 			t.Fatalf("exec exit:3: code %d (%v), output %q", exitCode(err), err, out)
 		}
+		// The image is the pod's "/": its working dir is the image's.
 		out, err = s.kubectl("exec", "shell", "-c", "main", "--", "sh", "-c", `echo "pwd=$(pwd) root=$K3SM_ROOT"`)
-		if err != nil || !strings.Contains(out, "pwd="+root+"/app root="+root) {
-			t.Fatalf("exec sh: %v %q (want pwd %s/app, root %s)", err, out, root, root)
+		if err != nil || !strings.Contains(out, "pwd=/app root=\n") {
+			t.Fatalf("exec sh: %v %q (want pwd /app and no K3SM_ROOT)", err, out)
 		}
 		// A signal is the shell's 128+n.
 		// $$ is the shell's: exec commands are not $(VAR)-expanded.
@@ -339,13 +339,13 @@ func TestExecAttachPortForwardCp(t *testing.T) {
 		if err := os.WriteFile(src, []byte(content), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		// A relative path lands in the container's working directory (in
-		// its root: <root>/app for this image).
+		// A relative path lands in the container's working directory (the
+		// image's /app, in the pod's own root).
 		if out, err := s.kubectl("cp", src, "default/shell:to-pod.txt"); err != nil {
 			t.Fatalf("cp to pod: %v %s", err, out)
 		}
-		if got := readFile(t, filepath.Join(root, "app", "to-pod.txt")); got != content {
-			t.Fatalf("file in the pod root: %d bytes, want %d", len(got), len(content))
+		if got, err := s.kubectl("exec", "shell", "--", "cat", "/app/to-pod.txt"); err != nil || got != content {
+			t.Fatalf("file in the pod root: %d bytes, want %d (%v)", len(got), len(content), err)
 		}
 		// And back, from a file the container wrote.
 		if out, err := s.kubectl("exec", "shell", "--", "sh", "-c", "echo made in the pod > made.txt"); err != nil {
@@ -365,8 +365,8 @@ func TestExecAttachPortForwardCp(t *testing.T) {
 		if out, err := s.kubectl("cp", dir, "default/shell:tree"); err != nil {
 			t.Fatalf("cp dir to pod: %v %s", err, out)
 		}
-		if got := readFile(t, filepath.Join(root, "app", "tree", "sub", "a.txt")); got != "a\n" {
-			t.Fatalf("dir in the pod root: %q", got)
+		if got, err := s.kubectl("exec", "shell", "--", "cat", "/app/tree/sub/a.txt"); err != nil || got != "a\n" {
+			t.Fatalf("dir in the pod root: %q %v", got, err)
 		}
 		back := filepath.Join(local, "tree-back")
 		if out, err := s.kubectl("cp", "default/shell:tree", back); err != nil {
@@ -375,15 +375,15 @@ func TestExecAttachPortForwardCp(t *testing.T) {
 		if got := readFile(t, filepath.Join(back, "sub", "a.txt")); got != "a\n" {
 			t.Fatalf("dir copied back: %q", got)
 		}
-		// An absolute path is the host's own path: there is no mount
-		// namespace yet (documented in docs/runtime.md).
-		abs := filepath.Join(local, "abs")
-		os.Mkdir(abs, 0o755)
-		if out, err := s.kubectl("cp", src, "default/shell:"+filepath.Join(abs, "here.txt")); err != nil {
+		// An absolute path is the pod's own: nothing reaches the host.
+		if out, err := s.kubectl("cp", src, "default/shell:/tmp/here.txt"); err != nil {
 			t.Fatalf("cp to an absolute path: %v %s", err, out)
 		}
-		if got := readFile(t, filepath.Join(abs, "here.txt")); got != content {
+		if got, _ := s.kubectl("exec", "shell", "--", "cat", "/tmp/here.txt"); got != content {
 			t.Fatalf("absolute path: %d bytes", len(got))
+		}
+		if _, err := os.Stat("/tmp/here.txt"); err == nil {
+			t.Fatal("kubectl cp to the pod's /tmp wrote the host's /tmp")
 		}
 	})
 }

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 	"os"
 	"strconv"
 	"strings"
@@ -45,8 +46,8 @@ func TestExecLeavesNoProcesses(t *testing.T) {
 	waitPod(t, c, "execleak", 2*time.Minute, running)
 
 	for _, script := range []string{
-		"sleep 1000 >/dev/null 2>&1 </dev/null & echo $!", // detached: the exec returns at once
-		"sleep 1001 & echo $!",                            // holds the exec's output
+		"sleep 1000 >/dev/null 2>&1 </dev/null & echo $! " + imagetest.PidNSSuffix, // detached: the exec returns at once
+		"sleep 1001 & echo $! " + imagetest.PidNSSuffix,                            // holds the exec's output
 	} {
 		t0 := time.Now()
 		cmd := s.kubectlCmd("exec", "execleak", "--", "sh", "-c", script)
@@ -67,15 +68,19 @@ func TestExecLeavesNoProcesses(t *testing.T) {
 		if err != nil {
 			t.Errorf("exec %q: %v %q", script, err, out)
 		}
-		pid, err := strconv.Atoi(strings.TrimSpace(out))
+		// The pid is in the pod's pid namespace: translated while it lives.
+		pid, err := imagetest.HostPid(out)
 		if err != nil {
-			t.Fatalf("exec %q printed %q", script, out)
+			if strings.Contains(err.Error(), "it ended") {
+				continue
+			}
+			t.Fatalf("exec %q printed %q: %v", script, out, err)
 		}
 		waitPidGone(t, "background child of `kubectl exec -- sh -c '"+script+"'`", pid)
 	}
 
 	// An exec still running when the pod is deleted.
-	cmd := s.kubectlCmd("exec", "execleak", "--", "sh", "-c", "sleep 1002 & echo $!; wait")
+	cmd := s.kubectlCmd("exec", "execleak", "--", "sh", "-c", "sleep 1002 & echo $! "+imagetest.PidNSSuffix+"; wait")
 	out := &outBuf{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
@@ -87,7 +92,7 @@ func TestExecLeavesNoProcesses(t *testing.T) {
 	var pid int
 	waitFor(t, 30*time.Second, "the exec's pid", func() error {
 		var err error
-		pid, err = strconv.Atoi(strings.TrimSpace(out.String()))
+		pid, err = imagetest.HostPid(out.String())
 		return err
 	})
 	s.deletePod(t, "execleak", 1)

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -111,14 +112,17 @@ func newServer(t *testing.T, extra ...string) *server {
 	return &server{t: t, dataDir: dir, ports: []int{freePort(t), freePort(t), freePort(t), freePort(t)}, extra: extra}
 }
 
+// testEvictionHard keeps the disk thresholds out of a test's way: the
+// machine's own free space must not decide it (a shared disk under 15%
+// free would taint the node with DiskPressure).
+const testEvictionHard = "--eviction-hard=nodefs.available<1Mi,imagefs.available<1Mi,nodefs.inodesFree<1%"
+
 func (s *server) args() []string {
 	s.port = s.ports[0]
 	extra := s.extra
 	if !slices.ContainsFunc(extra, func(a string) bool { return strings.HasPrefix(a, "--eviction-hard") }) {
-		// The machine's own free space must not decide a test: a shared disk
-		// under 15% free would taint the node with DiskPressure. The disk
-		// test sets the kubelet's thresholds on a tmpfs of its own.
-		extra = append([]string{"--eviction-hard=nodefs.available<1Mi,imagefs.available<1Mi,nodefs.inodesFree<1%"}, extra...)
+		// The disk test sets the kubelet's thresholds on a tmpfs of its own.
+		extra = append([]string{testEvictionHard}, extra...)
 	}
 	return append([]string{"server", "--data-dir", s.dataDir,
 		"--https-listen-port", strconv.Itoa(s.ports[0]),
@@ -265,7 +269,13 @@ func ctx(t *testing.T) context.Context {
 // killLeftovers SIGKILLs every process that runs from dir or names it on its
 // command line (workloads and their shims) and returns how many it found.
 func killLeftovers(dir string) int {
-	n := 0
+	// The shims (their state dirs are under dir) and the workloads they
+	// started: a sandboxed workload runs its image's program (or a host
+	// one, for image: native), so only its parent names the data dir.
+	// Killing a workload, pid 1 of its pod's pid namespace, ends the rest
+	// of that namespace with it.
+	shims := map[string]bool{}
+	var kill []int
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -275,9 +285,27 @@ func killLeftovers(dir string) int {
 		exe, _ := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
 		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		if strings.HasPrefix(exe, dir+"/") || strings.Contains(string(cmdline), dir+"/") {
-			if syscall.Kill(pid, syscall.SIGKILL) == nil {
-				n++
-			}
+			shims[e.Name()] = true
+			kill = append(kill, pid)
+		}
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || shims[e.Name()] {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		if f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:])); len(f) > 1 && shims[f[1]] {
+			kill = append(kill, pid)
+		}
+	}
+	n := 0
+	for _, pid := range kill {
+		if syscall.Kill(pid, syscall.SIGKILL) == nil {
+			n++
 		}
 	}
 	return n
@@ -286,8 +314,36 @@ func killLeftovers(dir string) int {
 // createPod creates a pod in the default namespace.
 func (s *server) createPod(t *testing.T, p *corev1.Pod) {
 	t.Helper()
+	shareScratch(t, &p.Spec)
 	if _, err := s.client().CoreV1().Pods("default").Create(ctx(t), p, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// shareScratch mounts the test's temporary directories (t.TempDir) into
+// every container at the same path: a pod sees only its image, and the
+// test program's ops (pid:, append:, ...) write files the test reads.
+func shareScratch(t *testing.T, spec *corev1.PodSpec) {
+	scratch := filepath.Dir(t.TempDir())
+	// Open to the pods' ids (a sandboxed pod runs as ids of its own
+	// range; t.TempDir makes 0700 directories).
+	filepath.WalkDir(scratch, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			os.Chmod(p, 0o777)
+		}
+		return nil
+	})
+	for _, v := range spec.Volumes {
+		if v.Name == "test-scratch" {
+			return
+		}
+	}
+	spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "test-scratch",
+		VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: scratch}}})
+	for _, cs := range [][]corev1.Container{spec.InitContainers, spec.Containers} {
+		for i := range cs {
+			cs[i].VolumeMounts = append(cs[i].VolumeMounts, corev1.VolumeMount{Name: "test-scratch", MountPath: scratch})
+		}
 	}
 }
 

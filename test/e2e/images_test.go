@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -14,8 +15,12 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/google/go-containerregistry/pkg/v1/validate"
 	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 	corev1 "k8s.io/api/core/v1"
 )
@@ -260,7 +265,24 @@ CMD ["env:GREETING", "pwd", "forever"]
 		os.MkdirAll(dir, 0o755)
 		os.WriteFile(filepath.Join(dir, "big"), make([]byte, 3<<20), 0o644)
 		os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte("FROM scratch\nCOPY big /big\n"), 0o644)
+		blobDir := filepath.Join(s.dataDir, "images", "blobs", "sha256")
+		before := map[string]bool{}
+		if bs, err := os.ReadDir(blobDir); err == nil {
+			for _, b := range bs {
+				before[b.Name()] = true
+			}
+		}
 		img_(t, "build", "-t", "unused:v1", dir)
+		var only []string // the blobs only the unused image has
+		bs, _ := os.ReadDir(blobDir)
+		for _, b := range bs {
+			if !before[b.Name()] {
+				only = append(only, b.Name())
+			}
+		}
+		if len(only) == 0 {
+			t.Fatal("building the unused image stored no blob")
+		}
 		unused := ls(t)["index.docker.io/library/unused:v1"].ID
 		df := img_(t, "df", "-o", "json")
 		var d struct {
@@ -284,10 +306,9 @@ CMD ["env:GREETING", "pwd", "forever"]
 		if _, ok := rows["index.docker.io/library/built:v1"]; !ok {
 			t.Fatal("prune removed the image pod built runs")
 		}
-		blobs, _ := os.ReadDir(filepath.Join(s.dataDir, "images", "blobs", "sha256"))
-		for _, b := range blobs {
-			if fi, _ := b.Info(); fi.Size() >= 3<<20 {
-				t.Fatalf("the pruned image's layer blob %s is still stored", b.Name())
+		for _, b := range only {
+			if _, err := os.Stat(filepath.Join(blobDir, b)); err == nil {
+				t.Fatalf("the pruned image's blob %s is still stored", b)
 			}
 		}
 	})
@@ -362,8 +383,70 @@ func TestNodeRegistry(t *testing.T) {
 	}
 	s.deletePod(t, "reg-ip", 0)
 	s.deletePod(t, "reg-localhost", 0)
-	// Kept across a restart: the registry serves what the store holds.
+
+	// A multi-platform index (this node's image and another platform's)
+	// and a push by digest only: no image of the store, kept by the
+	// registry's journal.
+	foreignArch := "s390x"
+	if runtime.GOARCH == foreignArch {
+		foreignArch = "arm64"
+	}
+	foreign, _ := random.Image(1024, 1)
+	fcf, _ := foreign.ConfigFile()
+	fcf = fcf.DeepCopy()
+	fcf.OS, fcf.Architecture = "linux", foreignArch
+	foreign, _ = mutate.ConfigFile(foreign, fcf)
+	idx := mutate.IndexMediaType(mutate.AppendManifests(empty.Index,
+		mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: runtime.GOARCH}}},
+		mutate.IndexAddendum{Add: foreign, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: foreignArch}}},
+	), types.OCIImageIndex)
+	idxRef, _ := name.ParseReference(host + "/multi:v1")
+	if err := remote.WriteIndex(idxRef, idx); err != nil {
+		t.Fatalf("push an index: %v", err)
+	}
+	loose, _ := random.Image(1024, 1)
+	looseRef, _ := name.ParseReference(host + "/loose@" + must(loose.Digest()).String())
+	if err := remote.Write(looseRef, loose); err != nil {
+		t.Fatalf("push by digest: %v", err)
+	}
+
+	// Kept across a restart: the registry serves what the store holds and
+	// what its journal holds, whole.
 	s.stop()
 	s.start()
 	waitFor(t, 30*time.Second, "manifest after restart", func() error { _, err := remote.Get(ref); return err })
+	got, err := remote.Index(idxRef)
+	if err != nil {
+		t.Fatalf("the index after a restart: %v", err)
+	}
+	if err := validate.Index(got); err != nil {
+		t.Fatalf("the index after a restart does not verify: %v", err)
+	}
+	gotLoose, err := remote.Image(looseRef)
+	if err != nil {
+		t.Fatalf("the push by digest after a restart: %v", err)
+	}
+	if err := validate.Image(gotLoose); err != nil {
+		t.Fatalf("the push by digest after a restart does not verify: %v", err)
+	}
+	// A pod pulls the index and runs this node's image of it.
+	p := nativePod("reg-index", fmt.Sprintf("localhost:%d/multi:v1", port), "echo:from the index", "forever")
+	p.Spec.Containers[0].ImagePullPolicy = corev1.PullAlways
+	s.createPod(t, p)
+	waitPod(t, s.client(), "reg-index", 90*time.Second, running)
+	waitFor(t, 30*time.Second, "logs of reg-index", func() error {
+		out, err := s.kubectl("logs", "reg-index")
+		if err != nil || !strings.Contains(out, "from the index") {
+			return fmt.Errorf("logs %q (%v)", out, err)
+		}
+		return nil
+	})
+	s.deletePod(t, "reg-index", 0)
+}
+
+func must(h v1.Hash, err error) v1.Hash {
+	if err != nil {
+		panic(err)
+	}
+	return h
 }

@@ -54,6 +54,10 @@ func newSystemdNode(t *testing.T) *systemdNode {
 		if t.Failed() {
 			out, _ := n.exec("journalctl", "-u", "k3sm", "--no-pager", "-n", "80")
 			t.Logf("journalctl -u k3sm:\n%s", out)
+			out, _ = n.kubectl("get", "nodes,pods,events", "-A", "-o", "wide")
+			t.Logf("nodes, pods and events:\n%s", out)
+			out, _ = n.kubectl("get", "nodes", "-o", "jsonpath={.items[*].spec.taints}")
+			t.Logf("node taints: %s", out)
 		}
 		exec.Command("docker", "rm", "-f", "-v", n.name).Run()
 	})
@@ -109,6 +113,13 @@ func (n *systemdNode) listing() string {
 	return n.must("sh", "-c", "find /etc /usr/local /home/alice -xdev 2>/dev/null | grep -v -e '^/etc/systemd/system/kubelet.service' -e '^/etc/machine-id' -e '^/etc/resolv.conf' | sort")
 }
 
+// network is the node's links, routes and nft tables: what netd adds and
+// uninstall must take away.
+func (n *systemdNode) network() string {
+	n.t.Helper()
+	return n.must("sh", "-c", "ip -o link show | cut -d: -f2 | sed 's/@.*//' | sort; ip route show | sort; nft list tables | sort")
+}
+
 func (n *systemdNode) workloadPid() string {
 	n.t.Helper()
 	var pid string
@@ -138,7 +149,8 @@ func (n *systemdNode) waitPodRunning(name string) {
 func (n *systemdNode) install(args ...string) string {
 	n.t.Helper()
 	start := time.Now()
-	out, err := n.execEnv([]string{"SUDO_USER=alice"}, append([]string{"/root/k3sm-bin/k3sm", "install", "--timeout", "4m"}, args...)...)
+	// The machine's free space must not taint the node (testEvictionHard).
+	out, err := n.execEnv([]string{"SUDO_USER=alice"}, append([]string{"/root/k3sm-bin/k3sm", "install", "--timeout", "4m", testEvictionHard}, args...)...)
 	if err != nil || !strings.Contains(out, "cluster is up") {
 		n.t.Fatalf("k3sm install %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
@@ -163,14 +175,14 @@ func TestInstallSystemd(t *testing.T) {
 		}
 	}
 	n.must("useradd", "--create-home", "alice")
-	before := n.listing()
+	before, netBefore := n.listing(), n.network()
 
 	n.install("--secrets-encryption")
 	if out, _ := n.exec("systemctl", "is-active", "k3sm"); strings.TrimSpace(out) != "active" {
 		t.Fatalf("systemctl is-active k3sm: %s", out)
 	}
 	unit := n.must("cat", "/etc/systemd/system/k3sm.service")
-	for _, want := range []string{"ExecStart=/usr/local/lib/k3sm/k3sm server --data-dir /var/lib/k3sm --secrets-encryption\n", "KillMode=process\n", "Delegate=yes\n", "Restart=on-failure\n"} {
+	for _, want := range []string{"ExecStart=/usr/local/lib/k3sm/k3sm server --data-dir /var/lib/k3sm " + strings.ReplaceAll(testEvictionHard, "%", "%%") + " --secrets-encryption\n", "KillMode=process\n", "Delegate=yes\n", "Restart=on-failure\n"} {
 		if !strings.Contains(unit, want) {
 			t.Fatalf("unit lacks %q:\n%s", want, unit)
 		}
@@ -193,6 +205,10 @@ func TestInstallSystemd(t *testing.T) {
 	}
 	n.must("k3sm", "kubectl", "create", "secret", "generic", "s1", "--from-literal=k=install-e2e-plaintext")
 	n.waitPodRunning("sleeper")
+	// As root the pod network is on: the node's bridge is there now.
+	_, bridgeErr := n.exec("ip", "link", "show", "k3sm0")
+	podNetwork := bridgeErr == nil
+	t.Logf("pod network (bridge k3sm0) on: %v", podNetwork)
 	pid := n.workloadPid()
 	if out := n.must("cat", "/proc/"+pid+"/cgroup"); !strings.Contains(out, "k3sm.service") {
 		t.Fatalf("the pod's process is not in the unit's cgroup:\n%s", out)
@@ -266,6 +282,12 @@ func TestInstallSystemd(t *testing.T) {
 	if after := n.listing(); after != before {
 		t.Fatalf("uninstall left the machine different from before install:\n--- before ---\n%s\n--- after ---\n%s", before, after)
 	}
+	if after := n.network(); after != netBefore {
+		t.Fatalf("uninstall left the pod network:\n--- before install ---\n%s\n--- after uninstall ---\n%s", netBefore, after)
+	}
+	if podNetwork && !strings.Contains(out, "removed the pod network") {
+		t.Fatalf("uninstall did not say it removed the pod network:\n%s", out)
+	}
 	if _, err := n.exec("test", "-f", "/var/lib/k3sm/server/db/state.db"); err != nil {
 		t.Fatal("uninstall without --purge removed the datastore")
 	}
@@ -280,5 +302,8 @@ func TestInstallSystemd(t *testing.T) {
 	}
 	if after := n.listing(); after != before {
 		t.Fatalf("uninstall --purge left the machine different from before install:\n--- before ---\n%s\n--- after ---\n%s", before, after)
+	}
+	if after := n.network(); after != netBefore {
+		t.Fatalf("uninstall --purge left the pod network:\n--- before install ---\n%s\n--- after uninstall ---\n%s", netBefore, after)
 	}
 }

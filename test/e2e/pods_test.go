@@ -89,7 +89,7 @@ func running(p *corev1.Pod) error {
 	return nil
 }
 
-// workloadPids are the processes running from this server's pod roots.
+// workloadPids are the main processes of this server's image pods.
 func (s *server) workloadPids() []int {
 	var pids []int
 	entries, _ := os.ReadDir("/proc")
@@ -98,9 +98,25 @@ func (s *server) workloadPids() []int {
 		if err != nil {
 			continue
 		}
-		exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
-		if err == nil && strings.HasPrefix(exe, filepath.Join(s.dataDir, "pods")+"/") {
-			pids = append(pids, pid)
+		// A workload is the child of its container's shim, which runs
+		// with the attempt's state dir under this server's data dir (a
+		// sandboxed workload's own executable path is inside its image).
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		if len(f) < 2 {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", f[1], "cmdline"))
+		args := strings.Split(string(cmdline), "\x00")
+		if len(args) >= 2 && strings.HasSuffix(args[0], "k3sm-shim") && strings.HasPrefix(args[1], filepath.Join(s.dataDir, "pods")+"/") {
+			// Image pods only (an image root), as before the sandbox:
+			// `image: native` commands are the host's programs.
+			if cfg, err := os.ReadFile(filepath.Join(args[1], "config.json")); err == nil && strings.Contains(string(cfg), `"lower":`) {
+				pids = append(pids, pid)
+			}
 		}
 	}
 	return pids
@@ -328,6 +344,7 @@ func TestNodeRunsPods(t *testing.T) {
 		stubborn := nativePod("stubborn", imgs.prog, "ignore", "forever")
 		stubborn.Spec.TerminationGracePeriodSeconds = ptr.To[int64](3)
 		for _, p := range []*corev1.Pod{trap, stubborn} {
+			shareScratch(t, &p.Spec) // the marker file
 			if _, err := c.CoreV1().Pods("default").Create(ctx(t), p, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}

@@ -33,9 +33,44 @@ import (
 // TestServerAPI runs one server and checks the API surface an upstream
 // control plane must have.
 func TestServerAPI(t *testing.T) {
-	s := newServer(t)
+	s := newServer(t, "--kube-apiserver-arg=service-node-port-range=20000-32767",
+		"--kube-controller-manager-arg=kube-api-qps=150", "--kube-scheduler-arg=v=1")
 	s.start()
 	c := s.client()
+
+	// --kube-*-arg reaches the component: the apiserver takes a NodePort
+	// below the default range, and the controller-manager runs with the
+	// user's rate instead of k3sm's.
+	t.Run("component args", func(t *testing.T) {
+		cx := ctx(t)
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "low-nodeport"}, Spec: corev1.ServiceSpec{
+			Type:  corev1.ServiceTypeNodePort,
+			Ports: []corev1.ServicePort{{Port: 80, NodePort: 20080}}}}
+		if _, err := c.CoreV1().Services("default").Create(cx, svc, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("nodePort 20080 with --kube-apiserver-arg=service-node-port-range=20000-32767: %v", err)
+		}
+		c.CoreV1().Services("default").Delete(cx, "low-nodeport", metav1.DeleteOptions{})
+		for role, want := range map[string]string{"kube-controller-manager": "--kube-api-qps=150", "kube-scheduler": "--v=1"} {
+			pids := s.childPids(role)
+			if len(pids) != 1 {
+				t.Fatalf("%s: %d processes", role, len(pids))
+			}
+			raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pids[0]))
+			args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+			n := 0
+			for _, a := range args {
+				if strings.HasPrefix(a, strings.SplitN(want, "=", 2)[0]+"=") {
+					n++
+					if a != want {
+						t.Errorf("%s runs with %s, want %s", role, a, want)
+					}
+				}
+			}
+			if n != 1 {
+				t.Errorf("%s: %d of %s in %q", role, n, want, args)
+			}
+		}
+	})
 
 	t.Run("readyz", func(t *testing.T) {
 		rc := s.restConfig()
@@ -429,6 +464,12 @@ func TestBadInput(t *testing.T) {
 	t.Run("cluster-dns outside the service range", func(t *testing.T) {
 		out := run(t, append(base(t.TempDir()), "--cluster-dns", "192.0.2.10")...)
 		if !strings.Contains(out, "--cluster-dns") {
+			t.Fatalf("got: %s", out)
+		}
+	})
+	t.Run("unknown component flag", func(t *testing.T) {
+		out := run(t, append(base(t.TempDir()), "--kube-controller-manager-arg", "no-such-flag=1")...)
+		if !strings.Contains(out, "--kube-controller-manager-arg") || !strings.Contains(out, "kube-controller-manager has no flag --no-such-flag") {
 			t.Fatalf("got: %s", out)
 		}
 	})

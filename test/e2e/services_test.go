@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -94,6 +95,18 @@ func TestServicesAndDNS(t *testing.T) {
 				}
 				return nil
 			})
+		}
+	})
+
+	t.Run("the backend sees the client pod's address", func(t *testing.T) {
+		clientIP := waitPod(t, c, "client", time.Second, hasIP).Status.PodIP
+		out, err := exec("dial:" + net.JoinHostPort(clusterIP, "80"))
+		if err != nil || !strings.Contains(out, "from "+clientIP+":") {
+			t.Fatalf("through the ClusterIP the web pod saw %q (%v), want the client pod's %s", out, err, clientIP)
+		}
+		// The default mode on Linux as root, as k3sm status reports it.
+		if st, _ := runExit(t, "status", "--data-dir", s.dataDir); !strings.Contains(st, "nftables DNAT") {
+			t.Errorf("k3sm status does not name the nftables mode:\n%s", st)
 		}
 	})
 
@@ -286,4 +299,40 @@ func TestServicesAndDNS(t *testing.T) {
 			return nil
 		})
 	})
+}
+
+// TestServiceProxyUserspace: --service-proxy=userspace keeps the relay for
+// ClusterIPs: the Service still answers, the backend sees the node's
+// gateway (the relay's dial), not the client, and k3sm status says so.
+func TestServiceProxyUserspace(t *testing.T) {
+	requirePodNetwork(t)
+	imgs := buildImages(t)
+	s := newServer(t, "--service-proxy=userspace")
+	s.start()
+	c := s.client()
+	s.deletePodsAtCleanup(t)
+	s.createPod(t, nativePod("us-web", imgs.prog, "serve:8080", "forever"))
+	s.createPod(t, nativePod("us-client", imgs.prog, "forever"))
+	waitPod(t, c, "us-web", 2*time.Minute, hasIP)
+	clientIP := waitPod(t, c, "us-client", 2*time.Minute, hasIP).Status.PodIP
+	svc, err := c.CoreV1().Services("default").Create(ctx(t), &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "us-web"},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"test": "us-web"}, Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}}},
+		metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out string
+	waitFor(t, time.Minute, "the relay serves the ClusterIP", func() error {
+		out, err = s.kubectl("exec", "us-client", "--", "prog", "dial:"+net.JoinHostPort(svc.Spec.ClusterIP, "80"))
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
+	if strings.Contains(out, "from "+clientIP+":") || !strings.Contains(out, "from ") {
+		t.Fatalf("through the relay the backend saw %q; want the node's gateway, not the client %s", out, clientIP)
+	}
+	if st, _ := runExit(t, "status", "--data-dir", s.dataDir); !strings.Contains(st, "userspace relay") {
+		t.Errorf("k3sm status does not name the userspace mode:\n%s", st)
+	}
 }

@@ -246,7 +246,7 @@ func TestDoctorMachine(t *testing.T) {
 		}
 	}
 	abi, _, errno := unix.Syscall(unix.SYS_LANDLOCK_CREATE_RULESET, 0, 0, unix.LANDLOCK_CREATE_RULESET_VERSION)
-	if c := doctorCheck(r, "landlock"); errno == 0 && !strings.Contains(c.Detail, fmt.Sprintf("ABI %d", abi)) {
+	if c := doctorCheck(r, "landlock"); errno == 0 && !strings.Contains(c.Detail, fmt.Sprintf("ABI v%d", abi)) {
 		t.Errorf("landlock: kernel says ABI %d, doctor: %+v", abi, c)
 	}
 	var st unix.Statfs_t
