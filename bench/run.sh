@@ -64,9 +64,12 @@ runtime() {
 }
 
 pods() {
-	# Owned by bench/pods: pod start through the whole server vs the --node-instant floor, density (issue 3).
+	# Owned by bench/pods: pod start through the whole server vs the --node-instant floor, density (issue 3),
+	# and vs a peer node, an upstream kubelet + containerd + runc on the real server's control plane
+	# (issue 12; root only, in this network namespace; its programs come from bench/peer-bin.sh or
+	# `make node-image`, else it is skipped with a message; -peer=false in K3SM_BENCH_PODS_ARGS skips it).
 	if [[ ! -x $K3SM_BIN ]]; then
-		echo "bench: $K3SM_BIN is missing; build it with 'make bin/k3sm bin/k3sm-shim' or set K3SM_BIN" >&2
+		echo "bench: $K3SM_BIN is missing; build it with 'make bin/k3sm bin/k3sm-shim bin/k3sm-netd' or set K3SM_BIN" >&2
 		return 1
 	fi
 	$GO build -o _output/bench/pods ./bench/pods

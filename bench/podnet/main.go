@@ -6,9 +6,11 @@
 //   - traffic: a bulk upload (bytes in fixed-size writes, acknowledged by
 //     the backend once all arrived) and a 1-byte ping-pong, from a client
 //     in pod A's network namespace to a server in pod B's, directly
-//     (pod→pod over the veths and the node's bridge) and through a ClusterIP
-//     of the node's userspace Service proxy (internal/agent/proxy, in the
-//     "host" namespace, over a fake clientset); the floor is the same
+//     (pod→pod over the veths and the node's bridge), through a ClusterIP
+//     of the node's Service proxy's userspace relay (internal/agent/proxy,
+//     in the "host" namespace, over a fake clientset) and through a
+//     ClusterIP the same proxy puts in the kernel (its Kernel path, applied
+//     by the dataplane's SetServices as k3sm-netd does); the floor is the same
 //     client and server over one loopback interface (127.0.0.1 inside pod
 //     B's namespace). The peer (-kube-proxy): a second ClusterIP served by
 //     kube-proxy in nftables mode, from k8s.io/kubernetes at the pinned
@@ -84,7 +86,7 @@ var node = dataplane.Node{
 
 func main() {
 	var o options
-	flag.IntVar(&o.rounds, "rounds", 5, "traffic rounds; each measures loopback, pod→pod and ClusterIP")
+	flag.IntVar(&o.rounds, "rounds", 5, "traffic rounds; each measures loopback, pod→pod and the ClusterIPs (relay, nftables, kube-proxy)")
 	flag.Int64Var(&o.bytes, "bytes", 1<<30, "bytes uploaded per throughput measurement")
 	flag.IntVar(&o.chunk, "chunk", 64<<10, "bytes per write in the throughput measurement")
 	flag.IntVar(&o.pings, "pings", 20000, "1-byte round trips per latency measurement")

@@ -29,9 +29,12 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/runtime/podnet"
 )
 
-// The Service the proxy serves: ClusterIP 10.96.0.10:80 → pod B.
+// The Services: ClusterIP 10.96.0.10:80 → pod B on the proxy's relay,
+// 10.96.0.12:80 → pod B in the kernel (the proxy's Kernel path, applied
+// by the dataplane as k3sm-netd does).
 const (
 	clusterIP   = "10.96.0.10"
+	kernelIP    = "10.96.0.12"
 	servicePort = 80
 	backendPort = 8080
 )
@@ -40,12 +43,13 @@ const (
 const (
 	pathLoopback  = iota // client and server in pod B's namespace, over 127.0.0.1
 	pathPod              // client in pod A, server in pod B, over the bridge
-	pathClusterIP        // client in pod A, through the Service proxy, to pod B
+	pathClusterIP        // client in pod A, through the Service proxy's relay, to pod B
+	pathKernel           // client in pod A, through k3sm's nftables DNAT (table ip k3sm-services), to pod B
 	pathKubeProxy        // client in pod A, through kube-proxy's nftables DNAT, to pod B
 	nPaths
 )
 
-var pathNames = [nPaths]string{"loopback floor", "pod→pod", "ClusterIP", "kube-proxy ClusterIP"}
+var pathNames = [nPaths]string{"loopback floor", "pod→pod", "ClusterIP relay", "ClusterIP nftables", "kube-proxy ClusterIP"}
 
 // round is one measurement of one path.
 type round struct {
@@ -106,13 +110,18 @@ func trafficBench(ctx context.Context, dir, hostNS string, o options) (_ *traffi
 	defer ln.Close()
 	go serveBackend(ln)
 
-	stop, err := startProxy(ctx, r.podA.NetNS, netip.AddrPortFrom(r.podB.IP, backendPort))
+	stop, err := startProxy(ctx, r.podA.NetNS, clusterIP, netip.AddrPortFrom(r.podB.IP, backendPort), nil)
 	if err != nil {
 		return nil, err
 	}
 	defer stop()
+	stopKernel, err := startProxy(ctx, r.podA.NetNS, kernelIP, netip.AddrPortFrom(r.podB.IP, backendPort), dpKernel{dp})
+	if err != nil {
+		return nil, err
+	}
+	defer stopKernel()
 
-	paths := []int{pathLoopback, pathPod, pathClusterIP}
+	paths := []int{pathLoopback, pathPod, pathClusterIP, pathKernel}
 	if o.kubeProxy {
 		if _, err := exec.LookPath("nft"); err != nil {
 			return nil, fmt.Errorf("kube-proxy's nftables mode needs nft(8) on the PATH (or run with -kube-proxy=false): %w", err)
@@ -129,6 +138,7 @@ func trafficBench(ctx context.Context, dir, hostNS string, o options) (_ *traffi
 		pathLoopback:  {r.podB.NetNS, net.JoinHostPort("127.0.0.1", strconv.Itoa(backendPort))},
 		pathPod:       {r.podA.NetNS, net.JoinHostPort(r.podB.IP.String(), strconv.Itoa(backendPort))},
 		pathClusterIP: {r.podA.NetNS, net.JoinHostPort(clusterIP, strconv.Itoa(servicePort))},
+		pathKernel:    {r.podA.NetNS, net.JoinHostPort(kernelIP, strconv.Itoa(servicePort))},
 		pathKubeProxy: {r.podA.NetNS, net.JoinHostPort(kubeProxyIP, strconv.Itoa(servicePort))},
 	}
 	for i := range o.rounds {
@@ -186,11 +196,28 @@ func serveBackend(ln net.Listener) {
 	}
 }
 
-// startProxy runs the Service proxy for one Service whose endpoint is
-// backend. This process is in the host namespace, so the proxy's
-// listeners and its dials to endpoints are the host's, as on a node. It
-// returns once the ClusterIP answers from pod A's namespace.
-func startProxy(ctx context.Context, clientNS string, backend netip.AddrPort) (stop func(), err error) {
+// dpKernel is the proxy's Kernel as k3sm-netd serves it, without the
+// socket: the set goes to the dataplane's SetServices.
+type dpKernel struct{ dp dataplane.Dataplane }
+
+func (k dpKernel) SetServices(_ context.Context, svcs []proxy.KernelService) error {
+	out := make([]dataplane.Service, 0, len(svcs))
+	for _, s := range svcs {
+		proto := dataplane.TCP
+		if s.Protocol == corev1.ProtocolUDP {
+			proto = dataplane.UDP
+		}
+		out = append(out, dataplane.Service{Protocol: proto, IP: s.IP, Port: s.Port, Endpoints: s.Endpoints})
+	}
+	return k.dp.SetServices(node, out)
+}
+
+// startProxy runs the Service proxy for one Service at clusterIP whose
+// endpoint is backend: on its relay (kernel nil) or in the kernel. This
+// process is in the host namespace, so the proxy's listeners and its
+// dials to endpoints are the host's, as on a node. It returns once the
+// ClusterIP answers from pod A's namespace.
+func startProxy(ctx context.Context, clientNS, clusterIP string, backend netip.AddrPort, kernel proxy.Kernel) (stop func(), err error) {
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "bench"},
 		Spec: corev1.ServiceSpec{
@@ -216,6 +243,7 @@ func startProxy(ctx context.Context, clientNS string, backend netip.AddrPort) (s
 		NodeIPs:  []netip.Addr{node.Gateway},
 		Recorder: &record.FakeRecorder{},
 		Log:      slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Kernel:   kernel,
 		// Dial nil, as the node (internal/agent/node) passes it: a
 		// net.Dialer, in the process's network, which here is the host's.
 	})

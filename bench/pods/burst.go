@@ -27,10 +27,11 @@ const ns = "default"
 const never = time.Duration(math.MaxInt64)
 
 // podSpec is a pod that selects this node's OS and tolerates its taint
-// (as test/e2e's nativeSpec), running the test program with args.
-func podSpec(image string, args ...string) corev1.PodSpec {
+// (as test/e2e's nativeSpec), pinned to node (the real node and the peer
+// share a control plane), running the test program with args.
+func podSpec(image, node string, args ...string) corev1.PodSpec {
 	return corev1.PodSpec{
-		NodeSelector: map[string]string{"kubernetes.io/os": "linux"},
+		NodeSelector: map[string]string{"kubernetes.io/os": "linux", corev1.LabelHostname: node},
 		Tolerations:  []corev1.Toleration{{Key: "k3sm.io/provider", Operator: corev1.TolerationOpExists}},
 		Containers:   []corev1.Container{{Name: "main", Image: image, Args: args}},
 	}
@@ -284,10 +285,10 @@ func createPods(ctx context.Context, c kubernetes.Interface, t *tracker, n, work
 
 // burstResult is one round of one mode.
 type burstResult struct {
-	Mode     string // real or floor
-	Kind     string // pods or deployment
+	Mode     string // real, floor or peer
+	Kind     string // single, pods or deployment
 	Round    int
-	First    bool // this mode ran first in its round
+	Order    int // 1: this mode ran first in its round
 	N        int
 	Lat      []time.Duration // create sent -> Running and Ready, sorted
 	Span     time.Duration   // first create sent -> last pod Running
@@ -430,13 +431,13 @@ func (b *bench) burst(ctx context.Context, s *server, kind string, round int) (*
 	defer stopWatch()
 	go watchPods(wctx, s.c, sel, list.ResourceVersion, t.observe)
 	labels := map[string]string{"bench": label}
-	cpu0 := cpuByRole(classify(scan(), s.pid(), b.bin, b.shim, s.dir))
+	cpu0 := b.cpu(s)
 
 	switch kind {
 	case "pods", "single":
 		err = createPods(ctx, s.c, t, n, b.o.creators, func(i int) *corev1.Pod {
 			return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%03d", label, i), Labels: labels},
-				Spec: podSpec(b.image, "forever")}
+				Spec: podSpec(b.image, s.node, "forever")}
 		})
 	case "deployment":
 		d := &appsv1.Deployment{
@@ -444,7 +445,7 @@ func (b *bench) burst(ctx context.Context, s *server, kind string, round int) (*
 			Spec: appsv1.DeploymentSpec{
 				Replicas: ptr.To(int32(n)),
 				Selector: &metav1.LabelSelector{MatchLabels: labels},
-				Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: podSpec(b.image, "forever")},
+				Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: podSpec(b.image, s.node, "forever")},
 			},
 		}
 		t.mu.Lock()
@@ -461,19 +462,19 @@ func (b *bench) burst(ctx context.Context, s *server, kind string, round int) (*
 	}
 	if !all {
 		dir := ""
-		if !s.instant {
+		if !s.instant && s.peer == nil {
 			dir = s.dir
 		}
 		r.Stuck = t.stuck(dir)
 		fmt.Printf("bench/pods: %s %s round %d: %s; stuck: %s\n", s.mode, kind, round, t.summary(), strings.Join(r.Stuck, "; "))
 	}
-	cpu1 := cpuByRole(classify(scan(), s.pid(), b.bin, b.shim, s.dir))
+	cpu1 := b.cpu(s)
 	r.CPU = map[string]time.Duration{}
 	for role, t1 := range cpu1 {
 		r.CPU[role] = t1 - cpu0[role]
 	}
 	pods := t.snapshot()
-	if !s.instant {
+	if !s.instant && s.peer == nil {
 		for i := range pods {
 			pods[i].admitted, pods[i].started, _ = runtimePodTimes(s.dir, pods[i].uid)
 		}
@@ -545,7 +546,11 @@ func (b *bench) waitGone(ctx context.Context, s *server, sel string) error {
 		if len(l.Items) > 0 {
 			return fmt.Errorf("%d pods left", len(l.Items))
 		}
-		if !s.instant {
+		if s.peer != nil {
+			if left := s.peer.residue(); len(left) > 0 {
+				return fmt.Errorf("left on the peer: %s", strings.Join(left, "; "))
+			}
+		} else if !s.instant {
 			if left := b.residue(s); len(left) > 0 {
 				return fmt.Errorf("left on the node: %s", strings.Join(left, "; "))
 			}
@@ -556,6 +561,23 @@ func (b *bench) waitGone(ctx context.Context, s *server, sel string) error {
 		return fmt.Errorf("%s: deleting %s: %w", s.mode, sel, err)
 	}
 	return nil
+}
+
+// cpu is the CPU time used so far by the processes serving s, by role.
+// The peer's are the kubelet, containerd, its shims and containers, and
+// the control plane it shares (the real server's processes).
+func (b *bench) cpu(s *server) map[string]time.Duration {
+	if s.peer == nil {
+		return cpuByRole(classify(scan(), s.pid(), b.bin, b.shim, s.dir))
+	}
+	all := scan()
+	var ps []proc
+	for _, p := range classify(all, s.cp.pid(), b.bin, b.shim, s.cp.dir) {
+		if p.Role != "k3sm-shim" && p.Role != "workload" {
+			ps = append(ps, p)
+		}
+	}
+	return cpuByRole(append(ps, s.peer.classify(all)...))
 }
 
 // residue lists what is left of deleted pods on the real node: shim and
@@ -583,7 +605,7 @@ func (b *bench) residue(s *server) []string {
 func (b *bench) warmUp(ctx context.Context, s *server) error {
 	name := "warmup-" + s.mode
 	_, err := s.c.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"bench": name}},
-		Spec: podSpec(b.image, "forever")}, metav1.CreateOptions{})
+		Spec: podSpec(b.image, s.node, "forever")}, metav1.CreateOptions{})
 	if err != nil {
 		return err
 	}

@@ -237,7 +237,7 @@ func (b *bench) density(ctx context.Context, s *server) (*densityResult, error) 
 	go watchPods(wctx, s.c, sel, list.ResourceVersion, t.observe)
 	err = createPods(ctx, s.c, t, d.N, b.o.creators, func(i int) *corev1.Pod {
 		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("density-%04d", i), Labels: map[string]string{"bench": label}},
-			Spec: podSpec(b.image, "forever")}
+			Spec: podSpec(b.image, nodeName, "forever")}
 	})
 	if err != nil {
 		return nil, err
@@ -327,7 +327,7 @@ func (b *bench) density(ctx context.Context, s *server) (*densityResult, error) 
 func (b *bench) overflow(ctx context.Context, s *server, label string) string {
 	name := "density-overflow"
 	_, err := s.c.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"bench": label}},
-		Spec: podSpec(b.image, "forever")}, metav1.CreateOptions{})
+		Spec: podSpec(b.image, nodeName, "forever")}, metav1.CreateOptions{})
 	if err != nil {
 		return "creating one pod more failed: " + err.Error()
 	}

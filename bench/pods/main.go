@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -35,17 +36,22 @@ type options struct {
 	rounds       int
 	singles      int
 	deployRounds int
-	density      int
-	creators     int
-	qps          float64
-	settle       time.Duration
-	hold         time.Duration
-	timeout      time.Duration
-	stall        time.Duration
-	results      string
-	invocation   string
-	note         string
-	keep         bool
+	// deployUpstream adds the upstreamRatesMode server to the Deployment rounds.
+	deployUpstream bool
+	density        int
+	creators       int
+	qps            float64
+	settle         time.Duration
+	hold           time.Duration
+	timeout        time.Duration
+	stall          time.Duration
+	results        string
+	invocation     string
+	note           string
+	keep           bool
+	peer           bool
+	peerSet        bool // -peer given explicitly: a peer that cannot start is an error
+	peerBin        string
 }
 
 // bench is one run: the private binaries, the image and its registry.
@@ -69,6 +75,8 @@ func main() {
 	flag.IntVar(&o.rounds, "rounds", 3, "burst rounds per mode; each round runs the real node and the floor, alternating which goes first")
 	flag.IntVar(&o.singles, "singles", 10, "single pods (no burst) per mode, one at a time, before the bursts (0: skip)")
 	flag.IntVar(&o.deployRounds, "deploy-rounds", 1, "rounds of a Deployment with -pods replicas per mode (0: skip)")
+	flag.BoolVar(&o.deployUpstream, "deploy-upstream-rates", true, "also run the Deployment rounds on a third server whose scheduler and controller-manager "+
+		"have upstream's client rates (--kube-*-arg=kube-api-qps=...) and whose node is instant like the floor's: the pacing before k3sm raised them, side by side")
 	flag.IntVar(&o.density, "density", 500, "pods for the density figure (0: skip); capped at what the node can take")
 	flag.IntVar(&o.creators, "creators", 16, "goroutines creating pods")
 	flag.Float64Var(&o.qps, "qps", 1000, "client QPS (burst twice that): the benchmark's client must not be the limit")
@@ -80,7 +88,13 @@ func main() {
 	flag.StringVar(&o.invocation, "invocation", "", "the command that ran this, for the report")
 	flag.StringVar(&o.note, "note", "", "a line for the report (e.g. how the binary was built)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs, data dirs) after a successful run")
+	flag.BoolVar(&o.peer, "peer", true, "also run the single and burst rounds on a peer: an upstream kubelet with containerd and runc joined to the real server's "+
+		"control plane (needs root, a network namespace of its own as bench/run.sh gives, and the binaries: see -peer-bin); skipped with a message when "+
+		"something is missing, unless -peer is given explicitly")
+	flag.StringVar(&o.peerBin, "peer-bin", "", "directory with kubelet, containerd and containerd-shim-runc-v2 (and optionally pause) for the peer "+
+		"(default: _output/bench/peer-bin, built by bench/peer-bin.sh, else klimax's node-image cache ~/.cache/klimax/node-image/bin-*)")
 	flag.Parse()
+	flag.Visit(func(f *flag.Flag) { o.peerSet = o.peerSet || f.Name == "peer" })
 	if o.pods < 1 || o.creators < 1 || o.rounds < 0 || o.singles < 0 || o.deployRounds < 0 || o.density < 0 || o.rounds+o.singles+o.deployRounds+o.density == 0 {
 		fmt.Fprintln(os.Stderr, "bench/pods: -pods and -creators must be at least 1; -rounds, -singles, -deploy-rounds and -density at least 0, not all 0")
 		os.Exit(2)
@@ -110,6 +124,8 @@ type results struct {
 	bursts  []*burstResult
 	deploys []*burstResult
 	density *densityResult
+	peer    string // what the peer ran (versions), or why it did not
+	peerRan bool
 }
 
 func run(ctx context.Context, o options) (err error) {
@@ -133,7 +149,12 @@ func run(ctx context.Context, o options) (err error) {
 	fmt.Printf("bench/pods: work dir %s\n", work)
 	var servers []*server
 	var res results
+	var pr *peer
+	var realSrv *server
 	defer func() {
+		if perr := pr.stop(realSrv); perr != nil && err == nil {
+			err = perr
+		}
 		for _, s := range servers {
 			if serr := s.stop(); serr != nil && err == nil {
 				err = serr
@@ -156,6 +177,24 @@ func run(ctx context.Context, o options) (err error) {
 	if err := copyFile(shim, b.shim); err != nil {
 		return err
 	}
+	// As root the server runs the pod network through k3sm-netd beside it.
+	if netd := filepath.Join(filepath.Dir(bin), "k3sm-netd"); os.Geteuid() == 0 {
+		if err := copyFile(netd, filepath.Join(work, "bin", "k3sm-netd")); err != nil {
+			return fmt.Errorf("%w: as root the server needs k3sm-netd beside k3sm: build it with `make bin/k3sm-netd`", err)
+		}
+	}
+	var peerBins peerBins
+	if o.peer && o.rounds+o.singles > 0 {
+		if peerBins, err = findPeer(o.peerBin); err != nil {
+			if o.peerSet {
+				return fmt.Errorf("-peer: %w", err)
+			}
+			res.peer = "skipped: " + err.Error()
+			fmt.Printf("bench/pods: peer %s\n", res.peer)
+		}
+	} else if !o.peer {
+		res.peer = "skipped (-peer=false)"
+	}
 	ref, stopRegistry, err := serveImage(work)
 	if err != nil {
 		return err
@@ -163,9 +202,9 @@ func run(ctx context.Context, o options) (err error) {
 	defer stopRegistry()
 	b.image = ref
 
-	// Both servers get the same flags; the floor's node ignores --max-pods.
-	b.extra = maxPodsFlag(b.bin, o.density+10)
-	realSrv, err := startServer(ctx, b.bin, work, "real", false, float32(o.qps), b.extra)
+	// Both servers get the same flags; the floor's node ignores them.
+	b.extra = extraFlags(b.bin, o.density+10)
+	realSrv, err = startServer(ctx, b.bin, work, "real", false, float32(o.qps), b.extra)
 	servers = append(servers, realSrv)
 	if err != nil {
 		return err
@@ -187,14 +226,24 @@ func run(ctx context.Context, o options) (err error) {
 		return err
 	}
 
-	phase := func(kind string, rounds int, settle time.Duration) ([]*burstResult, error) {
+	modes := []*server{realSrv, floorSrv}
+	var peerSrv *server
+	if peerBins.dir != "" {
+		if pr, err = startPeer(ctx, peerBins, work, realSrv, strings.SplitN(ref, "/", 2)[0]); err != nil {
+			return err
+		}
+		res.peer, res.peerRan = pr.versions, true
+		peerSrv = &server{mode: "peer", node: peerNodeName, dir: pr.dir, peer: pr, cp: realSrv, rc: realSrv.rc, c: realSrv.c}
+		if err := b.warmUp(ctx, peerSrv); err != nil {
+			return err
+		}
+		modes = append(modes, peerSrv)
+	}
+
+	phase := func(kind string, rounds int, settle time.Duration, modes []*server) ([]*burstResult, error) {
 		var out []*burstResult
 		for r := 1; r <= rounds; r++ {
-			order := []*server{realSrv, floorSrv}
-			if r%2 == 0 {
-				order = []*server{floorSrv, realSrv}
-			}
-			for i, s := range order {
+			for i, s := range roundOrder(modes, r) {
 				sleep(ctx, settle)
 				if err := s.alive(); err != nil {
 					return nil, err
@@ -203,7 +252,7 @@ func run(ctx context.Context, o options) (err error) {
 				if err != nil {
 					return nil, err
 				}
-				br.First = i == 0
+				br.Order = i + 1
 				out = append(out, br)
 				fmt.Printf("bench/pods: %s round %d %-5s p50 %s p99 %s max %s (delete %s)\n", kind, r, s.mode,
 					ms(pct(br.Lat, 0.50)), ms(pct(br.Lat, 0.99)), ms(pct(br.Lat, 1)), ms(br.Delete))
@@ -212,14 +261,41 @@ func run(ctx context.Context, o options) (err error) {
 		return out, nil
 	}
 	// Single pods first, while the nodes' work queues are fresh.
-	if res.singles, err = phase("single", o.singles, 2*time.Second); err != nil {
+	if res.singles, err = phase("single", o.singles, 2*time.Second, modes); err != nil {
 		return err
 	}
-	if res.bursts, err = phase("pods", o.rounds, o.settle); err != nil {
+	if res.bursts, err = phase("pods", o.rounds, o.settle, modes); err != nil {
 		return err
 	}
-	if res.deploys, err = phase("deployment", o.deployRounds, o.settle); err != nil {
+	// The peer is stopped here: the Deployment measures the controller-manager
+	// and the density run the real node's memory, with nothing else running.
+	if err := pr.stop(realSrv); err != nil {
 		return err
+	}
+	pr = nil
+	deployModes := modes[:2]
+	if o.deployRounds > 0 && o.deployUpstream {
+		// Started only now so it costs the other phases nothing; stopped
+		// after. An instant node, as the floor's: a second real node would
+		// share the pod network's bridge with the first, and the rates pace
+		// the controllers, not the node.
+		up, err := startServer(ctx, b.bin, work, upstreamRatesMode, true, float32(o.qps), append(append([]string(nil), b.extra...), upstreamRateFlags...))
+		servers = append(servers, up)
+		if err != nil {
+			return err
+		}
+		if err := b.warmUp(ctx, up); err != nil {
+			return err
+		}
+		deployModes = append(deployModes, up)
+	}
+	if res.deploys, err = phase("deployment", o.deployRounds, o.settle, deployModes); err != nil {
+		return err
+	}
+	if len(deployModes) > 2 {
+		if err := deployModes[2].stop(); err != nil {
+			return err
+		}
 	}
 	if o.density > 0 {
 		// The floor server is stopped so that the k3sm binary's pages are
@@ -242,6 +318,13 @@ func run(ctx context.Context, o options) (err error) {
 		fmt.Printf("bench/pods: recorded in %s\n", o.results)
 	}
 	return nil
+}
+
+// roundOrder is the order the modes run in round r (from 1): each round
+// starts with the next mode, so with two they alternate.
+func roundOrder(modes []*server, r int) []*server {
+	k := (r - 1) % len(modes)
+	return append(append([]*server(nil), modes[k:]...), modes[:k]...)
 }
 
 func copyFile(from, to string) error {

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,6 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
+	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
+	"sigs.k8s.io/yaml"
 )
 
 func msList(n int) []time.Duration {
@@ -101,12 +105,15 @@ func TestClassify(t *testing.T) {
 		{Pid: 16, PPid: 1, Exe: shim, Args: []string{shim, "/w/floor/pods/u3/attempts/main/0"}}, // another server's
 		{Pid: 17, PPid: 1, Exe: bin, Args: []string{bin, "node"}},                               // not in the tree
 		{Pid: 18, PPid: 10, Exe: "/usr/bin/true", Args: []string{"true"}},
+		{Pid: 19, PPid: 15, Exe: "/app/prog", Args: []string{"/app/prog", "forever"}}, // sandboxed: its own root's path
+		{Pid: 20, PPid: 19, Exe: "/bin/busybox", Args: []string{"sh"}},                // and its children
+		{Pid: 21, PPid: 16, Exe: "/app/prog", Args: []string{"/app/prog", "forever"}}, // another server's workload
 	}
 	got := map[int]string{}
 	for _, p := range classify(all, 10, bin, shim, data) {
 		got[p.Pid] = p.Role
 	}
-	want := map[int]string{10: "server", 11: "kube-apiserver", 12: "runtimed", 13: "k3sm-shim", 14: "workload", 15: "k3sm-shim", 18: "true"}
+	want := map[int]string{10: "server", 11: "kube-apiserver", 12: "runtimed", 13: "k3sm-shim", 14: "workload", 15: "k3sm-shim", 18: "true", 19: "workload", 20: "workload"}
 	if len(got) != len(want) {
 		t.Errorf("got %v, want %v", got, want)
 	}
@@ -271,5 +278,210 @@ func TestCPUTimeAgreesWithStat(t *testing.T) {
 	used := time.Duration(ticks()-t0) * time.Second / clockTicks
 	if d := cpuTime(os.Getpid(), 0) - c0; d < used-20*time.Millisecond || d > used+50*time.Millisecond {
 		t.Errorf("schedstat says %v, stat ticks say %v", d, used)
+	}
+}
+
+func TestChildTicks(t *testing.T) {
+	stat := "123 (a b) S 77 123 123 0 -1 4194560 2553 0 0 0 31 7 12 5 20 0 9 0 6070 1268510720 2110"
+	if got := childTicks(stat); got != 17 {
+		t.Errorf("cutime+cstime = %d, want 17", got)
+	}
+	if childTicks("1 (x) S 0 1") != 0 || childTicks("nonsense") != 0 {
+		t.Error("a malformed stat must give 0")
+	}
+}
+
+func TestCPUByRoleCountsReapedChildren(t *testing.T) {
+	got := cpuByRole([]proc{
+		{Pid: 1, Role: "containerd-shim-runc-v2", CPU: 5 * time.Millisecond, ChildCPU: 30 * time.Millisecond},
+		{Pid: 2, Role: "kubelet", CPU: 7 * time.Millisecond},
+	})
+	if got["containerd-shim-runc-v2"] != 5*time.Millisecond || got["kubelet"] != 7*time.Millisecond || got[reapedRole] != 30*time.Millisecond {
+		t.Errorf("got %v", got)
+	}
+}
+
+func TestPeerClassify(t *testing.T) {
+	shim := "/c/bin/containerd-shim-runc-v2"
+	p := &peer{bins: peerBins{shim: shim},
+		kubelet: &exec.Cmd{Process: &os.Process{Pid: 20}}, containerd: &exec.Cmd{Process: &os.Process{Pid: 21}}}
+	all := []proc{
+		{Pid: 20, PPid: 1, Exe: "/c/bin/kubelet"},
+		{Pid: 21, PPid: 1, Exe: "/c/bin/containerd"},
+		{Pid: 30, PPid: 1, Exe: shim},                // re-parented shim
+		{Pid: 31, PPid: 30, Exe: "/pause"},           // sandbox
+		{Pid: 32, PPid: 30, Exe: "/usr/sbin/runc"},   // runc while it runs
+		{Pid: 33, PPid: 30, Exe: "/app/prog"},        // the container
+		{Pid: 34, PPid: 33, Exe: "/app/helper"},      // the container's child
+		{Pid: 40, PPid: 1, Exe: "/usr/bin/dockerd"},  // not the peer's
+		{Pid: 41, PPid: 40, Exe: "/usr/sbin/runc"},   // another engine's
+		{Pid: 42, PPid: 1, Exe: "/other/shim-runc"},  // another containerd's shim
+		{Pid: 43, PPid: 21, Exe: "/usr/bin/unshare"}, // containerd's helpers are in its reaped children, not listed
+	}
+	got := map[int]string{}
+	for _, pr := range p.classify(all) {
+		if _, dup := got[pr.Pid]; dup {
+			t.Errorf("pid %d listed twice", pr.Pid)
+		}
+		got[pr.Pid] = pr.Role
+	}
+	want := map[int]string{20: "kubelet", 21: "containerd", 30: "containerd-shim-runc-v2", 31: "pause", 32: "runc", 33: "workload", 34: "workload"}
+	if len(got) != len(want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+	for pid, role := range want {
+		if got[pid] != role {
+			t.Errorf("pid %d: role %q, want %q", pid, got[pid], role)
+		}
+	}
+}
+
+func TestRoundOrderRotates(t *testing.T) {
+	names := func(ss []*server) string {
+		var out []string
+		for _, s := range ss {
+			out = append(out, s.mode)
+		}
+		return strings.Join(out, ",")
+	}
+	two := []*server{{mode: "real"}, {mode: "floor"}}
+	three := append(two[:2:2], &server{mode: "peer"})
+	for _, c := range []struct {
+		modes []*server
+		round int
+		want  string
+	}{{two, 1, "real,floor"}, {two, 2, "floor,real"}, {two, 3, "real,floor"},
+		{three, 1, "real,floor,peer"}, {three, 2, "floor,peer,real"}, {three, 3, "peer,real,floor"}, {three, 4, "real,floor,peer"}} {
+		if got := names(roundOrder(c.modes, c.round)); got != c.want {
+			t.Errorf("%d modes, round %d: %s, want %s", len(c.modes), c.round, got, c.want)
+		}
+	}
+}
+
+// The kubelet's configuration must decode strictly into the kubelet's own
+// type (a misspelt field would be silently ignored by the kubelet).
+func TestKubeletConfigDecodesStrictly(t *testing.T) {
+	var kc kubeletv1beta1.KubeletConfiguration
+	if err := yaml.UnmarshalStrict([]byte(kubeletConfig("/w/peer", "/w/ca.crt", 10350, 10348, "10.43.0.10")), &kc); err != nil {
+		t.Fatal(err)
+	}
+	if kc.CgroupRoot != "/"+peerCgroupRoot || kc.CgroupDriver != "cgroupfs" || kc.FailCgroupV1 == nil || *kc.FailCgroupV1 ||
+		kc.FailSwapOn == nil || *kc.FailSwapOn || !kc.ProtectKernelDefaults || kc.Port != 10350 || kc.HealthzPort == nil || *kc.HealthzPort != 10348 ||
+		kc.ReadOnlyPort != 0 || kc.Address != "127.0.0.1" || kc.ContainerRuntimeEndpoint != "unix:///w/peer/containerd.sock" ||
+		kc.PodLogsDir != "/w/peer/pod-logs" || kc.EvictionHard["imagefs.available"] != "1%" || len(kc.ClusterDNS) != 1 {
+		t.Errorf("got %+v", kc)
+	}
+}
+
+// Every path containerd is given lies under the peer's directory, but the
+// runc and CNI binaries it runs.
+func TestContainerdConfigIsPrivate(t *testing.T) {
+	b := peerBins{runc: "/usr/sbin/runc", cniDir: "/usr/lib/cni"}
+	cfg := containerdConfig("/w/peer", b, "127.0.0.1:5000/bench/pause:v1")
+	for _, want := range []string{"version = 3", `imports = []`, "SystemdCgroup = false", `sandbox = "127.0.0.1:5000/bench/pause:v1"`,
+		`address = "/w/peer/containerd.sock"`, `config_path = "/w/peer/certs.d"`, `conf_dir = "/w/peer/cni"`, "io.containerd.nri.v1.nri"} {
+		if !strings.Contains(cfg, want) {
+			t.Errorf("config lacks %s:\n%s", want, cfg)
+		}
+	}
+	for _, f := range strings.Split(cfg, `"`) {
+		if strings.HasPrefix(f, "/") && !strings.HasPrefix(f, "/w/peer/") && f != b.runc && f != b.cniDir {
+			t.Errorf("config names %s, outside the peer's directory", f)
+		}
+	}
+	var cni struct {
+		Plugins []struct {
+			Type, Bridge string
+			IPAM         struct {
+				Ranges  [][]struct{ Subnet string }
+				DataDir string
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(cniConfig("/w/peer", "100.64.1.0/24")), &cni); err != nil {
+		t.Fatal(err)
+	}
+	if len(cni.Plugins) != 1 || cni.Plugins[0].Type != "bridge" || cni.Plugins[0].IPAM.Ranges[0][0].Subnet != "100.64.1.0/24" ||
+		cni.Plugins[0].IPAM.DataDir != "/w/peer/cni-ipam" || len(cni.Plugins[0].Bridge) > 15 {
+		t.Errorf("cni config: %+v", cni)
+	}
+}
+
+func burstOf(mode, kind string, round, order int, lat ...int) *burstResult {
+	r := &burstResult{Mode: mode, Kind: kind, Round: round, Order: order, N: len(lat),
+		CPU: map[string]time.Duration{"kube-apiserver": time.Duration(len(lat)) * 10 * time.Millisecond}}
+	for _, l := range lat {
+		d := time.Duration(l) * time.Millisecond
+		r.Lat, r.Created, r.ToSched, r.SchedRun = append(r.Lat, d), append(r.Created, d/10), append(r.ToSched, d/5), append(r.SchedRun, d-d/5)
+	}
+	r.Span = r.Lat[len(r.Lat)-1]
+	return r
+}
+
+func TestReportPeerColumns(t *testing.T) {
+	o := options{pods: 4, creators: 2, qps: 100, rounds: 1, singles: 2, settle: time.Second, stall: time.Second}
+	res := &results{peer: "kubelet v1.37.2, containerd 2.2.9 (from _output/bench/peer-bin), runc 1.1.5", peerRan: true,
+		singles: []*burstResult{
+			burstOf("real", "single", 1, 1, 200), burstOf("floor", "single", 1, 2, 100), burstOf("peer", "single", 1, 3, 800),
+			burstOf("floor", "single", 2, 1, 100), burstOf("peer", "single", 2, 2, 1000), burstOf("real", "single", 2, 3, 300),
+		},
+		bursts: []*burstResult{burstOf("real", "pods", 1, 1, 100, 200, 300, 400), burstOf("floor", "pods", 1, 2, 50, 60, 70, 80),
+			burstOf("peer", "pods", 1, 3, 400, 800, 1200, 1600)},
+	}
+	rep := renderReport(o, machine{}, res, nil)
+	for _, want := range []string{
+		"- Peer (issue 12): a third node, `bench-peer`, joined to the real server's control plane: upstream kubelet v1.37.2, containerd 2.2.9",
+		"| ms | real node | floor | peer (kubelet + containerd) | ratio real ÷ floor | ratio real ÷ peer |",
+		"| p50 | 200 | 100 | 800 | 2.00× | 0.25× |",
+		"| p99 | 300 | 100 | 1000 | 3.00× | 0.30× |",
+		"one pod at a time: p50 **0.25×** (200 ms vs 800 ms), p99 **0.30×** (300 ms vs 1000 ms)",
+		"| **p50** | 200 | 60 | 800 | 3.33× | 0.25× |",
+		"| **p99** | 400 | 80 | 1600 | 5.00× | 0.25× |",
+		"burst of 4: p50 **0.25×** (200 ms vs 800 ms), p99 **0.25×** (400 ms vs 1600 ms)",
+		"| step | real p50 | real p99 | floor p50 | floor p99 | peer p50 | peer p99 |",
+		"| real: runtime CreatePod → process started ¹ | – | – | – | – | – | – |",
+		"| process | real | floor | peer |",
+		"| kube-apiserver | 10.0 | 10.0 | 10.0 |",
+		"| writes per pod | real | floor | peer |",
+		"| 1 | peer | third | 800 | 1600 |",
+	} {
+		if !strings.Contains(rep, want) {
+			t.Errorf("report lacks %q:\n%s", want, rep)
+		}
+	}
+
+	// Without the peer the tables keep their two modes, and the reason is shown.
+	res.peer, res.peerRan = "skipped: no kubelet", false
+	res.singles, res.bursts = res.singles[:2], res.bursts[:2]
+	res.singles[1].Round = 1
+	rep = renderReport(o, machine{}, res, nil)
+	if strings.Contains(rep, "peer (kubelet") || strings.Contains(rep, "peer p50") || strings.Contains(rep, "real ÷ peer") {
+		t.Errorf("peer columns without a peer:\n%s", rep)
+	}
+	for _, want := range []string{"- Peer (issue 12): skipped: no kubelet", "| ms | real node | floor | ratio real ÷ floor |",
+		"| step | real p50 | real p99 | floor p50 | floor p99 |\n", "| process | real | floor |\n"} {
+		if !strings.Contains(rep, want) {
+			t.Errorf("report lacks %q:\n%s", want, rep)
+		}
+	}
+}
+
+// The Deployment rounds on the floor with upstream's client rates get their
+// own before/after table; without that server there is none.
+func TestReportUpstreamRates(t *testing.T) {
+	o := options{pods: 2, creators: 1, qps: 100, deployRounds: 1, settle: time.Second, stall: time.Second}
+	res := &results{peer: "skipped (-peer=false)", deploys: []*burstResult{burstOf("real", "deployment", 1, 1, 300, 400),
+		burstOf("floor", "deployment", 1, 2, 100, 200), burstOf(upstreamRatesMode, "deployment", 1, 3, 300, 800)}}
+	rep := renderReport(o, machine{}, res, nil)
+	for _, want := range []string{"`--kube-controller-manager-arg=kube-api-qps=20 --kube-controller-manager-arg=kube-api-burst=30",
+		"| ms | floor, k3sm's rates | floor, upstream's rates | ratio upstream's ÷ k3sm's |",
+		"| **first create sent → last pod Running** | 200 | 800 | 4.00× |"} {
+		if !strings.Contains(rep, want) {
+			t.Errorf("report lacks %q:\n%s", want, rep)
+		}
+	}
+	res.deploys = res.deploys[:2]
+	if rep := renderReport(o, machine{}, res, nil); strings.Contains(rep, "upstream's rates") {
+		t.Errorf("rates table without that server:\n%s", rep)
 	}
 }

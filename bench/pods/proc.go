@@ -19,6 +19,7 @@ type proc struct {
 	Args      []string      // cmdline
 	Role      string        // k3sm role (server, kube-apiserver, runtimed, node, ...), "k3sm-shim" or "workload"
 	CPU       time.Duration // time on a CPU, all live threads
+	ChildCPU  time.Duration // CPU time of its children that exited and were waited for
 }
 
 // clockTicks is USER_HZ, the unit of CPU times in /proc/<pid>/stat (100 on
@@ -129,6 +130,25 @@ func parseStat(stat string) (ppid int, state string, ticks int64, err error) {
 	return ppid, f[0], utime + stime, nil
 }
 
+// childTicks returns cutime+cstime from the text of /proc/<pid>/stat: the
+// CPU time of children the process has waited for (0 when malformed).
+func childTicks(stat string) int64 {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(stat[i+1:])
+	if len(f) < 15 {
+		return 0
+	}
+	cu, err1 := strconv.ParseInt(f[13], 10, 64)
+	cs, err2 := strconv.ParseInt(f[14], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0
+	}
+	return cu + cs
+}
+
 // scan lists live (non-zombie) processes.
 func scan() []proc {
 	entries, _ := os.ReadDir("/proc")
@@ -149,7 +169,8 @@ func scan() []proc {
 		exe, _ := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
 		raw, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-		out = append(out, proc{Pid: pid, PPid: ppid, Exe: exe, Args: args, CPU: cpuTime(pid, ticks)})
+		out = append(out, proc{Pid: pid, PPid: ppid, Exe: exe, Args: args, CPU: cpuTime(pid, ticks),
+			ChildCPU: time.Duration(childTicks(string(stat))) * time.Second / clockTicks})
 	}
 	return out
 }
@@ -177,12 +198,30 @@ func classify(all []proc, serverPid int, bin, shimPath, dataDir string) []proc {
 		stack = append(stack, children[pid]...)
 	}
 	podRoots := filepath.Join(dataDir, "pods") + string(filepath.Separator)
+	isShim := func(p proc) bool {
+		return p.Exe == shimPath && len(p.Args) > 1 && strings.HasPrefix(p.Args[1], dataDir+string(filepath.Separator))
+	}
+	// underShim: a sandboxed workload's executable is a path of its own
+	// root (/app/prog), so it is known by its ancestor, this server's shim.
+	underShim := func(p proc) bool {
+		for seen := 0; seen < 64; seen++ {
+			parent, ok := byPid[p.PPid]
+			if !ok {
+				return false
+			}
+			if isShim(parent) {
+				return true
+			}
+			p = parent
+		}
+		return false
+	}
 	var out []proc
 	for _, p := range all {
 		switch {
-		case p.Exe == shimPath && len(p.Args) > 1 && strings.HasPrefix(p.Args[1], dataDir+string(filepath.Separator)):
+		case isShim(p):
 			p.Role = "k3sm-shim"
-		case strings.HasPrefix(p.Exe, podRoots):
+		case strings.HasPrefix(p.Exe, podRoots) || underShim(p):
 			p.Role = "workload"
 		case inTree[p.Pid] && p.Exe == bin && len(p.Args) > 1:
 			p.Role = p.Args[1]
@@ -207,12 +246,18 @@ func countRole(ps []proc, role string) int {
 	return n
 }
 
+// reapedRole is the CPU of short-lived processes (runc, `shim start`,
+// mount helpers) that exited and were waited for by a measured process:
+// gone from /proc, but in their parent's cutime and cstime.
+const reapedRole = "exited children (waited for by the above)"
+
 // cpuByRole sums the CPU time of one server's processes by role; "bench"
 // is this program.
 func cpuByRole(ps []proc) map[string]time.Duration {
 	out := map[string]time.Duration{}
 	for _, p := range ps {
 		out[p.Role] += p.CPU
+		out[reapedRole] += p.ChildCPU
 	}
 	if b, err := os.ReadFile("/proc/self/stat"); err == nil {
 		if _, _, t, err := parseStat(string(b)); err == nil {

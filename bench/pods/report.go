@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -170,8 +171,36 @@ func (o options) burstText(kind string, rounds int) string {
 		o.pods, o.creators, o.qps, 2*o.qps, rounds)
 }
 
+// hasPeer says whether any round ran on the peer: its columns are shown
+// only then.
+func hasPeer(rs []*burstResult) bool {
+	for _, r := range rs {
+		if r.Mode == "peer" {
+			return true
+		}
+	}
+	return false
+}
+
+// modesOf is the modes the report shows columns for.
+func modesOf(rs []*burstResult) []string {
+	if hasPeer(rs) {
+		return []string{"real", "floor", "peer"}
+	}
+	return []string{"real", "floor"}
+}
+
+const peerHead = "peer (kubelet + containerd)"
+
+// peerRatioLine states issue 12's figure: our node ÷ kubelet+containerd.
+func peerRatioLine(what string, r50, p50, r99, p99 time.Duration) string {
+	return fmt.Sprintf("Our node ÷ kubelet + containerd (issue 12), %s: p50 **%s** (%s ms vs %s ms), p99 **%s** (%s ms vs %s ms); below 1× our node is faster.\n\n",
+		what, ratio(r50, p50), ms(r50), ms(p50), ratio(r99, p99), ms(r99), ms(p99))
+}
+
 func renderBursts(sb *strings.Builder, o options, rs []*burstResult, kind string, rounds int) {
 	fmt.Fprintf(sb, "%s\n\n", o.burstText(kind, rounds))
+	peer := hasPeer(rs)
 	lat := func(r *burstResult) []time.Duration { return r.Lat }
 	span := func(r *burstResult) time.Duration { return r.Span }
 	rows := []struct {
@@ -184,16 +213,28 @@ func renderBursts(sb *strings.Builder, o options, rs []*burstResult, kind string
 		{"max", at(lat, 1)},
 		{"first create sent → last pod Running", span},
 	}
-	fmt.Fprintf(sb, "| ms | real node | floor (`--node-instant`) | ratio real ÷ floor |\n|---|---:|---:|---:|\n")
+	if peer {
+		fmt.Fprintf(sb, "| ms | real node | floor (`--node-instant`) | %s | ratio real ÷ floor | ratio real ÷ peer |\n|---|---:|---:|---:|---:|---:|\n", peerHead)
+	} else {
+		fmt.Fprintf(sb, "| ms | real node | floor (`--node-instant`) | ratio real ÷ floor |\n|---|---:|---:|---:|\n")
+	}
 	for _, row := range rows {
 		r, f := across(rs, "real", row.f), across(rs, "floor", row.f)
-		fmt.Fprintf(sb, "| %s | %s | %s | %s |\n", row.name, ms(r), ms(f), ratio(r, f))
+		if peer {
+			p := across(rs, "peer", row.f)
+			fmt.Fprintf(sb, "| %s | %s | %s | %s | %s | %s |\n", row.name, ms(r), ms(f), ms(p), ratio(r, f), ratio(r, p))
+		} else {
+			fmt.Fprintf(sb, "| %s | %s | %s | %s |\n", row.name, ms(r), ms(f), ratio(r, f))
+		}
 	}
 	r50, f50 := across(rs, "real", at(lat, 0.5)), across(rs, "floor", at(lat, 0.5))
 	r99, f99 := across(rs, "real", at(lat, 0.99)), across(rs, "floor", at(lat, 0.99))
 	fmt.Fprintf(sb, "\nGoals (issue 3): p50 ≤ 100 ms %s (%s ms); p99 ≤ 250 ms %s (%s ms); ≤ 2× the floor: p50 %s (%s), p99 %s (%s).\n\n",
 		verdict(r50 <= 100*time.Millisecond), ms(r50), verdict(r99 <= 250*time.Millisecond), ms(r99),
 		verdict(r50 <= 2*f50), ratio(r50, f50), verdict(r99 <= 2*f99), ratio(r99, f99))
+	if peer {
+		sb.WriteString(peerRatioLine(fmt.Sprintf("burst of %d", o.pods), r50, across(rs, "peer", at(lat, 0.5)), r99, across(rs, "peer", at(lat, 0.99))))
+	}
 
 	steps := []struct {
 		name string
@@ -207,16 +248,25 @@ func renderBursts(sb *strings.Builder, o options, rs []*burstResult, kind string
 		{"real: runtime CreatePod → process started ¹", func(r *burstResult) []time.Duration { return r.AdmitStart }, "real"},
 		{"real: process started → Running seen through the watch ¹", func(r *burstResult) []time.Duration { return r.StartRunning }, "real"},
 	}
+	modes := modesOf(rs)
 	fmt.Fprintf(sb, "Where the time goes (ms; median over rounds of each round's p50 / p99 of the step):\n\n")
-	fmt.Fprintf(sb, "| step | real p50 | real p99 | floor p50 | floor p99 |\n|---|---:|---:|---:|---:|\n")
+	fmt.Fprintf(sb, "| step |")
+	for _, m := range modes {
+		fmt.Fprintf(sb, " %s p50 | %s p99 |", m, m)
+	}
+	fmt.Fprintf(sb, "\n|---|%s\n", strings.Repeat("---:|---:|", len(modes)))
 	for _, st := range steps {
-		cell := func(mode string, p float64) string {
-			if st.mode != "" && st.mode != mode {
-				return "–"
+		fmt.Fprintf(sb, "| %s |", st.name)
+		for _, m := range modes {
+			for _, q := range []float64{0.5, 0.99} {
+				if st.mode != "" && st.mode != m {
+					sb.WriteString(" – |")
+				} else {
+					fmt.Fprintf(sb, " %s |", ms(across(rs, m, at(st.s, q))))
+				}
 			}
-			return ms(across(rs, mode, at(st.s, p)))
 		}
-		fmt.Fprintf(sb, "| %s | %s | %s | %s | %s |\n", st.name, cell("real", 0.5), cell("real", 0.99), cell("floor", 0.5), cell("floor", 0.99))
+		sb.WriteString("\n")
 	}
 	rate := func(mode string, f func(*burstResult) float64) string {
 		var xs []float64
@@ -232,20 +282,19 @@ func renderBursts(sb *strings.Builder, o options, rs []*burstResult, kind string
 		return fmt.Sprintf("%.0f", xs[len(xs)/2])
 	}
 	tail := func(r *burstResult) float64 { return r.TailRate }
-	fmt.Fprintf(sb, "| pods seen Running per second over the second half of the burst | %s | | %s | |\n", rate("real", tail), rate("floor", tail))
-	fmt.Fprintf(sb, "| real: runtime throughput, pods started per second (first CreatePod → last process started) | %s | | – | |\n",
-		rate("real", func(r *burstResult) float64 { return r.StartRate }))
+	fmt.Fprintf(sb, "| pods seen Running per second over the second half of the burst |")
+	for _, m := range modes {
+		fmt.Fprintf(sb, " %s | |", rate(m, tail))
+	}
+	fmt.Fprintf(sb, "\n| real: runtime throughput, pods started per second (first CreatePod → last process started) | %s | | – | |%s\n",
+		rate("real", func(r *burstResult) float64 { return r.StartRate }), strings.Repeat(" – | |", len(modes)-2))
 	renderCPU(sb, rs)
 	renderWrites(sb, rs)
 	fmt.Fprintf(sb, "\nEvery round (ms):\n\n")
 	fmt.Fprintf(sb, "| round | mode | order | p50 | p99 | max | first sent → last Running | created p50 | scheduled p50 | scheduled → Running p50 | delete ² | load before |\n")
 	fmt.Fprintf(sb, "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, r := range rs {
-		order := "second"
-		if r.First {
-			order = "first"
-		}
-		fmt.Fprintf(sb, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.Round, r.Mode, order,
+		fmt.Fprintf(sb, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.Round, r.Mode, orderName(r.Order),
 			ms(pct(r.Lat, 0.5)), ms(pct(r.Lat, 0.99)), ms(pct(r.Lat, 1)), ms(r.Span),
 			ms(pct(r.Created, 0.5)), ms(pct(r.ToSched, 0.5)), ms(pct(r.SchedRun, 0.5)), ms(r.Delete), r.Load)
 	}
@@ -256,6 +305,28 @@ func renderBursts(sb *strings.Builder, o options, rs []*burstResult, kind string
 				r.Round, r.Mode, len(r.Stuck), o.stall, bullets(r.Stuck))
 		}
 	}
+}
+
+// peerSetup describes the peer, or why it did not run.
+func peerSetup(res *results) string {
+	switch {
+	case res.peerRan:
+		return "- Peer (issue 12): a third node, `" + peerNodeName + "`, joined to the real server's control plane: upstream " + res.peer + ",\n" +
+			"  containerd's CRI with the overlayfs snapshotter and runc (cgroupfs driver), the bridge and host-local CNI plugins over\n" +
+			"  the podCIDR the controller-manager gave it, a pause image built from klimax's pause program; the kubelet's defaults\n" +
+			"  otherwise (its client at 50 QPS, burst 100). It runs the same single and burst rounds, interleaved with the others;\n" +
+			"  every pod is pinned to its node (`kubernetes.io/hostname`). It is stopped before the Deployment and density runs.\n"
+	case res.peer != "":
+		return "- Peer (issue 12): " + res.peer + "\n"
+	}
+	return ""
+}
+
+func orderName(i int) string {
+	if i >= 1 && i <= 3 {
+		return []string{"first", "second", "third"}[i-1]
+	}
+	return strconv.Itoa(i)
 }
 
 // renderSingles shows pods created one at a time: the path's own latency,
@@ -270,17 +341,30 @@ func renderSingles(sb *strings.Builder, o options, rs []*burstResult) {
 		}
 		return sorted(ds)
 	}
+	peer := hasPeer(rs)
 	lat := func(r *burstResult) []time.Duration { return r.Lat }
-	rl, fl := pool("real", lat), pool("floor", lat)
+	rl, fl, pl := pool("real", lat), pool("floor", lat), pool("peer", lat)
 	fmt.Fprintf(sb, "### Pod create → Running, one pod at a time\n\n")
-	fmt.Fprintf(sb, "%d pods per mode, one at a time (each deleted and gone before the next, 2 s apart, modes alternating), before the\n"+
+	fmt.Fprintf(sb, "%d pods per mode, one at a time (each deleted and gone before the next, 2 s apart, modes taking turns), before the\n"+
 		"bursts: the path's own latency, with nothing queued.\n\n", len(rl))
-	fmt.Fprintf(sb, "| ms | real node | floor | ratio real ÷ floor |\n|---|---:|---:|---:|\n")
+	if peer {
+		fmt.Fprintf(sb, "| ms | real node | floor | %s | ratio real ÷ floor | ratio real ÷ peer |\n|---|---:|---:|---:|---:|---:|\n", peerHead)
+	} else {
+		fmt.Fprintf(sb, "| ms | real node | floor | ratio real ÷ floor |\n|---|---:|---:|---:|\n")
+	}
 	for _, p := range []struct {
 		name string
 		q    float64
-	}{{"p50", 0.5}, {"p90", 0.9}, {"max", 1}} {
-		fmt.Fprintf(sb, "| %s | %s | %s | %s |\n", p.name, ms(pct(rl, p.q)), ms(pct(fl, p.q)), ratio(pct(rl, p.q), pct(fl, p.q)))
+	}{{"p50", 0.5}, {"p90", 0.9}, {"p99", 0.99}, {"max", 1}} {
+		r, f := pct(rl, p.q), pct(fl, p.q)
+		if peer {
+			fmt.Fprintf(sb, "| %s | %s | %s | %s | %s | %s |\n", p.name, ms(r), ms(f), ms(pct(pl, p.q)), ratio(r, f), ratio(r, pct(pl, p.q)))
+		} else {
+			fmt.Fprintf(sb, "| %s | %s | %s | %s |\n", p.name, ms(r), ms(f), ratio(r, f))
+		}
+	}
+	if peer {
+		sb.WriteString("\n" + peerRatioLine("one pod at a time", pct(rl, 0.5), pct(pl, 0.5), pct(rl, 0.99), pct(pl, 0.99)))
 	}
 	steps := []struct {
 		name string
@@ -294,13 +378,18 @@ func renderSingles(sb *strings.Builder, o options, rs []*burstResult) {
 		{"real: runtime CreatePod → process started ¹", func(r *burstResult) []time.Duration { return r.AdmitStart }, true},
 		{"real: process started → Running seen through the watch ¹", func(r *burstResult) []time.Duration { return r.StartRunning }, true},
 	}
-	fmt.Fprintf(sb, "\n| step, p50 (ms) | real | floor |\n|---|---:|---:|\n")
+	modes := modesOf(rs)
+	fmt.Fprintf(sb, "\n| step, p50 (ms) | %s |\n|---|%s\n", strings.Join(modes, " | "), strings.Repeat("---:|", len(modes)))
 	for _, st := range steps {
-		f := ms(pct(pool("floor", st.f), 0.5))
-		if st.real {
-			f = "–"
+		fmt.Fprintf(sb, "| %s |", st.name)
+		for _, m := range modes {
+			if st.real && m != "real" {
+				sb.WriteString(" – |")
+			} else {
+				fmt.Fprintf(sb, " %s |", ms(pct(pool(m, st.f), 0.5)))
+			}
 		}
-		fmt.Fprintf(sb, "| %s | %s | %s |\n", st.name, ms(pct(pool("real", st.f), 0.5)), f)
+		sb.WriteString("\n")
 	}
 	sb.WriteString("\n")
 }
@@ -332,13 +421,20 @@ func renderWrites(sb *strings.Builder, rs []*burstResult) {
 		rl = append(rl, k)
 	}
 	sort.Strings(rl)
+	modes := modesOf(rs)
 	fmt.Fprintf(sb, "\nWrites per pod (median over rounds): pod updates seen through the watch before it was Running, and\n"+
-		"Events about the pod by reason, counted once the pods were gone and no more Events arrived for a second:\n\n| writes per pod | real | floor |\n|---|---:|---:|\n")
-	upd := func(r *burstResult) (float64, bool) { return r.Updates, true }
-	fmt.Fprintf(sb, "| pod updates before Running (binding, status) | %s | %s |\n", med("real", upd), med("floor", upd))
+		"Events about the pod by reason, counted once the pods were gone and no more Events arrived for a second:\n\n| writes per pod | %s |\n|---|%s\n",
+		strings.Join(modes, " | "), strings.Repeat("---:|", len(modes)))
+	row := func(name string, f func(r *burstResult) (float64, bool)) {
+		fmt.Fprintf(sb, "| %s |", name)
+		for _, m := range modes {
+			fmt.Fprintf(sb, " %s |", med(m, f))
+		}
+		sb.WriteString("\n")
+	}
+	row("pod updates before Running (binding, status)", func(r *burstResult) (float64, bool) { return r.Updates, true })
 	for _, k := range rl {
-		f := func(r *burstResult) (float64, bool) { return r.Events[k], r.Events != nil }
-		fmt.Fprintf(sb, "| Event %s | %s | %s |\n", k, med("real", f), med("floor", f))
+		row("Event "+k, func(r *burstResult) (float64, bool) { return r.Events[k], r.Events != nil })
 	}
 }
 
@@ -354,7 +450,8 @@ func renderCPU(sb *strings.Builder, rs []*burstResult) {
 	if len(seen) == 0 {
 		return
 	}
-	order := []string{"kube-apiserver", "kine", "kube-scheduler", "kube-controller-manager", "server", "node", "runtimed", "k3sm-shim", "workload", "bench"}
+	order := []string{"kube-apiserver", "kine", "kube-scheduler", "kube-controller-manager", "server", "node", "runtimed", "k3sm-shim",
+		"kubelet", "containerd", "containerd-shim-runc-v2", "runc", "pause", "workload", reapedRole, "bench"}
 	var roles []string
 	for _, r := range order {
 		if seen[r] {
@@ -389,13 +486,28 @@ func renderCPU(sb *strings.Builder, rs []*burstResult) {
 		}
 		return fmt.Sprintf("%.1f", float64(d)/float64(time.Millisecond))
 	}
-	fmt.Fprintf(sb, "\nCPU time used from the first create to the last pod Running, per pod (ms; the sum of\n"+
-		"`/proc/<pid>/task/*/schedstat` over the processes of that server; median over rounds; the machine has %d CPUs):\n\n", runtime.NumCPU())
-	fmt.Fprintf(sb, "| process | real | floor |\n|---|---:|---:|\n")
-	for _, role := range roles {
-		fmt.Fprintf(sb, "| %s | %s | %s |\n", role, msf(perPod("real", role)), msf(perPod("floor", role)))
+	modes := modesOf(rs)
+	peerNote := ""
+	if hasPeer(rs) {
+		peerNote = "; the peer's are the kubelet, containerd, its shims and containers, and the real server's processes, whose\n" +
+			"control plane it shares"
 	}
-	fmt.Fprintf(sb, "| **all** | **%s** | **%s** |\n", msf(perPod("real", "")), msf(perPod("floor", "")))
+	fmt.Fprintf(sb, "\nCPU time used from the first create to the last pod Running, per pod (ms; the sum of\n"+
+		"`/proc/<pid>/task/*/schedstat` over the processes of that server, plus the cutime+cstime of processes that exited\n"+
+		"and were waited for by one of them%s; median over rounds; the machine has %d CPUs):\n\n", peerNote, runtime.NumCPU())
+	fmt.Fprintf(sb, "| process | %s |\n|---|%s\n", strings.Join(modes, " | "), strings.Repeat("---:|", len(modes)))
+	for _, role := range roles {
+		fmt.Fprintf(sb, "| %s |", role)
+		for _, m := range modes {
+			fmt.Fprintf(sb, " %s |", msf(perPod(m, role)))
+		}
+		sb.WriteString("\n")
+	}
+	sb.WriteString("| **all** |")
+	for _, m := range modes {
+		fmt.Fprintf(sb, " **%s** |", msf(perPod(m, "")))
+	}
+	sb.WriteString("\n")
 }
 
 func renderReport(o options, m machine, res *results, extra []string) string {
@@ -418,17 +530,19 @@ func renderReport(o options, m machine, res *results, extra []string) string {
 		fmt.Fprintf(&sb, "- Command: `%s`\n", o.invocation)
 	}
 	fmt.Fprintf(&sb, "- Program: `%s`\n", programLine())
-	fmt.Fprintf(&sb, "- Load average (1/5/15 min) at start %s, at end %s (the machine is shared; rounds alternate which mode goes first).\n", m.LoadStart, m.LoadEnd)
+	fmt.Fprintf(&sb, "- Load average (1/5/15 min) at start %s, at end %s (the machine is shared; each round starts with the next mode).\n", m.LoadStart, m.LoadEnd)
 	flags := ""
 	if len(extra) > 0 {
-		flags = fmt.Sprintf(" Servers started with `%s` (room for the density run).", strings.Join(extra, " "))
+		flags = fmt.Sprintf(" Servers started with `%s` (eviction thresholds a shared disk cannot cross, room for the density run).", strings.Join(extra, " "))
 	}
 	if len(res.singles)+len(res.bursts)+len(res.deploys) > 0 {
 		fmt.Fprintf(&sb, "- Setup: two servers side by side, each on its own data dir and loopback ports, running a private copy of the\n"+
 			"  binary: the **real** node, and the **floor**, the same binary with `--node-instant` (the node marks pods Running\n"+
 			"  without starting anything). The workload is the runtime's test program (`imagetest.ProgSource`, a static Go\n"+
 			"  binary) sleeping, served from a registry on 127.0.0.1 and pulled once by a warm-up pod before any timing.\n"+
-			"  Every burst starts after %s idle; pods are deleted and gone (real: no process or directory left) between bursts.%s\n\n", o.settle, flags)
+			"  Every burst starts after %s idle; pods are deleted and gone (real: no process or directory left) between bursts.%s\n", o.settle, flags)
+		sb.WriteString(peerSetup(res))
+		sb.WriteString("\n")
 	} else {
 		sb.WriteString("- Setup: one server on its own data dir and loopback ports, running a private copy of the binary. The workload\n" +
 			"  is the runtime's test program (`imagetest.ProgSource`, a static Go binary) sleeping, served from a registry on\n" +
@@ -445,12 +559,14 @@ func renderReport(o options, m machine, res *results, extra []string) string {
 	if len(res.deploys) > 0 {
 		fmt.Fprintf(&sb, "### Deployment of %d replicas\n\n", o.pods)
 		renderBursts(&sb, o, res.deploys, "deployment", o.deployRounds)
+		renderRates(&sb, res.deploys)
 	}
 	if len(res.singles)+len(res.bursts)+len(res.deploys) > 0 {
 		sb.WriteString("1. From the runtime daemon's `<data>/pods/<uid>/pod.json`: `startTime` (the daemon accepted CreatePod) and the\n" +
 			"   container's `running.startedAt` (the process was started); same machine, same clock.\n" +
 			"2. Delete request (DeleteCollection, or the Deployment with background propagation) → every pod gone from the\n" +
-			"   API and, on the real node, no shim, workload, pod directory, log directory or shim socket left.\n\n")
+			"   API and, on the real node, no shim, workload, pod directory, log directory or shim socket left (on the peer: no\n" +
+			"   containerd-shim-runc-v2, pause or container process).\n\n")
 	}
 	if d := res.density; d != nil {
 		renderDensity(&sb, o, d)
@@ -506,8 +622,8 @@ func renderDensity(sb *strings.Builder, o options, d *densityResult) {
 	fmt.Fprintf(sb, "| k3sm-shim × %d (RSS %s MiB) | 0 | %s | %s | %s |\n", len(d.Shims), mib(shimRSS), mib(shimPSS), mib(shimPSS), per(shimPSS))
 	fmt.Fprintf(sb, "| **beyond the workload** (shims + runtimed and node growth) | | | | **%.0f kB = %.2f MiB** |\n", d.PerPodKB, d.PerPodKB/1024)
 	fmt.Fprintf(sb, "\nGoal ≤ 2 MiB per pod: %s (%.2f MiB).\n\n", verdict(d.PerPodKB <= 2048), d.PerPodKB/1024)
-	fmt.Fprintf(sb, "Not counted, for context: the workload itself, %d processes, PSS %s kB (RSS %s kB) each on average (its binary\n"+
-		"is a per-pod copy on this ext4 data dir, so its pages are not shared); pod directories on disk %.0f kB per pod.\n"+
+	fmt.Fprintf(sb, "Not counted, for context: the workload itself, %d processes, PSS %s kB (RSS %s kB) each on average;\n"+
+		"pod directories on disk (with the sandbox: the root's overlay upper directory, volumes and state) %.0f kB per pod.\n"+
 		"Growth of the other server processes with %d pod objects (MiB PSS):", len(d.Workloads), per2(wlPSS, len(d.Workloads)),
 		per2(wlRSS, len(d.Workloads)), d.DiskPerPodKB, d.N)
 	var roles []string
@@ -626,4 +742,33 @@ func writeSection(path, body string) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
+}
+
+// renderRates compares the Deployment on the floor with k3sm's client rates
+// and on the floor with upstream's (issue 12's "before and after the
+// rate-limit change"), when that server ran.
+func renderRates(sb *strings.Builder, rs []*burstResult) {
+	ran := false
+	for _, r := range rs {
+		ran = ran || r.Mode == upstreamRatesMode
+	}
+	if !ran {
+		return
+	}
+	lat := func(r *burstResult) []time.Duration { return r.Lat }
+	fmt.Fprintf(sb, "\nClient rates, before and after (issue 12): the same Deployment on a third server, an instant node like the floor's, "+
+		"whose scheduler and controller-manager run with upstream's client rates (`%s`), against the floor with k3sm's (200/s, burst 400, each):\n\n",
+		strings.Join(upstreamRateFlags, " "))
+	fmt.Fprintf(sb, "| ms | floor, k3sm's rates | floor, upstream's rates | ratio upstream's ÷ k3sm's |\n|---|---:|---:|---:|\n")
+	for _, row := range []struct {
+		name string
+		f    func(*burstResult) time.Duration
+	}{
+		{"p50", at(lat, 0.50)}, {"p99", at(lat, 0.99)},
+		{"**first create sent → last pod Running**", func(r *burstResult) time.Duration { return r.Span }},
+	} {
+		k, u := across(rs, "floor", row.f), across(rs, upstreamRatesMode, row.f)
+		fmt.Fprintf(sb, "| %s | %s | %s | %s |\n", row.name, ms(k), ms(u), ratio(u, k))
+	}
+	sb.WriteString("\n")
 }

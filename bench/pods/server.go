@@ -23,8 +23,13 @@ const nodeName = "bench-node"
 
 // server is one `k3sm server` on its own data dir, loopback ports only.
 type server struct {
-	mode    string // "real" or "floor"
+	mode    string // "real", "floor" or "peer"
 	instant bool
+	node    string // the node its pods are pinned to
+	// The peer is no server of its own: it joins cp's control plane and
+	// uses cp's client.
+	peer    *peer
+	cp      *server
 	dir     string
 	logPath string
 	cmd     *exec.Cmd
@@ -53,18 +58,36 @@ func freePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-// maxPodsFlag returns the --max-pods flag that gives the node room for
-// want pods, if more than the default 110 are wanted and the binary has
-// the flag (older binaries do not: the density run is then capped).
-func maxPodsFlag(bin string, want int) []string {
-	if want <= 110 {
-		return nil
-	}
+// benchEviction are the node's hard eviction thresholds in the benchmark,
+// the peer's too: a shared disk below the default 15% free must not taint
+// the nodes DiskPressure (pods would stay Pending).
+const benchEviction = "memory.available<1Mi,nodefs.available<1%,imagefs.available<1%,nodefs.inodesFree<1%"
+
+// extraFlags returns the server flags the benchmark adds, for those the
+// binary has (older binaries lack them): --eviction-hard, and --max-pods
+// for room for want pods if more than the default 110 are wanted (else the
+// density run is capped).
+func extraFlags(bin string, want int) []string {
 	out, _ := exec.Command(bin, "server", "--help").CombinedOutput()
-	if !strings.Contains(string(out), "--max-pods") {
-		return nil
+	var flags []string
+	if strings.Contains(string(out), "--eviction-hard") {
+		flags = append(flags, "--eviction-hard", benchEviction)
 	}
-	return []string{"--max-pods", strconv.Itoa(want)}
+	if want > 110 && strings.Contains(string(out), "--max-pods") {
+		flags = append(flags, "--max-pods", strconv.Itoa(want))
+	}
+	return flags
+}
+
+// upstreamRatesMode is a floor server (instant node) whose scheduler and
+// controller-manager run with upstream's client rates, not k3sm's 200/s:
+// the Deployment figure "before the rate-limit change" (issue 12), beside
+// the floor with k3sm's rates.
+const upstreamRatesMode = "floor-upstream-rates"
+
+var upstreamRateFlags = []string{
+	"--kube-controller-manager-arg=kube-api-qps=20", "--kube-controller-manager-arg=kube-api-burst=30",
+	"--kube-scheduler-arg=kube-api-qps=50", "--kube-scheduler-arg=kube-api-burst=100",
 }
 
 func serverArgs(dir string, ports []int, instant bool, extra ...string) []string {
@@ -84,7 +107,7 @@ func serverArgs(dir string, ports []int, instant bool, extra ...string) []string
 // startServer starts the server and waits until it logs `k3sm is up` and
 // the "default" ServiceAccount exists (pods are refused before that).
 func startServer(ctx context.Context, bin, work, mode string, instant bool, qps float32, extra []string) (*server, error) {
-	s := &server{mode: mode, instant: instant, dir: filepath.Join(work, mode), logPath: filepath.Join(work, mode+".log")}
+	s := &server{mode: mode, instant: instant, node: nodeName, dir: filepath.Join(work, mode), logPath: filepath.Join(work, mode+".log")}
 	ports, err := freePorts(4)
 	if err != nil {
 		return nil, err
@@ -173,6 +196,9 @@ func (s *server) stop() error {
 
 // alive reports an error if the server process has exited.
 func (s *server) alive() error {
+	if s.peer != nil {
+		return errors.Join(s.cp.alive(), s.peer.alive())
+	}
 	select {
 	case err := <-s.waitErr:
 		s.waitErr <- err
@@ -198,6 +224,10 @@ func poll(ctx context.Context, timeout, every time.Duration, f func() error) err
 		err := f()
 		if err == nil {
 			return nil
+		}
+		var stop errStop
+		if errors.As(err, &stop) {
+			return stop.error
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("after %s: %w", timeout, err)
