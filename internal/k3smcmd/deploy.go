@@ -22,10 +22,10 @@ type deployConfig struct {
 func addDeployFlags(f *pflag.FlagSet, d *deployConfig) {
 	f.DurationVar(&d.Resync, "manifests-resync", deploy.DefaultResync,
 		"re-apply every file of <data-dir>/server/manifests this often, bringing back deleted objects (changed files are applied within 2s)")
-	f.BoolVar(&d.DisableHelmController, "disable-helm-controller", false, "do not install HelmChart resources (helm.cattle.io/v1); the CRD is still installed")
+	f.BoolVar(&d.DisableHelmController, "disable-helm-controller", false, "do not install HelmChart resources (helm.cattle.io/v1); the HelmChart and HelmChartConfig CRDs are still installed")
 }
 
-// deployAddon installs the HelmChart CRD and starts the HelmChart
+// deployAddon installs the HelmChart and HelmChartConfig CRDs and starts the HelmChart
 // controller and the manifests folder once authorization is verified.
 func deployAddon(d *deployConfig) controlplane.Addon {
 	return controlplane.Addon{
@@ -45,12 +45,12 @@ func deployAddon(d *deployConfig) controlplane.Addon {
 			if err != nil {
 				return err
 			}
-			crd, err := deploy.Parse(deploy.HelmChartCRD())
+			crd, err := deploy.Parse(deploy.CRDs())
 			if err != nil {
 				return err
 			}
 			if err := ap.ApplyAll(ctx, crd); err != nil {
-				return fmt.Errorf("installing the HelmChart CRD: %w", err)
+				return fmt.Errorf("installing the HelmChart and HelmChartConfig CRDs: %w", err)
 			}
 			dir := p.Layout.ManifestsDir()
 			if err := os.MkdirAll(dir, 0o700); err != nil {

@@ -5,30 +5,32 @@ import (
 	"context"
 	_ "embed"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"reflect"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
 	"helm.sh/helm/v3/pkg/action"
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
-	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/release"
 	"helm.sh/helm/v3/pkg/storage/driver"
-	"helm.sh/helm/v3/pkg/strvals"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
@@ -37,18 +39,28 @@ import (
 //go:embed helmchart-crd.yaml
 var helmChartCRD []byte
 
-// HelmChartCRD is the CRD the server installs at start.
-func HelmChartCRD() []byte { return helmChartCRD }
+//go:embed helmchartconfig-crd.yaml
+var helmChartConfigCRD []byte
+
+// CRDs are the CRDs the server installs at start: HelmChart and
+// HelmChartConfig.
+func CRDs() []byte {
+	return append(append(append([]byte(nil), helmChartCRD...), "\n---\n"...), helmChartConfigCRD...)
+}
 
 // HelmChartGVR is the HelmChart resource.
 var HelmChartGVR = schema.GroupVersionResource{Group: "helm.cattle.io", Version: "v1", Resource: "helmcharts"}
+
+// HelmChartConfigGVR is the HelmChartConfig resource: values for the
+// HelmChart of the same name and namespace, merged over its own.
+var HelmChartConfigGVR = schema.GroupVersionResource{Group: "helm.cattle.io", Version: "v1", Resource: "helmchartconfigs"}
 
 // Finalizer holds a HelmChart until its release is uninstalled.
 const Finalizer = "helm.cattle.io/k3sm-uninstall"
 
 // Fields of k3s's HelmChart that k3sm accepts and ignores: they drive k3s's
 // helm Job, which k3sm does not run (helm runs in the server).
-var ignoredFields = []string{"jobImage", "bootstrap", "helmVersion", "backOffLimit", "podSecurityContext", "securityContext", "valuesSecrets"}
+var ignoredFields = []string{"jobImage", "bootstrap", "helmVersion", "backOffLimit", "podSecurityContext", "securityContext"}
 
 // Charts reconciles HelmCharts with helm releases.
 type Charts struct {
@@ -56,10 +68,11 @@ type Charts struct {
 	Log    *slog.Logger
 	Resync time.Duration // how often every chart is checked again (its release may have been removed)
 
-	dyn   dynamic.Interface
-	kube  kubernetes.Interface // the Secrets and ConfigMaps a HelmChart names; its Events
-	queue workqueue.TypedRateLimitingInterface[string]
-	store cache.Store
+	dyn     dynamic.Interface
+	kube    kubernetes.Interface // the Secrets and ConfigMaps a HelmChart names; its Events
+	queue   workqueue.TypedRateLimitingInterface[string]
+	store   cache.Indexer // HelmCharts
+	configs cache.Store   // HelmChartConfigs
 }
 
 // Run watches HelmCharts until ctx ends.
@@ -85,18 +98,110 @@ func (c *Charts) Run(ctx context.Context) error {
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, o any) { enqueue(o) }, DeleteFunc: enqueue}); err != nil {
 		return err
 	}
-	c.store = inf.GetStore()
+	c.store = inf.GetIndexer()
+	// A HelmChartConfig is keyed like its HelmChart: its events reconcile it.
+	cfgInf := f.ForResource(HelmChartConfigGVR).Informer()
+	if _, err := cfgInf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, o any) { enqueue(o) }, DeleteFunc: enqueue}); err != nil {
+		return err
+	}
+	c.configs = cfgInf.GetStore()
+	secInf, err := c.secretInformer()
+	if err != nil {
+		return err
+	}
 	f.Start(ctx.Done())
+	go secInf.Run(ctx.Done())
 	go func() {
 		<-ctx.Done()
 		c.queue.ShutDown()
 	}()
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced, cfgInf.HasSynced, secInf.HasSynced) {
 		return ctx.Err()
 	}
 	for c.next(ctx) {
 	}
 	return nil
+}
+
+// secretInformer watches the metadata of Secrets only (their data would
+// hold every Secret of the cluster in memory): a new resourceVersion of a
+// Secret a chart reads values from reconciles the chart, which reads the
+// Secret afresh.
+func (c *Charts) secretInformer() (cache.SharedIndexInformer, error) {
+	mc, err := metadata.NewForConfig(c.RC)
+	if err != nil {
+		return nil, err
+	}
+	secrets := corev1.SchemeGroupVersion.WithResource("secrets")
+	inf := metadatainformer.NewFilteredMetadataInformer(mc, secrets, metav1.NamespaceAll, 0, cache.Indexers{}, nil).Informer()
+	// Only the name and resourceVersion are used: drop the rest.
+	if err := inf.SetTransform(func(obj any) (any, error) {
+		if m, ok := obj.(*metav1.PartialObjectMetadata); ok {
+			m.ManagedFields, m.Annotations, m.Labels, m.OwnerReferences = nil, nil, nil, nil
+		}
+		return obj, nil
+	}); err != nil {
+		return nil, err
+	}
+	changed := func(obj any) {
+		m, err := meta.Accessor(obj)
+		if err != nil {
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				if m, err = meta.Accessor(d.Obj); err != nil {
+					return
+				}
+			} else {
+				return
+			}
+		}
+		c.secretChanged(m.GetNamespace(), m.GetName())
+	}
+	_, err = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: changed,
+		UpdateFunc: func(o, n any) {
+			om, err1 := meta.Accessor(o)
+			nm, err2 := meta.Accessor(n)
+			if err1 == nil && err2 == nil && om.GetResourceVersion() == nm.GetResourceVersion() {
+				return
+			}
+			changed(n)
+		},
+		DeleteFunc: changed,
+	})
+	return inf, err
+}
+
+// secretChanged reconciles the charts of namespace ns whose valuesSecrets,
+// or their HelmChartConfig's, name the Secret without ignoreUpdates.
+func (c *Charts) secretChanged(ns, name string) {
+	charts, err := c.store.ByIndex(cache.NamespaceIndex, ns)
+	if err != nil {
+		return
+	}
+	for _, obj := range charts {
+		hc, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			continue
+		}
+		names := valuesSecretNames(specOf(hc))
+		if cfg := c.config(hc); cfg != nil {
+			names = append(names, valuesSecretNames(specOf(cfg))...)
+		}
+		if slices.Contains(names, name) {
+			c.Log.Debug("values Secret changed", "secret", ns+"/"+name, "helmchart", ns+"/"+hc.GetName())
+			c.queue.Add(ns + "/" + hc.GetName())
+		}
+	}
+}
+
+// config is the HelmChartConfig of hc, or nil.
+func (c *Charts) config(hc *unstructured.Unstructured) *unstructured.Unstructured {
+	obj, exists, err := c.configs.GetByKey(hc.GetNamespace() + "/" + hc.GetName())
+	if err != nil || !exists {
+		return nil
+	}
+	u, _ := obj.(*unstructured.Unstructured)
+	return u
 }
 
 func (c *Charts) next(ctx context.Context) bool {
@@ -151,22 +256,42 @@ func (c *Charts) sync(ctx context.Context, key string) error {
 		return err
 	}
 
-	// Up to date: this generation was applied and its release is still there.
+	layers, err := valueLayers(ctx, kubeSecretGetter(c), hc, c.config(hc))
+	if err != nil {
+		return c.fail(ctx, hc, "InvalidValues", err)
+	}
+	vals, err := values(layers, hc)
+	if err != nil {
+		return c.fail(ctx, hc, "InvalidValues", err)
+	}
+	digest, err := valuesDigest(layers, hc)
+	if err != nil {
+		return c.fail(ctx, hc, "InvalidValues", err)
+	}
+
+	// Up to date: this generation with these values was applied and its
+	// release is still there.
 	observed, _, _ := unstructured.NestedInt64(hc.Object, "status", "observedGeneration")
 	revision, _, _ := unstructured.NestedInt64(hc.Object, "status", "revision")
+	applied, _, _ := unstructured.NestedString(hc.Object, "status", "valuesDigest")
 	if observed == hc.GetGeneration() && revision > 0 {
 		if rel, err := action.NewGet(cfg).Run(name); err == nil && rel.Version == int(revision) && rel.Info.Status == release.StatusDeployed {
-			return nil
+			if applied == digest {
+				return nil
+			}
+			// Deployed before status.valuesDigest existed: the release's own
+			// values tell whether it is current; record the digest then.
+			if applied == "" && sameValues(rel.Config, vals) {
+				st, _, _ := unstructured.NestedMap(hc.Object, "status")
+				st["valuesDigest"] = digest
+				return c.setStatus(ctx, hc, st)
+			}
 		}
 	}
 
 	ch, err := c.loadChart(ctx, hc)
 	if err != nil {
 		return c.fail(ctx, hc, "ChartNotLoaded", err)
-	}
-	vals, err := values(hc)
-	if err != nil {
-		return c.fail(ctx, hc, "InvalidValues", err)
 	}
 	timeout := 5 * time.Minute
 	if s, _, _ := unstructured.NestedString(hc.Object, "spec", "timeout"); s != "" {
@@ -189,6 +314,7 @@ func (c *Charts) sync(ctx context.Context, key string) error {
 		"targetNamespace":    target,
 		"revision":           int64(rel.Version),
 		"chartVersion":       ch.Metadata.Version,
+		"valuesDigest":       digest,
 		"conditions": []any{
 			condition("Ready", "True", "Deployed", msg),
 			condition("Failed", "False", "Deployed", ""),
@@ -269,31 +395,25 @@ func (c *Charts) loadChart(ctx context.Context, hc *unstructured.Unstructured) (
 	return src.fetch(tmp)
 }
 
-// values are spec.valuesContent overridden by spec.set.
-func values(hc *unstructured.Unstructured) (map[string]any, error) {
-	content, _, _ := unstructured.NestedString(hc.Object, "spec", "valuesContent")
-	vals, err := chartutil.ReadValues([]byte(content))
-	if err != nil {
-		return nil, fmt.Errorf("spec.valuesContent: %w", err)
+// sameValues compares values as JSON (helm stores a release's values as
+// JSON, so numbers come back as float64).
+func sameValues(a, b map[string]any) bool {
+	if a == nil {
+		a = map[string]any{}
 	}
-	set, _, _ := unstructured.NestedMap(hc.Object, "spec", "set")
-	keys := make([]string, 0, len(set))
-	for k := range set {
-		keys = append(keys, k)
+	if b == nil {
+		b = map[string]any{}
 	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		switch v := set[k].(type) {
-		case string:
-			err = strvals.ParseIntoString(k+"="+v, vals)
-		default:
-			err = strvals.ParseInto(fmt.Sprintf("%s=%v", k, v), vals)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("spec.set.%s: %w", k, err)
-		}
+	ja, err1 := json.Marshal(a)
+	jb, err2 := json.Marshal(b)
+	if err1 != nil || err2 != nil {
+		return false
 	}
-	return vals, nil
+	var na, nb any
+	if json.Unmarshal(ja, &na) != nil || json.Unmarshal(jb, &nb) != nil {
+		return false
+	}
+	return reflect.DeepEqual(na, nb)
 }
 
 func condition(typ, status, reason, msg string) map[string]any {
