@@ -25,7 +25,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-var helmChartGVR = schema.GroupVersionResource{Group: "helm.cattle.io", Version: "v1", Resource: "helmcharts"}
+var (
+	helmChartGVR       = schema.GroupVersionResource{Group: "helm.cattle.io", Version: "v1", Resource: "helmcharts"}
+	helmChartConfigGVR = schema.GroupVersionResource{Group: "helm.cattle.io", Version: "v1", Resource: "helmchartconfigs"}
+)
 
 func writeManifest(t *testing.T, dir, name, content string) {
 	t.Helper()
@@ -66,7 +69,8 @@ func gone(err error, what string) error {
 // restores deleted objects, honours .skip, reports bad YAML without
 // stopping the rest; HelmCharts install from inline content and from an
 // OCI registry (the latter dropped in the folder), upgrade on a values
-// change and uninstall on deletion.
+// change (of the spec, a values Secret or the HelmChartConfig) and
+// uninstall on deletion.
 func TestDeployManifestsAndHelmCharts(t *testing.T) {
 	s := newServer(t, "--manifests-resync", "3s")
 	s.start()
@@ -336,6 +340,111 @@ generated: "2026-01-01T00:00:00Z"
 		waitFor(t, 30*time.Second, "HelmChart repochart status", chartStatus(t, dyn, "repochart", 1))
 	})
 
+	// Values from Secrets and a HelmChartConfig, layered as helm's repeated
+	// -f; each change upgrades the release once, by the Secret watch alone
+	// (no change of the HelmChart, no failure to retry).
+	t.Run("helmchart-values-secrets-and-config", func(t *testing.T) {
+		ri := dyn.Resource(helmChartGVR).Namespace("kube-system")
+		secrets := c.CoreV1().Secrets("kube-system")
+		hc := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "helm.cattle.io/v1", "kind": "HelmChart",
+			"metadata": map[string]any{"name": "valsec", "namespace": "kube-system"},
+			"spec": map[string]any{
+				"chartContent": base64.StdEncoding.EncodeToString(makeChart(t, "valsec", "0.1.0")), "targetNamespace": "default",
+				"valuesContent": "greeting: from-content\n",
+				"values":        map[string]any{"greeting": "from-values"},
+				"valuesSecrets": []any{
+					map[string]any{"name": "valsec-values", "keys": []any{"values.yaml"}},
+					// Optional: missing is fine, and its changes do not upgrade.
+					map[string]any{"name": "valsec-optional", "keys": []any{"values.yaml"}, "ignoreUpdates": true},
+				},
+			},
+		}}
+		if _, err := ri.Create(ctx(t), hc, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, time.Minute, "the missing values Secret on the status", chartFailed(t, dyn, "valsec",
+			"spec.valuesSecrets[0]: Secret kube-system/valsec-values not found", "kubectl create secret generic valsec-values -n kube-system --from-file=values.yaml="))
+		waitFor(t, 10*time.Second, "the missing values Secret as an Event", chartEvent(t, c, "valsec", "Secret kube-system/valsec-values not found"))
+		if _, err := c.CoreV1().ConfigMaps("default").Get(ctx(t), "valsec-greeting", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Fatalf("deployed without its values Secret: %v", err)
+		}
+
+		// (1) The Secret is created: the chart deploys with its value.
+		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "valsec-values"}, Data: map[string][]byte{"values.yaml": []byte("greeting: from-secret-1\n")}}
+		if _, err := secrets.Create(ctx(t), sec, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 2*time.Minute, "the chart deployed with the Secret's value", configMapValue(c, t, "default", "valsec-greeting", "greeting", "from-secret-1"))
+		waitFor(t, 30*time.Second, "revision 1", chartStatus(t, dyn, "valsec", 1))
+		digest1 := valuesDigestOf(t, dyn, "valsec")
+
+		// (2) The Secret is edited: upgraded with the new value.
+		got, err := secrets.Get(ctx(t), "valsec-values", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.Data["values.yaml"] = []byte("greeting: from-secret-2\n")
+		if _, err := secrets.Update(ctx(t), got, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, time.Minute, "the upgrade with the edited Secret", configMapValue(c, t, "default", "valsec-greeting", "greeting", "from-secret-2"))
+		waitFor(t, 30*time.Second, "revision 2", chartStatus(t, dyn, "valsec", 2))
+		digest2 := valuesDigestOf(t, dyn, "valsec")
+		if digest2 == digest1 {
+			t.Errorf("status.valuesDigest %s unchanged by a new value", digest2)
+		}
+
+		// (3) A HelmChartConfig of the same name: its value wins.
+		cfgs := dyn.Resource(helmChartConfigGVR).Namespace("kube-system")
+		cfg := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "helm.cattle.io/v1", "kind": "HelmChartConfig",
+			"metadata": map[string]any{"name": "valsec", "namespace": "kube-system"},
+			"spec":     map[string]any{"valuesContent": "greeting: from-config\n"},
+		}}
+		if _, err := cfgs.Create(ctx(t), cfg, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, time.Minute, "the HelmChartConfig's value", configMapValue(c, t, "default", "valsec-greeting", "greeting", "from-config"))
+		waitFor(t, 30*time.Second, "revision 3", chartStatus(t, dyn, "valsec", 3))
+
+		// (4) The HelmChartConfig is deleted: back to the Secret's value.
+		if err := cfgs.Delete(ctx(t), "valsec", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, time.Minute, "the Secret's value again", configMapValue(c, t, "default", "valsec-greeting", "greeting", "from-secret-2"))
+		waitFor(t, 30*time.Second, "revision 4", chartStatus(t, dyn, "valsec", 4))
+		if d := valuesDigestOf(t, dyn, "valsec"); d != digest2 {
+			t.Errorf("status.valuesDigest %s, want %s as at revision 2 (the same values)", d, digest2)
+		}
+
+		// No upgrade for: the optional Secret appearing (ignoreUpdates), nor
+		// a watched Secret whose change leaves its values as they are.
+		if _, err := secrets.Create(ctx(t), &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "valsec-optional"},
+			Data: map[string][]byte{"values.yaml": []byte("greeting: from-optional\n")}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		got, err = secrets.Get(ctx(t), "valsec-values", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.Labels = map[string]string{"touched": "yes"}
+		if _, err := secrets.Update(ctx(t), got, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Second)
+		if err := chartStatus(t, dyn, "valsec", 4)(); err != nil {
+			t.Errorf("after the optional Secret and a label on the watched one: %v", err)
+		}
+		if err := configMapValue(c, t, "default", "valsec-greeting", "greeting", "from-secret-2")(); err != nil {
+			t.Error(err)
+		}
+		recs, err := c.CoreV1().Secrets("default").List(ctx(t), metav1.ListOptions{LabelSelector: "owner=helm,name=valsec"})
+		if err != nil || len(recs.Items) != 4 {
+			t.Errorf("helm release records: %d (err %v), want revisions 1..4", len(recs.Items), err)
+		}
+	})
+
 	// A restart applies what changed while the server was down, and leaves
 	// an up-to-date release alone (its registry is gone by now).
 	t.Run("restart", func(t *testing.T) {
@@ -382,6 +491,19 @@ func chartStatus(t *testing.T, dyn dynamic.Interface, name string, revision int6
 		}
 		return nil
 	}
+}
+
+func valuesDigestOf(t *testing.T, dyn dynamic.Interface, name string) string {
+	t.Helper()
+	hc, err := dyn.Resource(helmChartGVR).Namespace("kube-system").Get(ctx(t), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _, _ := unstructured.NestedString(hc.Object, "status", "valuesDigest")
+	if !strings.HasPrefix(d, "sha256:") {
+		t.Fatalf("status.valuesDigest %q, want sha256:...", d)
+	}
+	return d
 }
 
 // makeChart builds a chart .tgz whose one template is a ConfigMap
