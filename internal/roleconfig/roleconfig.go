@@ -98,6 +98,10 @@ type NodeConfig struct {
 	ClusterDomain string `json:"clusterDomain,omitempty"`
 	DNSConfig     string `json:"dnsConfig,omitempty"`
 	APIServiceIP  string `json:"apiServiceIP,omitempty"`
+	// ServiceCIDR and ClusterCIDR are the cluster's ranges: the cluster DNS
+	// answers their reverse names itself instead of forwarding them.
+	ServiceCIDR string `json:"serviceCIDR,omitempty"`
+	ClusterCIDR string `json:"clusterCIDR,omitempty"`
 	// NetdSocket, when set, is k3sm-netd's socket: the Service proxy puts
 	// ClusterIPs in the kernel through it (--service-proxy).
 	NetdSocket string `json:"netdSocket,omitempty"`

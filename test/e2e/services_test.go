@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -278,6 +279,99 @@ func TestServicesAndDNS(t *testing.T) {
 		waitLogs(t, s, "links", "WEB_SERVICE_HOST="+clusterIP+"\n")
 		waitLogs(t, s, "links", "WEB_SERVICE_PORT_HTTP=80\n")
 		waitLogs(t, s, "links", "KUBERNETES_SERVICE_HOST="+api.Spec.ClusterIP+"\n")
+	})
+
+	t.Run("every DNS record kind", func(t *testing.T) {
+		// dig-like checks from the node (this test's network namespace)
+		// against the cluster DNS; the Services and pods are the ones the
+		// subtests above made.
+		if _, err := c.CoreV1().Services("default").Create(ctx(t), &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "alias"},
+			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "web.default.svc.cluster.local"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		clientIP := waitPod(t, c, "client", time.Second, hasIP).Status.PodIP
+		db0 := waitPod(t, c, "db-0", time.Second, hasIP).Status.PodIP
+		db1 := waitPod(t, c, "db-1", time.Second, hasIP).Status.PodIP
+		var webIP string
+		for ip := range backends {
+			webIP = ip
+		}
+		const z = ".cluster.local."
+		ok := func(answer ...string) dnsAnswer { return dnsAnswer{answer: answer} }
+		for _, tc := range []struct {
+			name  string
+			qtype uint16
+			want  dnsAnswer
+		}{
+			{"web.default.svc" + z, dns.TypeA, ok("A " + clusterIP)},
+			// Headless: one A per ready endpoint, and per-pod names.
+			{"db.default.svc" + z, dns.TypeA, ok("A "+db0, "A "+db1)},
+			{"db-0.db.default.svc" + z, dns.TypeA, ok("A " + db0)},
+			// SRV of a named port: the Service name, its port.
+			{"_http._tcp.web.default.svc" + z, dns.TypeSRV, ok("SRV 0 100 80 web.default.svc.cluster.local.")},
+			{"_tcp._tcp.db.default.svc" + z, dns.TypeSRV, ok("SRV 0 50 8080 db-0.db.default.svc.cluster.local.", "SRV 0 50 8080 db-1.db.default.svc.cluster.local.")},
+			// PTR: a ClusterIP names its Service; an endpoint address its
+			// name under each Service it backs (web's pods back web-np,
+			// web-lb and web-sticky too); a pod that backs none its pod
+			// record; an address in the ranges nobody has is NXDOMAIN
+			// from here, not asked of the host's resolvers.
+			{reverseName(t, clusterIP), dns.TypePTR, ok("PTR web.default.svc.cluster.local.")},
+			{reverseName(t, db0), dns.TypePTR, ok("PTR db-0.db.default.svc.cluster.local.")},
+			{reverseName(t, webIP), dns.TypePTR, dnsAnswer{answer: []string{"PTR " + dashedIP(webIP) + ".web.default.svc.cluster.local."}, contains: true}},
+			{dashedIP(webIP) + ".web.default.svc" + z, dns.TypeA, ok("A " + webIP)},
+			{reverseName(t, clientIP), dns.TypePTR, ok("PTR " + dashedIP(clientIP) + ".default.pod.cluster.local.")},
+			{reverseName(t, "100.127.255.253"), dns.TypePTR, dnsAnswer{rcode: dns.RcodeNameError, soa: true}},
+			{reverseName(t, "10.43.255.253"), dns.TypePTR, dnsAnswer{rcode: dns.RcodeNameError, soa: true}},
+			// Pod records.
+			{dashedIP(clientIP) + ".default.pod" + z, dns.TypeA, ok("A " + clientIP)},
+			// ExternalName: a CNAME, followed inside the zone.
+			{"alias.default.svc" + z, dns.TypeCNAME, ok("CNAME web.default.svc.cluster.local.")},
+			{"alias.default.svc" + z, dns.TypeA, ok("CNAME web.default.svc.cluster.local.", "A "+clusterIP)},
+			{"dns-version" + z, dns.TypeTXT, ok(`TXT "1.1.0"`)},
+			// Negative answers as the specification says: NXDOMAIN for a
+			// missing Service, NODATA for a type a Service has not.
+			{"nope.default.svc" + z, dns.TypeA, dnsAnswer{rcode: dns.RcodeNameError, soa: true}},
+			{"web.default.svc" + z, dns.TypeAAAA, dnsAnswer{soa: true}},
+		} {
+			expectDNS(t, tc.name, tc.qtype, tc.want)
+		}
+	})
+
+	t.Run("a new endpoint is used within 1 s of being ready", func(t *testing.T) {
+		fl := map[string]string{"app": "fresh"}
+		fresh, err := c.CoreV1().Services("default").Create(ctx(t), &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "fresh"},
+			Spec: corev1.ServiceSpec{Selector: fl, Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := net.JoinHostPort(fresh.Spec.ClusterIP, "80")
+		// The node reaches ClusterIPs (as kube-proxy's nodes do): the web
+		// Service first, so a failure below is about the new endpoint.
+		waitFor(t, 30*time.Second, "the node reaches the web ClusterIP", func() error {
+			out, err := dialRead(net.JoinHostPort(clusterIP, "80"))
+			if err != nil || !strings.Contains(out, ":8080") {
+				return fmt.Errorf("%v %q", err, out)
+			}
+			return nil
+		})
+		ip, ready := endpointReady(t, c, "fresh", "fresh", func() {
+			p := nativePod("fresh", imgs.prog, "serve:8080", "forever")
+			p.Labels = fl
+			p.Spec.NodeSelector, p.Spec.Tolerations = nil, nil
+			p.Spec.TerminationGracePeriodSeconds = ptr.To[int64](1)
+			p.Spec.Containers[0].ReadinessProbe = &corev1.Probe{PeriodSeconds: 1,
+				ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}}}
+			s.createPod(t, p)
+		})
+		served, err := firstAnswerFrom(addr, ip, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		delay := served.Sub(ready)
+		t.Logf("the new endpoint %s served through %s %s after the test saw it ready in its EndpointSlice", ip, addr, delay.Round(time.Millisecond))
+		if delay > time.Second {
+			t.Fatalf("the new endpoint was used %s after it was ready, want within 1s", delay)
+		}
 	})
 
 	t.Run("scaling to 0 refuses, a new endpoint is used at once", func(t *testing.T) {

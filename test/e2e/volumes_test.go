@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -333,6 +334,19 @@ func TestVolumes(t *testing.T) {
 				t.Errorf("%s: logs %q (%v), want %q", tc.sa, logs, err, tc.log)
 			}
 			t.Logf("%s: %s", tc.sa, strings.TrimSpace(logs))
+			if tc.sa == "lister" && os.Geteuid() == 0 && os.Getenv(inNetNSEnv) != "" {
+				// With a pod network the program reaches the API through
+				// the kubernetes Service, as upstream: the env names its
+				// ClusterIP (without one, the API's own address).
+				api, err := c.CoreV1().Services("default").Get(ctx(t), "kubernetes", metav1.GetOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := " as https://" + net.JoinHostPort(api.Spec.ClusterIP, "443")
+				if !strings.HasSuffix(strings.TrimSpace(logs), want) {
+					t.Errorf("rest.InClusterConfig().Host: logs %q, want them to end with %q", logs, want)
+				}
+			}
 			del(t, p.Name)
 		}
 	})

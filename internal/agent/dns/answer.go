@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 
 	"github.com/miekg/dns"
@@ -49,19 +50,153 @@ func (s *Server) ServeDNS(w dns.ResponseWriter, r *dns.Msg) {
 		respond(w, r, m)
 		return
 	}
-	// Reverse names of Service and endpoint addresses are answered here;
-	// the rest of the reverse space (node, pod, outside addresses) is not
-	// ours and goes upstream.
-	if ix != nil && (q.Qtype == dns.TypePTR || q.Qtype == dns.TypeANY) {
-		if ptrs, ok := ix.ptr[lname]; ok {
-			m := reply(r)
-			m.Authoritative = true
-			m.Answer = appendOwned(nil, ptrs, q.Name, lname)
+	if ix != nil {
+		if m := s.reverse(r, ix, q, lname); m != nil {
 			respond(w, r, m)
 			return
 		}
 	}
 	s.forwardQuery(w, r, lname)
+}
+
+// reverse answers a reverse name (in-addr.arpa, ip6.arpa) this server
+// knows or owns, or returns nil to forward it. Known are the addresses of
+// Services and of ready endpoints (the index's PTRs). Owned are the names in
+// the Service and pod ranges (Config.ReverseRanges): never forwarded, since
+// the host's resolvers cannot know them; a pod address there that backs no
+// Service is answered for this node's own pods (Config.PodNamespace) and is
+// NXDOMAIN otherwise.
+func (s *Server) reverse(r *dns.Msg, ix *index, q dns.Question, lname string) *dns.Msg {
+	ptrs, known := ix.ptr[lname]
+	ip, bits, isRev := parseReverse(lname)
+	owner := s.reverseOwner(ip, bits, isRev)
+	if !known && owner == "" {
+		return nil
+	}
+	full := isRev && bits == ip.BitLen()
+	if !known && full && s.podNS != nil {
+		if ns, ok := s.podNS(ip); ok && dnsName(ns+".") {
+			known = true
+			ptrs = []dns.RR{&dns.PTR{Hdr: hdr(lname, dns.TypePTR), Ptr: dashed(ip) + "." + strings.ToLower(ns) + ".pod." + ix.zone}}
+		}
+	}
+	m := reply(r)
+	m.Authoritative = true
+	if owner == "" {
+		owner = lname
+	}
+	switch {
+	case known && (q.Qtype == dns.TypePTR || q.Qtype == dns.TypeANY):
+		m.Answer = appendOwned(nil, ptrs, q.Name, lname)
+	case known || !full:
+		// NODATA: the name has a PTR only, or is an empty non-terminal of
+		// an owned range (e.g. 0.43.10.in-addr.arpa).
+		m.Ns = append(m.Ns, reverseSOA(ix, owner))
+	default:
+		m.Rcode = dns.RcodeNameError
+		m.Ns = append(m.Ns, reverseSOA(ix, owner))
+	}
+	return m
+}
+
+// reverseOwner is the apex of the owned reverse zone that holds the name
+// of ip's first bits: the range's reverse name, its prefix length rounded
+// up to whole labels (octets, nibbles), so it is an ancestor of the query.
+// "" when no range holds it.
+func (s *Server) reverseOwner(ip netip.Addr, bits int, isRev bool) string {
+	if !isRev {
+		return ""
+	}
+	for _, p := range s.reverseRanges {
+		if p.Addr().Is4() != ip.Is4() || bits < p.Bits() || !p.Contains(ip) {
+			continue
+		}
+		step := 8
+		if ip.Is6() {
+			step = 4
+		}
+		return reverseName(netip.PrefixFrom(ip, (p.Bits()+step-1)/step*step).Masked())
+	}
+	return ""
+}
+
+// reverseSOA is the index's SOA, owned by a reverse zone apex.
+func reverseSOA(ix *index, apex string) dns.RR {
+	soa := *ix.soa
+	soa.Hdr.Name = apex
+	return &soa
+}
+
+// parseReverse reads a reverse name: the address its labels give (the rest
+// zero) and how many bits they give. ok is false for any other name and
+// for labels that are not one canonical octet (IPv4) or nibble (IPv6).
+func parseReverse(lname string) (ip netip.Addr, bits int, ok bool) {
+	if rest, found := strings.CutSuffix(lname, "in-addr.arpa."); found {
+		var a [4]byte
+		labels := strings.Split(strings.TrimSuffix(rest, "."), ".")
+		if rest == "" {
+			labels = nil
+		} else if len(labels) > 4 || !strings.HasSuffix(rest, ".") {
+			return ip, 0, false
+		}
+		for i, l := range labels {
+			v, err := strconv.Atoi(l)
+			if err != nil || v < 0 || v > 255 || strconv.Itoa(v) != l {
+				return ip, 0, false
+			}
+			a[len(labels)-1-i] = byte(v)
+		}
+		return netip.AddrFrom4(a), 8 * len(labels), true
+	}
+	if rest, found := strings.CutSuffix(lname, "ip6.arpa."); found {
+		var a [16]byte
+		labels := strings.Split(strings.TrimSuffix(rest, "."), ".")
+		if rest == "" {
+			labels = nil
+		} else if len(labels) > 32 || !strings.HasSuffix(rest, ".") {
+			return ip, 0, false
+		}
+		for i, l := range labels {
+			v, err := strconv.ParseUint(l, 16, 8)
+			if err != nil || len(l) != 1 {
+				return ip, 0, false
+			}
+			n := len(labels) - 1 - i // nibble index from the top
+			if n%2 == 0 {
+				a[n/2] |= byte(v) << 4
+			} else {
+				a[n/2] |= byte(v)
+			}
+		}
+		return netip.AddrFrom16(a), 4 * len(labels), true
+	}
+	return ip, 0, false
+}
+
+// reverseName is the reverse name of a prefix whose length is a whole
+// number of labels: 10.43.0.0/16 → 43.10.in-addr.arpa.
+func reverseName(p netip.Prefix) string {
+	var b strings.Builder
+	if p.Addr().Is4() {
+		a := p.Addr().As4()
+		for i := p.Bits()/8 - 1; i >= 0; i-- {
+			b.WriteString(strconv.Itoa(int(a[i])))
+			b.WriteByte('.')
+		}
+		b.WriteString("in-addr.arpa.")
+		return b.String()
+	}
+	a := p.Addr().As16()
+	for n := p.Bits()/4 - 1; n >= 0; n-- {
+		v := a[n/2] >> 4
+		if n%2 == 1 {
+			v = a[n/2] & 0xf
+		}
+		b.WriteString(strconv.FormatUint(uint64(v), 16))
+		b.WriteByte('.')
+	}
+	b.WriteString("ip6.arpa.")
+	return b.String()
 }
 
 // reply starts an answer to r: question copied, recursion available (the

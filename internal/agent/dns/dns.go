@@ -58,6 +58,14 @@ type Config struct {
 	// names outside the cluster domain; see ResolvConfUpstreams. Entries
 	// equal to a Listen address are dropped, as they would loop.
 	Upstreams []string
+	// ReverseRanges are the Service and pod ranges: their reverse names
+	// (in-addr.arpa, ip6.arpa) are answered here and never forwarded, as no
+	// resolver outside the cluster knows them.
+	ReverseRanges []netip.Prefix
+	// PodNamespace, if set, names the namespace of a pod address on this
+	// node; the PTR of such an address that backs no Service is then
+	// <a-b-c-d>.<namespace>.pod.<zone>. It is called on the query path.
+	PodNamespace func(netip.Addr) (namespace string, ok bool)
 	// ForwardFile is the optional --dns-config file of per-domain forwarding
 	// rules (see LoadForwardFile).
 	ForwardFile string
@@ -78,6 +86,9 @@ type Server struct {
 	ready chan struct{} // closed once the first index is served
 	rr    atomic.Uint32 // rotates multi-record answers
 	slots chan struct{} // one per forwarded query in progress (maxForwards)
+
+	reverseRanges []netip.Prefix
+	podNS         func(netip.Addr) (string, bool)
 }
 
 // New checks cfg, reads the forward file and binds every Listen address
@@ -105,6 +116,13 @@ func New(cfg Config) (*Server, error) {
 		kick:   make(chan struct{}, 1),
 		ready:  make(chan struct{}),
 		slots:  make(chan struct{}, maxForwards),
+		podNS:  cfg.PodNamespace,
+	}
+	for i, p := range cfg.ReverseRanges {
+		if !p.IsValid() {
+			return nil, fmt.Errorf("dns: Config.ReverseRanges[%d] is not a valid prefix; use e.g. 10.43.0.0/16", i)
+		}
+		s.reverseRanges = append(s.reverseRanges, p.Masked())
 	}
 	var rules []ForwardRule
 	if cfg.ForwardFile != "" {

@@ -71,7 +71,9 @@ func cluster() []runtime.Object {
 		Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "www.upstream.test"},
 	}
 	pg := []discoveryv1.EndpointPort{{Name: ptr.To("pg"), Port: ptr.To[int32](5432), Protocol: ptr.To(corev1.ProtocolTCP)}}
+	http := []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: ptr.To(corev1.ProtocolTCP)}}
 	return []runtime.Object{web, db, empty, ext, out,
+		slice("default", "web", "web-a", http, ep{"10.42.0.8", "", true}, ep{"10.42.0.9", "", false}),
 		slice("data", "db", "db-a", pg, ep{"10.42.0.5", "db-0", true}, ep{"10.42.0.7", "db-2", false}),
 		slice("data", "db", "db-b", pg, ep{"10.42.0.6", "", true}),
 	}
@@ -271,11 +273,21 @@ func TestRecords(t *testing.T) {
 			"outside.default.svc.cluster.local. 5 IN CNAME www.upstream.test.",
 			"www.upstream.test. 60 IN A 192.0.2.1"}},
 
-		// PTR: Service and named headless endpoint addresses here, other
-		// reverse names upstream.
+		// A ClusterIP Service's ready endpoints have names of their own
+		// (the PTR targets below); the Service name stays the ClusterIP.
+		{name: "10-42-0-8.web.default.svc." + z, qtype: dns.TypeA, answer: []string{"10-42-0-8.web.default.svc.cluster.local. 5 IN A 10.42.0.8"}},
+		{name: "10-42-0-9.web.default.svc." + z, qtype: dns.TypeA, rcode: dns.RcodeNameError}, // not ready
+
+		// PTR: Service addresses name the Service; ready endpoint
+		// addresses <hostname or dashed address>.<service>, of headless
+		// and ClusterIP Services alike; other reverse names go upstream
+		// (without Config.ReverseRanges: see TestReverse).
 		{name: "20.0.43.10.in-addr.arpa.", qtype: dns.TypePTR, answer: []string{"20.0.43.10.in-addr.arpa. 5 IN PTR web.default.svc.cluster.local."}},
 		{name: "5.0.42.10.in-addr.arpa.", qtype: dns.TypePTR, answer: []string{"5.0.42.10.in-addr.arpa. 5 IN PTR db-0.db.data.svc.cluster.local."}},
-		{name: "6.0.42.10.in-addr.arpa.", qtype: dns.TypePTR, answer: []string{"6.0.42.10.in-addr.arpa. 60 IN PTR from.upstream."}},
+		{name: "6.0.42.10.in-addr.arpa.", qtype: dns.TypePTR, answer: []string{"6.0.42.10.in-addr.arpa. 5 IN PTR 10-42-0-6.db.data.svc.cluster.local."}},
+		{name: "8.0.42.10.in-addr.arpa.", qtype: dns.TypePTR, answer: []string{"8.0.42.10.in-addr.arpa. 5 IN PTR 10-42-0-8.web.default.svc.cluster.local."}},
+		{name: "9.0.42.10.in-addr.arpa.", qtype: dns.TypePTR, answer: []string{"9.0.42.10.in-addr.arpa. 60 IN PTR from.upstream."}}, // not ready
+		{name: "7.0.42.10.in-addr.arpa.", qtype: dns.TypePTR, answer: []string{"7.0.42.10.in-addr.arpa. 60 IN PTR from.upstream."}},
 
 		// Pods, from the name.
 		{name: "10-42-1-9.default.pod." + z, qtype: dns.TypeA, answer: []string{"10-42-1-9.default.pod.cluster.local. 5 IN A 10.42.1.9"}},

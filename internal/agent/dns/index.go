@@ -34,6 +34,10 @@ type node struct {
 type builder struct {
 	ix   *index
 	seen map[string]struct{} // RRs already added, by their text form
+	// epPTR are the PTRs of endpoint addresses: merged into ix.ptr at the
+	// end, except for addresses that are a ClusterIP, whose PTR names only
+	// the Service (as in CoreDNS).
+	epPTR map[string][]dns.RR
 }
 
 func hdr(name string, t uint16) dns.RR_Header {
@@ -57,7 +61,8 @@ func buildIndex(zone string, svcs []*corev1.Service, eps []*discoveryv1.Endpoint
 				Minttl: TTL, // negative answers are cached as briefly as positive ones
 			},
 		},
-		seen: map[string]struct{}{},
+		seen:  map[string]struct{}{},
+		epPTR: map[string][]dns.RR{},
 	}
 	b.node(zone)
 	b.node("svc." + zone)
@@ -133,13 +138,20 @@ func (b *builder) addr(name string, ip netip.Addr) dns.RR {
 	return rr
 }
 
-func (b *builder) ptr(ip netip.Addr, target string) {
+// ptr adds a PTR from ip to target: to the Service PTRs (ix.ptr), or to
+// the endpoint PTRs (epPTR) when endpoint is set.
+func (b *builder) ptr(ip netip.Addr, target string, endpoint bool) {
 	rev, err := dns.ReverseAddr(ip.String())
 	if err != nil {
 		return
 	}
 	rr := &dns.PTR{Hdr: hdr(rev, dns.TypePTR), Ptr: target}
-	if b.once("", rr) {
+	if !b.once("", rr) {
+		return
+	}
+	if endpoint {
+		b.epPTR[rev] = append(b.epPTR[rev], rr)
+	} else {
 		b.ix.ptr[rev] = append(b.ix.ptr[rev], rr)
 	}
 }
@@ -176,7 +188,7 @@ func (b *builder) service(svc *corev1.Service, eps []*discoveryv1.EndpointSlice)
 		n.cname = &dns.CNAME{Hdr: hdr(name, dns.TypeCNAME), Target: target}
 
 	case svc.Spec.ClusterIP == corev1.ClusterIPNone:
-		b.headless(name, eps)
+		b.endpoints(name, eps, true)
 
 	case svc.Spec.ClusterIP != "":
 		ips := svc.Spec.ClusterIPs
@@ -190,7 +202,7 @@ func (b *builder) service(svc *corev1.Service, eps []*discoveryv1.EndpointSlice)
 				continue
 			}
 			addrs = append(addrs, b.addr(name, ip))
-			b.ptr(ip, name)
+			b.ptr(ip, name, false)
 		}
 		if len(addrs) == 0 {
 			return
@@ -200,16 +212,19 @@ func (b *builder) service(svc *corev1.Service, eps []*discoveryv1.EndpointSlice)
 				b.srv(srvName(p.Name, string(p.Protocol), name), p.Port, name, addrs)
 			}
 		}
+		b.endpoints(name, eps, false)
 	}
 }
 
-// headless adds, for every ready endpoint address: an A/AAAA record on the
-// Service name; one on <hostname>.<service> (the endpoint's hostname, or the
-// address with dashes when it has none, so each SRV target resolves); a PTR
-// for endpoints with a hostname; and an SRV per named port. A headless
-// Service without ready endpoints gets no node at all: NXDOMAIN, as in
-// CoreDNS (the specification asks for NXDOMAIN then, too).
-func (b *builder) headless(name string, eps []*discoveryv1.EndpointSlice) {
+// endpoints adds, for every ready endpoint address of a Service: an A/AAAA
+// record on <hostname>.<service> (the endpoint's hostname, or the address
+// with dashes when it has none) and a PTR from the address to that name, as
+// CoreDNS does for every Service (so a pod's address that backs a Service
+// resolves back to a name that resolves forward). For a headless Service
+// also an A/AAAA record on the Service name and an SRV per named port. A
+// headless Service without ready endpoints gets no node at all: NXDOMAIN, as
+// in CoreDNS (the specification asks for NXDOMAIN then, too).
+func (b *builder) endpoints(name string, eps []*discoveryv1.EndpointSlice, headless bool) {
 	for _, s := range eps {
 		if s.AddressType != discoveryv1.AddressTypeIPv4 && s.AddressType != discoveryv1.AddressTypeIPv6 {
 			continue
@@ -230,16 +245,16 @@ func (b *builder) headless(name string, eps []*discoveryv1.EndpointSlice) {
 				if ep.Hostname != nil {
 					host = strings.ToLower(*ep.Hostname)
 				}
-				named := host != "" && dnsName(host+".")
-				if !named {
+				if host == "" || !dnsName(host+".") {
 					host = dashed(ip)
 				}
 				hostName := host + "." + name
-				b.addr(name, ip)
 				hostAddr := b.addr(hostName, ip)
-				if named {
-					b.ptr(ip, hostName)
+				b.ptr(ip, hostName, true)
+				if !headless {
+					continue
 				}
+				b.addr(name, ip)
 				for _, p := range s.Ports {
 					if p.Name == nil || *p.Name == "" || p.Port == nil {
 						continue
@@ -264,8 +279,14 @@ func dashed(ip netip.Addr) string {
 	return strings.ReplaceAll(ip.String(), ":", "-")
 }
 
-// finish orders addresses and gives each SRV set equal weights.
+// finish merges the endpoint PTRs, orders addresses and gives each SRV set
+// equal weights.
 func (b *builder) finish() {
+	for rev, rrs := range b.epPTR {
+		if _, svc := b.ix.ptr[rev]; !svc {
+			b.ix.ptr[rev] = rrs
+		}
+	}
 	for _, n := range b.ix.names {
 		byText := func(x, y dns.RR) int { return cmp.Compare(x.String(), y.String()) }
 		slices.SortFunc(n.a, byText)

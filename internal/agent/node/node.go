@@ -264,7 +264,7 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 			// The Service range is the node's now (netd routed it):
 			// the proxy and DNS can bind their ClusterIPs.
-			if err := serveServices(ctx, cfg, rc.Host, kc, recorder, log); err != nil {
+			if err := serveServices(ctx, cfg, rc.Host, kc, recorder, provider.podNamespace, log); err != nil {
 				errc <- err
 			}
 		}()

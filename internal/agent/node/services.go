@@ -19,7 +19,7 @@ import (
 // serveServices runs the node's Service proxy and cluster DNS (both in this
 // process: another process of the big binary would cost ~30 MiB) until ctx
 // ends. They dial from the node's network, where every pod is reachable.
-func serveServices(ctx context.Context, cfg Config, apiURL string, kc kubernetes.Interface, recorder record.EventRecorder, log *slog.Logger) error {
+func serveServices(ctx context.Context, cfg Config, apiURL string, kc kubernetes.Interface, recorder record.EventRecorder, podNamespace func(netip.Addr) (string, bool), log *slog.Logger) error {
 	nodeIP, err := netip.ParseAddr(cfg.IP)
 	if err != nil {
 		return fmt.Errorf("service proxy: node IP %q: %w", cfg.IP, err)
@@ -48,8 +48,21 @@ func serveServices(ctx context.Context, cfg Config, apiURL string, kc kubernetes
 	if err != nil {
 		log.Warn("cluster DNS forwards nothing outside the cluster", "err", err)
 	}
+	// The reverse names of the Service and pod ranges are the cluster's:
+	// answered here, never asked of the host's resolvers.
+	var ranges []netip.Prefix
+	for _, c := range []string{cfg.ServiceCIDR, cfg.ClusterCIDR} {
+		if c == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return fmt.Errorf("cluster DNS: range %q: %w", c, err)
+		}
+		ranges = append(ranges, p)
+	}
 	ds, err := dns.New(dns.Config{Client: kc, Domain: cfg.ClusterDomain, Listen: []string{net.JoinHostPort(cfg.ClusterDNS, "53")},
-		Upstreams: upstreams, ForwardFile: cfg.DNSConfig, Log: log.With("component", "dns")})
+		Upstreams: upstreams, ForwardFile: cfg.DNSConfig, ReverseRanges: ranges, PodNamespace: podNamespace, Log: log.With("component", "dns")})
 	if err != nil {
 		return fmt.Errorf("cluster DNS on %s: %w", cfg.ClusterDNS, err)
 	}

@@ -238,10 +238,12 @@ func resourceFieldRef(pod *corev1.Pod, c *corev1.Container, ref *corev1.Resource
 }
 
 // APIServerEnv gives pods the kubelet's KUBERNETES_SERVICE_* variables, so
-// rest.InClusterConfig() works unchanged. Until the Service proxy lands
-// the kubernetes Service's ClusterIP is not reachable from a pod,
-// so they name the API server's own address, the one this node uses; its
-// serving certificate covers it.
+// rest.InClusterConfig() works unchanged. server is the API's address as
+// pods reach it: with a pod network the node serves Services, and it is
+// the kubernetes Service's ClusterIP (https://<clusterIP>:443), as
+// upstream; without one pods share the node's network and the kubernetes
+// Service is not served, so it is the API server's own address, the one
+// this node uses. The serving certificate covers both.
 func APIServerEnv(server string) func(pod *corev1.Pod) []corev1.EnvVar {
 	u, err := url.Parse(server)
 	if err != nil || u.Hostname() == "" {
