@@ -3,11 +3,16 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,6 +27,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/google/go-containerregistry/pkg/v1/validate"
 	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -449,4 +455,199 @@ func must(h v1.Hash, err error) v1.Hash {
 		panic(err)
 	}
 	return h
+}
+
+// The real docker CLI pushes to the node registry: dockerd runs outside
+// this test's network namespace (TestMain made one), so, as a VM's engine
+// does through a relay, it reaches the registry by a relay on another
+// loopback port in dockerd's namespace. The image is stored under
+// 127.0.0.1:PORT whatever host name docker pushed to; after a restart a pod
+// naming 127.0.0.1:PORT/app:v1 runs it, and docker pulls it back.
+func TestNodeRegistryDockerPush(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the relay enters dockerd's network namespace")
+	}
+	if _, err := exec.LookPath("docker"); err != nil {
+		t.Skip("no docker CLI (hack/start-docker.sh installs one)")
+	}
+	if out, err := exec.Command("docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput(); err != nil {
+		t.Skipf("no Docker engine answers (hack/start-docker.sh starts one): %v %s", err, out)
+	}
+	dockerd := dockerdPid()
+	if dockerd == 0 {
+		t.Skip("no local dockerd process: the engine is elsewhere, its network namespace out of reach")
+	}
+	docker := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command("docker", args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("docker %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+
+	bin, err := imagetest.BuildProg(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := imagetest.Image(bin, v1.Platform{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	s := newServer(t, "--registry-port", fmt.Sprint(port))
+	s.start()
+	s.deletePodsAtCleanup(t)
+	host := fmt.Sprintf("127.0.0.1:%d", port)
+	relay := relayFromNetNS(t, fmt.Sprintf("/proc/%d/ns/net", dockerd), host)
+	t.Logf("dockerd (pid %d) pushes through %s to the registry on %s", dockerd, relay, host)
+
+	// A docker-archive the test made, loaded: nothing comes from a
+	// public registry.
+	local := fmt.Sprintf("k3sm-e2e-docker-push:%d", port)
+	pushed := relay + "/app:v1"
+	t.Cleanup(func() { exec.Command("docker", "rmi", "-f", local, pushed).Run() })
+	archive := filepath.Join(t.TempDir(), "app.tar")
+	tag, _ := name.NewTag(local)
+	if err := tarball.WriteToFile(archive, tag, img); err != nil {
+		t.Fatal(err)
+	}
+	docker("load", "-i", archive)
+	id := docker("image", "inspect", "--format", "{{.Id}}", local)
+	docker("tag", local, pushed)
+	waitFor(t, 30*time.Second, "docker push", func() error {
+		if out, err := exec.Command("docker", "push", pushed).CombinedOutput(); err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
+
+	out := mustK3sm(t, time.Minute, "image", "ls", "--data-dir", s.dataDir)
+	if !strings.Contains(out, host+"/app") || strings.Contains(out, relay+"/app") {
+		t.Fatalf("pushed through %s: want it stored as %s/app:v1, store has:\n%s", relay, host, out)
+	}
+
+	// After a restart the store and the registry have it under
+	// 127.0.0.1:PORT.
+	s.stop()
+	s.start()
+	p := nativePod("reg-docker", host+"/app:v1", "echo:pushed by docker", "forever")
+	p.Spec.Containers[0].ImagePullPolicy = corev1.PullIfNotPresent
+	s.createPod(t, p)
+	waitPod(t, s.client(), "reg-docker", 90*time.Second, running)
+	waitFor(t, 30*time.Second, "logs of reg-docker", func() error {
+		out, err := s.kubectl("logs", "reg-docker")
+		if err != nil || !strings.Contains(out, "pushed by docker") {
+			return fmt.Errorf("logs %q (%v)", out, err)
+		}
+		return nil
+	})
+	s.deletePod(t, "reg-docker", 0)
+
+	docker("rmi", local, pushed)
+	docker("pull", pushed)
+	if got := docker("image", "inspect", "--format", "{{.Id}}", pushed); got != id {
+		t.Fatalf("docker pulled back %s, pushed %s", got, id)
+	}
+}
+
+// dockerdPid is the local dockerd's pid, 0 if none runs here.
+func dockerdPid() int {
+	if b, err := os.ReadFile("/var/run/docker.pid"); err == nil {
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+			if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) == "dockerd" {
+				return pid
+			}
+		}
+	}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if comm, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "comm")); strings.TrimSpace(string(comm)) == "dockerd" {
+			return pid
+		}
+	}
+	return 0
+}
+
+// relayFromNetNS listens on 127.0.0.1 in the network namespace nsPath and
+// forwards each connection to target on this process's 127.0.0.1; it
+// returns the address it listens on there, never target's port, so clients
+// there use another host name than the registry's. In this process's own
+// namespace it listens here.
+func relayFromNetNS(t *testing.T, nsPath, target string) string {
+	t.Helper()
+	listen := func() (net.Listener, error) {
+		for {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil || ln.Addr().String() != target {
+				return ln, err
+			}
+			defer ln.Close() // target's port is free there: take another
+		}
+	}
+	var self, there syscall.Stat_t
+	if err := syscall.Stat("/proc/self/ns/net", &self); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Stat(nsPath, &there); err != nil {
+		t.Fatal(err)
+	}
+	var ln net.Listener
+	var err error
+	if self.Ino == there.Ino && self.Dev == there.Dev {
+		ln, err = listen()
+	} else {
+		type result struct {
+			ln  net.Listener
+			err error
+		}
+		ch := make(chan result)
+		go func() {
+			// Never unlocked: the thread, in the other namespace, ends
+			// with this goroutine. The socket stays in that namespace.
+			runtime.LockOSThread()
+			f, err := os.Open(nsPath)
+			if err != nil {
+				ch <- result{err: err}
+				return
+			}
+			defer f.Close()
+			if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+				ch <- result{err: fmt.Errorf("setns %s: %w", nsPath, err)}
+				return
+			}
+			ln, err := listen()
+			ch <- result{ln, err}
+		}()
+		r := <-ch
+		ln, err = r.ln, r.err
+	}
+	if err != nil {
+		t.Fatalf("relay in %s: %v", nsPath, err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			// Dialed from an unlocked goroutine: this process's namespace.
+			go func() {
+				defer c.Close()
+				up, err := net.Dial("tcp", target)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				go func() { io.Copy(up, c); up.(*net.TCPConn).CloseWrite() }()
+				io.Copy(c, up)
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }

@@ -57,26 +57,31 @@ func (b blobs) Put(_ context.Context, _ string, h v1.Hash, rc io.ReadCloser) err
 }
 
 // Registry is the node-local registry. A manifest pushed under a tag that
-// is an image for this node is recorded in the store under <host the client
-// used>/<repo>:<tag> and unpacked, so `k3sm image ls` shows it and a pod
+// is an image for this node is recorded in the store under
+// 127.0.0.1:PORT/<repo>:<tag>, whatever host name the client pushed to (a
+// forwarded port, localhost:PORT, a relay from a VM's Docker engine), and
+// unpacked, so `k3sm image ls` shows it and a pod
 // with pullPolicy IfNotPresent runs it at once; every other manifest
 // (indexes, pushes by digest, other platforms, artifacts) goes to a journal
 // on disk, its blobs pinned in the store, so a restart serves it again.
 type Registry struct {
+	// host is 127.0.0.1:PORT, the name pods use for the registry.
+	host    string
 	store   *image.Store
 	inner   http.Handler
 	journal *journal
 	log     *slog.Logger
 }
 
-// New opens the registry on store, its journal in dir.
-func New(store *image.Store, dir string, logger *slog.Logger) (*Registry, error) {
+// New opens the registry on store, its journal in dir; port is the one it
+// serves on 127.0.0.1.
+func New(store *image.Store, dir string, port int, logger *slog.Logger) (*Registry, error) {
 	j, err := openJournal(dir)
 	if err != nil {
 		return nil, err
 	}
 	store.PinBlobs(j.pins)
-	return &Registry{store: store, journal: j, log: logger,
+	return &Registry{host: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), store: store, journal: j, log: logger,
 		inner: ggcr.New(ggcr.WithBlobHandler(blobs{store}), ggcr.Logger(log.New(io.Discard, "", 0)))}, nil
 }
 
@@ -131,14 +136,16 @@ func (g *Registry) record(r *http.Request, repo, reference string, body []byte, 
 }
 
 // storeImage records a tagged push as an image of the store if it is one
-// for this node.
+// for this node. The name is the registry's own, not the request's Host: a
+// push through another name would be stored where neither a pod naming
+// 127.0.0.1:PORT nor replay after a restart finds it.
 func (g *Registry) storeImage(r *http.Request, repo, tag string, body []byte) bool {
 	img, err := g.store.FromManifest(body)
 	if err != nil {
 		g.log.Debug("registry: manifest not stored as an image", "repo", repo, "ref", tag, "err", err)
 		return false
 	}
-	name := r.Host + "/" + repo + ":" + tag
+	name := g.host + "/" + repo + ":" + tag
 	if _, err := g.store.Add(r.Context(), img, []string{name}, nil); err != nil {
 		g.log.Info("registry: pushed manifest kept by the registry, not as an image of the store", "image", name, "err", err)
 		return false
@@ -160,10 +167,12 @@ func manifestPath(p string) (repo, ref string, ok bool) {
 }
 
 // replay gives a new registry the manifests it served before a restart:
-// the stored images named under its host, then the journal (which wins: it
-// holds the newer push of a tag).
-func (g *Registry) replay(port int) {
-	hosts := []string{"127.0.0.1:" + strconv.Itoa(port), "localhost:" + strconv.Itoa(port)}
+// the stored images named under its host (or localhost:PORT, as earlier
+// versions stored some pushes), then the journal (which wins: it holds the
+// newer push of a tag).
+func (g *Registry) replay() {
+	_, port, _ := net.SplitHostPort(g.host)
+	hosts := []string{g.host, "localhost:" + port}
 	put := func(host, repo, reference, mt string, raw []byte) int {
 		req := httptest.NewRequest(http.MethodPut, "/v2/"+repo+"/manifests/"+reference, bytes.NewReader(raw))
 		req.Host = host
@@ -246,12 +255,12 @@ func Serve(ctx context.Context, store *image.Store, dir string, port int, logger
 	if err != nil {
 		return fmt.Errorf("--registry-port %d: %w (choose a free port)", port, err)
 	}
-	g, err := New(store, dir, logger)
+	g, err := New(store, dir, port, logger)
 	if err != nil {
 		ln.Close()
 		return err
 	}
-	g.replay(port)
+	g.replay()
 	srv := &http.Server{Handler: g, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()

@@ -1,12 +1,14 @@
 package registry
 
 import (
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,8 +26,8 @@ import (
 )
 
 // node is one runtime daemon's registry: a store and the registry on it,
-// served on 127.0.0.1. restart makes a new registry on the same store and
-// journal, as a new daemon does.
+// served on 127.0.0.1:PORT. restart makes a new registry on the same store
+// and journal and port, as a new daemon does.
 type node struct {
 	t     *testing.T
 	root  string
@@ -42,39 +44,40 @@ func newNode(t *testing.T) *node {
 
 func (n *node) open(port int) {
 	t := n.t
+	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	port = ln.Addr().(*net.TCPAddr).Port
 	store, err := image.NewStore(n.root, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	store.SetPlatform(v1.Platform{OS: "linux", Architecture: "amd64"})
-	g, err := New(store, filepath.Join(n.root, "registry"), slog.New(slog.DiscardHandler))
+	g, err := New(store, filepath.Join(n.root, "registry"), port, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if port != 0 {
-		g.replay(port)
-	}
+	g.replay()
 	n.store = store
-	n.srv = httptest.NewServer(g)
+	n.srv = httptest.NewUnstartedServer(g)
+	n.srv.Listener.Close()
+	n.srv.Listener = ln
+	n.srv.Start()
 	t.Cleanup(n.srv.Close)
-	n.host = strings.TrimPrefix(n.srv.URL, "http://")
+	n.host = ln.Addr().String()
 }
 
-// restart replays into a new registry as if it still listened on the old
-// port (the names in the store carry it).
+// restart serves a new registry on the old port.
 func (n *node) restart() {
 	port := n.srv.Listener.Addr().(*net.TCPAddr).Port
 	n.srv.Close()
-	oldHost := n.host
 	n.open(port)
-	n.host = oldHost
 }
 
-// get is a manifest request to the current server, by the original host.
+// get is a manifest request to the server.
 func (n *node) get(path string) int {
-	req, _ := http.NewRequest(http.MethodGet, n.srv.URL+path, nil)
-	req.Host = n.host
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := http.Get(n.srv.URL + path)
 	if err != nil {
 		n.t.Fatal(err)
 	}
@@ -88,6 +91,37 @@ func (n *node) ref(s string) name.Reference {
 		n.t.Fatal(err)
 	}
 	return r
+}
+
+// relay forwards connections on another loopback port to the registry, as
+// a forwarded port or a VM's relay does: clients push to 127.0.0.1:<relay
+// port>, a host name that is not the registry's.
+func (n *node) relay() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	n.t.Cleanup(func() { ln.Close() })
+	target := n.host
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				up, err := net.Dial("tcp", target)
+				if err != nil {
+					return
+				}
+				defer up.Close()
+				go func() { io.Copy(up, c); up.(*net.TCPConn).CloseWrite() }()
+				io.Copy(c, up)
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }
 
 func platformImage(t *testing.T, arch string) v1.Image {
@@ -106,7 +140,7 @@ func platformImage(t *testing.T, arch string) v1.Image {
 }
 
 // A push stores the blobs in the image store once and records the image
-// under the host the client used; replay gives a new registry the manifest.
+// under 127.0.0.1:PORT; replay gives a new registry the manifest.
 func TestPushLandsInStore(t *testing.T) {
 	n := newNode(t)
 	img, _ := random.Image(2048, 3)
@@ -135,6 +169,40 @@ func TestPushLandsInStore(t *testing.T) {
 	n.restart()
 	if code := n.get("/v2/team/app/manifests/v1"); code != 200 {
 		t.Fatalf("manifest after replay: %d", code)
+	}
+}
+
+// A push through another host name (a forwarded port, a relay from a VM's
+// Docker engine) is stored under the registry's own 127.0.0.1:PORT name,
+// so pods naming that find it, and a restart serves it again.
+func TestPushUnderAnotherHostIsStoredUnderTheRegistrysName(t *testing.T) {
+	n := newNode(t)
+	relay := n.relay()
+	img := platformImage(t, "amd64")
+	ref, err := name.ParseReference(relay + "/team/app:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(ref, img); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, i := range n.store.List() {
+		names = append(names, i.RepoTags...)
+	}
+	if want := n.host + "/team/app:v1"; len(names) != 1 || names[0] != want {
+		t.Fatalf("pushed through %s: stored as %v, want [%s]", relay, names, want)
+	}
+	n.restart()
+	got, err := remote.Image(n.ref("HOST/team/app:v1"))
+	if err != nil {
+		t.Fatalf("after a restart: %v", err)
+	}
+	if err := validate.Image(got); err != nil {
+		t.Fatalf("after a restart it does not verify: %v", err)
+	}
+	if must(got.Digest()) != must(img.Digest()) {
+		t.Fatalf("after a restart %s, pushed %s", must(got.Digest()), must(img.Digest()))
 	}
 }
 
