@@ -101,6 +101,9 @@ type NodeConfig struct {
 	// NetdSocket, when set, is k3sm-netd's socket: the Service proxy puts
 	// ClusterIPs in the kernel through it (--service-proxy).
 	NetdSocket string `json:"netdSocket,omitempty"`
+	// ClusterCIDR is the cluster's pod range: the Service proxy serves no
+	// externalIP inside it.
+	ClusterCIDR string `json:"clusterCIDR,omitempty"`
 	// Metrics is the metrics.k8s.io API the node serves (off when Addr is empty).
 	Metrics MetricsAPI `json:"metrics"`
 	// Disk: image GC and DiskPressure are the node's part of it.

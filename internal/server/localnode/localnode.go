@@ -208,6 +208,7 @@ func nodeConfig(p *controlplane.Plane, m metricsAPI) roleconfig.NodeConfig {
 		LocalPathKubeconfig: l.LocalPathKubeconfig(), LocalPathDir: l.StorageDir(),
 		Instant: cfg.NodeInstant, Taint: cfg.NodeTaint, Metrics: m.serveConfig(p), Disk: cfg.Disk,
 		ClusterDNS: cfg.ClusterDNS, ClusterDomain: cfg.ClusterDomain, DNSConfig: cfg.DNSConfig, APIServiceIP: apiServiceIP(cfg.ServiceCIDR),
+		ClusterCIDR: cfg.ClusterCIDR,
 	}
 	if controlplane.ServiceProxyMode(cfg.ServiceProxy, goruntime.GOOS, os.Geteuid(), cfg.PodNetwork) == "nftables" {
 		nc.NetdSocket = l.NetdSocket()
