@@ -99,7 +99,8 @@ type NodeConfig struct {
 	DNSConfig     string `json:"dnsConfig,omitempty"`
 	APIServiceIP  string `json:"apiServiceIP,omitempty"`
 	// ServiceCIDR and ClusterCIDR are the cluster's ranges: the cluster DNS
-	// answers their reverse names itself instead of forwarding them.
+	// answers their reverse names itself instead of forwarding them, and
+	// the Service proxy serves no externalIP inside the pod range.
 	ServiceCIDR string `json:"serviceCIDR,omitempty"`
 	ClusterCIDR string `json:"clusterCIDR,omitempty"`
 	// NetdSocket, when set, is k3sm-netd's socket: the Service proxy puts

@@ -1,13 +1,18 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
+	osexec "os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	"github.com/miekg/dns"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -135,6 +140,88 @@ func TestServicesAndDNS(t *testing.T) {
 		out, err := exec("udp:" + clusterIP + ":53:ping")
 		if err != nil || strings.TrimSpace(out) != "echo ping" {
 			t.Fatalf("UDP through the ClusterIP: %v %q", err, out)
+		}
+	})
+
+	// externalIPs from TEST-NET-3 (203.0.113.0/24): the test runs in a
+	// network namespace of its own with only lo and the node's pod network,
+	// so a packet to them can only be answered by the node's DNAT or
+	// refused; it has no route out of that namespace.
+	t.Run("externalIPs", func(t *testing.T) {
+		const served, empty = "203.0.113.10", "203.0.113.11"
+		if out, err := osexec.Command("ip", "route", "get", served).CombinedOutput(); err == nil {
+			t.Fatalf("the test's namespace has a route to %s (%s); its traffic could leave the node", served, out)
+		}
+		clientIP := waitPod(t, c, "client", time.Second, hasIP).Status.PodIP
+		for name, sel := range map[string]map[string]string{"web-ext": labels, "none-ext": {"app": "none"}} {
+			ip := served
+			if name == "none-ext" {
+				ip = empty
+			}
+			_, err := c.CoreV1().Services("default").Create(ctx(t), &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name},
+				Spec: corev1.ServiceSpec{Selector: sel, ExternalIPs: []string{ip},
+					Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}}}}, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.CoreV1().Services("default").Delete(context.Background(), name, metav1.DeleteOptions{}) })
+		}
+		// In the kernel: the backend sees the client pod itself (the relay
+		// would show the gateway), through the node's DNAT.
+		waitFor(t, 30*time.Second, "the externalIP answered by a web pod", func() error {
+			out, err := exec("dial:" + served + ":80")
+			if err != nil {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+			if !strings.Contains(out, "from "+clientIP+":") || !strings.Contains(out, ":8080") {
+				return fmt.Errorf("answered %q, want a web pod seeing the client %s", out, clientIP)
+			}
+			return nil
+		})
+		// Until the node has the rule, a connection to empty would be
+		// routed to the veth below: wait for it first.
+		waitFor(t, 30*time.Second, empty+" in the kernel's no-endpoints map", func() error {
+			return servicesMapHas("no-endpoints", netip.MustParseAddr(empty))
+		})
+		if err := servicesMapHas("services", netip.MustParseAddr(served)); err != nil {
+			t.Fatal(err)
+		}
+		// No endpoints: refused at the node (the forward rule), not routed
+		// on. A real node has a route for it; here TEST-NET-3 gets one into
+		// a veth pair whose both ends are in the test's namespace, where
+		// nobody answers, so nothing can leave even if the rule were
+		// missing, and the veth's counter shows whether anything was
+		// routed there (an ARP request at least).
+		const dev, peer = "k3sme2e0", "k3sme2e1"
+		if out, err := osexec.Command("ip", "link", "add", dev, "type", "veth", "peer", "name", peer).CombinedOutput(); err != nil {
+			t.Fatalf("a veth pair for a route to %s: %v: %s", empty, err, out)
+		}
+		t.Cleanup(func() { osexec.Command("ip", "link", "del", dev).Run() })
+		for _, d := range []string{dev, peer} { // no router solicitations in the counter
+			os.WriteFile("/proc/sys/net/ipv6/conf/"+d+"/disable_ipv6", []byte("1"), 0o644)
+		}
+		for _, args := range [][]string{{"link", "set", peer, "up"}, {"link", "set", dev, "up"}, {"route", "add", "203.0.113.0/24", "dev", dev}} {
+			if out, err := osexec.Command("ip", args...).CombinedOutput(); err != nil {
+				t.Fatalf("ip %v: %v: %s", args, err, out)
+			}
+		}
+		before := txPackets(t, dev)
+		waitFor(t, 30*time.Second, "an externalIP without endpoints refused", func() error {
+			out, err := exec("dial:" + empty + ":80")
+			if err == nil || !strings.Contains(out, "connection refused") {
+				return fmt.Errorf("%v %q", err, out)
+			}
+			return nil
+		})
+		if after := txPackets(t, dev); after != before {
+			t.Errorf("%d packets were routed out towards %s although the node refuses it", after-before, empty)
+		}
+		c, err := nftables.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.ListChain(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "k3sm-services"}, "forward"); err != nil {
+			t.Errorf("chain forward of table ip k3sm-services: %v", err)
 		}
 	})
 
@@ -393,6 +480,53 @@ func TestServicesAndDNS(t *testing.T) {
 			return nil
 		})
 	})
+}
+
+// servicesMapHas reports (nil) whether a map of the node's table ip
+// k3sm-services has a key with the address ip.
+func servicesMapHas(name string, ip netip.Addr) error {
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	table := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: "k3sm-services"}
+	set, err := c.GetSetByName(table, name)
+	if err != nil {
+		return fmt.Errorf("map %s of table ip k3sm-services: %w", name, err)
+	}
+	els, err := c.GetSetElements(set)
+	if err != nil {
+		return err
+	}
+	a := ip.As4()
+	for _, e := range els {
+		if len(e.Key) >= 4 && [4]byte(e.Key[:4]) == a {
+			return nil
+		}
+	}
+	return fmt.Errorf("map %s has no element for %s (%d elements)", name, ip, len(els))
+}
+
+// txPackets is the transmit packet count of a device of this namespace
+// (/proc/net/dev, which, unlike /sys, follows the network namespace).
+func txPackets(t *testing.T, dev string) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/net/dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		name, stats, ok := strings.Cut(line, ":")
+		if f := strings.Fields(stats); ok && strings.TrimSpace(name) == dev && len(f) >= 10 {
+			n, err := strconv.ParseInt(f[9], 10, 64)
+			if err != nil {
+				t.Fatalf("/proc/net/dev: %q: %v", line, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no %s in /proc/net/dev", dev)
+	return 0
 }
 
 // TestServiceProxyUserspace: --service-proxy=userspace keeps the relay for

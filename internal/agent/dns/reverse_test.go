@@ -49,7 +49,7 @@ func TestReverse(t *testing.T) {
 		{name: rev("10.42.0.9"), qtype: dns.TypePTR, rcode: dns.RcodeNameError, soa: "42.10.in-addr.arpa."}, // not ready
 		{name: rev("fd00:42::5"), qtype: dns.TypePTR, rcode: dns.RcodeNameError, soa: "0.0.0.0.0.0.0.0.2.4.0.0.0.0.d.f.ip6.arpa."},
 		// The /15 is owned from its first octet-aligned name down.
-		{name: rev("10.43.0.20"), qtype: dns.TypeA, soa: "43.10.in-addr.arpa."},   // NODATA: only a PTR there
+		{name: rev("10.43.0.20"), qtype: dns.TypeA, soa: "43.10.in-addr.arpa."},         // NODATA: only a PTR there
 		{name: "3.42.10.in-addr.arpa.", qtype: dns.TypePTR, soa: "42.10.in-addr.arpa."}, // empty non-terminal
 		// Outside the ranges, or wider than one: upstream.
 		{name: "10.in-addr.arpa.", qtype: dns.TypePTR, answer: []string{"from.upstream."}, fwd: true},

@@ -35,6 +35,9 @@ func serveServices(ctx context.Context, cfg Config, apiURL string, kc kubernetes
 		api, _ = netip.ParseAddrPort(net.JoinHostPort(u.Hostname(), port))
 	}
 	pcfg := proxy.Config{Client: kc, NodeName: cfg.Name, NodeIPs: []netip.Addr{nodeIP}, APIServer: api, Recorder: recorder, Log: log.With("component", "proxy")}
+	if pods, err := netip.ParsePrefix(cfg.ClusterCIDR); err == nil {
+		pcfg.PodRanges = []netip.Prefix{pods.Masked()}
+	}
 	if cfg.NetdSocket != "" {
 		// --service-proxy: ClusterIPs in the kernel, through k3sm-netd.
 		pcfg.Kernel = proxy.NetdKernel{Client: netdclient.New(cfg.NetdSocket)}

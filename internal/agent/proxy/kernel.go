@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -20,12 +21,13 @@ type Kernel interface {
 	SetServices(ctx context.Context, svcs []KernelService) error
 }
 
-// KernelService is one ClusterIP Service port and its endpoints (none:
-// refused).
+// KernelService is one Service port on a ClusterIP or (External) an
+// address of spec.externalIPs, and its endpoints (none: refused).
 type KernelService struct {
 	Protocol  corev1.Protocol
 	IP        netip.Addr
 	Port      uint16
+	External  bool
 	Endpoints []netip.AddrPort
 }
 
@@ -48,14 +50,20 @@ func (p *Proxy) Mode() string {
 	return "userspace"
 }
 
-// inKernel reports whether a frontend goes to the kernel: ClusterIPs only
-// (NodePort and LoadBalancer stay sockets of the relay), without session
+// inKernel reports whether a frontend goes to the kernel: ClusterIPs and
+// externalIPs (NodePort and LoadBalancer stay sockets of the relay), without session
 // affinity (kube-proxy keeps it in a dynamic set; the relay does it here),
 // with endpoints the kernel can translate to (a loopback address, the
 // apiserver fallback of the kubernetes Service, it cannot: pods have no
 // route to the node's lo).
 func (p *Proxy) inKernel(s frontendSpec) bool {
-	if p.cfg.Kernel == nil || s.kind != kindClusterIP || s.affinity != 0 || !s.key.addr.Addr().Is4() {
+	if p.cfg.Kernel == nil || (s.kind != kindClusterIP && s.kind != kindExternalIP) || s.affinity != 0 || !s.key.addr.Addr().Is4() {
+		return false
+	}
+	// What netd refuses as a Service address (wire.ParseServiceAddr and,
+	// for external ones, link-local and class E): the apiserver refuses
+	// such externalIPs too, but one would fail the whole set.
+	if a := s.key.addr.Addr(); s.kind == kindExternalIP && (!a.IsGlobalUnicast() || a.As4()[0] == 0 || a.As4()[0] >= 240) {
 		return false
 	}
 	// The ranges netd refuses (wire.ParseServiceAddr): one such endpoint
@@ -99,7 +107,7 @@ func (k *kernelState) set(svc string, ports []KernelService) {
 }
 
 func sameKernelService(a, b KernelService) bool {
-	return a.Protocol == b.Protocol && a.IP == b.IP && a.Port == b.Port && slices.Equal(a.Endpoints, b.Endpoints)
+	return a.Protocol == b.Protocol && a.IP == b.IP && a.Port == b.Port && a.External == b.External && slices.Equal(a.Endpoints, b.Endpoints)
 }
 
 // snapshot is the full set, sorted so that equal sets compare equal.
@@ -107,20 +115,33 @@ func (k *kernelState) snapshot() []KernelService {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	var out []KernelService
-	for _, ports := range k.bySvc {
-		out = append(out, ports...)
+	names := slices.Sorted(maps.Keys(k.bySvc))
+	for _, name := range names {
+		out = append(out, k.bySvc[name]...)
 	}
-	slices.SortFunc(out, func(a, b KernelService) int {
+	slices.SortStableFunc(out, func(a, b KernelService) int {
 		if c := a.IP.Compare(b.IP); c != 0 {
 			return c
 		}
 		if a.Port != b.Port {
 			return int(a.Port) - int(b.Port)
 		}
-		return strings.Compare(string(a.Protocol), string(b.Protocol))
+		if c := strings.Compare(string(a.Protocol), string(b.Protocol)); c != 0 {
+			return c
+		}
+		switch {
+		case a.External == b.External:
+			return 0
+		case a.External:
+			return 1
+		}
+		return -1
 	})
 	// Two Services cannot share a ClusterIP, but a stale cache may hold
-	// both for a moment: the first wins, as netd refuses duplicates.
+	// both for a moment, and nothing stops two Services from naming one
+	// externalIP and port (or a ClusterIP of another): the first wins (a
+	// ClusterIP, else the first Service by namespace/name), as netd
+	// refuses duplicates.
 	return slices.CompactFunc(out, func(a, b KernelService) bool {
 		return a.IP == b.IP && a.Port == b.Port && a.Protocol == b.Protocol
 	})

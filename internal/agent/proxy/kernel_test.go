@@ -56,7 +56,11 @@ func (k *fakeKernel) last() ([]KernelService, int) {
 func render(set []KernelService) string {
 	out := ""
 	for _, s := range set {
-		out += fmt.Sprintf("%s %s:%d->%v; ", s.Protocol, s.IP, s.Port, s.Endpoints)
+		ext := ""
+		if s.External {
+			ext = " external"
+		}
+		out += fmt.Sprintf("%s %s:%d%s->%v; ", s.Protocol, s.IP, s.Port, ext, s.Endpoints)
 	}
 	return out
 }
@@ -124,6 +128,68 @@ func TestKernelClusterIP(t *testing.T) {
 	k.waitFor(t, "")
 }
 
+// externalIPs go to the kernel marked external, with the external policy's
+// endpoints; one inside the pod range is not served (with a Warning
+// Event); an externalIP that is another Service's ClusterIP and port
+// loses to the ClusterIP, and two Services naming one externalIP and port
+// resolve to the first by name, whatever order they synced in.
+func TestKernelExternalIPs(t *testing.T) {
+	k := &fakeKernel{}
+	remote := ready(podB)
+	remote.NodeName = ptr.To("node-b")
+	web := service("web", corev1.ServiceTypeClusterIP, "10.43.0.20", svcPort("http", tcp, 80, 0))
+	web.Spec.ExternalIPs = []string{"203.0.113.10", "100.64.0.9", "10.43.0.30"}
+	web.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	other := service("other", corev1.ServiceTypeClusterIP, "10.43.0.30", svcPort("http", tcp, 80, 0))
+	other.Spec.ExternalIPs = []string{"203.0.113.10"}
+	h := start(t, func(c *Config) { c.Kernel = k; c.PodRanges = []netip.Prefix{netip.MustParsePrefix("100.64.0.0/10")} },
+		web, other,
+		slice("web", "web-1", tcp, "http", 8080, ready(podA), remote),
+		slice("other", "other-1", tcp, "http", 9090, ready(podB)),
+	)
+	k.waitFor(t, "TCP 10.43.0.20:80->[100.64.0.5:8080 100.64.0.6:8080]; "+
+		"TCP 10.43.0.30:80->[100.64.0.6:9090]; "+
+		"TCP 203.0.113.10:80 external->[100.64.0.6:9090]; ")
+	eventually(t, "a Warning Event for the externalIP in the pod range", func() bool {
+		select {
+		case e := <-h.rec.Events:
+			return strings.Contains(e, "ExternalIPRefused") && strings.Contains(e, "100.64.0.9")
+		default:
+			return false
+		}
+	})
+	// "other" gone: web's externalIP is its own, with the Local policy's
+	// endpoint only.
+	if err := h.client.CoreV1().Services(testNS).Delete(context.Background(), "other", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	k.waitFor(t, "TCP 10.43.0.20:80->[100.64.0.5:8080 100.64.0.6:8080]; "+
+		"TCP 10.43.0.30:80 external->[100.64.0.5:8080]; "+
+		"TCP 203.0.113.10:80 external->[100.64.0.5:8080]; ")
+	if listening(t, "tcp", netip.MustParseAddr("203.0.113.10"), 80) {
+		t.Fatal("the relay opened a socket on an externalIP the kernel serves")
+	}
+}
+
+// On the relay an externalIP is listened on only where it is the node's
+// own address.
+func TestRelayExternalIPOnlyOnNodeAddresses(t *testing.T) {
+	b := tcpBackend(t, "b")
+	port := freePort(t, "127.0.0.1", tcp)
+	web := service("web", corev1.ServiceTypeClusterIP, clusterIP, svcPort("http", tcp, port, 0))
+	web.Spec.ExternalIPs = []string{"127.0.0.1", "203.0.113.10"}
+	start(t, func(c *Config) {
+		c.LocalAddrs = func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil }
+	}, web, slice("web", "web-1", tcp, "http", b.port, ready("127.0.0.1")))
+	if name, _ := waitServed(t, hostPort("127.0.0.1", port)); name != "b" {
+		t.Fatalf("the externalIP on the node's address served %q", name)
+	}
+	waitServed(t, hostPort(clusterIP, port))
+	if listening(t, "tcp", netip.MustParseAddr("203.0.113.10"), port) {
+		t.Fatal("the relay listens on an externalIP that is not the node's")
+	}
+}
+
 // A burst of endpoint changes is one transaction, not one per change.
 func TestKernelDebounce(t *testing.T) {
 	k := &fakeKernel{}
@@ -180,6 +246,12 @@ func TestInKernel(t *testing.T) {
 		{frontendSpec{key: cip, kind: kindClusterIP, affinity: time.Hour}, false},
 		{frontendSpec{key: cip, kind: kindNodePort}, false},
 		{frontendSpec{key: cip, kind: kindLoadBalancer}, false},
+		{frontendSpec{key: listenerKey{proto: tcp, addr: ap("203.0.113.10:80")}, kind: kindExternalIP, endpoints: []netip.AddrPort{ap("100.64.0.5:80")}}, true},
+		{frontendSpec{key: listenerKey{proto: tcp, addr: ap("203.0.113.10:80")}, kind: kindExternalIP, affinity: time.Hour}, false},
+		// What netd refuses for an external address stays out of the set.
+		{frontendSpec{key: listenerKey{proto: tcp, addr: ap("169.254.169.254:80")}, kind: kindExternalIP}, false},
+		{frontendSpec{key: listenerKey{proto: tcp, addr: ap("255.255.255.255:80")}, kind: kindExternalIP}, false},
+		{frontendSpec{key: listenerKey{proto: tcp, addr: ap("127.0.0.1:80")}, kind: kindExternalIP}, false},
 	} {
 		if got := p.inKernel(tc.s); got != tc.want {
 			t.Errorf("%+v: in kernel %v, want %v", tc.s, got, tc.want)
@@ -248,6 +320,64 @@ func TestNetdKernel(t *testing.T) {
 	got := dp.last[299]
 	if got.IP.String() != "10.43.1.50" || got.Protocol != dataplane.UDP || len(got.Endpoints) != 5 || got.Endpoints[4].String() != "100.64.0.6:8004" {
 		t.Fatalf("last Service port arrived as %+v", got)
+	}
+}
+
+// netd (a real server, its dataplane recorded) takes an address outside
+// the Service range only marked external, and never a link-local one or
+// one of the pod ranges, naming the field.
+func TestNetdKernelExternalIPs(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "run", "netd.sock")
+	dp := &recordingDP{}
+	srv, err := server.Start(server.Config{Socket: sock, StateFile: filepath.Join(dir, "state.json"), NetNSDir: filepath.Join(dir, "netns"),
+		AllowedUID: os.Getuid(), NewDataplane: func() (dataplane.Dataplane, error) { return dp, nil },
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	c := client.New(sock)
+	ranges := wireRanges()
+	ranges.ClusterCIDR = "100.64.0.0/10"
+	if _, err := c.ConfigureRanges(context.Background(), ranges); err != nil {
+		t.Fatal(err)
+	}
+	k := NetdKernel{Client: c}
+	ep := []netip.AddrPort{netip.MustParseAddrPort("100.64.0.5:8080")}
+	ext := func(ip string, external bool) []KernelService {
+		return []KernelService{{Protocol: tcp, IP: netip.MustParseAddr(ip), Port: 80, External: external, Endpoints: ep}}
+	}
+	if err := k.SetServices(context.Background(), ext("203.0.113.10", true)); err != nil {
+		t.Fatalf("an external IP marked external: %v", err)
+	}
+	dp.mu.Lock()
+	if len(dp.last) != 1 || !dp.last[0].External || dp.last[0].IP.String() != "203.0.113.10" {
+		t.Errorf("netd applied %+v", dp.last)
+	}
+	n := dp.n
+	dp.mu.Unlock()
+	for _, tc := range []struct {
+		ip       string
+		external bool
+		want     string
+	}{
+		{"203.0.113.10", false, `ip 203.0.113.10 is outside the serviceCIDR 10.43.0.0/16; only an address of spec.externalIPs may be, sent with "external": true`},
+		{"169.254.169.254", true, "ip 169.254.169.254 (external) is inside the reserved 169.254.0.0/16"},
+		{"127.0.0.1", true, "ip 127.0.0.1 is inside the reserved 127.0.0.0/8"},
+		{"224.0.0.1", true, "ip 224.0.0.1 is inside the reserved 224.0.0.0/4"},
+		{"100.64.0.7", true, "ip 100.64.0.7 is inside the podCIDR 100.64.0.0/24"},
+		{"100.65.0.7", true, "ip 100.65.0.7 is inside the clusterCIDR 100.64.0.0/10"},
+	} {
+		err := k.SetServices(context.Background(), ext(tc.ip, tc.external))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s (external %v): %v, want an error saying %q", tc.ip, tc.external, err, tc.want)
+		}
+	}
+	dp.mu.Lock()
+	defer dp.mu.Unlock()
+	if dp.n != n {
+		t.Errorf("a refused set reached the dataplane (%d sets, want %d)", dp.n, n)
 	}
 }
 

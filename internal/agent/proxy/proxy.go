@@ -1,14 +1,16 @@
 // Package proxy owns the node's Service proxy. It watches Services and
-// EndpointSlices and serves every ClusterIP, NodePort and LoadBalancer
-// address of a Service by one of two paths:
+// EndpointSlices and serves every ClusterIP, NodePort, LoadBalancer and
+// external address of a Service by one of two paths:
 //
 //   - the kernel (Config.Kernel: k3sm-netd's nftables on Linux), for
-//     ClusterIPs of TCP and UDP without session affinity: DNAT to an
-//     endpoint, no byte copied, the client's address kept (see kernel.go);
+//     ClusterIPs and externalIPs of TCP and UDP without session affinity:
+//     DNAT to an endpoint, no byte copied, the client's address kept (see
+//     kernel.go);
 //   - a userspace relay, for the rest and where there is no kernel path
 //     (darwin, no netd, --service-proxy=userspace): a listening socket per
 //     Service address in the node process that accepts connections (or
-//     datagrams) and relays them to an endpoint.
+//     datagrams) and relays them to an endpoint. An externalIP gets one
+//     only where it is an address of the node.
 //
 // A TCP port without endpoints has its socket closed (or, in the kernel,
 // a reject rule), so clients get a connection refused at once, as
@@ -82,12 +84,20 @@ type Config struct {
 	// the API through the Service, as upstream clients expect.
 	APIServer netip.AddrPort
 
-	// Kernel, when set, serves ClusterIPs in the kernel (see Kernel);
+	// Kernel, when set, serves ClusterIPs and externalIPs in the kernel (see Kernel);
 	// NodePort, LoadBalancer and ClusterIPs with session affinity stay on
 	// the relay. nil: the relay serves everything.
 	Kernel         Kernel
 	KernelDebounce time.Duration // 0: DefaultKernelDebounce
 	KernelResync   time.Duration // 0: DefaultKernelResync
+	// PodRanges are the cluster's pod range(s): an externalIP inside one
+	// is not served (netd refuses it, and it would take over a pod's
+	// traffic).
+	PodRanges []netip.Prefix
+	// LocalAddrs lists the node's own addresses, where the relay may listen
+	// on an externalIP (it adds none to an interface). nil: the addresses
+	// of the host's interfaces.
+	LocalAddrs func() ([]netip.Addr, error)
 
 	DialTimeout    time.Duration // per endpoint attempt; 0: DefaultDialTimeout
 	UDPIdleTimeout time.Duration // a UDP session without traffic ends; 0: DefaultUDPIdleTimeout
@@ -348,10 +358,32 @@ func (p *Proxy) sync(ctx context.Context, key string) error {
 	}
 	want := make(map[listenerKey]frontendSpec, len(specs))
 	var inKernel []KernelService
+	var local []netip.Addr // the node's addresses, read once the relay needs them
+	localRead := false
 	for _, s := range specs {
-		if p.inKernel(s) {
-			inKernel = append(inKernel, KernelService{Protocol: s.key.proto, IP: s.key.addr.Addr(), Port: s.key.addr.Port(), Endpoints: s.endpoints})
+		ip := s.key.addr.Addr()
+		if s.kind == kindExternalIP && slices.ContainsFunc(p.cfg.PodRanges, func(r netip.Prefix) bool { return r.Contains(ip) }) {
+			p.recorder.Eventf(svc, corev1.EventTypeWarning, "ExternalIPRefused",
+				"externalIP %s is inside the pod range; it is not served (choose an address outside %v)", ip, p.cfg.PodRanges)
 			continue
+		}
+		if p.inKernel(s) {
+			inKernel = append(inKernel, KernelService{Protocol: s.key.proto, IP: ip, Port: s.key.addr.Port(), External: s.kind == kindExternalIP, Endpoints: s.endpoints})
+			continue
+		}
+		if s.kind == kindExternalIP {
+			// The relay listens on an externalIP only where it is the
+			// node's own: it adds no address to the host (that would take
+			// the address from whoever has it on the network).
+			if !localRead {
+				if local, err = p.localAddrs(); err != nil {
+					return fmt.Errorf("the node's addresses, for externalIPs: %w", err)
+				}
+				localRead = true
+			}
+			if !slices.Contains(local, ip) {
+				continue
+			}
 		}
 		want[s.key] = s
 	}
@@ -398,6 +430,27 @@ func (p *Proxy) sync(ctx context.Context, key string) error {
 		return p.syncIngress(ctx, svc, ingressIPs(p.cfg.NodeIPs, fronts))
 	}
 	return nil
+}
+
+// localAddrs lists the node's own addresses.
+func (p *Proxy) localAddrs() ([]netip.Addr, error) {
+	if p.cfg.LocalAddrs != nil {
+		ips, err := p.cfg.LocalAddrs()
+		return unmapAll(ips), err
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(n.IP); ok {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	return out, nil
 }
 
 func portLabel(s frontendSpec) string {

@@ -11,13 +11,15 @@ import (
 )
 
 // kind says which address of a Service a frontend serves; it decides the
-// traffic policy (internal for ClusterIP, external for the others).
+// traffic policy (internal for ClusterIP, external for the others, as
+// kube-proxy applies externalTrafficPolicy to externalIPs too).
 type kind uint8
 
 const (
 	kindClusterIP kind = iota
 	kindNodePort
 	kindLoadBalancer
+	kindExternalIP // an address of spec.externalIPs
 )
 
 func (k kind) String() string {
@@ -26,6 +28,8 @@ func (k kind) String() string {
 		return "NodePort"
 	case kindLoadBalancer:
 		return "LoadBalancer"
+	case kindExternalIP:
+		return "ExternalIP"
 	}
 	return "ClusterIP"
 }
@@ -81,13 +85,7 @@ func desiredFrontends(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, 
 	if !handled(svc) {
 		return nil
 	}
-	var clusterIPs []netip.Addr
-	for _, s := range svc.Spec.ClusterIPs {
-		// The cluster is IPv4 only (pods in 100.64.0.0/10).
-		if ip, err := netip.ParseAddr(s); err == nil && ip.Unmap().Is4() {
-			clusterIPs = append(clusterIPs, ip.Unmap())
-		}
-	}
+	clusterIPs, externalIPs := ipv4Addrs(svc.Spec.ClusterIPs), ipv4Addrs(svc.Spec.ExternalIPs)
 	var affinity time.Duration
 	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
 		affinity = defaultAffinity
@@ -136,6 +134,23 @@ func desiredFrontends(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, 
 			for _, ip := range nodeIPs {
 				add(ip, sp.Port, kindLoadBalancer, external, allow)
 			}
+		}
+		// externalIPs take the Service's ports on any type (ExternalName
+		// aside, which handled skipped), with the external policy.
+		for _, ip := range externalIPs {
+			add(ip, sp.Port, kindExternalIP, external, nil)
+		}
+	}
+	return out
+}
+
+// ipv4Addrs parses the IPv4 addresses of list, once each: the cluster is
+// IPv4 only (pods in 100.64.0.0/10).
+func ipv4Addrs(list []string) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range list {
+		if ip, err := netip.ParseAddr(s); err == nil && ip.Unmap().Is4() && !slices.Contains(out, ip.Unmap()) {
+			out = append(out, ip.Unmap())
 		}
 	}
 	return out

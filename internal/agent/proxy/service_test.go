@@ -178,3 +178,53 @@ func TestSameIngress(t *testing.T) {
 		t.Error("different ingress is the same")
 	}
 }
+
+// externalIPs are served on the Service's ports, with the external
+// traffic policy (Local: this node's endpoints only), on any Service type;
+// IPv6 entries and repeats are dropped.
+func TestDesiredFrontendsExternalIPs(t *testing.T) {
+	remote := ready("100.64.0.6")
+	remote.NodeName = ptr.To("node-b")
+	eps := []*discoveryv1.EndpointSlice{
+		slice("s", "s-http", tcp, "http", 8080, ready("100.64.0.5"), remote),
+		slice("s", "s-dns", udp, "dns", 5353, ready("100.64.0.5"), remote),
+	}
+	svc := service("s", corev1.ServiceTypeClusterIP, "10.43.0.10", svcPort("http", tcp, 80, 0), svcPort("dns", udp, 53, 0))
+	svc.Spec.ExternalIPs = []string{"203.0.113.10", "fd00::10", "203.0.113.10", "198.51.100.7"}
+	// The ClusterIP keeps the internal policy whatever the external one is.
+	svc.Spec.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyLocal)
+	got := desiredFrontends(svc, eps, testNode, testNodeIPs, testNodeIPs)
+	want := []string{
+		"ClusterIP 10.43.0.10:53/UDP", "ClusterIP 10.43.0.10:80/TCP",
+		"ExternalIP 198.51.100.7:53/UDP", "ExternalIP 198.51.100.7:80/TCP",
+		"ExternalIP 203.0.113.10:53/UDP", "ExternalIP 203.0.113.10:80/TCP",
+	}
+	if k := keys(got); !slices.Equal(k, want) {
+		t.Fatalf("got %v\nwant %v", k, want)
+	}
+	endpoints := func(specs []frontendSpec) map[string]int {
+		out := map[string]int{}
+		for _, s := range specs {
+			out[s.kind.String()+" "+s.key.String()] = len(s.endpoints)
+		}
+		return out
+	}
+	for k, n := range endpoints(got) {
+		if want := map[bool]int{true: 1, false: 2}[k[:3] == "Clu"]; n != want {
+			t.Errorf("externalTrafficPolicy Cluster: %s has %d endpoints, want %d", k, n, want)
+		}
+	}
+	svc.Spec.InternalTrafficPolicy = nil
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	for k, n := range endpoints(desiredFrontends(svc, eps, testNode, testNodeIPs, testNodeIPs)) {
+		if want := map[bool]int{true: 2, false: 1}[k[:3] == "Clu"]; n != want {
+			t.Errorf("externalTrafficPolicy Local: %s has %d endpoints, want %d", k, n, want)
+		}
+	}
+	// A NodePort Service's externalIPs take its ports, not its node ports.
+	np := service("s", corev1.ServiceTypeNodePort, "10.43.0.10", svcPort("http", tcp, 80, 30080))
+	np.Spec.ExternalIPs = []string{"203.0.113.10"}
+	if k := keys(desiredFrontends(np, eps, testNode, testNodeIPs, testNodeIPs)); !slices.Contains(k, "ExternalIP 203.0.113.10:80/TCP") || len(k) != 3 {
+		t.Errorf("NodePort with an externalIP: %v", k)
+	}
+}

@@ -191,11 +191,16 @@ type Port struct {
 // Service translation (darwin: the node's userspace proxy serves them).
 var ErrServicesUnsupported = errors.New("dataplane: in-kernel Service translation is not available on this OS (use the userspace proxy)")
 
-// Service is one ClusterIP Service port of TCP or UDP and its ready
-// endpoints (none: connections are refused, as kube-proxy does).
+// Service is one Service port of TCP or UDP, on a ClusterIP or (External)
+// an address of spec.externalIPs, and its ready endpoints (none:
+// connections are refused, as kube-proxy does).
 type Service struct {
-	Protocol  Protocol
-	IP        netip.Addr
-	Port      uint16
+	Protocol Protocol
+	IP       netip.Addr
+	Port     uint16
+	// External: IP is an externalIP, which may lie outside the Service
+	// range; traffic to it is routed, not local, so without endpoints it
+	// is refused in the forward path too.
+	External  bool
 	Endpoints []netip.AddrPort
 }

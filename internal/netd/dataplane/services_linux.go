@@ -16,10 +16,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ClusterIP Services in the kernel, the way kube-proxy's nftables mode
-// does it, in a table of k3sm's own that SetServices rebuilds whole in one
-// transaction (existing connections keep their translation: conntrack
-// holds it, not the rules):
+// Services in the kernel (ClusterIPs and externalIPs), the way
+// kube-proxy's nftables mode does it, in a table of k3sm's own that
+// SetServices rebuilds whole in one transaction (existing connections
+// keep their translation: conntrack holds it, not the rules):
 //
 //	table ip k3sm-services
 //	  map services     { ipv4_addr . inet_proto . inet_service : verdict }  → goto svc-…
@@ -30,9 +30,17 @@ import (
 //	  chain postrouting (nat, srcnat)  ip saddr . ip daddr @hairpin masquerade
 //	                                   ct status dnat oifname <bridge> ip saddr != <pod CIDR> masquerade
 //	  chain input, chain output-filter (filter, -10)  ip daddr . meta l4proto . th dport vmap @no-endpoints
+//	  chain forward     (filter, -10)  the same: an externalIP is routed, not local
 //	  chain reject      tcp: reset; else icmp port-unreachable
 //	  chain svc-<ip:port-proto>          numgen random mod N vmap { 0 : goto ep-…, … }
 //	  chain ep-<ip:port-proto>-<ep>      dnat to <ep>
+//
+// An externalIP is not in the Service range's local route: with endpoints
+// the dstnat chains translate it before routing, as a ClusterIP; without,
+// a pod's packet to it would be routed on, out of the node to whoever
+// really has the address, so the forward chain refuses it as kube-proxy
+// does (the node's own are refused in output-filter, and one that is the
+// node's address in input).
 //
 // Pod-to-Service traffic keeps the client pod's address, so the policy
 // table's forward chain (priority filter, after dstnat) sees the real
@@ -61,6 +69,7 @@ const (
 	natPostChain     = "postrouting"
 	filterInChain    = "input"
 	filterOutChain   = "output-filter"
+	filterFwdChain   = "forward"
 	filterPriorityEP = -10 // before the usual filter chains: a refused Service port never reaches a socket
 )
 
@@ -160,6 +169,7 @@ func (d *linuxPlane) SetServices(n Node, svcs []Service) error {
 	for _, ch := range []*nftables.Chain{
 		base(filterInChain, nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityRef(filterPriorityEP)),
 		base(filterOutChain, nftables.ChainTypeFilter, nftables.ChainHookOutput, nftables.ChainPriorityRef(filterPriorityEP)),
+		base(filterFwdChain, nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityRef(filterPriorityEP)),
 	} {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: lookup(noEP)})
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/vishvananda/netlink"
 )
 
 var (
@@ -364,5 +365,82 @@ func TestServicesUnchangedSetNotRebuilt(t *testing.T) {
 	f.setServices(n, tcpSvc(vip, at(f.a.IP), at(f.b.IP)))
 	if _, err := f.nft().ListTableOfFamily(servicesTable, nftables.TableFamilyIPv4); err != nil {
 		t.Fatalf("the same set after the table was removed: %v", err)
+	}
+}
+
+// TestServicesExternalIP: an external IP (TEST-NET-3, owned here by the
+// test's "outside" namespace) is translated to its endpoint for a pod and
+// for a client beyond the node's uplink, as a ClusterIP; one without
+// endpoints is refused at the node, where without the forward rule the
+// pod's connection would be routed out to the address's real owner. An
+// address outside the Service range is refused unless marked external.
+func TestServicesExternalIP(t *testing.T) {
+	f, n, c := svcFixture(t)
+	out := f.outside()
+	ext := netip.MustParseAddr("203.0.113.10")      // served: A behind it
+	extEmpty := netip.MustParseAddr("203.0.113.11") // no endpoints; the outside owns it
+	// The node's default route is the uplink; the outside reaches ext
+	// through the node and has extEmpty itself, with a server on it.
+	// lo up carries the reset to the node's own refused connection.
+	h := f.handle(f.hostNS)
+	if err := h.RouteAdd(&netlink.Route{Gw: net.IPv4(192, 0, 2, 2)}); err != nil {
+		t.Fatalf("default route of the host namespace: %v", err)
+	}
+	if hlo, err := h.LinkByName("lo"); err != nil || h.LinkSetUp(hlo) != nil {
+		t.Fatalf("lo up in the host namespace: %v", err)
+	}
+	h.Close()
+	o := f.handle(out)
+	lo, err := o.LinkByName("lo")
+	if err != nil || o.LinkSetUp(lo) != nil {
+		t.Fatalf("lo up outside: %v", err)
+	}
+	if err := o.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: extEmpty.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: ext.AsSlice(), Mask: net.CIDRMask(32, 32)}, Gw: net.IPv4(192, 0, 2, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	o.Close()
+	owner := serve(t, out, 80)
+	a := serve(t, f.a.NetNS, 8080)
+
+	// Without a Service the pod's connection goes out to the owner: the
+	// leak the forward rule must stop.
+	if src := owner.reach(t, c.NetNS, netip.AddrPortFrom(extEmpty, 80)); src != netip.MustParseAddr("192.0.2.1") {
+		t.Fatalf("the outside owner saw the pod as %v, want the node's uplink address (masquerade)", src)
+	}
+
+	if err := f.dp.SetServices(n, []Service{tcpSvc(ext, at(f.a.IP))}); err == nil || !strings.Contains(err.Error(), "outside the Service range") {
+		t.Fatalf("an address outside the Service range, not marked external: %v", err)
+	}
+	f.setServices(n,
+		Service{Protocol: TCP, IP: ext, Port: 80, External: true, Endpoints: []netip.AddrPort{at(f.a.IP)}},
+		Service{Protocol: TCP, IP: extEmpty, Port: 80, External: true},
+	)
+	if src := a.reach(t, c.NetNS, netip.AddrPortFrom(ext, 80)); src != c.IP {
+		t.Fatalf("through the external IP A saw the pod as %v, want its own %v", src, c.IP)
+	}
+	if src := a.reach(t, out, netip.AddrPortFrom(ext, 80)); src != n.Gateway {
+		t.Fatalf("a client beyond the uplink reached A from %v, want the gateway %v", src, n.Gateway)
+	}
+	start := time.Now()
+	err = connect(t, c.NetNS, netip.AddrPortFrom(extEmpty, 80), 2*time.Second)
+	select {
+	case src := <-owner.peers:
+		t.Fatalf("a pod's connection to an external IP without endpoints left the node (the owner saw %v)", src)
+	default:
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) || time.Since(start) > time.Second {
+		t.Fatalf("pod → an external IP without endpoints: %v after %v, want connection refused at once", err, time.Since(start))
+	}
+	// The node's own connection is refused as well (output-filter).
+	if err := connect(t, f.hostNS, netip.AddrPortFrom(extEmpty, 80), 2*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("node → an external IP without endpoints: %v, want connection refused", err)
+	}
+	select {
+	case src := <-owner.peers:
+		t.Fatalf("the node's connection to an external IP without endpoints left it (the owner saw %v)", src)
+	default:
 	}
 }

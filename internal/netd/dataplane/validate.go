@@ -180,7 +180,8 @@ const (
 
 // checkServices refuses what would translate traffic it must not: a
 // protocol other than TCP or UDP, a ClusterIP outside the Service range
-// (when the node has one) or inside the pod range, a port 0, a Service
+// (when the node has one; an external IP may be), any Service address
+// inside the pod range or not global unicast, a port 0, a Service
 // port or an endpoint twice, an endpoint that is not an IPv4 address:port.
 func checkServices(n Node, svcs []Service) error {
 	if err := checkNode(n); err != nil {
@@ -204,8 +205,11 @@ func checkServices(n Node, svcs []Service) error {
 		if n.CIDR.Contains(s.IP) || (n.ClusterCIDR.IsValid() && n.ClusterCIDR.Contains(s.IP)) {
 			return fmt.Errorf("dataplane: Service %v is inside the pod range", s.IP)
 		}
-		if n.ServiceCIDR.IsValid() && !n.ServiceCIDR.Contains(s.IP) {
-			return fmt.Errorf("dataplane: Service %v is outside the Service range %v", s.IP, n.ServiceCIDR)
+		if n.ServiceCIDR.IsValid() && !n.ServiceCIDR.Contains(s.IP) && !s.External {
+			return fmt.Errorf("dataplane: Service %v is outside the Service range %v (and not an external IP)", s.IP, n.ServiceCIDR)
+		}
+		if !s.IP.IsGlobalUnicast() {
+			return fmt.Errorf("dataplane: Service %v is not a unicast address a Service may take (loopback, link-local, multicast, broadcast)", s.IP)
 		}
 		k := serviceKey{s.Protocol, s.IP, s.Port}
 		if seen[k] {

@@ -510,6 +510,12 @@ func (s *Server) setServices(a *wire.SetServicesArgs) *wire.Response {
 	if err := wire.CheckSetServices(a); err != nil {
 		return failure(wire.CodeInvalid, "%v", err)
 	}
+	for _, sp := range a.Services {
+		ip, _ := wire.ParseServiceAddr("ip", sp.IP)
+		if err := wire.CheckServiceRange(sp, ip, s.cidr, s.rs.svc, s.rs.cluster); err != nil {
+			return failure(wire.CodeInvalid, "%v", err)
+		}
+	}
 	if a.Chunk == 0 {
 		s.svcs = &pendingServices{gen: a.Generation}
 	} else if s.svcs == nil || s.svcs.gen != a.Generation || s.svcs.next != a.Chunk {
@@ -549,7 +555,7 @@ func (s *Server) setServices(a *wire.SetServicesArgs) *wire.Response {
 func dataplaneService(sp wire.ServicePort) dataplane.Service {
 	proto, _ := wire.ParseServiceProtocol(sp.Protocol)
 	ip, _ := wire.ParseServiceAddr("ip", sp.IP)
-	out := dataplane.Service{Protocol: dataplane.Protocol(proto), IP: ip, Port: sp.Port}
+	out := dataplane.Service{Protocol: dataplane.Protocol(proto), IP: ip, Port: sp.Port, External: sp.External}
 	for _, e := range sp.Endpoints {
 		eip, _ := wire.ParseServiceAddr("endpoint ip", e.IP)
 		out.Endpoints = append(out.Endpoints, netip.AddrPortFrom(eip, e.Port))

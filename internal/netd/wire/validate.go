@@ -289,7 +289,8 @@ const (
 )
 
 // CheckSetServices checks one chunk: its index, and every Service port
-// (TCP or UDP, an IPv4 address clear of the reserved ranges, a port)
+// (TCP or UDP, an IPv4 address clear of the reserved ranges, and of the
+// link-local and class E ranges when external, a port)
 // and endpoint (the same), no Service port or endpoint twice.
 func CheckSetServices(a *SetServicesArgs) error {
 	if a.Chunk < 0 || a.Chunk >= MaxServiceChunks {
@@ -307,6 +308,9 @@ func CheckSetServices(a *SetServicesArgs) error {
 			return fmt.Errorf("setServices: service %d: %w", i, err)
 		}
 		ip, err := ParseServiceAddr("ip", s.IP)
+		if err == nil && s.External {
+			err = checkExternalAddr(ip)
+		}
 		if err != nil {
 			return fmt.Errorf("setServices: service %d: %w", i, err)
 		}
@@ -366,6 +370,44 @@ func ParseServiceAddr(field, s string) (netip.Addr, error) {
 		}
 	}
 	return a, nil
+}
+
+// Ranges an external Service address may not be, on top of reserved: no
+// Service may take over the link-local range (cloud metadata at
+// 169.254.169.254, link-local peers) nor the class E range with the
+// limited broadcast address.
+var externalReserved = []netip.Prefix{
+	netip.MustParsePrefix("169.254.0.0/16"),
+	netip.MustParsePrefix("240.0.0.0/4"),
+}
+
+func checkExternalAddr(ip netip.Addr) error {
+	for _, r := range externalReserved {
+		if r.Contains(ip) {
+			return fmt.Errorf("ip %s (external) is inside the reserved %s; a Service's externalIPs may not take it over", ip, r)
+		}
+	}
+	return nil
+}
+
+// CheckServiceRange checks a Service address (sp.IP, valid as
+// CheckSetServices checked it) against the node's ranges: never inside
+// the pod or cluster range; outside the Service range (when the node has
+// one) only when marked external.
+func CheckServiceRange(sp ServicePort, ip netip.Addr, pod, svc, cluster netip.Prefix) error {
+	key := ServiceKey(sp.Protocol, ip, sp.Port)
+	for _, r := range []struct {
+		name string
+		p    netip.Prefix
+	}{{"podCIDR", pod}, {"clusterCIDR", cluster}} {
+		if r.p.IsValid() && r.p.Contains(ip) {
+			return fmt.Errorf("setServices: service %s: ip %s is inside the %s %s; a Service address cannot be a pod's", key, ip, r.name, r.p)
+		}
+	}
+	if svc.IsValid() && !svc.Contains(ip) && !sp.External {
+		return fmt.Errorf("setServices: service %s: ip %s is outside the serviceCIDR %s; only an address of spec.externalIPs may be, sent with \"external\": true", key, ip, svc)
+	}
+	return nil
 }
 
 // ParseServiceProtocol returns the IP protocol number of "TCP" or "UDP",

@@ -139,12 +139,17 @@ type SetServicesArgs struct {
 	Services []ServicePort `json:"services,omitempty"`
 }
 
-// ServicePort is one ClusterIP:port of one protocol and the ready
+// ServicePort is one Service address:port of one protocol and the ready
 // endpoints it is translated to (none: refused, as kube-proxy does).
 type ServicePort struct {
-	Protocol  string     `json:"protocol"` // "TCP" or "UDP"
-	IP        string     `json:"ip"`
-	Port      uint16     `json:"port"`
+	Protocol string `json:"protocol"` // "TCP" or "UDP"
+	IP       string `json:"ip"`
+	Port     uint16 `json:"port"`
+	// External marks an address from the Service's spec.externalIPs: only
+	// such an address may lie outside the node's Service range (netd
+	// refuses an unmarked one there, so a bug cannot turn a ClusterIP
+	// into an interception of any address).
+	External  bool       `json:"external,omitempty"`
 	Endpoints []Endpoint `json:"endpoints,omitempty"`
 }
 

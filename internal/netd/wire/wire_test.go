@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"reflect"
 	"strings"
 	"testing"
@@ -248,6 +249,13 @@ func TestValidateServices(t *testing.T) {
 		{svc(ServicePort{Protocol: "TCP", IP: "10.43.0.1", Port: 1, Endpoints: append(ep("100.64.0.2", 1), ep("100.64.0.2", 1)...)}), "twice"},
 		{SetServicesArgs{Services: []ServicePort{{Protocol: "TCP", IP: "10.43.0.1", Port: 1}, {Protocol: "TCP", IP: "10.43.0.1", Port: 1}}}, "twice"},
 		{svc(ServicePort{Protocol: "TCP", IP: "10.43.0.1", Port: 1, Endpoints: make([]Endpoint, MaxServiceEndpoints+1)}), "endpoints"},
+		// externalIPs: any unicast address but link-local and class E.
+		{svc(ServicePort{Protocol: "TCP", IP: "203.0.113.10", Port: 80, External: true, Endpoints: ep("100.64.0.2", 8080)}), ""},
+		{svc(ServicePort{Protocol: "TCP", IP: "169.254.169.254", Port: 80, External: true}), "reserved 169.254.0.0/16"},
+		{svc(ServicePort{Protocol: "TCP", IP: "255.255.255.255", Port: 80, External: true}), "reserved 240.0.0.0/4"},
+		{svc(ServicePort{Protocol: "TCP", IP: "127.0.0.1", Port: 80, External: true}), "reserved 127.0.0.0/8"},
+		{svc(ServicePort{Protocol: "TCP", IP: "224.0.0.1", Port: 80, External: true}), "reserved 224.0.0.0/4"},
+		{svc(ServicePort{Protocol: "TCP", IP: "0.0.0.0", Port: 80, External: true}), "reserved 0.0.0.0/8"},
 	} {
 		err := set(tc.a).Validate()
 		if tc.bad == "" && err != nil {
@@ -259,6 +267,40 @@ func TestValidateServices(t *testing.T) {
 	}
 	if err := (&Request{Version: Version, Verb: VerbSetServices}).Validate(); err == nil {
 		t.Error("SetServices without arguments accepted")
+	}
+}
+
+// CheckServiceRange: a ClusterIP inside the Service range, an external IP
+// anywhere but the pod and cluster ranges; an address outside the Service
+// range that is not marked external is refused, naming the field.
+func TestCheckServiceRange(t *testing.T) {
+	pod, svc, cluster := netip.MustParsePrefix("100.64.0.0/24"), netip.MustParsePrefix("10.43.0.0/16"), netip.MustParsePrefix("100.64.0.0/10")
+	for _, tc := range []struct {
+		ip       string
+		external bool
+		bad      string
+	}{
+		{"10.43.0.10", false, ""},
+		{"10.43.0.10", true, ""},
+		{"203.0.113.10", true, ""},
+		{"192.168.1.5", true, ""},
+		{"203.0.113.10", false, `outside the serviceCIDR 10.43.0.0/16; only an address of spec.externalIPs may be, sent with "external": true`},
+		{"100.64.0.7", true, "inside the podCIDR 100.64.0.0/24"},
+		{"100.64.9.7", true, "inside the clusterCIDR 100.64.0.0/10"},
+	} {
+		sp := ServicePort{Protocol: "TCP", IP: tc.ip, Port: 80, External: tc.external}
+		err := CheckServiceRange(sp, netip.MustParseAddr(tc.ip), pod, svc, cluster)
+		if tc.bad == "" && err != nil {
+			t.Errorf("%+v: %v", sp, err)
+		}
+		if tc.bad != "" && (err == nil || !strings.Contains(err.Error(), tc.bad) || !strings.HasPrefix(err.Error(), "setServices: service TCP "+tc.ip+":80: ip ")) {
+			t.Errorf("%+v: got %v, want an error about %s", sp, err, tc.bad)
+		}
+	}
+	// A node without a Service range (darwin-style Configure) takes any
+	// address outside the pod ranges.
+	if err := CheckServiceRange(ServicePort{Protocol: "TCP", IP: "10.99.0.1", Port: 80}, netip.MustParseAddr("10.99.0.1"), pod, netip.Prefix{}, netip.Prefix{}); err != nil {
+		t.Error(err)
 	}
 }
 
