@@ -3,7 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -630,24 +629,7 @@ func relayFromNetNS(t *testing.T, nsPath, target string) string {
 		t.Fatalf("relay in %s: %v", nsPath, err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			// Dialed from an unlocked goroutine: this process's namespace.
-			go func() {
-				defer c.Close()
-				up, err := net.Dial("tcp", target)
-				if err != nil {
-					return
-				}
-				defer up.Close()
-				go func() { io.Copy(up, c); up.(*net.TCPConn).CloseWrite() }()
-				io.Copy(c, up)
-			}()
-		}
-	}()
+	// Dialed from an unlocked goroutine: this process's namespace.
+	imagetest.ForwardTCP(ln, target)
 	return ln.Addr().String()
 }

@@ -1,7 +1,6 @@
 package registry
 
 import (
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -23,6 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/validate"
 
 	"github.com/k3sm-dev/k3sm/internal/runtime/image"
+	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 )
 
 // node is one runtime daemon's registry: a store and the registry on it,
@@ -102,25 +102,7 @@ func (n *node) relay() string {
 		n.t.Fatal(err)
 	}
 	n.t.Cleanup(func() { ln.Close() })
-	target := n.host
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				up, err := net.Dial("tcp", target)
-				if err != nil {
-					return
-				}
-				defer up.Close()
-				go func() { io.Copy(up, c); up.(*net.TCPConn).CloseWrite() }()
-				io.Copy(c, up)
-			}()
-		}
-	}()
+	imagetest.ForwardTCP(ln, n.host)
 	return ln.Addr().String()
 }
 
