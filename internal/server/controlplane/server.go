@@ -162,6 +162,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 			return err
 		}
 	}
+	log.Debug("scheduler and controller-manager healthy")
 	for _, addon := range addons {
 		if addon.Ready != nil {
 			if err := addon.Ready(ctx, p, sup); err != nil {
@@ -169,6 +170,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 			}
 		}
 	}
+	log.Debug("addons ready")
 	// "Up" means a user can create a pod in default at once: admission
 	// refuses pods until the default ServiceAccount exists, and a pod's
 	// service-account volume needs kube-root-ca.crt. publishDefaults has
