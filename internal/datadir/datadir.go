@@ -94,6 +94,10 @@ func (l Layout) RuntimeEventsFile() string { return filepath.Join(l.AgentDir(), 
 // StorageDir holds the local-path PersistentVolumes' directories.
 func (l Layout) StorageDir() string { return filepath.Join(l.Root, "storage") }
 
+// NodeStartGate exists once the server has verified authorization; the
+// node waits for it (roleconfig.NodeConfig.StartGate).
+func (l Layout) NodeStartGate() string { return filepath.Join(l.RunDir(), "node-start-gate") }
+
 // Runtime daemon.
 func (l Layout) RuntimeSocket() string { return filepath.Join(l.RunDir(), "runtime.sock") }
 func (l Layout) RuntimeLock() string   { return filepath.Join(l.RunDir(), "runtimed.lock") }

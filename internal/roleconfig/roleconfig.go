@@ -110,6 +110,11 @@ type NodeConfig struct {
 	Metrics MetricsAPI `json:"metrics"`
 	// Disk: image GC and DiskPressure are the node's part of it.
 	Disk diskpolicy.Config `json:"disk"`
+	// StartGate, when set, is a file the server creates once it has
+	// verified authorization: the node may be started before, to get its
+	// process going while the apiserver starts, but until the file exists
+	// it neither uses the API nor touches its pods.
+	StartGate string `json:"startGate,omitempty"`
 }
 
 // MetricsAPI is how the node serves metrics.k8s.io to the aggregator.

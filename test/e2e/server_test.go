@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -140,6 +141,48 @@ func TestServerAPI(t *testing.T) {
 			case <-timeout:
 				t.Fatalf("watch saw %v, want 3 ADDED and 1 DELETED", seen)
 			}
+		}
+	})
+
+	// The server makes what a first pod in default needs itself, as the
+	// controller-manager would (it does not rewrite it), and starts the
+	// node with the apiserver, before the scheduler (spawned at /readyz).
+	t.Run("start-up shortcuts", func(t *testing.T) {
+		cx := ctx(t)
+		// The root-CA publisher has synced default once it publishes into
+		// crud, made after default (one FIFO queue).
+		waitFor(t, time.Minute, "kube-root-ca.crt in crud", func() error {
+			_, err := c.CoreV1().ConfigMaps("crud").Get(cx, "kube-root-ca.crt", metav1.GetOptions{})
+			return err
+		})
+		cm, err := c.CoreV1().ConfigMaps("default").Get(cx, "kube-root-ca.crt", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ca, err := os.ReadFile(filepath.Join(s.dataDir, "server", "tls", "server-ca.crt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cm.Data["ca.crt"] != string(ca) || cm.Annotations["kubernetes.io/description"] == "" {
+			t.Errorf("default/kube-root-ca.crt: data %q annotations %v, want the server CA and a description", cm.Data, cm.Annotations)
+		}
+		var managers []string
+		for _, m := range cm.ManagedFields {
+			managers = append(managers, m.Manager+" "+string(m.Operation))
+		}
+		t.Logf("default/kube-root-ca.crt written by %v", managers)
+		if len(managers) != 1 {
+			t.Errorf("default/kube-root-ca.crt was rewritten: managed fields %v", managers)
+		}
+		if _, err := c.CoreV1().ServiceAccounts("default").Get(cx, "default", metav1.GetOptions{}); err != nil {
+			t.Error(err)
+		}
+		node, sched := s.childPids("node"), s.childPids("kube-scheduler")
+		if len(node) != 1 || len(sched) != 1 {
+			t.Fatalf("node pids %v, scheduler pids %v", node, sched)
+		}
+		if n, sc := procStartTicks(t, node[0]), procStartTicks(t, sched[0]); n >= sc {
+			t.Errorf("the node started at tick %d, not before the scheduler (%d)", n, sc)
 		}
 	})
 
@@ -509,4 +552,21 @@ func TestBadInput(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// procStartTicks is a process's start time, in clock ticks after boot.
+func procStartTicks(t *testing.T, pid int) uint64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fields after the command name (which may hold spaces); starttime is
+	// field 22, the 20th after it.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	v, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }

@@ -102,6 +102,17 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 
+	// Everything before this point is local (no API, no pods): it overlaps
+	// the apiserver's start-up when the server starts the node early.
+	if cfg.StartGate != "" {
+		if err := waitStartGate(ctx, cfg.StartGate); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+
 	eb := record.NewBroadcaster()
 	eb.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kc.CoreV1().Events("")})
 	defer eb.Shutdown()
@@ -482,4 +493,27 @@ func stripManagedFields(obj any) (any, error) {
 		a.SetManagedFields(nil)
 	}
 	return obj, nil
+}
+
+// waitStartGate waits until the file gate exists: the server creates it
+// once it has verified authorization (the fail-closed rule: nothing acts
+// for users before). A stat every 10 ms costs nothing and adds at most
+// 10 ms to "up".
+func waitStartGate(ctx context.Context, gate string) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		_, err := os.Stat(gate)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("start gate: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
 }

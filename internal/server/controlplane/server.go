@@ -26,11 +26,14 @@ const (
 // supervisor (the runtime daemon, the node, later netd). Each hook is
 // optional and runs at its phase:
 //   - Early: before kine, for what needs only the data dir (e.g. runtimed);
+//   - Starting: once the apiserver process is started, before it is ready,
+//     for processes that get going meanwhile but wait for Verified before
+//     they act (the node, at its start gate); they stop before it;
 //   - Verified: once the apiserver is up and authorization is verified;
 //   - Ready: after the scheduler and controller-manager are healthy, to
 //     wait for what Verified started.
 type Addon struct {
-	Early, Verified, Ready AddonHook
+	Early, Starting, Verified, Ready AddonHook
 }
 
 // AddonHook is one phase of an Addon.
@@ -89,7 +92,21 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 	if err := startAndWait(ctx, sup, kine, componentReadyTimeout); err != nil {
 		return err
 	}
-	if err := startAndWait(ctx, sup, p.APIServer(), apiserverReadyTimeout); err != nil {
+	apiserver, err := sup.Start(ctx, p.APIServer())
+	if err != nil {
+		return err
+	}
+	for _, addon := range addons {
+		if addon.Starting != nil {
+			if err := addon.Starting(ctx, p, sup); err != nil {
+				return err
+			}
+		}
+	}
+	actx, acancel := context.WithTimeout(ctx, apiserverReadyTimeout)
+	err = apiserver.WaitReady(actx)
+	acancel()
+	if err != nil {
 		return err
 	}
 	log.Info("apiserver ready", "after", time.Since(start).Round(time.Millisecond).String())
@@ -125,6 +142,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 		return fmt.Errorf("%w (see %s)", err, sup.LogDir+"/kube-apiserver.log")
 	}
 	log.Debug("authorization verified", "took", time.Since(bstart).Round(time.Millisecond).String())
+	// What a first pod in default needs, made now rather than when the
+	// controller-manager gets to it, while the addons start (defaults.go).
+	dctx, dcancel := context.WithTimeout(ctx, componentReadyTimeout)
+	defer dcancel()
+	go publishDefaults(dctx, client, controllerManager{p}.Args(), log)
 	for _, addon := range addons {
 		if addon.Verified != nil {
 			if err := addon.Verified(ctx, p, sup); err != nil {
@@ -140,6 +162,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 			return err
 		}
 	}
+	log.Debug("scheduler and controller-manager healthy")
 	for _, addon := range addons {
 		if addon.Ready != nil {
 			if err := addon.Ready(ctx, p, sup); err != nil {
@@ -147,12 +170,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 			}
 		}
 	}
+	log.Debug("addons ready")
 	// "Up" means a user can create a pod in default at once: admission
 	// refuses pods until the default ServiceAccount exists, and a pod's
-	// service-account volume needs kube-root-ca.crt.
+	// service-account volume needs kube-root-ca.crt. publishDefaults has
+	// usually made both by now; if it could not, the controller-manager will.
 	wctx, wcancel := context.WithTimeout(ctx, componentReadyTimeout)
 	err = WaitUsable(wctx, client)
 	wcancel()
+	dcancel()
 	if err != nil {
 		return fmt.Errorf("%w (see %s)", err, sup.LogDir+"/kube-controller-manager.log")
 	}
@@ -165,6 +191,25 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 	<-ctx.Done()
 	log.Info("stopping", "reason", context.Cause(ctx).Error())
 	return nil
+}
+
+// publishDefaults makes default's ServiceAccount and kube-root-ca.crt as
+// the controller-manager running with cmArgs would. A failure only means
+// start-up waits for the controller-manager to make them, so it is logged.
+func publishDefaults(ctx context.Context, client kubernetes.Interface, cmArgs []string, log *slog.Logger) {
+	start := time.Now()
+	ca, ok, err := PublishedRootCA(cmArgs)
+	if err != nil {
+		log.Warn("kube-root-ca.crt left to the controller-manager", "err", err)
+	}
+	if !ok {
+		ca = nil
+	}
+	if err := EnsureNamespaceDefaults(ctx, client, metav1.NamespaceDefault, ca); err != nil {
+		log.Debug("default ServiceAccount and kube-root-ca.crt left to the controller-manager", "err", err)
+		return
+	}
+	log.Debug("created default ServiceAccount and kube-root-ca.crt", "took", time.Since(start).Round(time.Millisecond).String())
 }
 
 // WaitUsable waits until the controller-manager has made what a first pod

@@ -9,7 +9,9 @@ package localnode
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -34,10 +36,11 @@ import (
 
 // Addon joins the server's machine as a node: it issues the node's
 // credentials (and the metrics API's serving certificate) and starts the
-// runtime daemon early (they need only the data dir); once authorization is
-// verified it starts the node while it installs the admission policy, the
-// storage class and the metrics reader role and Service; when the control
-// plane is healthy it waits for the Node to be Ready, labels it, and
+// runtime daemon early (they need only the data dir); it starts the node
+// with the apiserver, held at its start gate; once authorization is
+// verified it installs the node's RBAC and opens the gate, while it installs the admission policy,
+// the storage class and the metrics reader role and Service; when the
+// control plane is healthy it waits for the Node to be Ready, labels it, and
 // registers the metrics APIService (so the aggregator's first check finds
 // the node listening).
 func Addon(log *slog.Logger) controlplane.Addon {
@@ -55,44 +58,19 @@ func Addon(log *slog.Logger) controlplane.Addon {
 			if err := issueCredentials(p); err != nil {
 				return fmt.Errorf("node credentials: %w", err)
 			}
+			// The node's gate closes before the node starts: a gate left
+			// by a killed server must not let it act before verification.
+			if err := os.Remove(p.Layout.NodeStartGate()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("node start gate: %w", err)
+			}
 			if p.Cfg.NodeInstant { // benchmark floor: no runtime, nothing to sample
 				return nil
 			}
 			var err error
-			if metrics, err = prepareMetricsAPI(p); err != nil {
-				return err
-			}
-			if p.Cfg.DNSConfig != "" {
-				if _, err := dns.LoadForwardFile(p.Cfg.DNSConfig, p.Cfg.ClusterDomain); err != nil {
-					return fmt.Errorf("--dns-config: %w", err)
-				}
-			}
-			rcfg := runtimeConfig(p)
-			netns, reason, err := podNetworkMode(p.Cfg.PodNetwork, goruntime.GOOS, os.Geteuid())
-			if err != nil {
-				return err
-			}
-			if p.Cfg.ServiceProxy == "nftables" && !netns {
-				return fmt.Errorf("--service-proxy=nftables: ClusterIPs in the kernel need k3sm-netd (%s); use --service-proxy=auto or userspace", reason)
-			}
-			if netns {
-				if err := startNetd(ctx, p, sup); err != nil {
-					return err
-				}
-				rcfg.NetdSocket = p.Layout.NetdSocket()
-				rcfg.ServiceCIDR, rcfg.ClusterCIDR = p.Cfg.ServiceCIDR, p.Cfg.ClusterCIDR
-			} else {
-				rcfg.NoPodNetworkReason = reason
-				log.Info("pod network off", "reason", reason)
-			}
-			args, err := roleconfig.Write(p.Layout.RoleConfig(roleconfig.Runtime), rcfg)
-			if err != nil {
-				return err
-			}
-			rt, err = sup.Start(ctx, runtimeComponent{p, args})
+			rt, metrics, err = startRuntime(ctx, p, sup, log)
 			return err
 		},
-		Verified: func(ctx context.Context, p *controlplane.Plane, sup *supervisor.Supervisor) error {
+		Starting: func(ctx context.Context, p *controlplane.Plane, sup *supervisor.Supervisor) error {
 			rc, err := p.AdminConfig()
 			if err != nil {
 				return err
@@ -103,25 +81,47 @@ func Addon(log *slog.Logger) controlplane.Addon {
 			if agg, err = aggregator.NewForConfig(rc); err != nil {
 				return err
 			}
-			// The node is on the critical path to "up": it starts while the
-			// objects it does not need to start are installed. Its
-			// provisioner's RBAC goes first, so its first list succeeds.
-			if err := localpath.EnsureRBAC(ctx, admin, localPathUser(p.Cfg.NodeName)); err != nil {
-				return fmt.Errorf("local-path provisioner RBAC: %w", err)
+			// The node starts now, so its process start-up overlaps the
+			// apiserver's; it waits at its gate, which Verified opens.
+			args, err := roleconfig.Write(p.Layout.RoleConfig(roleconfig.Node), nodeConfig(p, metrics))
+			if err != nil {
+				return err
 			}
+			n, err = sup.Start(ctx, nodeComponent{p, admin, args})
+			return err
+		},
+		Verified: func(ctx context.Context, p *controlplane.Plane, _ *supervisor.Supervisor) error {
+			// The node is on the critical path to "up": its gate opens as
+			// soon as the RBAC its first lists need is in place, while the
+			// objects it does not need to start are installed.
+			var rbac, installs errgroup.Group
+			rbac.Go(func() error {
+				if err := localpath.EnsureRBAC(ctx, admin, localPathUser(p.Cfg.NodeName)); err != nil {
+					return fmt.Errorf("local-path provisioner RBAC: %w", err)
+				}
+				return nil
+			})
 			// The node's Service proxy and DNS read Services and
 			// EndpointSlices, which the Node authorizer does not grant.
 			nodeUser := "system:node:" + p.Cfg.NodeName
-			if err := proxy.EnsureRBAC(ctx, admin, nodeUser); err != nil {
-				return fmt.Errorf("service proxy RBAC: %w", err)
-			}
-			if err := dns.EnsureRBAC(ctx, admin, nodeUser); err != nil {
-				return fmt.Errorf("cluster DNS RBAC: %w", err)
-			}
-			if err := netpol.EnsureRBAC(ctx, admin, nodeUser); err != nil {
-				return fmt.Errorf("NetworkPolicy RBAC: %w", err)
-			}
-			var installs errgroup.Group
+			rbac.Go(func() error {
+				if err := proxy.EnsureRBAC(ctx, admin, nodeUser); err != nil {
+					return fmt.Errorf("service proxy RBAC: %w", err)
+				}
+				return nil
+			})
+			rbac.Go(func() error {
+				if err := dns.EnsureRBAC(ctx, admin, nodeUser); err != nil {
+					return fmt.Errorf("cluster DNS RBAC: %w", err)
+				}
+				return nil
+			})
+			rbac.Go(func() error {
+				if err := netpol.EnsureRBAC(ctx, admin, nodeUser); err != nil {
+					return fmt.Errorf("NetworkPolicy RBAC: %w", err)
+				}
+				return nil
+			})
 			installs.Go(func() error {
 				if err := EnsureOSPolicy(ctx, admin, osOfNodes(), p.Cfg.NodeTaint); err != nil {
 					return fmt.Errorf("admission policy: %w", err)
@@ -145,21 +145,15 @@ func Addon(log *slog.Logger) controlplane.Addon {
 					return nil
 				})
 			}
-			if rt != nil {
+			err := rbac.Wait()
+			if err == nil && rt != nil {
 				wctx, cancel := context.WithTimeout(ctx, time.Minute)
-				err := rt.WaitReady(wctx)
+				err = rt.WaitReady(wctx)
 				cancel()
-				if err != nil {
-					installs.Wait()
-					return err
-				}
 			}
-			args, err := roleconfig.Write(p.Layout.RoleConfig(roleconfig.Node), nodeConfig(p, metrics))
-			if err != nil {
-				installs.Wait()
-				return err
+			if err == nil {
+				err = openStartGate(p.Layout.NodeStartGate())
 			}
-			n, err = sup.Start(ctx, nodeComponent{p, admin, args})
 			if werr := installs.Wait(); err == nil {
 				err = werr
 			}
@@ -192,6 +186,54 @@ func Addon(log *slog.Logger) controlplane.Addon {
 	}
 }
 
+// startRuntime starts k3sm-netd (with a pod network) and the runtime daemon,
+// and prepares the metrics API the node will serve.
+func startRuntime(ctx context.Context, p *controlplane.Plane, sup *supervisor.Supervisor, log *slog.Logger) (*supervisor.Child, metricsAPI, error) {
+	metrics, err := prepareMetricsAPI(p)
+	if err != nil {
+		return nil, metrics, err
+	}
+	if p.Cfg.DNSConfig != "" {
+		if _, err := dns.LoadForwardFile(p.Cfg.DNSConfig, p.Cfg.ClusterDomain); err != nil {
+			return nil, metrics, fmt.Errorf("--dns-config: %w", err)
+		}
+	}
+	rcfg := runtimeConfig(p)
+	netns, reason, err := podNetworkMode(p.Cfg.PodNetwork, goruntime.GOOS, os.Geteuid())
+	if err != nil {
+		return nil, metrics, err
+	}
+	if p.Cfg.ServiceProxy == "nftables" && !netns {
+		return nil, metrics, fmt.Errorf("--service-proxy=nftables: ClusterIPs in the kernel need k3sm-netd (%s); use --service-proxy=auto or userspace", reason)
+	}
+	if netns {
+		if err := startNetd(ctx, p, sup); err != nil {
+			return nil, metrics, err
+		}
+		rcfg.NetdSocket = p.Layout.NetdSocket()
+		rcfg.ServiceCIDR, rcfg.ClusterCIDR = p.Cfg.ServiceCIDR, p.Cfg.ClusterCIDR
+	} else {
+		rcfg.NoPodNetworkReason = reason
+		log.Info("pod network off", "reason", reason)
+	}
+	args, err := roleconfig.Write(p.Layout.RoleConfig(roleconfig.Runtime), rcfg)
+	if err != nil {
+		return nil, metrics, err
+	}
+	rt, err := sup.Start(ctx, runtimeComponent{p, args})
+	return rt, metrics, err
+}
+
+// openStartGate lets the node go on (roleconfig.NodeConfig.StartGate):
+// called only once authorization is verified.
+func openStartGate(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("node start gate: %w", err)
+	}
+	return f.Close()
+}
+
 // runtimeConfig is what the runtime daemon runs with.
 func runtimeConfig(p *controlplane.Plane) roleconfig.RuntimeConfig {
 	return roleconfig.RuntimeConfig{DataDir: p.Cfg.DataDir, Socket: p.Layout.RuntimeSocket(),
@@ -206,7 +248,7 @@ func nodeConfig(p *controlplane.Plane, m metricsAPI) roleconfig.NodeConfig {
 		Kubeconfig: l.NodeKubeconfig(), ServingCert: l.KubeletServingCert(), ServingKey: l.KubeletServingKey(),
 		ClientCAFile: l.KubeletClientCA(), RuntimeSocket: l.RuntimeSocket(), DataDir: cfg.DataDir,
 		LocalPathKubeconfig: l.LocalPathKubeconfig(), LocalPathDir: l.StorageDir(),
-		Instant: cfg.NodeInstant, Taint: cfg.NodeTaint, Metrics: m.serveConfig(p), Disk: cfg.Disk,
+		Instant: cfg.NodeInstant, Taint: cfg.NodeTaint, Metrics: m.serveConfig(p), Disk: cfg.Disk, StartGate: l.NodeStartGate(),
 		ClusterDNS: cfg.ClusterDNS, ClusterDomain: cfg.ClusterDomain, DNSConfig: cfg.DNSConfig, APIServiceIP: apiServiceIP(cfg.ServiceCIDR),
 		ServiceCIDR: cfg.ServiceCIDR, ClusterCIDR: cfg.ClusterCIDR,
 	}
