@@ -92,7 +92,8 @@ proxy() {
 
 podnet() {
 	# Owned by bench/podnet: pod→pod and ClusterIP traffic over the real dataplane and Service proxy,
-	# and pod network setup through k3sm-netd. Needs root (it skips with a message otherwise); it
+	# pod network setup through k3sm-netd, and the time from an EndpointSlice change to traffic following
+	# it on the relay and in the kernel (-rounds 0 / -pods 0 / -follows 0 in K3SM_BENCH_PODNET_ARGS skip a part). Needs root (it skips with a message otherwise); it
 	# re-runs itself under `unshare --net --mount`, so it touches nothing of the machine's network.
 	# Prints only: its figures are recorded in bench/RESULTS.md by hand.
 	$GO build -o _output/bench/podnet ./bench/podnet

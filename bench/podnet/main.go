@@ -22,6 +22,12 @@
 //     unix socket, against the dataplane's AddPod and DelPod called
 //     directly: one pod at a time, interleaved, and a burst from several
 //     goroutines.
+//   - follows: how long traffic takes to follow an EndpointSlice change,
+//     on the relay and in the kernel side by side. Pods A and B each
+//     answer a connection with their name; a Service's one endpoint moves
+//     between them (an Update in the fake clientset), and a client in
+//     pod C connects to the ClusterIP again and again (a new connection
+//     each try) until the new pod answers (follow.go).
 //
 // It needs root. The program re-executes itself under `unshare --net
 // --mount`, so the whole process runs in a fresh network namespace that
@@ -73,6 +79,7 @@ type options struct {
 	workers     int
 	burstRounds int
 	kubeProxy   bool
+	follows     int
 }
 
 // The node, as the server would configure it (issue: 100.64.7.0/24).
@@ -86,17 +93,22 @@ var node = dataplane.Node{
 
 func main() {
 	var o options
-	flag.IntVar(&o.rounds, "rounds", 5, "traffic rounds; each measures loopback, pod→pod and the ClusterIPs (relay, nftables, kube-proxy)")
+	flag.IntVar(&o.rounds, "rounds", 5, "traffic rounds; each measures loopback, pod→pod and the ClusterIPs (relay, nftables, kube-proxy); 0 skips the traffic")
 	flag.Int64Var(&o.bytes, "bytes", 1<<30, "bytes uploaded per throughput measurement")
 	flag.IntVar(&o.chunk, "chunk", 64<<10, "bytes per write in the throughput measurement")
 	flag.IntVar(&o.pings, "pings", 20000, "1-byte round trips per latency measurement")
-	flag.IntVar(&o.pods, "pods", 100, "pods per setup measurement (one at a time, and per burst)")
+	flag.IntVar(&o.pods, "pods", 100, "pods per setup measurement (one at a time, and per burst); 0 skips the setup measurement")
 	flag.IntVar(&o.workers, "workers", 8, "goroutines setting up the pods of a burst")
 	flag.IntVar(&o.burstRounds, "burst-rounds", 3, "burst rounds per path (0 skips the bursts)")
 	flag.BoolVar(&o.kubeProxy, "kube-proxy", true, "also measure a ClusterIP served by kube-proxy in nftables mode (k8s.io/kubernetes at the pinned version, over a fake clientset)")
+	flag.IntVar(&o.follows, "follows", 20, "EndpointSlice changes per path (relay, nftables) timed until a new connection reaches the new endpoint; 0 skips them")
 	flag.Parse()
-	if o.rounds < 1 || o.bytes < 1 || o.chunk < 1 || o.pings < 1 || o.pods < 1 || o.pods > 250 || o.workers < 1 || o.burstRounds < 0 {
-		fmt.Fprintln(os.Stderr, "bench/podnet: -rounds, -bytes, -chunk, -pings, -workers must be at least 1, -pods 1 to 250, -burst-rounds at least 0")
+	if o.rounds < 0 || o.bytes < 1 || o.chunk < 1 || o.pings < 1 || o.pods < 0 || o.pods > 250 || o.workers < 1 || o.burstRounds < 0 || o.follows < 0 {
+		fmt.Fprintln(os.Stderr, "bench/podnet: -bytes, -chunk, -pings, -workers must be at least 1; -pods 0 to 250; -rounds, -burst-rounds, -follows at least 0")
+		os.Exit(2)
+	}
+	if o.rounds == 0 && o.pods == 0 && o.follows == 0 {
+		fmt.Fprintln(os.Stderr, "bench/podnet: -rounds 0 -pods 0 -follows 0 leaves nothing to measure; set one of them above 0")
 		os.Exit(2)
 	}
 	if dir := os.Getenv(innerEnv); dir != "" {
@@ -188,16 +200,28 @@ func inner(dir string, o options) (err error) {
 	defer cancel()
 
 	// Setup first: kube-proxy, once started for the traffic, runs (and
-	// keeps its rules) until the process ends.
-	st, err := setupBench(ctx, dir, hostNS, o)
-	if err != nil {
-		return err
+	// keeps its rules) until the process ends. A part set to 0 is skipped.
+	var (
+		st *setupResult
+		tr *trafficResult
+		fr *followResult
+	)
+	if o.pods > 0 {
+		if st, err = setupBench(ctx, dir, hostNS, o); err != nil {
+			return err
+		}
 	}
-	tr, err := trafficBench(ctx, dir, hostNS, o)
-	if err != nil {
-		return err
+	if o.rounds > 0 {
+		if tr, err = trafficBench(ctx, dir, hostNS, o); err != nil {
+			return err
+		}
 	}
-	report(o, tr, st, loadStart, loadAvg())
+	if o.follows > 0 {
+		if fr, err = followBench(ctx, dir, hostNS, o); err != nil {
+			return err
+		}
+	}
+	report(o, tr, st, fr, loadStart, loadAvg())
 	return nil
 }
 

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/agent/proxy"
 )
 
 // k8sVersion is the k8s.io/kubernetes module this program was built with.
@@ -49,19 +51,48 @@ func met(ok bool) string {
 	return "**not met**"
 }
 
-func report(o options, tr *trafficResult, st *setupResult, loadStart, loadEnd string) {
+func report(o options, tr *trafficResult, st *setupResult, fr *followResult, loadStart, loadEnd string) {
 	fmt.Printf("## Pod network (bench/podnet)\n\n")
 	fmt.Printf("- Date: %s\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"))
 	fmt.Printf("- Machine: kernel %s, %d CPUs, %s\n", kernel(), runtime.NumCPU(), runtime.Version())
-	fmt.Printf("- Program: `bench/podnet -rounds %d -bytes %d -chunk %d -pings %d -pods %d -workers %d -burst-rounds %d`\n",
-		o.rounds, o.bytes, o.chunk, o.pings, o.pods, o.workers, o.burstRounds)
+	fmt.Printf("- Program: `bench/podnet -rounds %d -bytes %d -chunk %d -pings %d -pods %d -workers %d -burst-rounds %d -kube-proxy=%t -follows %d`\n",
+		o.rounds, o.bytes, o.chunk, o.pings, o.pods, o.workers, o.burstRounds, o.kubeProxy, o.follows)
 	fmt.Printf("- Load average (1/5/15 min) at start %s, at end %s (the machine is shared: rounds rotate which path goes first)\n", loadStart, loadEnd)
 	fmt.Printf("- Setup: the process re-executed under `unshare --net --mount`; its own fresh network namespace is the\n")
 	fmt.Printf("  node's \"host\". internal/netd/dataplane built the node (%v, gateway %v on bridge %s, Service range %v\n",
 		node.CIDR, node.Gateway, node.Bridge, node.ServiceCIDR)
-	fmt.Printf("  local, cluster range %v) and pods A (%v) and B (%v) in %.1f ms; nothing touched the machine's network.\n\n",
-		node.ClusterCIDR, tr.podA.IP, tr.podB.IP, ms(tr.setup))
+	fmt.Printf("  local, cluster range %v) and its pods; nothing touched the machine's network.\n", node.ClusterCIDR)
+	if tr != nil {
+		fmt.Printf("- Traffic: pods A (%v) and B (%v) set up in %.1f ms.\n", tr.podA.IP, tr.podB.IP, ms(tr.setup))
+	}
+	if fr != nil {
+		fmt.Printf("- Follows: pods A (%v), B (%v) and C (%v) set up in %.1f ms.\n", fr.podA.IP, fr.podB.IP, fr.podC.IP, ms(fr.setup))
+	}
+	var skipped []string
+	for _, p := range []struct {
+		name string
+		ran  bool
+	}{{"traffic (-rounds 0)", tr != nil}, {"setup (-pods 0)", st != nil}, {"follows (-follows 0)", fr != nil}} {
+		if !p.ran {
+			skipped = append(skipped, p.name)
+		}
+	}
+	if len(skipped) > 0 {
+		fmt.Printf("- Not measured in this run: %s.\n", strings.Join(skipped, ", "))
+	}
+	fmt.Println()
+	if tr != nil {
+		reportTraffic(o, tr)
+	}
+	if st != nil {
+		reportSetup(o, st)
+	}
+	if fr != nil {
+		reportFollow(o, fr)
+	}
+}
 
+func reportTraffic(o options, tr *trafficResult) {
 	fmt.Printf("### Traffic\n\n")
 	fmt.Printf("Median of %d rounds. The server runs in pod B's namespace; **loopback floor** = the client in pod B's\n", o.rounds)
 	fmt.Printf("namespace to 127.0.0.1; **pod→pod** = the client in pod A's namespace to %v:%d (veth, bridge, veth);\n", tr.podB.IP, backendPort)
@@ -164,8 +195,11 @@ func report(o options, tr *trafficResult, st *setupResult, loadStart, loadEnd st
 		}
 		fmt.Println()
 	}
+	fmt.Println()
+}
 
-	fmt.Printf("\n### Network setup per pod\n\n")
+func reportSetup(o options, st *setupResult) {
+	fmt.Printf("### Network setup per pod\n\n")
 	fmt.Printf("**%s**: what a pod start pays, SetupPod and TeardownPod from internal/netd/client over the\n", setupNames[setupNetd])
 	fmt.Printf("unix socket to the real internal/netd/server (peer-credential check, one mutex, state file written per\n")
 	fmt.Printf("change) over the real dataplane in the host namespace; **%s**: AddPod and DelPod of the same\n", setupNames[setupDirect])
@@ -192,6 +226,7 @@ func report(o options, tr *trafficResult, st *setupResult, loadStart, loadEnd st
 	srow("set up + tear down p99", 0.99, both)
 
 	if o.burstRounds == 0 {
+		fmt.Println()
 		return
 	}
 	fmt.Printf("\nBurst: %d pods set up at once from %d goroutines, then torn down the same way; median of %d rounds\n",
@@ -217,6 +252,7 @@ func report(o options, tr *trafficResult, st *setupResult, loadStart, loadEnd st
 	brow("pod ready p50 (burst start to its return)", "%.0f", func(b burst) float64 { return ms(pct(b.ready, 0.5)) })
 	brow("pod ready p99", "%.0f", func(b burst) float64 { return ms(pct(b.ready, 0.99)) })
 	brow(fmt.Sprintf("all %d torn down (wall)", o.pods), "%.0f", func(b burst) float64 { return ms(b.delWall) })
+	fmt.Println()
 }
 
 func size(n int64) string {
@@ -227,4 +263,66 @@ func size(n int64) string {
 		return fmt.Sprintf("%d MiB", n>>20)
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+func reportFollow(o options, fr *followResult) {
+	fmt.Printf("### Traffic following an EndpointSlice change\n\n")
+	fmt.Printf("%d changes per path, the paths alternating which goes first. Pods A (%v) and B (%v) each answer a\n", o.follows, fr.podA.IP, fr.podB.IP)
+	fmt.Printf("connection on :%d with their name and close it. Two Service proxies (internal/agent/proxy) run in the\n", backendPort)
+	fmt.Printf("host namespace, each over its own fake clientset with one Service and its one EndpointSlice: **%s**\n", followNames[followRelay])
+	fmt.Printf("= %s:%d on the userspace relay (--service-proxy=userspace); **%s** = %s:%d in the kernel (its\n", followRelayIP, servicePort, followNames[followKernel], followKernelIP, servicePort)
+	fmt.Printf("Kernel path applied by internal/netd/dataplane's SetServices as k3sm-netd does; the default on Linux as root;\n")
+	fmt.Printf("proxy.DefaultKernelDebounce = %v gathers a burst of changes into one nftables transaction). Each change\n", proxy.DefaultKernelDebounce)
+	fmt.Printf("updates the slice to the other pod; the time runs from the Update call (fake clientset: no apiserver, no\n")
+	fmt.Printf("watch over the network) until a client in pod C (%v), connecting to the ClusterIP in a loop (a new\n", fr.podC.IP)
+	fmt.Printf("connection each try, no pause, %v timeout), first gets the new pod's name.\n\n", followTry)
+	fmt.Printf("| ms | %s | %s |\n|---|---:|---:|\n", followNames[followRelay], followNames[followKernel])
+	frow := func(name string, f func(cs []change) float64, prec string) {
+		fmt.Printf("| %s |", name)
+		for p := range nFollows {
+			fmt.Printf(" "+prec+" |", f(fr.changes[p]))
+		}
+		fmt.Println()
+	}
+	took := func(cs []change) []time.Duration {
+		out := make([]time.Duration, len(cs))
+		for i, c := range cs {
+			out[i] = c.took
+		}
+		return out
+	}
+	for _, q := range []struct {
+		name string
+		q    float64
+	}{{"p50", 0.5}, {"p90", 0.9}, {"max", 1}} {
+		frow("Update → new endpoint answers, "+q.name, func(cs []change) float64 { return ms(pct(took(cs), q.q)) }, "**%.2f**")
+	}
+	frow("min", func(cs []change) float64 { return ms(slices.Min(took(cs))) }, "%.2f")
+	frow("the Update call alone, p50", func(cs []change) float64 {
+		u := make([]time.Duration, len(cs))
+		for i, c := range cs {
+			u[i] = c.update
+		}
+		return ms(pct(u, 0.5))
+	}, "%.3f")
+	frow("connections per change, median", func(cs []change) float64 {
+		v := make([]float64, len(cs))
+		for i, c := range cs {
+			v[i] = float64(c.tries)
+		}
+		return median(v)
+	}, "%.0f")
+	fmt.Printf("| tries with no answer (refused, timed out), all changes |")
+	for p := range nFollows {
+		fmt.Printf(" %d |", fr.noAnswer[p])
+	}
+	fmt.Printf("\n\nEvery change (ms):\n\n| change | to pod | %s | %s |\n|---:|---|---:|---:|\n", followNames[followRelay], followNames[followKernel])
+	for i := range fr.changes[followRelay] {
+		to := "b"
+		if i%2 == 1 {
+			to = "a"
+		}
+		fmt.Printf("| %d | %s | %.2f | %.2f |\n", i+1, to, ms(fr.changes[followRelay][i].took), ms(fr.changes[followKernel][i].took))
+	}
+	fmt.Println()
 }

@@ -110,12 +110,12 @@ func trafficBench(ctx context.Context, dir, hostNS string, o options) (_ *traffi
 	defer ln.Close()
 	go serveBackend(ln)
 
-	stop, err := startProxy(ctx, r.podA.NetNS, clusterIP, netip.AddrPortFrom(r.podB.IP, backendPort), nil)
+	_, stop, err := startProxy(ctx, r.podA.NetNS, clusterIP, netip.AddrPortFrom(r.podB.IP, backendPort), nil)
 	if err != nil {
 		return nil, err
 	}
 	defer stop()
-	stopKernel, err := startProxy(ctx, r.podA.NetNS, kernelIP, netip.AddrPortFrom(r.podB.IP, backendPort), dpKernel{dp})
+	_, stopKernel, err := startProxy(ctx, r.podA.NetNS, kernelIP, netip.AddrPortFrom(r.podB.IP, backendPort), dpKernel{dp})
 	if err != nil {
 		return nil, err
 	}
@@ -216,8 +216,9 @@ func (k dpKernel) SetServices(_ context.Context, svcs []proxy.KernelService) err
 // endpoint is backend: on its relay (kernel nil) or in the kernel. This
 // process is in the host namespace, so the proxy's listeners and its
 // dials to endpoints are the host's, as on a node. It returns once the
-// ClusterIP answers from pod A's namespace.
-func startProxy(ctx context.Context, clientNS, clusterIP string, backend netip.AddrPort, kernel proxy.Kernel) (stop func(), err error) {
+// ClusterIP answers from clientNS. Its EndpointSlice (benchSlice) can be
+// updated through the returned clientset.
+func startProxy(ctx context.Context, clientNS, clusterIP string, backend netip.AddrPort, kernel proxy.Kernel) (client *fake.Clientset, stop func(), err error) {
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "bench"},
 		Spec: corev1.ServiceSpec{
@@ -225,20 +226,9 @@ func startProxy(ctx context.Context, clientNS, clusterIP string, backend netip.A
 			Ports: []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: servicePort}},
 		},
 	}
-	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{
-			Namespace: "default", Name: "bench-1",
-			Labels: map[string]string{discoveryv1.LabelServiceName: "bench"},
-		},
-		AddressType: discoveryv1.AddressTypeIPv4,
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("tcp"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(int32(backend.Port()))}},
-		Endpoints: []discoveryv1.Endpoint{{
-			Addresses:  []string{backend.Addr().String()},
-			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
-		}},
-	}
+	client = fake.NewClientset(svc, benchSlice(backend))
 	p, err := proxy.New(proxy.Config{
-		Client:   fake.NewClientset(svc, slice),
+		Client:   client,
 		NodeName: "bench",
 		NodeIPs:  []netip.Addr{node.Gateway},
 		Recorder: &record.FakeRecorder{},
@@ -248,7 +238,7 @@ func startProxy(ctx context.Context, clientNS, clusterIP string, backend netip.A
 		// net.Dialer, in the process's network, which here is the host's.
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -260,13 +250,30 @@ func startProxy(ctx context.Context, clientNS, clusterIP string, backend netip.A
 		c, err := podnet.Dial(ctx, clientNS, "tcp4", addr)
 		if err == nil {
 			c.Close()
-			return stop, nil
+			return client, stop, nil
 		}
 		if time.Now().After(deadline) {
 			stop()
-			return nil, fmt.Errorf("proxy not serving %s: %w", addr, err)
+			return nil, nil, fmt.Errorf("proxy not serving %s: %w", addr, err)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// benchSlice is the Service's one EndpointSlice, with backend its one
+// ready endpoint.
+func benchSlice(backend netip.AddrPort) *discoveryv1.EndpointSlice {
+	return &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: "default", Name: "bench-1",
+			Labels: map[string]string{discoveryv1.LabelServiceName: "bench"},
+		},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("tcp"), Protocol: ptr.To(corev1.ProtocolTCP), Port: ptr.To(int32(backend.Port()))}},
+		Endpoints: []discoveryv1.Endpoint{{
+			Addresses:  []string{backend.Addr().String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)},
+		}},
 	}
 }
 
