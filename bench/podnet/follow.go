@@ -66,35 +66,21 @@ type followResult struct {
 // ClusterIP gets the new pod's name.
 func followBench(ctx context.Context, dir, hostNS string, o options) (_ *followResult, err error) {
 	netnsDir := filepath.Join(dir, "follow-netns")
-	dp, err := dataplane.New(dataplane.Options{HostNSPath: hostNS, NetNSDir: netnsDir})
-	if err != nil {
-		return nil, err
-	}
 	r := &followResult{
 		podA: pod(netnsDir, "aaaaaaaa-0000-4000-8000-0000000000fa", "100.64.7.4"),
 		podB: pod(netnsDir, "bbbbbbbb-0000-4000-8000-0000000000fb", "100.64.7.5"),
 		podC: pod(netnsDir, "cccccccc-0000-4000-8000-0000000000fc", "100.64.7.6"),
 	}
-	t0 := time.Now()
-	if err := dp.EnsureNode(node); err != nil {
-		return nil, fmt.Errorf("EnsureNode: %w", err)
+	dp, took, teardown, err := buildPods(hostNS, netnsDir, r.podA, r.podB, r.podC)
+	if err != nil {
+		return nil, err
 	}
 	defer func() {
-		if derr := dp.DelNode(node); derr != nil && err == nil {
-			err = fmt.Errorf("DelNode: %w", derr)
+		if derr := teardown(); derr != nil && err == nil {
+			err = derr
 		}
 	}()
-	for _, p := range []dataplane.Pod{r.podA, r.podB, r.podC} {
-		defer func() {
-			if derr := dp.DelPod(p); derr != nil && err == nil {
-				err = fmt.Errorf("DelPod %s: %w", p.UID, derr)
-			}
-		}()
-		if err := dp.AddPod(node, p); err != nil {
-			return nil, fmt.Errorf("AddPod %s: %w", p.UID, err)
-		}
-	}
-	r.setup = time.Since(t0)
+	r.setup = took
 
 	names := map[netip.Addr]string{r.podA.IP: "a", r.podB.IP: "b"}
 	for _, p := range []dataplane.Pod{r.podA, r.podB} {

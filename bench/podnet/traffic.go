@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -69,39 +70,59 @@ func pod(netnsDir, uid, ip string) dataplane.Pod {
 	return dataplane.Pod{UID: uid, IP: netip.MustParseAddr(ip), NetNS: filepath.Join(netnsDir, uid), HostIf: dataplane.HostIfName(uid)}
 }
 
+// buildPods makes the node and pods with the dataplane in netnsDir. took is
+// EnsureNode and the AddPods; teardown removes them again and returns the
+// first removal that failed.
+func buildPods(hostNS, netnsDir string, pods ...dataplane.Pod) (_ dataplane.Dataplane, took time.Duration, teardown func() error, err error) {
+	dp, err := dataplane.New(dataplane.Options{HostNSPath: hostNS, NetNSDir: netnsDir})
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	var added []dataplane.Pod
+	teardown = func() error {
+		var first error
+		for i := len(added) - 1; i >= 0; i-- {
+			if derr := dp.DelPod(added[i]); derr != nil && first == nil {
+				first = fmt.Errorf("DelPod %s: %w", added[i].UID, derr)
+			}
+		}
+		if derr := dp.DelNode(node); derr != nil && first == nil {
+			first = fmt.Errorf("DelNode: %w", derr)
+		}
+		return first
+	}
+	t0 := time.Now()
+	if err := dp.EnsureNode(node); err != nil {
+		return nil, 0, nil, fmt.Errorf("EnsureNode: %w", err)
+	}
+	for _, p := range pods {
+		if err := dp.AddPod(node, p); err != nil {
+			return nil, 0, nil, errors.Join(fmt.Errorf("AddPod %s: %w", p.UID, err), teardown())
+		}
+		added = append(added, p)
+	}
+	return dp, time.Since(t0), teardown, nil
+}
+
 // trafficBench builds the node and pods A and B with the dataplane, serves
 // the backend in B and the Service proxy in the host namespace, measures
 // every path o.rounds times, and takes the node down again.
 func trafficBench(ctx context.Context, dir, hostNS string, o options) (_ *trafficResult, err error) {
 	netnsDir := filepath.Join(dir, "netns")
-	dp, err := dataplane.New(dataplane.Options{HostNSPath: hostNS, NetNSDir: netnsDir})
-	if err != nil {
-		return nil, err
-	}
 	r := &trafficResult{
 		podA: pod(netnsDir, "aaaaaaaa-0000-4000-8000-00000000000a", "100.64.7.2"),
 		podB: pod(netnsDir, "bbbbbbbb-0000-4000-8000-00000000000b", "100.64.7.3"),
 	}
-	t0 := time.Now()
-	if err := dp.EnsureNode(node); err != nil {
-		return nil, fmt.Errorf("EnsureNode: %w", err)
+	dp, took, teardown, err := buildPods(hostNS, netnsDir, r.podA, r.podB)
+	if err != nil {
+		return nil, err
 	}
 	defer func() {
-		if derr := dp.DelNode(node); derr != nil && err == nil {
-			err = fmt.Errorf("DelNode: %w", derr)
+		if derr := teardown(); derr != nil && err == nil {
+			err = derr
 		}
 	}()
-	for _, p := range []dataplane.Pod{r.podA, r.podB} {
-		defer func() {
-			if derr := dp.DelPod(p); derr != nil && err == nil {
-				err = fmt.Errorf("DelPod %s: %w", p.UID, derr)
-			}
-		}()
-		if err := dp.AddPod(node, p); err != nil {
-			return nil, fmt.Errorf("AddPod %s: %w", p.UID, err)
-		}
-	}
-	r.setup = time.Since(t0)
+	r.setup = took
 
 	ln, err := listenIn(r.podB.NetNS, net.JoinHostPort("0.0.0.0", strconv.Itoa(backendPort)))
 	if err != nil {
