@@ -101,14 +101,26 @@ func TestDialReachesOnlyTheNamespace(t *testing.T) {
 
 func TestStartInRunsTheChildInTheNamespace(t *testing.T) {
 	ns := newNetNS(t)
-	want, err := os.Readlink("/proc/self/ns/net")
+	// The namespace the child must be in is the one bound at ns. (Not
+	// "other than /proc/self's": /proc/self is the main thread, which
+	// newNetNS's locked goroutine may have been, leaving it in ns.)
+	var st unix.Stat_t
+	if err := unix.Stat(ns, &st); err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("net:[%d]", st.Ino)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	own, err := os.Readlink("/proc/thread-self/ns/net")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if own == want {
+		t.Fatalf("the test's own thread is already in %s", want)
 	}
 	cmd := exec.Command("readlink", "/proc/self/ns/net")
 	var out []byte
 	done := make(chan error, 1)
-	cmd.Stdout = nil
 	pr, pw, _ := os.Pipe()
 	cmd.Stdout = pw
 	if err := StartIn(ns, cmd.Start); err != nil {
@@ -119,11 +131,11 @@ func TestStartInRunsTheChildInTheNamespace(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if got := string(out); got == want+"\n" || got == "" {
-		t.Fatalf("child's network namespace %q is the parent's %q", got, want)
+	if got := string(out); got != want+"\n" {
+		t.Fatalf("child's network namespace %q, want the pod's %q (the caller's is %q)", got, want, own)
 	}
-	// The calling goroutine is back in its own namespace.
-	if now, _ := os.Readlink("/proc/self/ns/net"); now != want {
-		t.Fatalf("caller left in %s", now)
+	// The calling thread never left its own namespace.
+	if now, _ := os.Readlink("/proc/thread-self/ns/net"); now != own {
+		t.Fatalf("caller left in %s, was %s", now, own)
 	}
 }
