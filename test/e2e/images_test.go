@@ -337,20 +337,9 @@ CMD ["env:GREETING", "pwd", "forever"]
 // pods naming 127.0.0.1:PORT/... and localhost:PORT/... (pulled over HTTP,
 // pullPolicy Always) run it, and the store holds each blob once.
 func TestNodeRegistry(t *testing.T) {
-	bin, err := imagetest.BuildProg(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := imagetest.Image(bin, v1.Platform{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := freePort(t)
-	s := newServer(t, "--registry-port", fmt.Sprint(port))
-	s.start()
-	c := s.client()
-	s.deletePodsAtCleanup(t)
+	s, img, port := registryServer(t)
 	host := fmt.Sprintf("127.0.0.1:%d", port)
+	c := s.client()
 	ref, _ := name.ParseReference(host + "/app:v1")
 	waitFor(t, 30*time.Second, "push to the node registry", func() error { return remote.Write(ref, img) })
 	out := mustK3sm(t, time.Minute, "image", "ls", "--data-dir", s.dataDir)
@@ -485,18 +474,7 @@ func TestNodeRegistryDockerPush(t *testing.T) {
 		return strings.TrimSpace(string(out))
 	}
 
-	bin, err := imagetest.BuildProg(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := imagetest.Image(bin, v1.Platform{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := freePort(t)
-	s := newServer(t, "--registry-port", fmt.Sprint(port))
-	s.start()
-	s.deletePodsAtCleanup(t)
+	s, img, port := registryServer(t)
 	host := fmt.Sprintf("127.0.0.1:%d", port)
 	relay := relayFromNetNS(t, fmt.Sprintf("/proc/%d/ns/net", dockerd), host)
 	t.Logf("dockerd (pid %d) pushes through %s to the registry on %s", dockerd, relay, host)
@@ -632,4 +610,24 @@ func relayFromNetNS(t *testing.T, nsPath, target string) string {
 	// Dialed from an unlocked goroutine: this process's namespace.
 	imagetest.ForwardTCP(ln, target)
 	return ln.Addr().String()
+}
+
+// registryServer starts a server with --registry-port and builds the
+// image the registry tests push: the server, the image and the
+// registry's port.
+func registryServer(t *testing.T) (*server, v1.Image, int) {
+	t.Helper()
+	bin, err := imagetest.BuildProg(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := imagetest.Image(bin, v1.Platform{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	s := newServer(t, "--registry-port", fmt.Sprint(port))
+	s.start()
+	s.deletePodsAtCleanup(t)
+	return s, img, port
 }
