@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -242,16 +243,32 @@ func TestVolumes(t *testing.T) {
 		if _, err := c.CoreV1().PersistentVolumeClaims("default").Create(ctx(t), pvc, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		pod := func() *corev1.Pod {
-			p := nativePod("pvc-user", imgs.prog, "forever")
+		podNamed := func(name string) *corev1.Pod {
+			p := nativePod(name, imgs.prog, "forever")
 			p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/var/lib/k3sm-e2e-data"}}
 			p.Spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
 				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "data"}}}}
+			uid := int64(1000)
+			p.Spec.SecurityContext = &corev1.PodSecurityContext{RunAsUser: &uid, RunAsGroup: &uid}
 			return p
 		}
+		pod := func() *corev1.Pod { return podNamed("pvc-user") }
 		create(t, pod())
 		waitPod(t, c, "pvc-user", 2*time.Minute, running)
-		mustExec(t, "pvc-user", "main", "sh", "-c", "echo persisted > /var/lib/k3sm-e2e-data/file")
+		// A file only its owner may read: another pod of the same user,
+		// whose id range differs, must still be its owner (the volume is
+		// idmapped, so the file is uid 1000 on disk, as the pods see it).
+		// The peer is an `image: native` pod: its volumes are mounted on
+		// the host's view, the other way in.
+		mustExec(t, "pvc-user", "main", "sh", "-c", "umask 077 && echo persisted > /var/lib/k3sm-e2e-data/file")
+		peer := podNamed("pvc-peer")
+		peer.Spec.Containers[0].Image, peer.Spec.Containers[0].Args = "native", []string{"/bin/sleep", "infinity"}
+		create(t, peer)
+		waitPod(t, c, "pvc-peer", 2*time.Minute, running)
+		if out, err := s.execIn("pvc-peer", "main", "sh", "-c", "cat /var/lib/k3sm-e2e-data/file && echo peer >> /var/lib/k3sm-e2e-data/file"); err != nil || out != "persisted\n" {
+			t.Errorf("a second pod of uid 1000 reading and appending to the first pod's 0600 file: %v %q", err, out)
+		}
+		del(t, "pvc-peer")
 		bound, err := c.CoreV1().PersistentVolumeClaims("default").Get(ctx(t), "data", metav1.GetOptions{})
 		if err != nil || bound.Status.Phase != corev1.ClaimBound {
 			t.Fatalf("claim %v: %v", bound.Status.Phase, err)
@@ -263,10 +280,15 @@ func TestVolumes(t *testing.T) {
 		if !strings.HasPrefix(pv.Spec.HostPath.Path, filepath.Join(s.dataDir, "storage")+"/") {
 			t.Errorf("volume directory %s is not under the data dir's storage/", pv.Spec.HostPath.Path)
 		}
+		if fi, err := os.Stat(filepath.Join(pv.Spec.HostPath.Path, "file")); err != nil {
+			t.Error(err)
+		} else if st := fi.Sys().(*syscall.Stat_t); st.Uid != 1000 || st.Gid != 1000 || fi.Mode().Perm() != 0o600 {
+			t.Errorf("the pod's file is %d:%d %v on disk, want 1000:1000 -rw-------", st.Uid, st.Gid, fi.Mode())
+		}
 		del(t, "pvc-user")
 		create(t, pod())
 		waitPod(t, c, "pvc-user", 2*time.Minute, running)
-		if got := mustExec(t, "pvc-user", "main", "cat", "/var/lib/k3sm-e2e-data/file"); got != "persisted\n" {
+		if got := mustExec(t, "pvc-user", "main", "cat", "/var/lib/k3sm-e2e-data/file"); got != "persisted\npeer\n" {
 			t.Errorf("data after the pod was recreated: %q", got)
 		}
 		// The same name and spec right after a force delete: the old pod's

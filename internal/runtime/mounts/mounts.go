@@ -13,4 +13,10 @@ type Mount struct {
 	Source   string `json:"source"`
 	Target   string `json:"target"`
 	ReadOnly bool   `json:"readOnly,omitempty"`
+	// IDMapped: Source is a directory that outlives the pod (hostPath, a
+	// PersistentVolume). In a pod's user namespace it is mounted idmapped,
+	// so a file keeps on disk the ids the pod sees (as with the kubelet's
+	// user-namespaced pods): any later pod, whatever its id range, finds
+	// its files owned as it left them.
+	IDMapped bool `json:"idMapped,omitempty"`
 }

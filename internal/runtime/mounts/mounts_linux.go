@@ -192,7 +192,12 @@ func EnterArgv(pid int, dir string, argv []string) ([]string, error) {
 // When that ancestor is "/", the process pivots into a tmpfs root holding a
 // bind of every top-level entry. A missing Target inside an earlier,
 // writable mount of the list is created in that mount (as runc does).
-func Apply(ms []Mount, stageDir string) error {
+func Apply(ms []Mount, stageDir string) error { return ApplyInUserns(ms, stageDir, "") }
+
+// ApplyInUserns is Apply for a container in the user namespace userns (a
+// /proc/<pid>/ns/user path; "" for none): its IDMapped mounts show their
+// files' ids as that namespace maps them (see IDMap).
+func ApplyInUserns(ms []Mount, stageDir, userns string) error {
 	if err := checkPrivateNS(); err != nil {
 		return err
 	}
@@ -222,6 +227,9 @@ func Apply(ms []Mount, stageDir string) error {
 			return mountError(m, "source", err)
 		}
 		srcs[i] = fd
+		if m.IDMapped && userns != "" {
+			IDMapOrWarn(fd, userns, m.Source)
+		}
 	}
 	for i, m := range ms {
 		if err := a.apply(m, srcs[i]); err != nil {
@@ -229,6 +237,34 @@ func Apply(ms []Mount, stageDir string) error {
 		}
 	}
 	return nil
+}
+
+// IDMap makes the detached mount tree (from open_tree with
+// OPEN_TREE_CLONE) show its files' ids as the user namespace userns maps
+// them: on disk a file keeps the id a process of that namespace sees. The
+// caller must be root on the host; a filesystem without idmapped mounts
+// (Linux 5.12+: ext4, XFS, btrfs, tmpfs 6.3+, …) is refused.
+func IDMap(tree int, userns string) error {
+	nsfd, err := unix.Open(userns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(nsfd)
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(nsfd)}
+	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &attr); err != nil {
+		return fmt.Errorf("idmapped mount (its filesystem, or one mounted below it, does not support idmapped mounts; Linux 5.12 or later): %w", err)
+	}
+	return nil
+}
+
+// IDMapOrWarn idmaps tree (see IDMap) or, where the filesystem cannot
+// (/proc, /sys, network filesystems), says so on stderr (the shim's log)
+// and leaves it a plain bind: its files then show the host's ids, as
+// before idmapped volumes.
+func IDMapOrWarn(tree int, userns, source string) {
+	if err := IDMap(tree, userns); err != nil {
+		fmt.Fprintf(os.Stderr, "volume %s: mounted with the host's ids: %v\n", source, err)
+	}
 }
 
 // checkPrivateNS refuses to mount in the namespace of the process that

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const childEnv = "K3SM_MOUNTS_TEST_CHILD"
@@ -383,5 +385,59 @@ func TestApplyUnprivileged(t *testing.T) {
 	}
 	if err != nil || !strings.Contains(string(out), "--- PASS: TestApplyUserNamespace") {
 		t.Fatalf("as nobody: %v\n%s", err, out)
+	}
+}
+
+// TestIDMap: through an idmapped tree a file's on-disk ids appear as the
+// user namespace maps them (so a pod of that namespace sees them as they
+// are on disk), and a filesystem without idmapped mounts is refused.
+func TestIDMap(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: only the host's root may create idmapped mounts")
+	}
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep(1) to hold a user namespace")
+	}
+	holder := exec.Command(sleep, "60")
+	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: 200000, Size: 65536}}
+	holder.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUSER, UidMappings: m, GidMappings: m}
+	if err := holder.Start(); err != nil {
+		t.Skipf("no user namespace: %v", err)
+	}
+	defer func() { holder.Process.Kill(); holder.Wait() }()
+	userns := fmt.Sprintf("/proc/%d/ns/user", holder.Process.Pid)
+
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "f"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(filepath.Join(dir, "f"), 1000, 1001); err != nil {
+		t.Fatal(err)
+	}
+	tree, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(tree)
+	if err := IDMap(tree, userns); err != nil {
+		t.Fatalf("IDMap of %s: %v", dir, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(tree, "f", &st, 0); err != nil {
+		t.Fatal(err)
+	}
+	// On disk 1000:1001; the pod's ids 1000:1001 are the host's 201000:201001.
+	if st.Uid != 201000 || st.Gid != 201001 {
+		t.Errorf("through the idmapped tree the file is %d:%d, want 201000:201001", st.Uid, st.Gid)
+	}
+
+	proc, err := unix.OpenTree(unix.AT_FDCWD, "/proc", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(proc)
+	if err := IDMap(proc, userns); err == nil || !strings.Contains(err.Error(), "does not support idmapped mounts") {
+		t.Errorf("IDMap of /proc: %v, want a refusal naming idmapped mounts", err)
 	}
 }

@@ -136,7 +136,8 @@ func (p *managedPod) containerMounts(cspec *runtimev1.ContainerSpec, root string
 		}
 		// configMap, secret, downwardAPI and projected volumes are always
 		// read-only, as with the kubelet.
-		out = append(out, mounts.Mount{Source: src, Target: target, ReadOnly: vm.GetReadOnly() || v.GetFiles() != nil})
+		out = append(out, mounts.Mount{Source: src, Target: target, ReadOnly: vm.GetReadOnly() || v.GetFiles() != nil,
+			IDMapped: v.GetHostPath() != nil || v.GetLocalPath() != nil})
 	}
 	sort.SliceStable(out, func(i, j int) bool {
 		return strings.Count(out[i].Target, "/") < strings.Count(out[j].Target, "/")

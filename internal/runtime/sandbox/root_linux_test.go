@@ -24,7 +24,7 @@ func TestRootResolvesInside(t *testing.T) {
 	os.Symlink("../run/systemd/resolve/stub.conf", filepath.Join(dir, "etc/resolv.conf")) // dangling
 	os.Symlink(outside, filepath.Join(dir, "escape"))                                     // out of the root
 	os.WriteFile(filepath.Join(dir, "etc/hosts"), []byte("x"), 0o644)
-	r, err := openRoot(dir)
+	r, err := openRoot(dir, "")
 	if err != nil {
 		t.Fatal(err)
 	}

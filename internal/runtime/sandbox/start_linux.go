@@ -50,10 +50,11 @@ const InitArg = "init"
 // shim (the caller, root in a mount namespace of its own) places it in
 // cgroups, builds the root at stage (see prepare) and the volumes (ms,
 // Targets as the container sees them). With stage "" the container keeps
-// the shim's view of the host's files, its volumes mounted by the caller.
+// the shim's view of the host's files, with ms mounted on it by
+// mounts.Apply (scratch is its stage directory).
 // Start returns once the workload runs, or the error that kept it from
 // running.
-func Start(spec *Spec, ms []mounts.Mount, stage string, cgroups []string, argv, env []string, dir string, stdin, stdout, stderr *os.File, attrs *syscall.SysProcAttr) (*exec.Cmd, error) {
+func Start(spec *Spec, ms []mounts.Mount, stage, scratch string, cgroups []string, argv, env []string, dir string, stdin, stdout, stderr *os.File, attrs *syscall.SysProcAttr) (*exec.Cmd, error) {
 	// The init is the shim's own binary, run through a descriptor: the
 	// pod's ids may not be allowed to reach its directory.
 	self, err := os.Open("/proc/self/exe")
@@ -110,7 +111,7 @@ func Start(spec *Spec, ms []mounts.Mount, stage string, cgroups []string, argv, 
 	if err := JoinCgroups(cgroups, cmd.Process.Pid); err != nil {
 		return fail(err)
 	}
-	if err := prepare(spec, ms, stage, cmd.Process.Pid); err != nil {
+	if err := prepare(spec, ms, stage, scratch, cmd.Process.Pid); err != nil {
 		return fail(err)
 	}
 	var rights []byte
@@ -158,16 +159,22 @@ func hostRoot(ms []IDMap) (uint32, bool) {
 // files owned by the container's ids, though shared on disk by every pod
 // of the image), an overlay with the container's own upper directory, a
 // minimal /dev, a read-only /sys, and the mounts.
-func prepare(spec *Spec, ms []mounts.Mount, stage string, initPid int) error {
+func prepare(spec *Spec, ms []mounts.Mount, stage, scratch string, initPid int) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
 		return fmt.Errorf("make the shim's mounts private: %w", err)
-	}
-	if spec.Lower == "" {
-		return nil // the host's view: the shim mounted the volumes already
 	}
 	ns := ""
 	if len(spec.UIDMap) > 0 {
 		ns = fmt.Sprintf("/proc/%d/ns/user", initPid)
+	}
+	if spec.Lower == "" {
+		// The host's view, which the init shares until the go-ahead: the
+		// volumes are mounted on it now that its user namespace exists
+		// (IDMapped ones map through it).
+		if len(ms) == 0 {
+			return nil
+		}
+		return mounts.ApplyInUserns(ms, scratch, ns)
 	}
 	lower := spec.Lower
 	if ns != "" {
@@ -194,7 +201,7 @@ func prepare(spec *Spec, ms []mounts.Mount, stage string, initPid int) error {
 	if err := unix.Mount("overlay", stage, "overlay", 0, opts); err != nil {
 		return fmt.Errorf("mount the container's root (overlay of %s): %w", spec.Lower, err)
 	}
-	r, err := openRoot(stage)
+	r, err := openRoot(stage, ns)
 	if err != nil {
 		return err
 	}
@@ -230,19 +237,13 @@ func idmapped(dir, target, nsPath string) error {
 	if err := os.MkdirAll(target, 0o700); err != nil {
 		return err
 	}
-	nsfd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(nsfd)
 	tree, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("open_tree %s: %w", dir, err)
 	}
 	defer unix.Close(tree)
-	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(nsfd)}
-	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &attr); err != nil {
-		return fmt.Errorf("idmap %s (the data dir's filesystem must support idmapped mounts, Linux 5.12 or later): %w", dir, err)
+	if err := mounts.IDMap(tree, nsPath); err != nil {
+		return fmt.Errorf("%s (the data dir's filesystem): %w", dir, err)
 	}
 	return unix.MoveMount(tree, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH)
 }
@@ -251,16 +252,17 @@ func idmapped(dir, target, nsPath string) error {
 // resolves with RESOLVE_IN_ROOT, so a symlink in the image cannot lead a
 // mount out of it.
 type root struct {
-	dir string
-	fd  int
+	dir    string
+	fd     int
+	userns string // the init's user namespace ("" for none): IDMapped volumes map through it
 }
 
-func openRoot(dir string) (*root, error) {
+func openRoot(dir, userns string) (*root, error) {
 	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
 	}
-	return &root{dir: dir, fd: fd}, nil
+	return &root{dir: dir, fd: fd, userns: userns}, nil
 }
 
 func (r *root) Close() { unix.Close(r.fd) }
@@ -357,7 +359,15 @@ func (r *root) bind(m mounts.Mount) error {
 		return err
 	}
 	defer unix.Close(fd)
-	if err := unix.Mount(m.Source, fdPath(fd), "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+	tree, err := unix.OpenTree(unix.AT_FDCWD, m.Source, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(tree)
+	if m.IDMapped && r.userns != "" {
+		mounts.IDMapOrWarn(tree, r.userns, m.Source)
+	}
+	if err := unix.MoveMount(tree, "", fd, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
 		return err
 	}
 	if m.ReadOnly {

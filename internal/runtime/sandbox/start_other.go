@@ -24,7 +24,7 @@ var errLinuxOnly = errors.New("the namespace sandbox is Linux-only (darwin's bou
 func Available() bool { return false }
 
 // Start is Linux-only.
-func Start(spec *Spec, ms []mounts.Mount, stage string, cgroups []string, argv, env []string, dir string, stdin, stdout, stderr *os.File, attrs *syscall.SysProcAttr) (*exec.Cmd, error) {
+func Start(spec *Spec, ms []mounts.Mount, stage, scratch string, cgroups []string, argv, env []string, dir string, stdin, stdout, stderr *os.File, attrs *syscall.SysProcAttr) (*exec.Cmd, error) {
 	return nil, errLinuxOnly
 }
 

@@ -222,7 +222,7 @@ func start(dir string) (*server, error) {
 	}
 	sandboxed := s.cfg.Sandbox != nil
 	imageRoot := sandboxed && s.cfg.Sandbox.Lower != ""
-	if len(s.cfg.Mounts) > 0 && !imageRoot {
+	if len(s.cfg.Mounts) > 0 && !sandboxed {
 		if err := mounts.Apply(s.cfg.Mounts, filepath.Join(dir, MountStage)); err != nil {
 			s.failStart(time.Now(), err)
 			return nil, err
@@ -260,14 +260,14 @@ func start(dir string) (*server, error) {
 	var startErr error
 	if sandboxed {
 		// The container's own root, namespaces and restrictions (package
-		// sandbox); the volumes are mounted inside that root (the host's
-		// view of an `image: native` container has them mounted above).
+		// sandbox); the volumes are mounted inside that root, or on the
+		// host's view of an `image: native` container.
 		s.startedAt = time.Now()
-		stage, ms := "", []mounts.Mount(nil)
+		stage := ""
 		if imageRoot {
-			stage, ms = filepath.Join(dir, RootStage), s.cfg.Mounts
+			stage = filepath.Join(dir, RootStage)
 		}
-		s.cmd, startErr = sandbox.Start(s.cfg.Sandbox, ms, stage, s.cfg.Cgroups,
+		s.cmd, startErr = sandbox.Start(s.cfg.Sandbox, s.cfg.Mounts, stage, filepath.Join(dir, MountStage), s.cfg.Cgroups,
 			s.cfg.Argv, s.cfg.Env, s.cfg.Dir, stdinR, outW, errW, attrs)
 	} else if len(s.cfg.Mounts) > 0 {
 		// Without the capability an unprivileged daemon's shim mounts
