@@ -448,7 +448,7 @@ func TestServicesExternalIP(t *testing.T) {
 // TestServicesNodePortLocal: a nodePort on the node's uplink address
 // (192.0.2.1) reached by a client beyond the uplink: with Local the
 // backend sees the client's own address (the masquerade exemption), with
-// Cluster the gateway's. Local without endpoints is refused; a node
+// Cluster the gateway's. A node address without endpoints is refused; a node
 // address that is not local is not intercepted (fib); netd refuses a
 // Local endpoint off the node and Local on a ClusterIP.
 func TestServicesNodePortLocal(t *testing.T) {
@@ -507,9 +507,17 @@ func TestServicesNodePortLocal(t *testing.T) {
 	if src := a.reach(t, f.a.NetNS, netip.AddrPortFrom(node, local)); src != n.Gateway {
 		t.Fatalf("hairpin through a Local nodePort: A saw itself as %v, want the gateway %v", src, n.Gateway)
 	}
+	// Without endpoints refused at the node, even where a host process
+	// listens on the port (the proxy sends none such: it holds the port).
+	hostListener := serve(t, f.hostNS, empty)
 	start := time.Now()
 	if err := connect(t, out, netip.AddrPortFrom(node, empty), 2*time.Second); !errors.Is(err, syscall.ECONNREFUSED) || time.Since(start) > time.Second {
 		t.Fatalf("Local nodePort without endpoints: %v after %v, want connection refused at once", err, time.Since(start))
+	}
+	select {
+	case src := <-hostListener.peers:
+		t.Fatalf("a nodePort without endpoints reached the host's listener (from %v)", src)
+	default:
 	}
 	// Not the host's address: a pod's connection is routed on to its
 	// owner, untranslated.
