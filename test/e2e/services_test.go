@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	osexec "os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/miekg/dns"
+	"golang.org/x/sys/unix"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -223,6 +225,49 @@ func TestServicesAndDNS(t *testing.T) {
 		if _, err := c.ListChain(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "k3sm-services"}, "forward"); err != nil {
 			t.Errorf("chain forward of table ip k3sm-services: %v", err)
 		}
+	})
+
+	// A client beyond the node: a network namespace the test makes (an
+	// unshared sleep), linked to the test's namespace by a veth as a node's
+	// uplink would be (192.0.2.1 the node, 192.0.2.2 the client), reaches
+	// externalIPs routed to the node. The node address is 127.0.0.1 here,
+	// so NodePort and LoadBalancer stay on the relay; an externalIP takes
+	// the same kernel path and masquerade exemption (the netns test
+	// TestServicesNodePortLocal covers a nodePort).
+	t.Run("externalTrafficPolicy Local keeps the address of a client beyond the node", func(t *testing.T) {
+		const local, cluster, client = "203.0.113.20", "203.0.113.21", "192.0.2.2"
+		for name, ip := range map[string]string{"web-ext-local": local, "web-ext-cluster": cluster} {
+			spec := corev1.ServiceSpec{Selector: labels, ExternalIPs: []string{ip},
+				Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}}}
+			if ip == local {
+				spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			}
+			if _, err := c.CoreV1().Services("default").Create(ctx(t), &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: spec}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.CoreV1().Services("default").Delete(context.Background(), name, metav1.DeleteOptions{}) })
+		}
+		nodes, err := c.CoreV1().Nodes().List(ctx(t), metav1.ListOptions{})
+		if err != nil || len(nodes.Items) != 1 {
+			t.Fatalf("nodes: %v", err)
+		}
+		podCIDR := netip.MustParsePrefix(nodes.Items[0].Spec.PodCIDR)
+		gateway := podCIDR.Addr().Next()
+		ns := clientNetNS(t, "k3sme2eu0", "192.0.2.1", client)
+		waitFor(t, 30*time.Second, "a web pod sees the client's own address through the Local externalIP", func() error {
+			out, err := dialReadIn(ns, local+":80")
+			if err != nil || !strings.Contains(out, "from "+client+":") || !strings.Contains(out, ":8080") {
+				return fmt.Errorf("%v %q", err, out)
+			}
+			return nil
+		})
+		waitFor(t, 30*time.Second, "a web pod sees the gateway through the Cluster externalIP", func() error {
+			out, err := dialReadIn(ns, cluster+":80")
+			if err != nil || !strings.Contains(out, "from "+gateway.String()+":") || !strings.Contains(out, ":8080") {
+				return fmt.Errorf("%v %q, want a web pod seeing %s (masqueraded)", err, out, gateway)
+			}
+			return nil
+		})
 	})
 
 	t.Run("a web tier calls its backend by DNS name", func(t *testing.T) {
@@ -563,4 +608,70 @@ func TestServiceProxyUserspace(t *testing.T) {
 	if st, _ := runExit(t, "status", "--data-dir", s.dataDir); !strings.Contains(st, "userspace relay") {
 		t.Errorf("k3sm status does not name the userspace mode:\n%s", st)
 	}
+}
+
+// clientNetNS makes a network namespace (an unshared sleep, ended at
+// cleanup) linked to this one by a veth: dev with nodeAddr/24 here, eth0
+// with clientAddr/24 there, its default route through nodeAddr. It
+// returns the namespace's file.
+func clientNetNS(t *testing.T, dev, nodeAddr, clientAddr string) string {
+	t.Helper()
+	sleep := osexec.Command("unshare", "--net", "sleep", "600")
+	if err := sleep.Start(); err != nil {
+		t.Fatalf("unshare --net: %v", err)
+	}
+	t.Cleanup(func() { sleep.Process.Kill(); sleep.Wait() })
+	pid := strconv.Itoa(sleep.Process.Pid)
+	ns := "/proc/" + pid + "/ns/net"
+	self, _ := os.Readlink("/proc/self/ns/net")
+	waitFor(t, 5*time.Second, "the client's own network namespace", func() error {
+		if there, err := os.Readlink(ns); err != nil || there == self {
+			return fmt.Errorf("%s is %q (%v), this one %q", ns, there, err, self)
+		}
+		return nil
+	})
+	t.Cleanup(func() { osexec.Command("ip", "link", "del", dev).Run() })
+	in := []string{"nsenter", "-t", pid, "-n", "ip"}
+	for _, argv := range [][]string{
+		{"ip", "link", "add", dev, "type", "veth", "peer", "name", "eth0", "netns", pid},
+		{"ip", "addr", "add", nodeAddr + "/24", "dev", dev},
+		{"ip", "link", "set", dev, "up"},
+		append(in, "link", "set", "lo", "up"),
+		append(in, "addr", "add", clientAddr+"/24", "dev", "eth0"),
+		append(in, "link", "set", "eth0", "up"),
+		append(in, "route", "add", "default", "via", nodeAddr),
+	} {
+		if out, err := osexec.Command(argv[0], argv[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v: %s", argv, err, out)
+		}
+	}
+	return ns
+}
+
+// dialReadIn is dialRead from inside the network namespace at ns.
+func dialReadIn(ns, addr string) (string, error) {
+	type result struct {
+		out string
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		// Never unlocked: the thread, left in the other namespace, ends
+		// with this goroutine.
+		runtime.LockOSThread()
+		f, err := os.Open(ns)
+		if err != nil {
+			ch <- result{err: err}
+			return
+		}
+		defer f.Close()
+		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
+			ch <- result{err: fmt.Errorf("setns %s: %w", ns, err)}
+			return
+		}
+		out, err := dialRead(addr)
+		ch <- result{out, err}
+	}()
+	r := <-ch
+	return r.out, r.err
 }

@@ -39,7 +39,7 @@ func serveServices(ctx context.Context, cfg Config, apiURL string, kc kubernetes
 		pcfg.PodRanges = []netip.Prefix{pods.Masked()}
 	}
 	if cfg.NetdSocket != "" {
-		// --service-proxy: ClusterIPs in the kernel, through k3sm-netd.
+		// --service-proxy: Services in the kernel, through k3sm-netd.
 		pcfg.Kernel = proxy.NetdKernel{Client: netdclient.New(cfg.NetdSocket)}
 	}
 	px, err := proxy.New(pcfg)

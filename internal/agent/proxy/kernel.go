@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/internal/netd/wire"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -21,14 +22,26 @@ type Kernel interface {
 	SetServices(ctx context.Context, svcs []KernelService) error
 }
 
-// KernelService is one Service port on a ClusterIP or (External) an
-// address of spec.externalIPs, and its endpoints (none: refused).
+// KernelService is one Service port on a ClusterIP, (External) an
+// address of spec.externalIPs, (NodePort) a nodePort on a node address or
+// (LoadBalancer) the load-balancer ingress, a node address; and its
+// endpoints (none: refused). Local keeps the client's address
+// (externalTrafficPolicy: Local; the endpoints are this node's pods).
 type KernelService struct {
-	Protocol  corev1.Protocol
-	IP        netip.Addr
-	Port      uint16
-	External  bool
-	Endpoints []netip.AddrPort
+	Protocol     corev1.Protocol
+	IP           netip.Addr
+	Port         uint16
+	External     bool
+	NodePort     bool
+	LoadBalancer bool
+	Local        bool
+	Endpoints    []netip.AddrPort
+}
+
+func kernelService(s frontendSpec) KernelService {
+	return KernelService{Protocol: s.key.proto, IP: s.key.addr.Addr(), Port: s.key.addr.Port(),
+		External: s.kind == kindExternalIP, NodePort: s.kind == kindNodePort, LoadBalancer: s.kind == kindLoadBalancer,
+		Local: s.local, Endpoints: s.endpoints}
 }
 
 // Defaults of the kernel path.
@@ -50,20 +63,38 @@ func (p *Proxy) Mode() string {
 	return "userspace"
 }
 
-// inKernel reports whether a frontend goes to the kernel: ClusterIPs and
-// externalIPs (NodePort and LoadBalancer stay sockets of the relay), without session
-// affinity (kube-proxy keeps it in a dynamic set; the relay does it here),
-// with endpoints the kernel can translate to (a loopback address, the
-// apiserver fallback of the kubernetes Service, it cannot: pods have no
-// route to the node's lo).
+// inKernel reports whether a frontend goes to the kernel: ClusterIPs,
+// externalIPs, and NodePort and LoadBalancer frontends on a node address
+// that is not loopback (kube-proxy's nftables mode does not serve
+// localhost node ports either; the relay does) and with endpoints (without,
+// the relay's closed socket refuses, and no reject rule can shadow a host
+// process that took the port); without session affinity (kube-proxy keeps
+// it in a dynamic set; the relay does it here) or loadBalancerSourceRanges
+// (the relay checks them); with endpoints the kernel can translate to (a
+// loopback address, the apiserver fallback of the kubernetes Service, it
+// cannot: pods have no route to the node's lo). A NodePort or
+// LoadBalancer frontend goes there only once the relay holds its port
+// (see sync).
 func (p *Proxy) inKernel(s frontendSpec) bool {
-	if p.cfg.Kernel == nil || (s.kind != kindClusterIP && s.kind != kindExternalIP) || s.affinity != 0 || !s.key.addr.Addr().Is4() {
+	if p.cfg.Kernel == nil || s.affinity != 0 || s.allow != nil || !s.key.addr.Addr().Is4() {
 		return false
 	}
+	onNode := s.kind == kindNodePort || s.kind == kindLoadBalancer
 	// What netd refuses as a Service address (wire.ParseServiceAddr and,
 	// for external ones, link-local and class E): the apiserver refuses
 	// such externalIPs too, but one would fail the whole set.
-	if a := s.key.addr.Addr(); s.kind == kindExternalIP && (!a.IsGlobalUnicast() || a.As4()[0] == 0 || a.As4()[0] >= 240) {
+	if a := s.key.addr.Addr(); s.kind != kindClusterIP && (!a.IsGlobalUnicast() || a.As4()[0] == 0 || a.As4()[0] >= 240) {
+		return false
+	}
+	if onNode && (len(s.endpoints) == 0 || s.kind == kindNodePort && (s.key.addr.Port() < wire.NodePortMin || s.key.addr.Port() > wire.NodePortMax)) {
+		return false
+	}
+	// netd keeps the client's address only towards this node's pods; a
+	// Local endpoint outside them (a hostNetwork pod's node address)
+	// would fail the whole set.
+	if s.local && slices.ContainsFunc(s.endpoints, func(e netip.AddrPort) bool {
+		return !slices.ContainsFunc(p.cfg.PodRanges, func(r netip.Prefix) bool { return r.Contains(e.Addr()) })
+	}) {
 		return false
 	}
 	// The ranges netd refuses (wire.ParseServiceAddr): one such endpoint
@@ -107,7 +138,22 @@ func (k *kernelState) set(svc string, ports []KernelService) {
 }
 
 func sameKernelService(a, b KernelService) bool {
-	return a.Protocol == b.Protocol && a.IP == b.IP && a.Port == b.Port && a.External == b.External && slices.Equal(a.Endpoints, b.Endpoints)
+	return a.Protocol == b.Protocol && a.IP == b.IP && a.Port == b.Port && a.External == b.External &&
+		a.NodePort == b.NodePort && a.LoadBalancer == b.LoadBalancer && a.Local == b.Local && slices.Equal(a.Endpoints, b.Endpoints)
+}
+
+// kernelRank orders Service ports of one address and port: a ClusterIP
+// first, then an externalIP, a load-balancer ingress, a nodePort.
+func kernelRank(s KernelService) int {
+	switch {
+	case s.External:
+		return 1
+	case s.LoadBalancer:
+		return 2
+	case s.NodePort:
+		return 3
+	}
+	return 0
 }
 
 // snapshot is the full set, sorted so that equal sets compare equal.
@@ -129,19 +175,13 @@ func (k *kernelState) snapshot() []KernelService {
 		if c := strings.Compare(string(a.Protocol), string(b.Protocol)); c != 0 {
 			return c
 		}
-		switch {
-		case a.External == b.External:
-			return 0
-		case a.External:
-			return 1
-		}
-		return -1
+		return kernelRank(a) - kernelRank(b)
 	})
 	// Two Services cannot share a ClusterIP, but a stale cache may hold
 	// both for a moment, and nothing stops two Services from naming one
-	// externalIP and port (or a ClusterIP of another): the first wins (a
-	// ClusterIP, else the first Service by namespace/name), as netd
-	// refuses duplicates.
+	// externalIP and port (or a ClusterIP of another, or the node's address
+	// and a port a LoadBalancer has): the first wins (by kernelRank, else
+	// the first Service by namespace/name), as netd refuses duplicates.
 	return slices.CompactFunc(out, func(a, b KernelService) bool {
 		return a.IP == b.IP && a.Port == b.Port && a.Protocol == b.Protocol
 	})

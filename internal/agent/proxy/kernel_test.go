@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -57,8 +59,13 @@ func render(set []KernelService) string {
 	out := ""
 	for _, s := range set {
 		ext := ""
-		if s.External {
-			ext = " external"
+		for _, f := range []struct {
+			set  bool
+			name string
+		}{{s.External, " external"}, {s.NodePort, " nodePort"}, {s.LoadBalancer, " loadBalancer"}, {s.Local, " local"}} {
+			if f.set {
+				ext += f.name
+			}
 		}
 		out += fmt.Sprintf("%s %s:%d%s->%v; ", s.Protocol, s.IP, s.Port, ext, s.Endpoints)
 	}
@@ -164,8 +171,8 @@ func TestKernelExternalIPs(t *testing.T) {
 		t.Fatal(err)
 	}
 	k.waitFor(t, "TCP 10.43.0.20:80->[100.64.0.5:8080 100.64.0.6:8080]; "+
-		"TCP 10.43.0.30:80 external->[100.64.0.5:8080]; "+
-		"TCP 203.0.113.10:80 external->[100.64.0.5:8080]; ")
+		"TCP 10.43.0.30:80 external local->[100.64.0.5:8080]; "+
+		"TCP 203.0.113.10:80 external local->[100.64.0.5:8080]; ")
 	if listening(t, "tcp", netip.MustParseAddr("203.0.113.10"), 80) {
 		t.Fatal("the relay opened a socket on an externalIP the kernel serves")
 	}
@@ -231,9 +238,11 @@ func TestKernelRetryAndResync(t *testing.T) {
 // loopback apiserver fallback stays on the relay; without a Kernel,
 // nothing goes.
 func TestInKernel(t *testing.T) {
-	p := &Proxy{cfg: Config{Kernel: &fakeKernel{}}}
+	p := &Proxy{cfg: Config{Kernel: &fakeKernel{}, PodRanges: []netip.Prefix{netip.MustParsePrefix("100.64.0.0/10")}}}
 	ap := func(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
 	cip := listenerKey{proto: tcp, addr: ap("10.43.0.1:443")}
+	node := func(s string) listenerKey { return listenerKey{proto: tcp, addr: ap(s)} }
+	pod := []netip.AddrPort{ap("100.64.0.5:8080")}
 	for _, tc := range []struct {
 		s    frontendSpec
 		want bool
@@ -244,8 +253,26 @@ func TestInKernel(t *testing.T) {
 		{frontendSpec{key: cip, kind: kindClusterIP, endpoints: []netip.AddrPort{ap("100.64.0.5:80"), ap("0.1.2.3:80")}}, false},
 		{frontendSpec{key: cip, kind: kindClusterIP, endpoints: []netip.AddrPort{ap("224.0.0.5:80")}}, false},
 		{frontendSpec{key: cip, kind: kindClusterIP, affinity: time.Hour}, false},
-		{frontendSpec{key: cip, kind: kindNodePort}, false},
-		{frontendSpec{key: cip, kind: kindLoadBalancer}, false},
+		// Node addresses: not loopback (the relay serves 127.0.0.1), with
+		// endpoints (without, the relay's closed socket refuses), a node
+		// port netd accepts, no source ranges or affinity (the relay's).
+		{frontendSpec{key: node("192.168.1.5:30080"), kind: kindNodePort, endpoints: pod}, true},
+		{frontendSpec{key: node("192.168.1.5:30080"), kind: kindNodePort, endpoints: pod, local: true}, true},
+		{frontendSpec{key: node("192.168.1.5:443"), kind: kindLoadBalancer, endpoints: pod, local: true}, true},
+		{frontendSpec{key: node("127.0.0.1:30080"), kind: kindNodePort, endpoints: pod}, false},
+		{frontendSpec{key: node("127.0.0.1:443"), kind: kindLoadBalancer, endpoints: pod}, false},
+		{frontendSpec{key: node("192.168.1.5:30080"), kind: kindNodePort}, false},
+		{frontendSpec{key: node("192.168.1.5:443"), kind: kindLoadBalancer}, false},
+		{frontendSpec{key: node("192.168.1.5:8080"), kind: kindNodePort, endpoints: pod}, false},
+		{frontendSpec{key: node("192.168.1.5:443"), kind: kindLoadBalancer, endpoints: pod, allow: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}, false},
+		{frontendSpec{key: node("192.168.1.5:443"), kind: kindLoadBalancer, endpoints: pod, allow: []netip.Prefix{}}, false},
+		{frontendSpec{key: node("192.168.1.5:30080"), kind: kindNodePort, endpoints: pod, affinity: time.Hour}, false},
+		{frontendSpec{key: node("169.254.1.1:30080"), kind: kindNodePort, endpoints: pod}, false},
+		// Local keeps the client's address only towards pods: a
+		// hostNetwork endpoint (the node's address) stays on the relay.
+		{frontendSpec{key: node("192.168.1.5:30080"), kind: kindNodePort, endpoints: []netip.AddrPort{ap("192.168.1.5:8080")}, local: true}, false},
+		{frontendSpec{key: node("192.168.1.5:30080"), kind: kindNodePort, endpoints: []netip.AddrPort{ap("192.168.1.5:8080")}}, true},
+		{frontendSpec{key: node("203.0.113.10:80"), kind: kindExternalIP, endpoints: []netip.AddrPort{ap("192.168.1.5:8080")}, local: true}, false},
 		{frontendSpec{key: listenerKey{proto: tcp, addr: ap("203.0.113.10:80")}, kind: kindExternalIP, endpoints: []netip.AddrPort{ap("100.64.0.5:80")}}, true},
 		{frontendSpec{key: listenerKey{proto: tcp, addr: ap("203.0.113.10:80")}, kind: kindExternalIP, affinity: time.Hour}, false},
 		// What netd refuses for an external address stays out of the set.
@@ -404,4 +431,157 @@ func listening(t *testing.T, proto string, ip netip.Addr, port int32) bool {
 
 func wireRanges() wire.ConfigureArgs {
 	return wire.ConfigureArgs{PodCIDR: "100.64.0.0/24", ServiceCIDR: "10.43.0.0/16"}
+}
+
+// TestKernelNodeAddresses runs in a network namespace of its own (the
+// test binary re-executed under unshare), where the node has a
+// non-loopback address: NodePort and LoadBalancer frontends on it go to
+// the kernel (local for externalTrafficPolicy: Local) once the relay holds
+// their port; a port another process holds gets a PortInUse Event and
+// stays out of the kernel and the ingress until it is free;
+// loadBalancerSourceRanges stay on the relay; Local without a local
+// endpoint is neither in the kernel nor listened on (refused).
+func TestKernelNodeAddresses(t *testing.T) {
+	if os.Getenv("K3SM_PROXY_NETNS_CHILD") == "" {
+		if os.Geteuid() != 0 {
+			t.Skip("needs root for a network namespace")
+		}
+		cmd := exec.Command("unshare", "--net", os.Args[0], "-test.run", "^TestKernelNodeAddresses$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), "K3SM_PROXY_NETNS_CHILD=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("in a new network namespace: %v\n%s", err, out)
+		}
+		if !strings.Contains(string(out), "--- PASS: TestKernelNodeAddresses") {
+			t.Fatalf("child did not run the test:\n%s", out)
+		}
+		return
+	}
+	for _, args := range [][]string{{"link", "set", "lo", "up"}, {"link", "add", "up0", "type", "veth", "peer", "name", "up0p"},
+		{"addr", "add", "192.0.2.1/24", "dev", "up0"}, {"link", "set", "up0", "up"}} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v %s", args, err, out)
+		}
+	}
+	const node = "192.0.2.1"
+	holder, err := net.Listen("tcp", node+":9443")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	remote := ready(podB)
+	remote.NodeName = ptr.To("node-b")
+	local := service("local", corev1.ServiceTypeNodePort, "10.43.0.20", svcPort("http", tcp, 80, 30080))
+	local.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	lonely := service("lonely", corev1.ServiceTypeNodePort, "10.43.0.24", svcPort("http", tcp, 80, 30084))
+	lonely.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	ranged := service("ranged", corev1.ServiceTypeLoadBalancer, "10.43.0.23", svcPort("http", tcp, 7443, 30083))
+	ranged.Spec.LoadBalancerSourceRanges = []string{"10.0.0.0/8"}
+	k := &fakeKernel{}
+	h := start(t, func(c *Config) {
+		c.Kernel = k
+		c.NodeIPs = []netip.Addr{netip.MustParseAddr(node)}
+		c.PodRanges = []netip.Prefix{netip.MustParsePrefix("100.64.0.0/10")}
+	},
+		local, lonely, ranged,
+		service("lb", corev1.ServiceTypeLoadBalancer, "10.43.0.21", svcPort("http", tcp, 8443, 30081)),
+		service("taken", corev1.ServiceTypeLoadBalancer, "10.43.0.22", svcPort("http", tcp, 9443, 30082)),
+		slice("local", "local-1", tcp, "http", 8080, ready(podA), remote),
+		slice("lonely", "lonely-1", tcp, "http", 8080, remote),
+		slice("lb", "lb-1", tcp, "http", 8080, ready(podA)),
+		slice("taken", "taken-1", tcp, "http", 8080, ready(podA)),
+		slice("ranged", "ranged-1", tcp, "http", 8080, ready(podA)),
+	)
+	clusterIPs := "TCP 10.43.0.20:80->[100.64.0.5:8080 100.64.0.6:8080]; TCP 10.43.0.21:8443->[100.64.0.5:8080]; " +
+		"TCP 10.43.0.22:9443->[100.64.0.5:8080]; TCP 10.43.0.23:7443->[100.64.0.5:8080]; TCP 10.43.0.24:80->[100.64.0.6:8080]; "
+	onNode := "TCP 192.0.2.1:8443 loadBalancer->[100.64.0.5:8080]; TCP 192.0.2.1:30080 nodePort local->[100.64.0.5:8080]; " +
+		"TCP 192.0.2.1:30081 nodePort->[100.64.0.5:8080]; TCP 192.0.2.1:30082 nodePort->[100.64.0.5:8080]; " +
+		"TCP 192.0.2.1:30083 nodePort->[100.64.0.5:8080]; "
+	k.waitFor(t, clusterIPs+onNode)
+	ip := netip.MustParseAddr(node)
+	for port, want := range map[int32]bool{30080: true, 8443: true, 7443: true, 30084: false} {
+		if got := listening(t, "tcp", ip, port); got != want {
+			t.Errorf("relay socket on %s:%d: %v, want %v", node, port, got, want)
+		}
+	}
+	eventually(t, "a PortInUse Event for "+node+":9443", func() bool {
+		select {
+		case e := <-h.rec.Events:
+			return strings.HasPrefix(e, "Warning PortInUse") && strings.Contains(e, node+":9443/TCP")
+		default:
+			return false
+		}
+	})
+	ingress := func(name string) string {
+		s, err := h.client.CoreV1().Services(testNS).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ips []string
+		for _, in := range s.Status.LoadBalancer.Ingress {
+			ips = append(ips, in.IP)
+		}
+		return strings.Join(ips, ",")
+	}
+	eventually(t, "ingress of lb the node's address, of taken none", func() bool {
+		return ingress("lb") == node && ingress("taken") == ""
+	})
+	// Freed, the port is the relay's, then the kernel's.
+	holder.Close()
+	k.waitFor(t, clusterIPs+"TCP 192.0.2.1:8443 loadBalancer->[100.64.0.5:8080]; TCP 192.0.2.1:9443 loadBalancer->[100.64.0.5:8080]; "+
+		onNode[len("TCP 192.0.2.1:8443 loadBalancer->[100.64.0.5:8080]; "):])
+}
+
+// netd (a real server, its dataplane recorded) takes a nodePort and a
+// load-balancer ingress on a node address outside the Service range, with
+// Local, and refuses a node port outside 30000-32767 and a Local endpoint
+// that is not a pod of the node.
+func TestNetdKernelNodePorts(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "run", "netd.sock")
+	dp := &recordingDP{}
+	srv, err := server.Start(server.Config{Socket: sock, StateFile: filepath.Join(dir, "state.json"), NetNSDir: filepath.Join(dir, "netns"),
+		AllowedUID: os.Getuid(), NewDataplane: func() (dataplane.Dataplane, error) { return dp, nil },
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	c := client.New(sock)
+	if _, err := c.ConfigureRanges(context.Background(), wireRanges()); err != nil {
+		t.Fatal(err)
+	}
+	k := NetdKernel{Client: c}
+	node := netip.MustParseAddr("192.168.1.5")
+	ep := []netip.AddrPort{netip.MustParseAddrPort("100.64.0.5:8080")}
+	if err := k.SetServices(context.Background(), []KernelService{
+		{Protocol: tcp, IP: node, Port: 443, LoadBalancer: true, Endpoints: ep},
+		{Protocol: tcp, IP: node, Port: 30080, NodePort: true, Local: true, Endpoints: ep},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	dp.mu.Lock()
+	if len(dp.last) != 2 || !dp.last[0].OnNode || dp.last[0].Local || !dp.last[1].OnNode || !dp.last[1].Local || dp.last[1].External {
+		t.Errorf("netd applied %+v", dp.last)
+	}
+	n := dp.n
+	dp.mu.Unlock()
+	for _, tc := range []struct {
+		s    KernelService
+		want string
+	}{
+		{KernelService{Protocol: tcp, IP: node, Port: 8080, NodePort: true, Endpoints: ep}, "node port 8080 is outside the node port range 30000-32767"},
+		{KernelService{Protocol: tcp, IP: node, Port: 30080, NodePort: true, Local: true, Endpoints: []netip.AddrPort{netip.MustParseAddrPort("192.168.1.5:8080")}},
+			"endpoint 192.168.1.5 is outside the podCIDR 100.64.0.0/24"},
+		{KernelService{Protocol: tcp, IP: netip.MustParseAddr("10.43.0.5"), Port: 80, Local: true, Endpoints: ep}, "applies only to an external, nodePort or loadBalancer address"},
+	} {
+		if err := k.SetServices(context.Background(), []KernelService{tc.s}); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want an error saying %q", tc.s, err, tc.want)
+		}
+	}
+	dp.mu.Lock()
+	defer dp.mu.Unlock()
+	if dp.n != n {
+		t.Errorf("a refused set reached the dataplane (%d sets, want %d)", dp.n, n)
+	}
 }

@@ -15,7 +15,8 @@ type NetdKernel struct{ Client *client.Client }
 func (k NetdKernel) SetServices(ctx context.Context, svcs []KernelService) error {
 	out := make([]wire.ServicePort, 0, len(svcs))
 	for _, s := range svcs {
-		sp := wire.ServicePort{Protocol: string(s.Protocol), IP: s.IP.String(), Port: s.Port, External: s.External}
+		sp := wire.ServicePort{Protocol: string(s.Protocol), IP: s.IP.String(), Port: s.Port, External: s.External,
+			NodePort: s.NodePort, LoadBalancer: s.LoadBalancer, Local: s.Local}
 		for _, e := range s.Endpoints {
 			sp.Endpoints = append(sp.Endpoints, wire.Endpoint{IP: e.Addr().String(), Port: e.Port()})
 		}

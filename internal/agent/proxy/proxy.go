@@ -3,8 +3,11 @@
 // external address of a Service by one of two paths:
 //
 //   - the kernel (Config.Kernel: k3sm-netd's nftables on Linux), for
-//     ClusterIPs and externalIPs of TCP and UDP without session affinity:
-//     DNAT to an endpoint, no byte copied, the client's address kept (see
+//     ClusterIPs, externalIPs, and NodePorts and LoadBalancers on a node
+//     address that is not loopback, of TCP and UDP without session
+//     affinity or loadBalancerSourceRanges: DNAT to an endpoint, no byte
+//     copied, the client's address kept for pods and, with
+//     externalTrafficPolicy: Local, for clients beyond the node (see
 //     kernel.go);
 //   - a userspace relay, for the rest and where there is no kernel path
 //     (darwin, no netd, --service-proxy=userspace): a listening socket per
@@ -84,9 +87,11 @@ type Config struct {
 	// the API through the Service, as upstream clients expect.
 	APIServer netip.AddrPort
 
-	// Kernel, when set, serves ClusterIPs and externalIPs in the kernel (see Kernel);
-	// NodePort, LoadBalancer and ClusterIPs with session affinity stay on
-	// the relay. nil: the relay serves everything.
+	// Kernel, when set, serves ClusterIPs, externalIPs and non-loopback
+	// NodePort and LoadBalancer frontends in the kernel (see inKernel);
+	// loopback node addresses, session affinity and
+	// loadBalancerSourceRanges stay on the relay. nil: the relay serves
+	// everything.
 	Kernel         Kernel
 	KernelDebounce time.Duration // 0: DefaultKernelDebounce
 	KernelResync   time.Duration // 0: DefaultKernelResync
@@ -358,7 +363,8 @@ func (p *Proxy) sync(ctx context.Context, key string) error {
 	}
 	want := make(map[listenerKey]frontendSpec, len(specs))
 	var inKernel []KernelService
-	var local []netip.Addr // the node's addresses, read once the relay needs them
+	var onNode []frontendSpec // to the kernel once the relay holds their port
+	var local []netip.Addr    // the node's addresses, read once the relay needs them
 	localRead := false
 	for _, s := range specs {
 		ip := s.key.addr.Addr()
@@ -368,8 +374,16 @@ func (p *Proxy) sync(ctx context.Context, key string) error {
 			continue
 		}
 		if p.inKernel(s) {
-			inKernel = append(inKernel, KernelService{Protocol: s.key.proto, IP: ip, Port: s.key.addr.Port(), External: s.kind == kindExternalIP, Endpoints: s.endpoints})
-			continue
+			if s.kind != kindNodePort && s.kind != kindLoadBalancer {
+				inKernel = append(inKernel, kernelService(s))
+				continue
+			}
+			// The relay still opens its socket on the node address: it
+			// holds the port against the host's processes (which the DNAT
+			// would otherwise take from them; a PortInUse Event and the
+			// address left out of the ingress when one has it) and serves
+			// until the kernel has the rule.
+			onNode = append(onNode, s)
 		}
 		if s.kind == kindExternalIP {
 			// The relay listens on an externalIP only where it is the
@@ -387,7 +401,6 @@ func (p *Proxy) sync(ctx context.Context, key string) error {
 		}
 		want[s.key] = s
 	}
-	p.kernel.set(key, inKernel)
 	fronts := p.services[key]
 	if fronts == nil {
 		fronts = map[listenerKey]*frontend{}
@@ -423,6 +436,12 @@ func (p *Proxy) sync(ctx context.Context, key string) error {
 			f.failed = nil
 		}
 	}
+	for _, s := range onNode {
+		if f := fronts[s.key]; f != nil && f.failed == nil && (f.tcp != nil || f.udp != nil) {
+			inKernel = append(inKernel, kernelService(s))
+		}
+	}
+	p.kernel.set(key, inKernel)
 	if retry {
 		p.queue.AddAfter(key, p.cfg.RetryInterval)
 	}

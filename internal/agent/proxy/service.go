@@ -50,6 +50,10 @@ type frontendSpec struct {
 	endpoints []netip.AddrPort // sorted; empty: the socket stays closed
 	affinity  time.Duration    // ClientIP affinity timeout; 0: none
 	allow     []netip.Prefix   // nil: every source
+	// local: externalTrafficPolicy Local on a NodePort, LoadBalancer or
+	// externalIP frontend (endpoints are this node's); the kernel path
+	// keeps the client's address for it.
+	local bool
 }
 
 const (
@@ -110,6 +114,7 @@ func desiredFrontends(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, 
 		eps := endpointsFor(sp, slices, node)
 		internal, external := choose(eps, internalLocal), choose(eps, externalLocal)
 		add := func(ip netip.Addr, port int32, k kind, eps []netip.AddrPort, allow []netip.Prefix) {
+			local := externalLocal && k != kindClusterIP
 			if port <= 0 || port > 65535 {
 				return
 			}
@@ -120,6 +125,7 @@ func desiredFrontends(svc *corev1.Service, slices []*discoveryv1.EndpointSlice, 
 				endpoints: eps,
 				affinity:  affinity,
 				allow:     allow,
+				local:     local,
 			})
 		}
 		for _, ip := range clusterIPs {

@@ -1,8 +1,11 @@
 package proxy
 
 import (
+	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -226,5 +229,54 @@ func TestDesiredFrontendsExternalIPs(t *testing.T) {
 	np.Spec.ExternalIPs = []string{"203.0.113.10"}
 	if k := keys(desiredFrontends(np, eps, testNode, testNodeIPs, testNodeIPs)); !slices.Contains(k, "ExternalIP 203.0.113.10:80/TCP") || len(k) != 3 {
 		t.Errorf("NodePort with an externalIP: %v", k)
+	}
+}
+
+// externalTrafficPolicy marks the NodePort, LoadBalancer and externalIP
+// frontends local (the kernel keeps the client's address for them), never
+// the ClusterIP, and gives them only this node's endpoints; Cluster marks
+// none.
+func TestDesiredFrontendsLocal(t *testing.T) {
+	remote := ready("100.64.0.6")
+	remote.NodeName = ptr.To("node-b")
+	eps := []*discoveryv1.EndpointSlice{slice("s", "s-http", tcp, "http", 8080, ready("100.64.0.5"), remote)}
+	svc := service("s", corev1.ServiceTypeLoadBalancer, "10.43.0.10", svcPort("http", tcp, 80, 30080))
+	svc.Spec.ExternalIPs = []string{"203.0.113.10"}
+	nodeIPs := []netip.Addr{netip.MustParseAddr("192.168.1.5"), netip.MustParseAddr("127.0.0.1")}
+	got := func() map[string]string {
+		out := map[string]string{}
+		for _, f := range desiredFrontends(svc, eps, testNode, nodeIPs, nodeIPs) {
+			out[f.kind.String()+" "+f.key.String()] = fmt.Sprintf("local=%v %v", f.local, f.endpoints)
+		}
+		return out
+	}
+	both, one := "[100.64.0.5:8080 100.64.0.6:8080]", "[100.64.0.5:8080]"
+	want := map[string]string{
+		"ClusterIP 10.43.0.10:80/TCP":     "local=false " + both,
+		"NodePort 192.168.1.5:30080/TCP":  "local=false " + both,
+		"NodePort 127.0.0.1:30080/TCP":    "local=false " + both,
+		"LoadBalancer 192.168.1.5:80/TCP": "local=false " + both,
+		"LoadBalancer 127.0.0.1:80/TCP":   "local=false " + both,
+		"ExternalIP 203.0.113.10:80/TCP":  "local=false " + both,
+	}
+	if g := got(); !maps.Equal(g, want) {
+		t.Fatalf("Cluster:\ngot  %v\nwant %v", g, want)
+	}
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	for k := range want {
+		if !strings.HasPrefix(k, "ClusterIP") {
+			want[k] = "local=true " + one
+		}
+	}
+	if g := got(); !maps.Equal(g, want) {
+		t.Fatalf("Local:\ngot  %v\nwant %v", g, want)
+	}
+	// No local endpoint: the external frontends have none (refused), the
+	// ClusterIP keeps both.
+	eps = []*discoveryv1.EndpointSlice{slice("s", "s-http", tcp, "http", 8080, remote)}
+	for k, v := range got() {
+		if wantEmpty := !strings.HasPrefix(k, "ClusterIP"); wantEmpty != strings.HasSuffix(v, "[]") {
+			t.Errorf("Local without a local endpoint: %s %s", k, v)
+		}
 	}
 }

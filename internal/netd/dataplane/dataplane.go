@@ -201,6 +201,14 @@ type Service struct {
 	// External: IP is an externalIP, which may lie outside the Service
 	// range; traffic to it is routed, not local, so without endpoints it
 	// is refused in the forward path too.
-	External  bool
+	External bool
+	// OnNode: IP is an address of the node (a nodePort, or the
+	// load-balancer ingress), which may lie outside the Service range; it
+	// is translated only while it is a local address of the host.
+	OnNode bool
+	// Local (externalTrafficPolicy: Local, with External or OnNode): the
+	// client's address is kept, not masqueraded, so the endpoints must be
+	// pods of this node (inside Node.CIDR).
+	Local     bool
 	Endpoints []netip.AddrPort
 }

@@ -16,20 +16,27 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Services in the kernel (ClusterIPs and externalIPs), the way
-// kube-proxy's nftables mode does it, in a table of k3sm's own that
+// Services in the kernel (ClusterIPs, externalIPs, nodePorts and
+// load-balancer ingresses on the node's addresses), the way kube-proxy's
+// nftables mode does it, in a table of k3sm's own that
 // SetServices rebuilds whole in one transaction (existing connections
 // keep their translation: conntrack holds it, not the rules):
 //
 //	table ip k3sm-services
 //	  map services     { ipv4_addr . inet_proto . inet_service : verdict }  → goto svc-…
-//	  map no-endpoints { ipv4_addr . inet_proto . inet_service : verdict }  → goto reject
+//	  map node-ports   { the same }  → goto svc-…  a node address (OnNode)
+//	  map no-endpoints { the same }  → goto reject
+//	  map no-endpoints-node { the same }  → goto reject  a node address
 //	  set hairpin      { ipv4_addr . ipv4_addr }                            every endpoint, twice
+//	  set local        { ipv4_addr . inet_proto . inet_service }            Local ports
 //	  chain prerouting  (nat, dstnat)  ip daddr . meta l4proto . th dport vmap @services
+//	                                   fib daddr type local ip daddr . meta l4proto . th dport vmap @node-ports
 //	  chain output      (nat, dstnat)  the same, for the node's own processes
 //	  chain postrouting (nat, srcnat)  ip saddr . ip daddr @hairpin masquerade
+//	                                   ct original ip daddr . ct original protocol . ct original proto-dst @local return
 //	                                   ct status dnat oifname <bridge> ip saddr != <pod CIDR> masquerade
 //	  chain input, chain output-filter (filter, -10)  ip daddr . meta l4proto . th dport vmap @no-endpoints
+//	                                   (input only) the same, vmap @no-endpoints-node
 //	  chain forward     (filter, -10)  the same: an externalIP is routed, not local
 //	  chain reject      tcp: reset; else icmp port-unreachable
 //	  chain svc-<ip:port-proto>          numgen random mod N vmap { 0 : goto ep-…, … }
@@ -41,6 +48,19 @@ import (
 // really has the address, so the forward chain refuses it as kube-proxy
 // does (the node's own are refused in output-filter, and one that is the
 // node's address in input).
+//
+// A node address (a nodePort, or a load-balancer ingress, which on k3sm is
+// the node's address) is translated only while it is local (fib), so an
+// address the node lost is not intercepted on its way elsewhere; without
+// endpoints it is refused in input, which also sees the node's own
+// connections to itself.
+//
+// externalTrafficPolicy: Local keeps the client's address: a connection
+// whose original destination is in the local set is not masqueraded on
+// its way to the bridge, and its endpoints are all this node's pods, whose
+// replies come back through the node (their default route) where
+// conntrack undoes the DNAT. With Cluster, a client beyond the node is
+// masqueraded to the gateway, as kube-proxy does.
 //
 // Pod-to-Service traffic keeps the client pod's address, so the policy
 // table's forward chain (priority filter, after dstnat) sees the real
@@ -58,8 +78,11 @@ import (
 const (
 	servicesTable    = "k3sm-services"
 	servicesMap      = "services"
+	nodePortsMap     = "node-ports"
 	noEndpointsMap   = "no-endpoints"
+	noEndpointsNode  = "no-endpoints-node"
 	hairpinSet       = "hairpin"
+	localSet         = "local"
 	rejectChain      = "reject"
 	svcChainPrefix   = "svc-"
 	epChainPrefix    = "ep-"
@@ -140,9 +163,12 @@ func (d *linuxPlane) SetServices(n Node, svcs []Service) error {
 
 	keyType := nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)
 	svcMap := &nftables.Set{Table: t, Name: servicesMap, KeyType: keyType, Concatenation: true, IsMap: true, DataType: nftables.TypeVerdict}
+	nodeMap := &nftables.Set{Table: t, Name: nodePortsMap, KeyType: keyType, Concatenation: true, IsMap: true, DataType: nftables.TypeVerdict}
 	noEP := &nftables.Set{Table: t, Name: noEndpointsMap, KeyType: keyType, Concatenation: true, IsMap: true, DataType: nftables.TypeVerdict}
+	noEPNode := &nftables.Set{Table: t, Name: noEndpointsNode, KeyType: keyType, Concatenation: true, IsMap: true, DataType: nftables.TypeVerdict}
 	hairpin := &nftables.Set{Table: t, Name: hairpinSet, KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeIPAddr), Concatenation: true}
-	for _, s := range []*nftables.Set{svcMap, noEP, hairpin} {
+	local := &nftables.Set{Table: t, Name: localSet, KeyType: keyType, Concatenation: true}
+	for _, s := range []*nftables.Set{svcMap, nodeMap, noEP, noEPNode, hairpin, local} {
 		if err := c.AddSet(s, nil); err != nil {
 			return fmt.Errorf("dataplane: set %s: %w", s.Name, err)
 		}
@@ -165,14 +191,17 @@ func (d *linuxPlane) SetServices(n Node, svcs []Service) error {
 		base(natOutChain, nftables.ChainTypeNAT, nftables.ChainHookOutput, nftables.ChainPriorityNATDest),
 	} {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: lookup(svcMap)})
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: append(fibLocal(), lookup(nodeMap)...)})
 	}
+	input := base(filterInChain, nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityRef(filterPriorityEP))
 	for _, ch := range []*nftables.Chain{
-		base(filterInChain, nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityRef(filterPriorityEP)),
+		input,
 		base(filterOutChain, nftables.ChainTypeFilter, nftables.ChainHookOutput, nftables.ChainPriorityRef(filterPriorityEP)),
 		base(filterFwdChain, nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityRef(filterPriorityEP)),
 	} {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: lookup(noEP)})
 	}
+	c.AddRule(&nftables.Rule{Table: t, Chain: input, Exprs: lookup(noEPNode)})
 	post := base(natPostChain, nftables.ChainTypeNAT, nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource)
 	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: []expr.Any{
 		&expr.Payload{DestRegister: reg32x0, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
@@ -180,6 +209,14 @@ func (d *linuxPlane) SetServices(n Node, svcs []Service) error {
 		&expr.Lookup{SourceRegister: reg32x0, SetName: hairpin.Name, SetID: hairpin.ID},
 		&expr.Counter{},
 		&expr.Masq{},
+	}})
+	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: []expr.Any{
+		&expr.Ct{Register: reg32x0, Key: expr.CtKeyDST, Direction: 0}, // original
+		&expr.Ct{Register: reg32x1, Key: expr.CtKeyPROTOCOL},
+		&expr.Ct{Register: reg32x2, Key: expr.CtKeyPROTODST, Direction: 0},
+		&expr.Lookup{SourceRegister: reg32x0, SetName: local.Name, SetID: local.ID},
+		&expr.Counter{},
+		&expr.Verdict{Kind: expr.VerdictReturn},
 	}})
 	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: []expr.Any{
 		&expr.Ct{Register: 1, Key: expr.CtKeySTATUS},
@@ -207,14 +244,22 @@ func (d *linuxPlane) SetServices(n Node, svcs []Service) error {
 		&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 3}, // port unreachable
 	}})
 
-	var svcElems, noEPElems, hairpinElems []nftables.SetElement
+	var svcElems, nodeElems, noEPElems, noEPNodeElems, hairpinElems, localElems []nftables.SetElement
 	hairpins := map[[4]byte]bool{}
 	for _, s := range svcs {
 		k := serviceKey{s.Protocol, s.IP, s.Port}
 		key := serviceMapKey(s)
 		if len(s.Endpoints) == 0 {
-			noEPElems = append(noEPElems, nftables.SetElement{Key: key, VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: rejectChain}})
+			el := nftables.SetElement{Key: key, VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: rejectChain}}
+			if s.OnNode {
+				noEPNodeElems = append(noEPNodeElems, el)
+			} else {
+				noEPElems = append(noEPElems, el)
+			}
 			continue
+		}
+		if s.Local {
+			localElems = append(localElems, nftables.SetElement{Key: key})
 		}
 		svc := c.AddChain(&nftables.Chain{Name: svcChainPrefix + chainPart(k.ip, k.port, k.proto), Table: t})
 		pick := &nftables.Set{Table: t, Anonymous: true, Constant: true, IsMap: true, KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict}
@@ -252,12 +297,17 @@ func (d *linuxPlane) SetServices(n Node, svcs []Service) error {
 			&expr.Numgen{Register: 1, Modulus: uint32(len(s.Endpoints)), Type: unix.NFT_NG_RANDOM},
 			&expr.Lookup{SourceRegister: 1, SetName: pick.Name, SetID: pick.ID, DestRegister: 0, IsDestRegSet: true},
 		}})
-		svcElems = append(svcElems, nftables.SetElement{Key: key, VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: svc.Name}})
+		el := nftables.SetElement{Key: key, VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: svc.Name}}
+		if s.OnNode {
+			nodeElems = append(nodeElems, el)
+		} else {
+			svcElems = append(svcElems, el)
+		}
 	}
 	for _, add := range []struct {
 		s  *nftables.Set
 		es []nftables.SetElement
-	}{{svcMap, svcElems}, {noEP, noEPElems}, {hairpin, hairpinElems}} {
+	}{{svcMap, svcElems}, {nodeMap, nodeElems}, {noEP, noEPElems}, {noEPNode, noEPNodeElems}, {hairpin, hairpinElems}, {local, localElems}} {
 		if len(add.es) == 0 {
 			continue
 		}
@@ -270,6 +320,15 @@ func (d *linuxPlane) SetServices(n Node, svcs []Service) error {
 	}
 	d.svcApplied = sum
 	return nil
+}
+
+// fibLocal matches a packet whose destination is a local address of the
+// host (fib daddr type local).
+func fibLocal() []expr.Any {
+	return []expr.Any{
+		&expr.Fib{Register: 1, FlagDADDR: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, unix.RTN_LOCAL)},
+	}
 }
 
 // servicesDigest identifies what SetServices was given.

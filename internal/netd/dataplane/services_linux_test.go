@@ -444,3 +444,102 @@ func TestServicesExternalIP(t *testing.T) {
 	default:
 	}
 }
+
+// TestServicesNodePortLocal: a nodePort on the node's uplink address
+// (192.0.2.1) reached by a client beyond the uplink: with Local the
+// backend sees the client's own address (the masquerade exemption), with
+// Cluster the gateway's. A node address without endpoints is refused; a node
+// address that is not local is not intercepted (fib); netd refuses a
+// Local endpoint off the node and Local on a ClusterIP.
+func TestServicesNodePortLocal(t *testing.T) {
+	f, n, c := svcFixture(t)
+	out := f.outside()
+	client := netip.MustParseAddr("192.0.2.2")
+	node := netip.MustParseAddr("192.0.2.1")
+	// A node address the host does not have: routed to the outside,
+	// which owns it and serves on the same port.
+	lost := netip.MustParseAddr("198.51.100.7")
+	h := f.handle(f.hostNS)
+	if hlo, err := h.LinkByName("lo"); err != nil || h.LinkSetUp(hlo) != nil {
+		t.Fatalf("lo up in the host namespace: %v", err)
+	}
+	if err := h.RouteAdd(&netlink.Route{Dst: &net.IPNet{IP: lost.AsSlice(), Mask: net.CIDRMask(32, 32)}, Gw: client.AsSlice()}); err != nil {
+		t.Fatal(err)
+	}
+	h.Close()
+	o := f.handle(out)
+	lo, err := o.LinkByName("lo")
+	if err != nil || o.LinkSetUp(lo) != nil {
+		t.Fatalf("lo up outside: %v", err)
+	}
+	if err := o.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: lost.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
+		t.Fatal(err)
+	}
+	o.Close()
+	owner := serve(t, out, 30082)
+	a := serve(t, f.a.NetNS, 8080)
+
+	const local, cluster, empty, notLocal = 30080, 30081, 30083, 30082
+	np := func(ip netip.Addr, port uint16, isLocal bool, eps ...netip.AddrPort) Service {
+		return Service{Protocol: TCP, IP: ip, Port: port, OnNode: true, Local: isLocal, Endpoints: eps}
+	}
+	f.setServices(n,
+		np(node, local, true, at(f.a.IP)),
+		np(node, cluster, false, at(f.a.IP)),
+		np(node, empty, true),
+		np(lost, notLocal, false, at(f.a.IP)),
+	)
+	if src := a.reach(t, out, netip.AddrPortFrom(node, local)); src != client {
+		t.Fatalf("Local: the backend saw the client beyond the uplink as %v, want its own %v", src, client)
+	}
+	if src := a.reach(t, out, netip.AddrPortFrom(node, cluster)); src != n.Gateway {
+		t.Fatalf("Cluster: the backend saw the client as %v, want the gateway %v (masqueraded)", src, n.Gateway)
+	}
+	// A pod and the node through the Local nodePort: the pod keeps its
+	// address, the node its own (the reply comes back by the pod's
+	// default route); a pod reaching itself is still masqueraded.
+	if src := a.reach(t, c.NetNS, netip.AddrPortFrom(node, local)); src != c.IP {
+		t.Fatalf("pod → Local nodePort: the backend saw %v, want the pod's %v", src, c.IP)
+	}
+	if src := a.reach(t, f.hostNS, netip.AddrPortFrom(node, local)); src != node {
+		t.Fatalf("node → Local nodePort: the backend saw %v, want the node's %v", src, node)
+	}
+	if src := a.reach(t, f.a.NetNS, netip.AddrPortFrom(node, local)); src != n.Gateway {
+		t.Fatalf("hairpin through a Local nodePort: A saw itself as %v, want the gateway %v", src, n.Gateway)
+	}
+	// Without endpoints refused at the node, even where a host process
+	// listens on the port (the proxy sends none such: it holds the port).
+	hostListener := serve(t, f.hostNS, empty)
+	start := time.Now()
+	if err := connect(t, out, netip.AddrPortFrom(node, empty), 2*time.Second); !errors.Is(err, syscall.ECONNREFUSED) || time.Since(start) > time.Second {
+		t.Fatalf("Local nodePort without endpoints: %v after %v, want connection refused at once", err, time.Since(start))
+	}
+	select {
+	case src := <-hostListener.peers:
+		t.Fatalf("a nodePort without endpoints reached the host's listener (from %v)", src)
+	default:
+	}
+	// Not the host's address: a pod's connection is routed on to its
+	// owner, untranslated.
+	if src := owner.reach(t, c.NetNS, netip.AddrPortFrom(lost, notLocal)); src != node {
+		t.Fatalf("the owner of %v saw the pod as %v, want the node's uplink address (masquerade)", lost, src)
+	}
+	select {
+	case src := <-a.peers:
+		t.Fatalf("a node address the host does not have was translated (A saw %v)", src)
+	default:
+	}
+
+	for _, tc := range []struct {
+		s    Service
+		want string
+	}{
+		{np(node, local, true, at(netip.MustParseAddr("100.64.9.9"))), "not a pod of this node"},
+		{Service{Protocol: TCP, IP: vip, Port: 80, Local: true, Endpoints: []netip.AddrPort{at(f.a.IP)}}, "only an external IP or a node address"},
+		{Service{Protocol: TCP, IP: node, Port: 80, OnNode: true, External: true}, "both"},
+	} {
+		if err := f.dp.SetServices(n, []Service{tc.s}); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("SetServices(%+v): %v, want an error with %q", tc.s, err, tc.want)
+		}
+	}
+}

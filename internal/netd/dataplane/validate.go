@@ -180,7 +180,8 @@ const (
 
 // checkServices refuses what would translate traffic it must not: a
 // protocol other than TCP or UDP, a ClusterIP outside the Service range
-// (when the node has one; an external IP may be), any Service address
+// (when the node has one; an external IP or a node address may be), a
+// Local port that is neither or has an endpoint off the node, any Service address
 // inside the pod range or not global unicast, a port 0, a Service
 // port or an endpoint twice, an endpoint that is not an IPv4 address:port.
 func checkServices(n Node, svcs []Service) error {
@@ -205,8 +206,14 @@ func checkServices(n Node, svcs []Service) error {
 		if n.CIDR.Contains(s.IP) || (n.ClusterCIDR.IsValid() && n.ClusterCIDR.Contains(s.IP)) {
 			return fmt.Errorf("dataplane: Service %v is inside the pod range", s.IP)
 		}
-		if n.ServiceCIDR.IsValid() && !n.ServiceCIDR.Contains(s.IP) && !s.External {
-			return fmt.Errorf("dataplane: Service %v is outside the Service range %v (and not an external IP)", s.IP, n.ServiceCIDR)
+		if s.External && s.OnNode {
+			return fmt.Errorf("dataplane: Service %v is both an external IP and a node address", s.IP)
+		}
+		if n.ServiceCIDR.IsValid() && !n.ServiceCIDR.Contains(s.IP) && !s.External && !s.OnNode {
+			return fmt.Errorf("dataplane: Service %v is outside the Service range %v (and not an external IP or a node address)", s.IP, n.ServiceCIDR)
+		}
+		if s.Local && !s.External && !s.OnNode {
+			return fmt.Errorf("dataplane: Service %v: only an external IP or a node address can keep the client's address (Local)", s.IP)
 		}
 		if !s.IP.IsGlobalUnicast() {
 			return fmt.Errorf("dataplane: Service %v is not a unicast address a Service may take (loopback, link-local, multicast, broadcast)", s.IP)
@@ -226,6 +233,9 @@ func checkServices(n Node, svcs []Service) error {
 			}
 			if eps[e] {
 				return fmt.Errorf("dataplane: Service %s: endpoint %v twice", k, e)
+			}
+			if s.Local && !n.CIDR.Contains(e.Addr()) {
+				return fmt.Errorf("dataplane: Service %s: endpoint %v is not a pod of this node (%v), and a Local port's replies are not masqueraded", k, e, n.CIDR)
 			}
 			eps[e] = true
 		}

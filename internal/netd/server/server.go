@@ -555,7 +555,8 @@ func (s *Server) setServices(a *wire.SetServicesArgs) *wire.Response {
 func dataplaneService(sp wire.ServicePort) dataplane.Service {
 	proto, _ := wire.ParseServiceProtocol(sp.Protocol)
 	ip, _ := wire.ParseServiceAddr("ip", sp.IP)
-	out := dataplane.Service{Protocol: dataplane.Protocol(proto), IP: ip, Port: sp.Port, External: sp.External}
+	out := dataplane.Service{Protocol: dataplane.Protocol(proto), IP: ip, Port: sp.Port, External: sp.External,
+		OnNode: sp.NodePort || sp.LoadBalancer, Local: sp.Local}
 	for _, e := range sp.Endpoints {
 		eip, _ := wire.ParseServiceAddr("endpoint ip", e.IP)
 		out.Endpoints = append(out.Endpoints, netip.AddrPortFrom(eip, e.Port))

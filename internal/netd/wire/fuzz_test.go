@@ -20,6 +20,7 @@ func FuzzReadRequest(f *testing.F) {
 		`{"version":1,"verb":"SetPolicy","setPolicy":{"uid":"` + uid + `","ingress":{"rules":[{}]},"egress":{}}}`,
 		`{"version":1,"verb":"SetServices","setServices":{"generation":7,"chunk":0,"final":true,"services":[{"protocol":"TCP","ip":"10.43.0.10","port":80,"endpoints":[{"ip":"100.64.0.5","port":8080},{"ip":"100.64.0.6","port":8080}]},{"protocol":"UDP","ip":"10.43.0.10","port":53}]}}`,
 		`{"version":1,"verb":"SetServices","setServices":{"generation":1,"chunk":3}}`,
+		`{"version":1,"verb":"SetServices","setServices":{"generation":2,"chunk":0,"final":true,"services":[{"protocol":"TCP","ip":"192.168.1.5","port":30080,"nodePort":true,"local":true,"endpoints":[{"ip":"100.64.0.5","port":8080}]},{"protocol":"UDP","ip":"192.168.1.5","port":53,"loadBalancer":true},{"protocol":"TCP","ip":"192.168.1.5","port":80,"nodePort":true,"external":true}]}}`,
 		`{"version":1,"verb":"SetServices","setServices":{"generation":1,"chunk":0,"services":[{"protocol":"SCTP","ip":"10.43.0.1","port":1}]}}`,
 		`{"version":1,"verb":"SetServices","setServices":{"generation":1,"chunk":0,"services":[{"protocol":"TCP","ip":"010.43.0.1","port":1,"endpoints":[]}]}}`,
 		`{"version":1,"verb":"ListPods"} {}`,

@@ -308,7 +308,7 @@ func CheckSetServices(a *SetServicesArgs) error {
 			return fmt.Errorf("setServices: service %d: %w", i, err)
 		}
 		ip, err := ParseServiceAddr("ip", s.IP)
-		if err == nil && s.External {
+		if err == nil && (s.External || s.NodePort || s.LoadBalancer) {
 			err = checkExternalAddr(ip)
 		}
 		if err != nil {
@@ -316,6 +316,21 @@ func CheckSetServices(a *SetServicesArgs) error {
 		}
 		if s.Port == 0 {
 			return fmt.Errorf("setServices: service %d (%s): port 0 (want 1-65535)", i, s.IP)
+		}
+		kinds := 0
+		for _, k := range []bool{s.External, s.NodePort, s.LoadBalancer} {
+			if k {
+				kinds++
+			}
+		}
+		if kinds > 1 {
+			return fmt.Errorf("setServices: service %d (%s): at most one of external, nodePort and loadBalancer", i, s.IP)
+		}
+		if s.NodePort && (s.Port < NodePortMin || s.Port > NodePortMax) {
+			return fmt.Errorf("setServices: service %d (%s): node port %d is outside the node port range %d-%d", i, s.IP, s.Port, NodePortMin, NodePortMax)
+		}
+		if s.Local && kinds == 0 {
+			return fmt.Errorf("setServices: service %d (%s): local (externalTrafficPolicy: Local) applies only to an external, nodePort or loadBalancer address", i, s.IP)
 		}
 		key := ServiceKey(s.Protocol, ip, s.Port)
 		if seen[key] {
@@ -390,10 +405,19 @@ func checkExternalAddr(ip netip.Addr) error {
 	return nil
 }
 
+// The node port range: the apiserver's default --service-node-port-range,
+// which k3sm does not change.
+const (
+	NodePortMin = 30000
+	NodePortMax = 32767
+)
+
 // CheckServiceRange checks a Service address (sp.IP, valid as
 // CheckSetServices checked it) against the node's ranges: never inside
 // the pod or cluster range; outside the Service range (when the node has
-// one) only when marked external.
+// one) only when marked external, nodePort or loadBalancer. A Local port's
+// endpoints are all inside the node's pod range: its replies are not
+// masqueraded, so only a pod routed through this node answers them.
 func CheckServiceRange(sp ServicePort, ip netip.Addr, pod, svc, cluster netip.Prefix) error {
 	key := ServiceKey(sp.Protocol, ip, sp.Port)
 	for _, r := range []struct {
@@ -404,8 +428,15 @@ func CheckServiceRange(sp ServicePort, ip netip.Addr, pod, svc, cluster netip.Pr
 			return fmt.Errorf("setServices: service %s: ip %s is inside the %s %s; a Service address cannot be a pod's", key, ip, r.name, r.p)
 		}
 	}
-	if svc.IsValid() && !svc.Contains(ip) && !sp.External {
-		return fmt.Errorf("setServices: service %s: ip %s is outside the serviceCIDR %s; only an address of spec.externalIPs may be, sent with \"external\": true", key, ip, svc)
+	if svc.IsValid() && !svc.Contains(ip) && !sp.External && !sp.NodePort && !sp.LoadBalancer {
+		return fmt.Errorf("setServices: service %s: ip %s is outside the serviceCIDR %s; only an address of spec.externalIPs may be, sent with \"external\": true (or a node address, with \"nodePort\" or \"loadBalancer\")", key, ip, svc)
+	}
+	if sp.Local {
+		for _, e := range sp.Endpoints {
+			if eip, err := netip.ParseAddr(e.IP); err != nil || !pod.Contains(eip) {
+				return fmt.Errorf("setServices: service %s: endpoint %s is outside the podCIDR %s; a local (externalTrafficPolicy: Local) port has only this node's pods", key, e.IP, pod)
+			}
+		}
 	}
 	return nil
 }

@@ -149,7 +149,19 @@ type ServicePort struct {
 	// such an address may lie outside the node's Service range (netd
 	// refuses an unmarked one there, so a bug cannot turn a ClusterIP
 	// into an interception of any address).
-	External  bool       `json:"external,omitempty"`
+	External bool `json:"external,omitempty"`
+	// NodePort marks IP:Port as a Service's nodePort on an address of the
+	// node (Port within NodePortMin..NodePortMax), LoadBalancer as its
+	// load-balancer ingress, which on k3sm is an address of the node (any
+	// port). Either may lie outside the Service range; netd translates it
+	// only while IP is a local address of the host. At most one of
+	// External, NodePort and LoadBalancer is set.
+	NodePort     bool `json:"nodePort,omitempty"`
+	LoadBalancer bool `json:"loadBalancer,omitempty"`
+	// Local is externalTrafficPolicy: Local on an External, NodePort or
+	// LoadBalancer address: the client's source address is kept (not
+	// masqueraded), so every endpoint must be a pod of this node.
+	Local     bool       `json:"local,omitempty"`
 	Endpoints []Endpoint `json:"endpoints,omitempty"`
 }
 

@@ -256,6 +256,20 @@ func TestValidateServices(t *testing.T) {
 		{svc(ServicePort{Protocol: "TCP", IP: "127.0.0.1", Port: 80, External: true}), "reserved 127.0.0.0/8"},
 		{svc(ServicePort{Protocol: "TCP", IP: "224.0.0.1", Port: 80, External: true}), "reserved 224.0.0.0/4"},
 		{svc(ServicePort{Protocol: "TCP", IP: "0.0.0.0", Port: 80, External: true}), "reserved 0.0.0.0/8"},
+		// Node addresses: a nodePort within 30000-32767, a load-balancer
+		// port any; the same reserved ranges as externalIPs; one kind.
+		{svc(ServicePort{Protocol: "TCP", IP: "192.168.1.5", Port: 30000, NodePort: true, Local: true, Endpoints: ep("100.64.0.2", 8080)}), ""},
+		{svc(ServicePort{Protocol: "UDP", IP: "192.168.1.5", Port: 32767, NodePort: true}), ""},
+		{svc(ServicePort{Protocol: "TCP", IP: "192.168.1.5", Port: 29999, NodePort: true}), "node port 29999 is outside the node port range 30000-32767"},
+		{svc(ServicePort{Protocol: "TCP", IP: "192.168.1.5", Port: 32768, NodePort: true}), "outside the node port range"},
+		{svc(ServicePort{Protocol: "TCP", IP: "192.168.1.5", Port: 80, NodePort: true}), "outside the node port range"},
+		{svc(ServicePort{Protocol: "TCP", IP: "192.168.1.5", Port: 443, LoadBalancer: true, Local: true}), ""},
+		{svc(ServicePort{Protocol: "TCP", IP: "169.254.0.1", Port: 30000, NodePort: true}), "reserved 169.254.0.0/16"},
+		{svc(ServicePort{Protocol: "TCP", IP: "127.0.0.1", Port: 30000, NodePort: true}), "reserved 127.0.0.0/8"},
+		{svc(ServicePort{Protocol: "TCP", IP: "240.0.0.1", Port: 443, LoadBalancer: true}), "reserved 240.0.0.0/4"},
+		{svc(ServicePort{Protocol: "TCP", IP: "192.168.1.5", Port: 30000, NodePort: true, LoadBalancer: true}), "at most one of"},
+		{svc(ServicePort{Protocol: "TCP", IP: "192.168.1.5", Port: 30000, NodePort: true, External: true}), "at most one of"},
+		{svc(ServicePort{Protocol: "TCP", IP: "10.43.0.1", Port: 80, Local: true}), "local (externalTrafficPolicy: Local) applies only to"},
 	} {
 		err := set(tc.a).Validate()
 		if tc.bad == "" && err != nil {
@@ -297,6 +311,27 @@ func TestCheckServiceRange(t *testing.T) {
 			t.Errorf("%+v: got %v, want an error about %s", sp, err, tc.bad)
 		}
 	}
+	// Node addresses may lie outside the Service range, not inside the pod
+	// ranges; a Local port's endpoints are all this node's pods.
+	for _, tc := range []struct {
+		sp  ServicePort
+		bad string
+	}{
+		{ServicePort{Protocol: "TCP", IP: "192.168.1.5", Port: 30080, NodePort: true, Local: true, Endpoints: []Endpoint{{IP: "100.64.0.9", Port: 8080}}}, ""},
+		{ServicePort{Protocol: "TCP", IP: "192.168.1.5", Port: 443, LoadBalancer: true}, ""},
+		{ServicePort{Protocol: "TCP", IP: "192.168.1.5", Port: 30080, NodePort: true, Endpoints: []Endpoint{{IP: "100.64.5.9", Port: 8080}}}, ""},
+		{ServicePort{Protocol: "TCP", IP: "100.64.0.7", Port: 30080, NodePort: true}, "inside the podCIDR"},
+		{ServicePort{Protocol: "TCP", IP: "192.168.1.5", Port: 30080, NodePort: true, Local: true, Endpoints: []Endpoint{{IP: "100.64.0.9", Port: 8080}, {IP: "100.64.5.9", Port: 8080}}}, "endpoint 100.64.5.9 is outside the podCIDR 100.64.0.0/24"},
+		{ServicePort{Protocol: "TCP", IP: "203.0.113.10", Port: 80, External: true, Local: true, Endpoints: []Endpoint{{IP: "10.1.2.3", Port: 8080}}}, "outside the podCIDR"},
+	} {
+		err := CheckServiceRange(tc.sp, netip.MustParseAddr(tc.sp.IP), pod, svc, cluster)
+		if tc.bad == "" && err != nil {
+			t.Errorf("%+v: %v", tc.sp, err)
+		}
+		if tc.bad != "" && (err == nil || !strings.Contains(err.Error(), tc.bad)) {
+			t.Errorf("%+v: got %v, want an error about %s", tc.sp, err, tc.bad)
+		}
+	}
 	// A node without a Service range (darwin-style Configure) takes any
 	// address outside the pod ranges.
 	if err := CheckServiceRange(ServicePort{Protocol: "TCP", IP: "10.99.0.1", Port: 80}, netip.MustParseAddr("10.99.0.1"), pod, netip.Prefix{}, netip.Prefix{}); err != nil {
@@ -312,7 +347,7 @@ func TestLargestServiceFitsAFrame(t *testing.T) {
 		eps[i] = Endpoint{IP: fmt.Sprintf("100.%d.%d.%d", 100+i/100%100, 100+i/10%10, 100+i%10), Port: 65535}
 	}
 	r := &Request{Version: Version, Verb: VerbSetServices, SetServices: &SetServicesArgs{Generation: ^uint64(0), Chunk: MaxServiceChunks - 1, Final: true,
-		Services: []ServicePort{{Protocol: "TCP", IP: "100.100.100.100", Port: 65535, Endpoints: eps}}}}
+		Services: []ServicePort{{Protocol: "TCP", IP: "100.100.100.100", Port: 65535, LoadBalancer: true, Local: true, Endpoints: eps}}}}
 	var buf bytes.Buffer
 	if err := WriteRequest(&buf, r); err != nil {
 		t.Fatalf("%v (%d bytes)", err, buf.Len())
