@@ -62,7 +62,18 @@ func (s *server) Exec(stream runtimev1.Runtime_ExecServer) error {
 	for i, a := range start.GetCommand() {
 		command[i] = strings.ReplaceAll(a, "$", "$$")
 	}
-	argv, env, dir, err := s.mgr.ResolveExec(info, command)
+	// The terminal first: darwin's profile must name it (sandbox.WithTTY).
+	var ptmx, tty *os.File
+	ttyName := ""
+	if start.GetTty() {
+		if ptmx, tty, err = pty.Open(); err != nil {
+			return status.Errorf(codes.Internal, "exec: open a pseudo-terminal: %v", err)
+		}
+		defer ptmx.Close()
+		defer tty.Close()
+		ttyName = tty.Name()
+	}
+	argv, env, dir, err := s.mgr.ResolveExec(info, command, ttyName)
 	if err != nil {
 		return send(exitMsg(&runtimev1.ExitStatus{ExitCode: 127, Error: err.Error()}))
 	}
@@ -78,11 +89,6 @@ func (s *server) Exec(stream runtimev1.Runtime_ExecServer) error {
 	)
 	var wg sync.WaitGroup
 	if start.GetTty() {
-		ptmx, tty, err := pty.Open()
-		if err != nil {
-			return status.Errorf(codes.Internal, "exec: open a pseudo-terminal: %v", err)
-		}
-		defer ptmx.Close()
 		if sz := start.GetInitialSize(); sz.GetWidth() > 0 && sz.GetHeight() > 0 {
 			pty.Setsize(ptmx, &pty.Winsize{Cols: uint16(sz.GetWidth()), Rows: uint16(sz.GetHeight())})
 		}

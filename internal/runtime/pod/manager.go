@@ -667,8 +667,9 @@ func (m *Manager) AttemptRunning(uid, name string, restart int32) bool {
 	return false
 }
 
-// ResolveExec resolves a command as the container would run it.
-func (m *Manager) ResolveExec(info ContainerInfo, command []string) (argv, env []string, dir string, err error) {
+// ResolveExec resolves a command as the container would run it; tty is
+// the terminal device it will run on ("" none).
+func (m *Manager) ResolveExec(info ContainerInfo, command []string, tty string) (argv, env []string, dir string, err error) {
 	cs := proto.Clone(info.Spec).(*runtimev1.ContainerSpec)
 	cs.Command, cs.Args = command, nil
 	if cs.GetImage() != NativeImage && info.Image == nil {
@@ -683,7 +684,7 @@ func (m *Manager) ResolveExec(info ContainerInfo, command []string) (argv, env [
 		return nil, nil, "", err
 	}
 	r.fillPodIP(info.PodIP)
-	argv, dir, err = m.enter(info.Sandboxed, info.StateDir, info.Pid, r.Dir, r.Argv)
+	argv, dir, err = m.enter(info.Sandboxed, info.StateDir, info.Pid, r.Dir, r.Argv, tty)
 	return argv, r.Env, dir, err
 }
 

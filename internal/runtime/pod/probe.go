@@ -93,7 +93,7 @@ func (p *managedPod) execIn(ctx context.Context, c *container, command []string)
 	p.mu.Lock()
 	res.fillPodIP(p.net.IP)
 	p.mu.Unlock()
-	argv, dir, err := p.m.enter(boxed, stateDir, pid, res.Dir, res.Argv)
+	argv, dir, err := p.m.enter(boxed, stateDir, pid, res.Dir, res.Argv, "")
 	if err != nil {
 		return "", -1, err
 	}

@@ -196,8 +196,10 @@ func (m *Manager) UpdateVolumes(uid string, vols []*runtimev1.Volume) ([]string,
 
 // enter makes a command run in a container: through its sandbox when it
 // runs in one (the returned dir is "/": the command starts in the
-// container's root, at dir), else in its mount namespace.
-func (m *Manager) enter(sandboxed bool, stateDir string, pid int, dir string, argv []string) ([]string, string, error) {
+// container's root, at dir), else in its mount namespace. tty is the
+// terminal device the command will have ("" none): darwin's profile then
+// allows that one terminal (sandbox.WithTTY).
+func (m *Manager) enter(sandboxed bool, stateDir string, pid int, dir string, argv []string, tty string) ([]string, string, error) {
 	if sandboxed && pid > 0 {
 		if m.cfg.ShimPath == "" {
 			return nil, "", errors.New("enter the container's sandbox: the runtime has no shim path")
@@ -207,7 +209,13 @@ func (m *Manager) enter(sandboxed bool, stateDir string, pid int, dir string, ar
 	if runtime.GOOS == "darwin" && stateDir != "" {
 		// The container's Seatbelt profile wraps its execs too.
 		if att, err := sandbox.ReadAttempt(stateDir, false); err == nil {
-			argv = sandbox.WrapArgv(att.Sandbox, argv)
+			spec := att.Sandbox
+			if tty != "" {
+				if spec, err = sandbox.WithTTY(spec, tty); err != nil {
+					return nil, "", err
+				}
+			}
+			argv = sandbox.WrapArgv(spec, argv)
 		}
 	}
 	return inContainerMounts(pid, dir, argv)

@@ -192,7 +192,7 @@ func (p *managedPod) enterTarget(c *container, argv []string, dir string) ([]str
 	if pid == 0 {
 		return nil, "", false, fmt.Errorf("target container %q is not running", c.target)
 	}
-	wrapped, wdir, err := p.m.enter(boxed, stateDir, pid, dir, argv)
+	wrapped, wdir, err := p.m.enter(boxed, stateDir, pid, dir, argv, "")
 	if err != nil {
 		return nil, "", false, err
 	}

@@ -215,12 +215,10 @@ func start(dir string) (*server, error) {
 	if err := os.Chmod(s.cfg.Socket, 0o600); err != nil {
 		return nil, err
 	}
-	if s.cfg.Sandbox != nil && s.cfg.Sandbox.Seatbelt != "" {
-		// darwin: the boundary is a wrapper process (sandbox-exec).
-		s.cfg.Argv = sandbox.WrapArgv(s.cfg.Sandbox, s.cfg.Argv)
-		s.cfg.Sandbox = nil
-	}
-	sandboxed := s.cfg.Sandbox != nil
+	// darwin: the boundary is a wrapper process (sandbox-exec), applied
+	// once the terminal (if any) is open, since the profile must name it.
+	seatbelt := s.cfg.Sandbox != nil && s.cfg.Sandbox.Seatbelt != ""
+	sandboxed := s.cfg.Sandbox != nil && !seatbelt
 	imageRoot := sandboxed && s.cfg.Sandbox.Lower != ""
 	if len(s.cfg.Mounts) > 0 && !sandboxed {
 		if err := mounts.Apply(s.cfg.Mounts, filepath.Join(dir, MountStage)); err != nil {
@@ -255,6 +253,16 @@ func start(dir string) (*server, error) {
 		} else if stdinR, err = os.Open(os.DevNull); err != nil {
 			return nil, err
 		}
+	}
+	if seatbelt {
+		spec := s.cfg.Sandbox
+		if s.cfg.TTY {
+			if spec, err = sandbox.WithTTY(spec, stdinR.Name()); err != nil {
+				return nil, err
+			}
+		}
+		s.cfg.Argv = sandbox.WrapArgv(spec, s.cfg.Argv)
+		s.cfg.Sandbox = nil
 	}
 	startWorkload := func() error { return s.startWorkload(stdinR, outW, errW, attrs) }
 	var startErr error

@@ -39,3 +39,34 @@ func ticksToNanos(ticks, hz uint64) uint64 {
 	q, _ := bits.Div64(hi, lo, hz)
 	return q
 }
+
+// sumGroups samples each process group in pgids: list gives a group's
+// processes, read one process's footprint and CPU time. A process that
+// exits between the two is left out; a group that cannot be listed fails
+// the whole reading (the caller then enforces nothing rather than
+// something wrong).
+func sumGroups(pgids []int, list func(pgid int) ([]int, error), read func(pid int) (footprint, cpuNanos uint64, err error)) (map[int]Sample, error) {
+	out := make(map[int]Sample, len(pgids))
+	for _, g := range pgids {
+		pids, err := list(g)
+		if err != nil {
+			return nil, err
+		}
+		var s Sample
+		for _, pid := range pids {
+			mem, cpu, err := read(pid)
+			if err != nil {
+				continue // exited meanwhile
+			}
+			s.RSSBytes += mem
+			s.CPUNanos += cpu
+			s.Processes++
+		}
+		if s.Processes == 0 {
+			continue // the group is gone, as on Linux
+		}
+		s.WorkingSetBytes = s.RSSBytes
+		out[g] = s
+	}
+	return out, nil
+}

@@ -17,9 +17,9 @@ const (
 
 // ProcessRusage reads one process's physical footprint (bytes) and CPU
 // time (user+system, ns) with proc_pid_rusage(RUSAGE_INFO_V2): what the
-// darwin process-group sampler is to sum (processGroups is still a seam
-// there, so nothing calls it yet). It answers for processes of the caller's own
-// user (every pod's, on darwin) or, as root, any.
+// darwin process-group sampler sums (processGroups). It answers for
+// processes of the caller's own user (every pod's, on darwin) or, as root,
+// any.
 func ProcessRusage(pid int) (footprintBytes uint64, cpuNanos uint64, err error) {
 	if pid <= 0 {
 		return 0, 0, fmt.Errorf("stats: pid %d names no process", pid)

@@ -1,6 +1,8 @@
 package stats
 
 import (
+	"errors"
+	"maps"
 	"testing"
 	"unsafe"
 )
@@ -22,5 +24,27 @@ func TestTicksToNanos(t *testing.T) {
 		if got := ticksToNanos(c.ticks, c.hz); got != c.want {
 			t.Errorf("ticksToNanos(%d, %d) = %d, want %d", c.ticks, c.hz, got, c.want)
 		}
+	}
+}
+
+func TestSumGroups(t *testing.T) {
+	groups := map[int][]int{10: {10, 11, 12}, 20: {20}, 30: {}}
+	list := func(g int) ([]int, error) { return groups[g], nil }
+	read := func(pid int) (uint64, uint64, error) {
+		if pid == 12 || pid == 20 {
+			return 0, 0, errors.New("no such process") // exited after the listing
+		}
+		return uint64(pid) << 20, uint64(pid) * 1000, nil
+	}
+	got, err := sumGroups([]int{10, 20, 30}, list, read)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int]Sample{10: {CPUNanos: 21000, RSSBytes: 21 << 20, WorkingSetBytes: 21 << 20, Processes: 2}}
+	if !maps.Equal(got, want) {
+		t.Errorf("sumGroups = %+v, want %+v", got, want)
+	}
+	if _, err := sumGroups([]int{10}, func(int) ([]int, error) { return nil, errors.New("sysctl refused") }, read); err == nil {
+		t.Error("a group that cannot be listed gave a reading")
 	}
 }

@@ -1,8 +1,7 @@
 // Package stats samples the CPU time and memory of a container for
 // ListPodStats (kubectl top, /stats/summary): from its cgroup where it has
-// one, else summed over its process group from /proc on Linux; on darwin
-// the process-group sampler is a seam that compiles (proc_pid_rusage comes
-// with the resource sampler on the roadmap).
+// one, else summed over its process group: from /proc on Linux, with
+// proc_pid_rusage over sysctl kern.proc.pgrp's list on darwin.
 package stats
 
 import (

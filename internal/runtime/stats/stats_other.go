@@ -1,6 +1,6 @@
-//go:build !linux
+//go:build !linux && !darwin
 
 package stats
 
-// processGroups on darwin and others: the seam for proc_pid_rusage.
+// processGroups elsewhere: not implemented.
 func processGroups(pgids []int) (map[int]Sample, error) { return nil, ErrUnsupported }
