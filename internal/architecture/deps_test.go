@@ -159,3 +159,24 @@ func TestNetdStaysSmall(t *testing.T) {
 		}
 	}
 }
+
+// The helm SDK runs in k3sm-helm, a binary of its own: linked into k3sm,
+// its package initialisation (~3.5 MB of allocations: jsonschema,
+// govalidator, ...) would be paid by every process of the server.
+func TestK3smDoesNotLinkHelm(t *testing.T) {
+	pkgs := list(t, "./cmd/k3sm", "./cmd/k3sm-helm")
+	k3sm := pkgs[module+"cmd/k3sm"]
+	if k3sm.ImportPath == "" {
+		t.Fatal("cmd/k3sm not listed")
+	}
+	for _, d := range k3sm.Deps {
+		if strings.HasPrefix(d, "helm.sh/helm/") || d == module+"internal/server/deploy/helmop" {
+			t.Errorf("k3sm links %s: helm operations belong in k3sm-helm (internal/server/deploy/helmop), reached through internal/server/deploy/helmwire", d)
+		}
+	}
+	// The helper is the one that links it, so the check above looks for
+	// the right import path.
+	if !slices.ContainsFunc(pkgs[module+"cmd/k3sm-helm"].Deps, func(d string) bool { return strings.HasPrefix(d, "helm.sh/helm/v3/pkg/action") }) {
+		t.Error("cmd/k3sm-helm does not link helm.sh/helm/v3/pkg/action: is the helm SDK still where this test looks for it?")
+	}
+}

@@ -1,25 +1,15 @@
 package deploy
 
 import (
-	"bytes"
 	"context"
 	_ "embed"
-	"encoding/base64"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
 
-	"helm.sh/helm/v3/pkg/action"
-	"helm.sh/helm/v3/pkg/chart"
-	"helm.sh/helm/v3/pkg/chart/loader"
-	"helm.sh/helm/v3/pkg/release"
-	"helm.sh/helm/v3/pkg/storage/driver"
+	"github.com/k3sm-dev/k3sm/internal/server/deploy/helmwire"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -59,14 +49,17 @@ var HelmChartConfigGVR = schema.GroupVersionResource{Group: "helm.cattle.io", Ve
 const Finalizer = "helm.cattle.io/k3sm-uninstall"
 
 // Fields of k3s's HelmChart that k3sm accepts and ignores: they drive k3s's
-// helm Job, which k3sm does not run (helm runs in the server).
+// helm Job, which k3sm does not run (helm runs in k3sm-helm, beside k3sm).
 var ignoredFields = []string{"jobImage", "bootstrap", "helmVersion", "backOffLimit", "podSecurityContext", "securityContext"}
 
-// Charts reconciles HelmCharts with helm releases.
+// Charts reconciles HelmCharts with helm releases. The controller runs in
+// k3sm; each helm operation runs in the helper binary k3sm-helm.
 type Charts struct {
-	RC     *rest.Config
-	Log    *slog.Logger
-	Resync time.Duration // how often every chart is checked again (its release may have been removed)
+	RC         *rest.Config
+	Kubeconfig string // the file of RC's credentials, for k3sm-helm
+	Helper     string // k3sm-helm's path (HelperPath)
+	Log        *slog.Logger
+	Resync     time.Duration // how often every chart is checked again (its release may have been removed)
 
 	dyn     dynamic.Interface
 	kube    kubernetes.Interface // the Secrets and ConfigMaps a HelmChart names; its Events
@@ -86,6 +79,11 @@ func (c *Charts) Run(ctx context.Context) error {
 	}
 	if c.Resync <= 0 {
 		c.Resync = 5 * time.Minute
+	}
+	if err := checkHelper(c.Helper); err != nil {
+		// Not fatal: a cluster without HelmCharts never needs it, and each
+		// HelmChart's status says the same.
+		c.Log.Warn("HelmCharts cannot be installed", "err", err)
 	}
 	c.queue = workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[string](2*time.Second, 2*time.Minute))
 	f := dynamicinformer.NewDynamicSharedInformerFactory(c.dyn, c.Resync)
@@ -227,19 +225,13 @@ func (c *Charts) sync(ctx context.Context, key string) error {
 	hc := obj.(*unstructured.Unstructured).DeepCopy()
 	target := targetNamespace(hc)
 	name := hc.GetName()
-	cfg, err := c.actionConfig(target)
-	if err != nil {
-		return err
-	}
 	ri := c.dyn.Resource(HelmChartGVR).Namespace(hc.GetNamespace())
 	if hc.GetDeletionTimestamp() != nil {
 		if !slices.Contains(hc.GetFinalizers(), Finalizer) {
 			return nil
 		}
-		un := action.NewUninstall(cfg)
-		un.Wait = false
-		if _, err := un.Run(name); err != nil && !errors.Is(err, driver.ErrReleaseNotFound) {
-			return c.fail(ctx, hc, "UninstallFailed", err)
+		if _, err := c.helm(ctx, &helmwire.Request{Op: helmwire.OpUninstall, Release: name, Namespace: target}); err != nil {
+			return c.fail(ctx, hc, reason(err, "UninstallFailed"), err)
 		}
 		c.Log.Info("helm release uninstalled", "helmchart", key, "release", name, "namespace", target)
 		hc.SetFinalizers(slices.DeleteFunc(hc.GetFinalizers(), func(s string) bool { return s == Finalizer }))
@@ -260,10 +252,8 @@ func (c *Charts) sync(ctx context.Context, key string) error {
 	if err != nil {
 		return c.fail(ctx, hc, "InvalidValues", err)
 	}
-	vals, err := values(layers, hc)
-	if err != nil {
-		return c.fail(ctx, hc, "InvalidValues", err)
-	}
+	set, _, _ := unstructured.NestedMap(hc.Object, "spec", "set")
+	vals := mergeValues(layers)
 	digest, err := valuesDigest(layers, hc)
 	if err != nil {
 		return c.fail(ctx, hc, "InvalidValues", err)
@@ -274,14 +264,20 @@ func (c *Charts) sync(ctx context.Context, key string) error {
 	observed, _, _ := unstructured.NestedInt64(hc.Object, "status", "observedGeneration")
 	revision, _, _ := unstructured.NestedInt64(hc.Object, "status", "revision")
 	applied, _, _ := unstructured.NestedString(hc.Object, "status", "valuesDigest")
-	if observed == hc.GetGeneration() && revision > 0 {
-		if rel, err := action.NewGet(cfg).Run(name); err == nil && rel.Version == int(revision) && rel.Info.Status == release.StatusDeployed {
-			if applied == digest {
+	// Deployed before status.valuesDigest existed: the release's own
+	// values tell whether it is current; record the digest then.
+	legacy := applied == ""
+	if observed == hc.GetGeneration() && revision > 0 && (applied == digest || legacy) {
+		rel, err := c.helm(ctx, &helmwire.Request{Op: helmwire.OpRelease, Release: name, Namespace: target,
+			Values: vals, Set: set, CompareValues: legacy})
+		switch {
+		case err != nil && stageOf(err) != helmwire.StageRelease:
+			return c.fail(ctx, hc, reason(err, "InvalidValues"), err)
+		case err == nil && rel.Found && rel.Revision == int(revision) && rel.Deployed:
+			if !legacy {
 				return nil
 			}
-			// Deployed before status.valuesDigest existed: the release's own
-			// values tell whether it is current; record the digest then.
-			if applied == "" && sameValues(rel.Config, vals) {
+			if rel.SameValues {
 				st, _, _ := unstructured.NestedMap(hc.Object, "status")
 				st["valuesDigest"] = digest
 				return c.setStatus(ctx, hc, st)
@@ -289,22 +285,24 @@ func (c *Charts) sync(ctx context.Context, key string) error {
 		}
 	}
 
-	ch, err := c.loadChart(ctx, hc)
-	if err != nil {
-		return c.fail(ctx, hc, "ChartNotLoaded", err)
+	req := &helmwire.Request{Op: helmwire.OpDeploy, Release: name, Namespace: target, Values: vals, Set: set, Timeout: 5 * time.Minute}
+	req.CreateNamespace, _, _ = unstructured.NestedBool(hc.Object, "spec", "createNamespace")
+	if req.ChartContent, _, _ = unstructured.NestedString(hc.Object, "spec", "chartContent"); req.ChartContent == "" {
+		if req.Source, err = readSource(ctx, c.kube, hc); err != nil {
+			return c.fail(ctx, hc, "ChartNotLoaded", err)
+		}
 	}
-	timeout := 5 * time.Minute
 	if s, _, _ := unstructured.NestedString(hc.Object, "spec", "timeout"); s != "" {
-		if timeout, err = time.ParseDuration(s); err != nil {
+		if req.Timeout, err = time.ParseDuration(s); err != nil {
 			return c.fail(ctx, hc, "InvalidTimeout", fmt.Errorf("spec.timeout %q: use a Go duration such as 5m", s))
 		}
 	}
-	rel, err := c.installOrUpgrade(ctx, cfg, hc, name, target, ch, vals, timeout)
+	rel, err := c.helm(ctx, req)
 	if err != nil {
-		return c.fail(ctx, hc, "InstallFailed", err)
+		return c.fail(ctx, hc, reason(err, "InstallFailed"), err)
 	}
-	c.Log.Info("helm release deployed", "helmchart", key, "release", name, "namespace", target, "revision", rel.Version, "chart", ch.Metadata.Name+"-"+ch.Metadata.Version)
-	msg := fmt.Sprintf("release %s revision %d: chart %s-%s deployed", name, rel.Version, ch.Metadata.Name, ch.Metadata.Version)
+	c.Log.Info("helm release deployed", "helmchart", key, "release", name, "namespace", target, "revision", rel.Revision, "chart", rel.ChartName+"-"+rel.ChartVersion)
+	msg := fmt.Sprintf("release %s revision %d: chart %s-%s deployed", name, rel.Revision, rel.ChartName, rel.ChartVersion)
 	if ign := ignored(hc); len(ign) > 0 {
 		msg += "; ignored (k3s helm Job settings): " + strings.Join(ign, ", ")
 	}
@@ -312,8 +310,8 @@ func (c *Charts) sync(ctx context.Context, key string) error {
 		"observedGeneration": hc.GetGeneration(),
 		"releaseName":        name,
 		"targetNamespace":    target,
-		"revision":           int64(rel.Version),
-		"chartVersion":       ch.Metadata.Version,
+		"revision":           int64(rel.Revision),
+		"chartVersion":       rel.ChartVersion,
 		"valuesDigest":       digest,
 		"conditions": []any{
 			condition("Ready", "True", "Deployed", msg),
@@ -322,32 +320,22 @@ func (c *Charts) sync(ctx context.Context, key string) error {
 	})
 }
 
-func (c *Charts) installOrUpgrade(ctx context.Context, cfg *action.Configuration, hc *unstructured.Unstructured, name, target string, ch *chart.Chart, vals map[string]any, timeout time.Duration) (*release.Release, error) {
-	hist := action.NewHistory(cfg)
-	hist.Max = 1
-	rels, err := hist.Run(name)
-	if errors.Is(err, driver.ErrReleaseNotFound) || (err == nil && len(rels) == 0) {
-		in := action.NewInstall(cfg)
-		in.ReleaseName, in.Namespace, in.Timeout = name, target, timeout
-		in.CreateNamespace, _, _ = unstructured.NestedBool(hc.Object, "spec", "createNamespace")
-		return in.RunWithContext(ctx, ch, vals)
+// reason is the status reason of a failed k3sm-helm call: by the stage
+// that failed, as the in-process controller named them, or def.
+func reason(err error, def string) string {
+	switch stageOf(err) {
+	case helmwire.StageValues:
+		return "InvalidValues"
+	case helmwire.StageChart:
+		return "ChartNotLoaded"
+	case helmwire.StageInstall:
+		return "InstallFailed"
+	case helmwire.StageUninstall:
+		return "UninstallFailed"
+	case "":
+		return "HelperFailed"
 	}
-	if err != nil {
-		return nil, err
-	}
-	up := action.NewUpgrade(cfg)
-	up.Namespace, up.Timeout, up.MaxHistory = target, timeout, 10
-	rel, err := up.RunWithContext(ctx, name, ch, vals)
-	if err != nil && strings.Contains(err.Error(), "has no deployed releases") {
-		// A first install that failed leaves nothing to upgrade: start over.
-		if _, uerr := action.NewUninstall(cfg).Run(name); uerr != nil && !errors.Is(uerr, driver.ErrReleaseNotFound) {
-			return nil, uerr
-		}
-		in := action.NewInstall(cfg)
-		in.ReleaseName, in.Namespace, in.Timeout = name, target, timeout
-		return in.RunWithContext(ctx, ch, vals)
-	}
-	return rel, err
+	return def
 }
 
 func targetNamespace(hc *unstructured.Unstructured) string {
@@ -366,54 +354,6 @@ func ignored(hc *unstructured.Unstructured) []string {
 		}
 	}
 	return out
-}
-
-// loadChart reads the chart from spec.chartContent, or from the source
-// spec.chart names (a repository, an OCI registry or a URL) with the
-// credentials and CAs its Secrets and ConfigMap hold.
-func (c *Charts) loadChart(ctx context.Context, hc *unstructured.Unstructured) (*chart.Chart, error) {
-	if content, _, _ := unstructured.NestedString(hc.Object, "spec", "chartContent"); content != "" {
-		raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(content))
-		if err != nil {
-			return nil, fmt.Errorf("spec.chartContent is not base64 (make it with `base64 -w0 chart.tgz`): %w", err)
-		}
-		ch, err := loader.LoadArchive(bytes.NewReader(raw))
-		if err != nil {
-			return nil, fmt.Errorf("spec.chartContent: %w", err)
-		}
-		return ch, nil
-	}
-	src, err := readSource(ctx, c.kube, hc)
-	if err != nil {
-		return nil, err
-	}
-	tmp, err := os.MkdirTemp("", "k3sm-helm-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(tmp)
-	return src.fetch(tmp)
-}
-
-// sameValues compares values as JSON (helm stores a release's values as
-// JSON, so numbers come back as float64).
-func sameValues(a, b map[string]any) bool {
-	if a == nil {
-		a = map[string]any{}
-	}
-	if b == nil {
-		b = map[string]any{}
-	}
-	ja, err1 := json.Marshal(a)
-	jb, err2 := json.Marshal(b)
-	if err1 != nil || err2 != nil {
-		return false
-	}
-	var na, nb any
-	if json.Unmarshal(ja, &na) != nil || json.Unmarshal(jb, &nb) != nil {
-		return false
-	}
-	return reflect.DeepEqual(na, nb)
 }
 
 func condition(typ, status, reason, msg string) map[string]any {
@@ -468,13 +408,4 @@ func (c *Charts) setStatus(ctx context.Context, hc *unstructured.Unstructured, s
 	}
 	_, err := c.dyn.Resource(HelmChartGVR).Namespace(hc.GetNamespace()).UpdateStatus(ctx, hc, metav1.UpdateOptions{})
 	return err
-}
-
-func (c *Charts) actionConfig(namespace string) (*action.Configuration, error) {
-	cfg := new(action.Configuration)
-	log := func(format string, v ...any) { c.Log.Debug("helm: " + fmt.Sprintf(format, v...)) }
-	if err := cfg.Init(newGetter(c.RC, namespace), namespace, "secret", log); err != nil {
-		return nil, err
-	}
-	return cfg, nil
 }

@@ -6,15 +6,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"sort"
 
-	"helm.sh/helm/v3/pkg/chartutil"
-	"helm.sh/helm/v3/pkg/strvals"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/yaml"
 )
 
 // secretRef is one entry of spec.valuesSecrets.
@@ -91,7 +89,7 @@ func valueLayers(ctx context.Context, get secretGetter, hc, cfg *unstructured.Un
 	var out []layer
 	for _, s := range specs {
 		if content, _ := s.spec["valuesContent"].(string); content != "" {
-			v, err := chartutil.ReadValues([]byte(content))
+			v, err := readValues([]byte(content))
 			if err != nil {
 				return nil, fmt.Errorf("%sspec.valuesContent: %w", s.owner, err)
 			}
@@ -132,7 +130,7 @@ func valueLayers(ctx context.Context, get secretGetter, hc, cfg *unstructured.Un
 					}
 					return nil, fmt.Errorf("%s: Secret %s/%s has no key %s (it has %s): add the key, or remove it from keys", field, ns, r.Name, k, keyList(sec.Data))
 				}
-				v, err := chartutil.ReadValues(data)
+				v, err := readValues(data)
 				if err != nil {
 					return nil, fmt.Errorf("%s: Secret %s/%s key %s is not a YAML values document: %w", field, ns, r.Name, k, err)
 				}
@@ -149,6 +147,18 @@ func specOf(u *unstructured.Unstructured) map[string]any {
 		return map[string]any{}
 	}
 	return spec
+}
+
+// readValues parses a values document as helm's chartutil.ReadValues
+// does (YAML through JSON, so numbers are float64; empty is {}), without
+// linking helm into k3sm.
+func readValues(data []byte) (map[string]any, error) {
+	var v map[string]any
+	err := yaml.Unmarshal(data, &v)
+	if len(v) == 0 {
+		v = map[string]any{}
+	}
+	return v, err
 }
 
 // mergeValues merges the layers as helm merges repeated -f files: maps
@@ -176,30 +186,6 @@ func mergeInto(dst, src map[string]any) map[string]any {
 	return dst
 }
 
-// applySet applies spec.set over vals, keys in sorted order, as helm --set
-// (strings as --set-string).
-func applySet(hc *unstructured.Unstructured, vals map[string]any) error {
-	set, _, _ := unstructured.NestedMap(hc.Object, "spec", "set")
-	keys := make([]string, 0, len(set))
-	for k := range set {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		var err error
-		switch v := set[k].(type) {
-		case string:
-			err = strvals.ParseIntoString(k+"="+v, vals)
-		default:
-			err = strvals.ParseInto(fmt.Sprintf("%s=%v", k, v), vals)
-		}
-		if err != nil {
-			return fmt.Errorf("spec.set.%s: %w", k, err)
-		}
-	}
-	return nil
-}
-
 // valuesDigest is a SHA-256 over what decides the release's values: each
 // layer's source and content, and spec.set. Secrets with ignoreUpdates are
 // left out, so neither their content nor their creation upgrades alone.
@@ -225,15 +211,6 @@ func valuesDigest(layers []layer, hc *unstructured.Unstructured) (string, error)
 	}
 	sum := sha256.Sum256(b)
 	return "sha256:" + hex.EncodeToString(sum[:]), nil
-}
-
-// values are the layers merged, then spec.set.
-func values(layers []layer, hc *unstructured.Unstructured) (map[string]any, error) {
-	vals := mergeValues(layers)
-	if err := applySet(hc, vals); err != nil {
-		return nil, err
-	}
-	return vals, nil
 }
 
 // valuesSecretNames are the Secrets whose changes upgrade the chart: the

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"helm.sh/helm/v3/pkg/chartutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -80,10 +81,8 @@ func TestValueLayersOrder(t *testing.T) {
 	if !reflect.DeepEqual(sources, want) {
 		t.Fatalf("layers\n%q\nwant\n%q", sources, want)
 	}
-	vals, err := values(layers, hc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// spec.set is applied over these by k3sm-helm (helmop's tests).
+	vals := mergeValues(layers)
 	if vals["who"] != "cfg-s3d" {
 		t.Errorf("who = %v, want the HelmChartConfig's last Secret", vals["who"])
 	}
@@ -94,19 +93,6 @@ func TestValueLayersOrder(t *testing.T) {
 	}
 	if n := vals["nested"]; !reflect.DeepEqual(n, map[string]any{"x": "s1a", "w": "cfg", "z": "content"}) {
 		t.Errorf("nested = %v: maps must merge key by key", n)
-	}
-	if vals["setonly"] != "true" {
-		t.Errorf("spec.set not applied: %v", vals)
-	}
-
-	// spec.set wins over every layer, the HelmChartConfig's too.
-	_ = unstructured.SetNestedField(hc.Object, map[string]any{"who": "set", "nested.x": "set"}, "spec", "set")
-	vals, err = values(layers, hc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if vals["who"] != "set" || vals["nested"].(map[string]any)["x"] != "set" {
-		t.Errorf("spec.set did not win: %v", vals)
 	}
 
 	// Without the HelmChartConfig the HelmChart's last Secret wins.
@@ -228,14 +214,15 @@ func TestValuesDigest(t *testing.T) {
 	}
 }
 
-func TestSameValuesComparesAsJSON(t *testing.T) {
-	if !sameValues(map[string]any{"n": int64(1), "m": map[string]any{"f": 1.5}}, map[string]any{"n": float64(1), "m": map[string]any{"f": 1.5}}) {
-		t.Error("int64 1 and float64 1 differ")
-	}
-	if !sameValues(nil, map[string]any{}) {
-		t.Error("no values and empty values differ")
-	}
-	if sameValues(map[string]any{"a": "1"}, map[string]any{"a": "2"}) {
-		t.Error("different values are the same")
+// readValues stands in for helm's chartutil.ReadValues, which k3sm no
+// longer links: the values, and so status.valuesDigest of releases already
+// deployed, must not change.
+func TestReadValuesIsHelms(t *testing.T) {
+	for _, doc := range []string{"", "a: 1\nb: [x, 2.5, {c: true}]\nd: {e: null}\n", "# only a comment\n", "big: 1000000\nneg: -3\ns: '007'\n", "- a list\n", "a: [\n"} {
+		want, werr := chartutil.ReadValues([]byte(doc))
+		got, gerr := readValues([]byte(doc))
+		if (werr == nil) != (gerr == nil) || (werr == nil && !reflect.DeepEqual(got, map[string]any(want))) {
+			t.Errorf("%q: got %#v, %v; helm reads %#v, %v", doc, got, gerr, want, werr)
+		}
 	}
 }

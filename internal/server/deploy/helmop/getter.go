@@ -1,4 +1,4 @@
-package deploy
+package helmop
 
 import (
 	"k8s.io/apimachinery/pkg/api/meta"
