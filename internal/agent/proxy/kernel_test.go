@@ -308,9 +308,10 @@ func (d *recordingDP) SetServices(_ dataplane.Node, svcs []dataplane.Service) er
 	return nil
 }
 
-// NetdKernel through a real netd server (its dataplane recorded): 300
-// Services of 5 endpoints, more than one frame, arrive whole.
-func TestNetdKernel(t *testing.T) {
+// recordedNetd starts a real netd server whose dataplane records what it
+// is given, configured with ranges, and returns its client.
+func recordedNetd(t *testing.T, ranges wire.ConfigureArgs) (*recordingDP, *client.Client) {
+	t.Helper()
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "run", "netd.sock")
 	dp := &recordingDP{}
@@ -320,11 +321,18 @@ func TestNetdKernel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Close()
+	t.Cleanup(func() { srv.Close() })
 	c := client.New(sock)
-	if _, err := c.ConfigureRanges(context.Background(), wireRanges()); err != nil {
+	if _, err := c.ConfigureRanges(context.Background(), ranges); err != nil {
 		t.Fatal(err)
 	}
+	return dp, c
+}
+
+// NetdKernel through a real netd server (its dataplane recorded): 300
+// Services of 5 endpoints, more than one frame, arrive whole.
+func TestNetdKernel(t *testing.T) {
+	dp, c := recordedNetd(t, wireRanges())
 	var set []KernelService
 	for i := range 300 {
 		s := KernelService{Protocol: tcp, IP: netip.AddrFrom4([4]byte{10, 43, byte(i / 250), byte(i%250 + 1)}), Port: 80}
@@ -354,22 +362,9 @@ func TestNetdKernel(t *testing.T) {
 // the Service range only marked external, and never a link-local one or
 // one of the pod ranges, naming the field.
 func TestNetdKernelExternalIPs(t *testing.T) {
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "run", "netd.sock")
-	dp := &recordingDP{}
-	srv, err := server.Start(server.Config{Socket: sock, StateFile: filepath.Join(dir, "state.json"), NetNSDir: filepath.Join(dir, "netns"),
-		AllowedUID: os.Getuid(), NewDataplane: func() (dataplane.Dataplane, error) { return dp, nil },
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	c := client.New(sock)
 	ranges := wireRanges()
 	ranges.ClusterCIDR = "100.64.0.0/10"
-	if _, err := c.ConfigureRanges(context.Background(), ranges); err != nil {
-		t.Fatal(err)
-	}
+	dp, c := recordedNetd(t, ranges)
 	k := NetdKernel{Client: c}
 	ep := []netip.AddrPort{netip.MustParseAddrPort("100.64.0.5:8080")}
 	ext := func(ip string, external bool) []KernelService {
@@ -537,20 +532,7 @@ func TestKernelNodeAddresses(t *testing.T) {
 // Local, and refuses a node port outside 30000-32767 and a Local endpoint
 // that is not a pod of the node.
 func TestNetdKernelNodePorts(t *testing.T) {
-	dir := t.TempDir()
-	sock := filepath.Join(dir, "run", "netd.sock")
-	dp := &recordingDP{}
-	srv, err := server.Start(server.Config{Socket: sock, StateFile: filepath.Join(dir, "state.json"), NetNSDir: filepath.Join(dir, "netns"),
-		AllowedUID: os.Getuid(), NewDataplane: func() (dataplane.Dataplane, error) { return dp, nil },
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	c := client.New(sock)
-	if _, err := c.ConfigureRanges(context.Background(), wireRanges()); err != nil {
-		t.Fatal(err)
-	}
+	dp, c := recordedNetd(t, wireRanges())
 	k := NetdKernel{Client: c}
 	node := netip.MustParseAddr("192.168.1.5")
 	ep := []netip.AddrPort{netip.MustParseAddrPort("100.64.0.5:8080")}
