@@ -235,7 +235,7 @@ require (
 	k8s.io/cluster-bootstrap v0.0.0 // indirect
 	k8s.io/component-base v0.37.2
 	k8s.io/component-helpers v0.37.2 // indirect
-	k8s.io/controller-manager v0.37.2 // indirect
+	k8s.io/controller-manager v0.37.2
 	k8s.io/cri-api v0.37.2 // indirect
 	k8s.io/cri-client v0.0.0 // indirect
 	k8s.io/csi-translation-lib v0.0.0 // indirect

@@ -148,7 +148,7 @@ func verdict(ok bool) string {
 
 // addonRoles are the child roles beyond the control plane seen in any k3sm run.
 func addonRoles(runs []*run) []string {
-	core := map[string]bool{"kine": true, "kube-apiserver": true, "kube-scheduler": true, "kube-controller-manager": true}
+	core := map[string]bool{"kine": true, "kube-apiserver": true, "kube-scheduler": true, "kube-controller-manager": true, "kube-controllers": true}
 	seen := map[string]bool{}
 	var out []string
 	for _, x := range runs {

@@ -340,6 +340,11 @@ func (b *bench) startK3sm(dir string) (*run, *k3smServer, error) {
 	res.APISpawn = spawnOffset(pids, "kube-apiserver")
 	res.SchedSpawn = spawnOffset(pids, "kube-scheduler")
 	res.CMSpawn = spawnOffset(pids, "kube-controller-manager")
+	// Both in one process since issue 17; a binary from before runs them apart.
+	if res.SchedSpawn < 0 && res.CMSpawn < 0 {
+		res.SchedSpawn = spawnOffset(pids, "kube-controllers")
+		res.CMSpawn = res.SchedSpawn
+	}
 	res.Spawn = map[string]time.Duration{}
 	for _, p := range pids[1:] {
 		if r := role(p); r != "?" {

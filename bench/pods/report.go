@@ -450,7 +450,7 @@ func renderCPU(sb *strings.Builder, rs []*burstResult) {
 	if len(seen) == 0 {
 		return
 	}
-	order := []string{"kube-apiserver", "kine", "kube-scheduler", "kube-controller-manager", "server", "node", "runtimed", "k3sm-shim",
+	order := []string{"kube-apiserver", "kine", "kube-scheduler", "kube-controller-manager", "kube-controllers", "server", "node", "runtimed", "k3sm-shim",
 		"kubelet", "containerd", "containerd-shim-runc-v2", "runc", "pause", "workload", reapedRole, "bench"}
 	var roles []string
 	for _, r := range order {

@@ -28,8 +28,12 @@ const (
 	APIServer         = "kube-apiserver"
 	Scheduler         = "kube-scheduler"
 	ControllerManager = "kube-controller-manager"
-	Runtime           = "runtimed"
-	Node              = "node"
+	// Controllers runs kube-scheduler and kube-controller-manager in one
+	// process (ControllersConfig): each process of the big binary costs
+	// ~17 MiB of package initialisation alone.
+	Controllers = "kube-controllers"
+	Runtime     = "runtimed"
+	Node        = "node"
 	// Netd is k3sm-netd, the root network helper: a binary of its own
 	// (`k3sm-netd --config=<file>`), not a role of the k3sm binary.
 	Netd = netdconfig.Role
@@ -46,6 +50,23 @@ type KineConfig struct {
 	Listen string `json:"listen"`
 	// Endpoint is the datastore (sqlite://path?params).
 	Endpoint string `json:"endpoint"`
+}
+
+// ControllersConfig is the Controllers role: the command line of each
+// upstream component, without its name.
+type ControllersConfig struct {
+	Scheduler         []string `json:"scheduler"`
+	ControllerManager []string `json:"controllerManager"`
+}
+
+// ProcessFlags are the flags of kube-scheduler and kube-controller-manager
+// that set process-wide state (klog, the feature gates, the emulated
+// version): sharing a process, both must be given the same values. The
+// Controllers role refuses to start if upstream has one not listed here.
+var ProcessFlags = []string{
+	"feature-gates", "emulated-version", "min-compatibility-version",
+	"v", "vmodule", "logging-format", "log-flush-frequency",
+	"log-text-split-stream", "log-text-info-buffer-size", "log-json-split-stream", "log-json-info-buffer-size",
 }
 
 // RuntimeConfig is the runtime daemon role.

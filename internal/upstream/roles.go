@@ -1,6 +1,6 @@
 // Package upstream runs the upstream programs linked into the k3sm binary:
-// kube-apiserver, kube-scheduler, kube-controller-manager and kine as hidden
-// roles the supervisor re-executes the binary with (`k3sm kube-apiserver
+// kube-apiserver, kube-scheduler, kube-controller-manager (alone, or both
+// in one process: controllers.go) and kine as hidden roles the supervisor re-executes the binary with (`k3sm kube-apiserver
 // ...`), and kubectl for `k3sm kubectl`. It is the only package that
 // imports k8s.io/kubernetes' commands; keep tests out of it, since linking
 // the control plane takes minutes.
@@ -32,6 +32,7 @@ func Roles() map[string]func(args []string) int {
 		roleconfig.APIServer:         runCobra(apiserverapp.NewAPIServerCommand),
 		roleconfig.Scheduler:         runCobra(func() *cobra.Command { return schedulerapp.NewSchedulerCommand() }),
 		roleconfig.ControllerManager: runCobra(cmapp.NewControllerManagerCommand),
+		roleconfig.Controllers:       runControllers,
 	}
 }
 

@@ -3,6 +3,7 @@ package e2e
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -51,24 +53,52 @@ func TestServerAPI(t *testing.T) {
 			t.Fatalf("nodePort 20080 with --kube-apiserver-arg=service-node-port-range=20000-32767: %v", err)
 		}
 		c.CoreV1().Services("default").Delete(cx, "low-nodeport", metav1.DeleteOptions{})
-		for role, want := range map[string]string{"kube-controller-manager": "--kube-api-qps=150", "kube-scheduler": "--v=1"} {
-			pids := s.childPids(role)
-			if len(pids) != 1 {
-				t.Fatalf("%s: %d processes", role, len(pids))
-			}
-			raw, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pids[0]))
-			args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-			n := 0
-			for _, a := range args {
-				if strings.HasPrefix(a, strings.SplitN(want, "=", 2)[0]+"=") {
-					n++
-					if a != want {
-						t.Errorf("%s runs with %s, want %s", role, a, want)
+		// The scheduler and controller-manager share a process, so the
+		// scheduler's --v is the controller-manager's too.
+		rc := controllersConfig(t, s)
+		for _, tc := range []struct {
+			role string
+			args []string
+			want []string
+		}{
+			{"kube-controller-manager", rc.ControllerManager, []string{"--kube-api-qps=150", "--v=1"}},
+			{"kube-scheduler", rc.Scheduler, []string{"--v=1"}},
+		} {
+			for _, want := range tc.want {
+				n := 0
+				for _, a := range tc.args {
+					if strings.HasPrefix(a, strings.SplitN(want, "=", 2)[0]+"=") {
+						n++
+						if a != want {
+							t.Errorf("%s runs with %s, want %s", tc.role, a, want)
+						}
 					}
 				}
+				if n != 1 {
+					t.Errorf("%s: %d of %s in %q", tc.role, n, want, tc.args)
+				}
 			}
-			if n != 1 {
-				t.Errorf("%s: %d of %s in %q", role, n, want, args)
+		}
+		// What the running process parsed: at --v=1 each component logs its flags.
+		log := readFile(t, filepath.Join(s.dataDir, "logs", "kube-controllers.log"))
+		for _, want := range []string{`FLAG: --kube-api-qps="150"`, `FLAG: --config="` + filepath.Join(s.dataDir, "run", "kube-scheduler.json") + `"`} {
+			if !strings.Contains(log, want) {
+				t.Errorf("kube-controllers.log lacks %s", want)
+			}
+		}
+	})
+
+	// One process runs the scheduler and the controller-manager, and serves
+	// both their health endpoints (issue 17: a process of the big binary
+	// costs ~17 MiB).
+	t.Run("scheduler and controller-manager in one process", func(t *testing.T) {
+		pid := oneControllersProcess(t, s)
+		for _, port := range []int{s.ports[1], s.ports[2]} {
+			if err := healthz(s, port); err != nil {
+				t.Error(err)
+			}
+			if !listensOn(t, pid, port) {
+				t.Errorf("port %d is not served by the kube-controllers process %d", port, pid)
 			}
 		}
 	})
@@ -177,7 +207,7 @@ func TestServerAPI(t *testing.T) {
 		if _, err := c.CoreV1().ServiceAccounts("default").Get(cx, "default", metav1.GetOptions{}); err != nil {
 			t.Error(err)
 		}
-		node, sched := s.childPids("node"), s.childPids("kube-scheduler")
+		node, sched := s.childPids("node"), s.childPids("kube-controllers")
 		if len(node) != 1 || len(sched) != 1 {
 			t.Fatalf("node pids %v, scheduler pids %v", node, sched)
 		}
@@ -391,7 +421,7 @@ func TestServerAPI(t *testing.T) {
 	})
 
 	t.Run("narrowed controllers", func(t *testing.T) {
-		out := readFile(t, filepath.Join(s.dataDir, "logs", "kube-controller-manager.log"))
+		out := readFile(t, filepath.Join(s.dataDir, "logs", "kube-controllers.log"))
 		if !strings.Contains(out, "persistentvolume-attach-detach-controller") {
 			t.Fatalf("controller-manager log does not mention the disabled attach/detach controller")
 		}
@@ -442,7 +472,7 @@ func TestRestartAndCrashRecovery(t *testing.T) {
 	}
 	mk("before-restart")
 	children := map[string][]int{}
-	for _, role := range []string{"kine", "kube-apiserver", "kube-scheduler", "kube-controller-manager"} {
+	for _, role := range []string{"kine", "kube-apiserver", "kube-controllers"} {
 		children[role] = s.childPids(role)
 		if len(children[role]) != 1 {
 			t.Fatalf("want one %s child, found %v", role, children[role])
@@ -478,9 +508,129 @@ func TestRestartAndCrashRecovery(t *testing.T) {
 		}
 		mk("after-kill-" + role)
 	}
+	// A kill -9 of the process running the scheduler and controller-manager
+	// brings both back, in one new process, and both work: a new pod is
+	// scheduled, a new namespace gets its kube-root-ca.crt.
+	pid := oneControllersProcess(t, s)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Minute, "scheduler and controller-manager back after kill -9", func() error {
+		if now := s.childPids("kube-controllers"); len(now) != 1 || now[0] == pid {
+			return fmt.Errorf("kube-controllers processes %v (killed %d)", now, pid)
+		}
+		for _, port := range []int{s.ports[1], s.ports[2]} {
+			if err := healthz(s, port); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	pid = oneControllersProcess(t, s)
+	for _, port := range []int{s.ports[1], s.ports[2]} {
+		if !listensOn(t, pid, port) {
+			t.Errorf("port %d is not served by the new kube-controllers process %d", port, pid)
+		}
+	}
+	c := s.client()
+	if _, err := c.CoreV1().Namespaces().Create(cx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "after-kill"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Scheduled, never run: its registry is a closed loopback port.
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "after-kill"}, Spec: corev1.PodSpec{
+		Containers: []corev1.Container{{Name: "c", Image: "127.0.0.1:1/none:1"}}}}
+	if _, err := c.CoreV1().Pods("after-kill").Create(cx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "pod scheduled and kube-root-ca.crt published after the restart", func() error {
+		p, err := c.CoreV1().Pods("after-kill").Get(cx, "after-kill", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if p.Spec.NodeName == "" {
+			return fmt.Errorf("pod not scheduled")
+		}
+		_, err = c.CoreV1().ConfigMaps("after-kill").Get(cx, "kube-root-ca.crt", metav1.GetOptions{})
+		return err
+	})
 	if !strings.Contains(s.output(), "component exited; restarting") {
 		t.Fatalf("supervisor log does not say why it restarted:\n%s", s.output())
 	}
+}
+
+// controllersConfig reads the role config of the process that runs the
+// scheduler and controller-manager.
+func controllersConfig(t *testing.T, s *server) roleconfig.ControllersConfig {
+	t.Helper()
+	var rc roleconfig.ControllersConfig
+	if err := json.Unmarshal([]byte(readFile(t, filepath.Join(s.dataDir, "run", "kube-controllers.json"))), &rc); err != nil {
+		t.Fatal(err)
+	}
+	return rc
+}
+
+// oneControllersProcess returns the pid of the one process running the
+// scheduler and controller-manager, and fails if either runs apart.
+func oneControllersProcess(t *testing.T, s *server) int {
+	t.Helper()
+	pids := s.childPids("kube-controllers")
+	if len(pids) != 1 {
+		t.Fatalf("kube-controllers processes: %v, want one", pids)
+	}
+	for _, role := range []string{"kube-scheduler", "kube-controller-manager"} {
+		if apart := s.childPids(role); len(apart) != 0 {
+			t.Fatalf("%s runs in a process of its own: %v", role, apart)
+		}
+	}
+	return pids[0]
+}
+
+// healthz GETs a loopback /healthz verified against the server CA, as the
+// supervisor's readiness check does.
+func healthz(s *server, port int) error {
+	pem, err := os.ReadFile(filepath.Join(s.dataDir, "server", "tls", "server-ca.crt"))
+	if err != nil {
+		return err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DisableKeepAlives: true}}
+	resp, err := hc.Get(fmt.Sprintf("https://127.0.0.1:%d/healthz", port))
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("127.0.0.1:%d/healthz: %s", port, resp.Status)
+	}
+	return nil
+}
+
+// listensOn reports whether pid holds the socket listening on 127.0.0.1:port.
+func listensOn(t *testing.T, pid, port int) bool {
+	t.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/tcp", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inode := ""
+	for _, line := range strings.Split(string(data), "\n")[1:] {
+		f := strings.Fields(line)
+		// local_address 0100007F:PORT, state 0A (LISTEN), inode
+		if len(f) > 9 && f[1] == fmt.Sprintf("0100007F:%04X", port) && f[3] == "0A" {
+			inode = f[9]
+		}
+	}
+	if inode == "" {
+		return false
+	}
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for _, fd := range fds {
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && l == "socket:["+inode+"]" {
+			return true
+		}
+	}
+	return false
 }
 
 // TestBadInput: every refusal names the flag and leaves no server running.
@@ -513,6 +663,13 @@ func TestBadInput(t *testing.T) {
 	t.Run("unknown component flag", func(t *testing.T) {
 		out := run(t, append(base(t.TempDir()), "--kube-controller-manager-arg", "no-such-flag=1")...)
 		if !strings.Contains(out, "--kube-controller-manager-arg") || !strings.Contains(out, "kube-controller-manager has no flag --no-such-flag") {
+			t.Fatalf("got: %s", out)
+		}
+	})
+	// The scheduler and controller-manager share a process and its logger.
+	t.Run("different process-wide flags", func(t *testing.T) {
+		out := run(t, append(base(t.TempDir()), "--kube-scheduler-arg", "v=2", "--kube-controller-manager-arg", "v=4")...)
+		if !strings.Contains(out, "--kube-scheduler-arg") || !strings.Contains(out, "run in one process") {
 			t.Fatalf("got: %s", out)
 		}
 	})

@@ -111,25 +111,26 @@ func TestStatusLifecycle(t *testing.T) {
 			t.Errorf("no line for %s in the text output", n)
 		}
 	}
-	if got := component(r, "kube-scheduler").Pid; !slicesContains(s.childPids("kube-scheduler"), got) {
-		t.Errorf("scheduler pid %d is not the scheduler's (%v)", got, s.childPids("kube-scheduler"))
+	// The scheduler and controller-manager run in one process.
+	ctrl := oneControllersProcess(t, s)
+	for _, n := range []string{"kube-scheduler", "kube-controller-manager"} {
+		if c := component(r, n); c.Pid != ctrl || !strings.Contains(c.Detail, "kube-controllers.log") {
+			t.Errorf("%s: %+v, want pid %d (kube-controllers) and its log named", n, c, ctrl)
+		}
 	}
 	if r.Server == nil || r.Server.Pid != s.cmd.Process.Pid || r.Server.Node != "e2e-node" {
 		t.Errorf("server: %+v, want pid %d node e2e-node", r.Server, s.cmd.Process.Pid)
 	}
 
-	// A hung scheduler (stopped, not dead: the supervisor does not restart
-	// it) is degraded, and healthy again once it runs.
-	sched := s.childPids("kube-scheduler")
-	if len(sched) != 1 {
-		t.Fatalf("scheduler pids: %v", sched)
-	}
-	if err := syscall.Kill(sched[0], syscall.SIGSTOP); err != nil {
+	// A hung scheduler and controller-manager (stopped, not dead: the
+	// supervisor does not restart them) are degraded, and healthy again
+	// once they run.
+	if err := syscall.Kill(ctrl, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	r, code = statusJSON(t, s.dataDir)
-	syscall.Kill(sched[0], syscall.SIGCONT)
-	if code != 4 || r.State != status.Degraded || component(r, "kube-scheduler").Health != status.Unhealthy {
+	syscall.Kill(ctrl, syscall.SIGCONT)
+	if code != 4 || r.State != status.Degraded || component(r, "kube-scheduler").Health != status.Unhealthy || component(r, "kube-controller-manager").Health != status.Unhealthy {
 		t.Fatalf("hung scheduler: exit %d, %+v", code, r)
 	}
 	if c := component(r, "kube-apiserver"); c.Health != status.OK {
@@ -143,12 +144,10 @@ func TestStatusLifecycle(t *testing.T) {
 		return nil
 	})
 
-	// A killed controller-manager: degraded until the supervisor's restart
-	// serves again, then running with one restart.
-	cm := s.childPids("kube-controller-manager")
-	if len(cm) != 1 {
-		t.Fatalf("controller-manager pids: %v", cm)
-	}
+	// A killed controller-manager (and with it the scheduler): degraded
+	// until the supervisor's restart serves again, then running with one
+	// restart.
+	cm := []int{oneControllersProcess(t, s)}
 	if err := syscall.Kill(cm[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -170,6 +169,10 @@ func TestStatusLifecycle(t *testing.T) {
 		return nil
 	})
 	t.Logf("killed controller-manager: degraded seen: %v; after: %+v", sawDegraded, after)
+	r, _ = statusJSON(t, s.dataDir)
+	if sc := component(r, "kube-scheduler"); sc.Health != status.OK || sc.Pid != after.Pid || sc.Restarts != after.Restarts {
+		t.Errorf("scheduler after the restart: %+v, want ok in the controller-manager's new process %d", sc, after.Pid)
+	}
 	if !strings.Contains(after.Detail, "restarted 1x, last killed by signal") {
 		t.Errorf("the restart's cause is not in the detail: %q", after.Detail)
 	}
@@ -197,15 +200,6 @@ func TestStatusLifecycle(t *testing.T) {
 			t.Errorf("%s left after the server stopped: %v", f, err)
 		}
 	}
-}
-
-func slicesContains(xs []int, x int) bool {
-	for _, v := range xs {
-		if v == x {
-			return true
-		}
-	}
-	return false
 }
 
 func doctorCheck(r *doctor.Report, name string) doctor.Check {

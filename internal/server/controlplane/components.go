@@ -60,8 +60,8 @@ func NewPlane(cfg *Config) (*Plane, error) {
 	return p, nil
 }
 
-// Kine writes kine's role config and returns its component; APIServer,
-// Scheduler and ControllerManager follow it in start order.
+// Kine writes kine's role config and returns its component; APIServer and
+// Controllers follow it in start order.
 func (p *Plane) Kine() (supervisor.Component, error) {
 	l := p.Layout
 	args, err := roleconfig.Write(l.RoleConfig(roleconfig.Kine), roleconfig.KineConfig{
@@ -73,17 +73,20 @@ func (p *Plane) Kine() (supervisor.Component, error) {
 }
 func (p *Plane) APIServer() supervisor.Component { return apiserver{p} }
 
-// Scheduler writes the scheduler's configuration file and returns its
-// component.
-func (p *Plane) Scheduler() (supervisor.Component, error) {
-	path := p.Layout.RoleConfig(roleconfig.Scheduler)
-	if err := atomicfile.WriteFile(path, schedulerConfig(p.Layout.Cred("scheduler")), 0o600); err != nil {
-		return nil, fmt.Errorf("kube-scheduler configuration: %w", err)
+// Controllers writes the scheduler's configuration file and the role
+// config of the process that runs the scheduler and the controller-manager
+// (roleconfig.Controllers), and returns its component.
+func (p *Plane) Controllers() (supervisor.Component, error) {
+	sched, err := p.SchedulerArgs()
+	if err != nil {
+		return nil, err
 	}
-	return scheduler{p, path}, nil
-}
-func (p *Plane) ControllerManager() supervisor.Component {
-	return controllerManager{p}
+	sched, cm := shareProcessFlags(sched, controllerManager{p}.Args())
+	args, err := roleconfig.Write(p.Layout.RoleConfig(roleconfig.Controllers), roleconfig.ControllersConfig{Scheduler: sched, ControllerManager: cm})
+	if err != nil {
+		return nil, err
+	}
+	return controllers{p, args}, nil
 }
 
 type kine struct {
@@ -174,11 +177,6 @@ func (a apiserver) Ready(ctx context.Context) error {
 	return a.p.probe(ctx, a.p.Cfg.LocalAPIURL()+"/readyz", true)
 }
 
-type scheduler struct {
-	p      *Plane
-	config string
-}
-
 // schedulerQPS is the scheduler's client rate limit: upstream's 50
 // requests/s paces a burst of pods (a binding and an Event each). One
 // local apiserver serves it.
@@ -202,22 +200,23 @@ func schedulerConfig(kubeconfig string) []byte {
 	return append(data, '\n')
 }
 
-func (s scheduler) Name() string { return roleconfig.Scheduler }
-func (s scheduler) Command() supervisor.Command {
-	kc := s.p.Layout.Cred("scheduler")
-	args := withExtraArgs([]string{
-		"--config=" + s.config,
+// SchedulerArgs writes the scheduler's configuration file and returns its
+// command line.
+func (p *Plane) SchedulerArgs() ([]string, error) {
+	path := p.Layout.RoleConfig(roleconfig.Scheduler)
+	if err := atomicfile.WriteFile(path, schedulerConfig(p.Layout.Cred("scheduler")), 0o600); err != nil {
+		return nil, fmt.Errorf("kube-scheduler configuration: %w", err)
+	}
+	kc := p.Layout.Cred("scheduler")
+	return withExtraArgs([]string{
+		"--config=" + path,
 		"--authentication-kubeconfig=" + kc,
 		"--authorization-kubeconfig=" + kc,
 		"--bind-address=127.0.0.1",
-		fmt.Sprintf("--secure-port=%d", s.p.Cfg.SchedulerPort),
-		"--tls-cert-file=" + s.p.SchedulerServing.CertPath,
-		"--tls-private-key-file=" + s.p.SchedulerServing.KeyPath,
-	}, s.p.Cfg.ExtraArgs[roleconfig.Scheduler])
-	return supervisor.Command{Path: s.p.Cfg.Executable, Dir: s.p.Layout.ServerDir(), Args: append([]string{roleconfig.Scheduler}, args...), Settle: true}
-}
-func (s scheduler) Ready(ctx context.Context) error {
-	return s.p.probe(ctx, fmt.Sprintf("https://127.0.0.1:%d/healthz", s.p.Cfg.SchedulerPort), false)
+		fmt.Sprintf("--secure-port=%d", p.Cfg.SchedulerPort),
+		"--tls-cert-file=" + p.SchedulerServing.CertPath,
+		"--tls-private-key-file=" + p.SchedulerServing.KeyPath,
+	}, p.Cfg.ExtraArgs[roleconfig.Scheduler]), nil
 }
 
 type controllerManager struct{ p *Plane }
@@ -225,8 +224,6 @@ type controllerManager struct{ p *Plane }
 // controllerManagerQPS is the controller-manager's client rate limit. One
 // local apiserver serves it; the limit only guards against a runaway loop.
 const controllerManagerQPS = 200
-
-func (c controllerManager) Name() string { return roleconfig.ControllerManager }
 
 // Args is the kube-controller-manager command line.
 func (c controllerManager) Args() []string {
@@ -272,11 +269,24 @@ func (c controllerManager) Args() []string {
 	}, cfg.ExtraArgs[roleconfig.ControllerManager])
 }
 
-func (c controllerManager) Command() supervisor.Command {
-	return supervisor.Command{Path: c.p.Cfg.Executable, Args: append([]string{roleconfig.ControllerManager}, c.Args()...), Dir: c.p.Layout.ServerDir(), Settle: true}
+// controllers is kube-scheduler and kube-controller-manager in one process:
+// ready when both answer their /healthz.
+type controllers struct {
+	p    *Plane
+	args []string
 }
-func (c controllerManager) Ready(ctx context.Context) error {
-	return c.p.probe(ctx, fmt.Sprintf("https://127.0.0.1:%d/healthz", c.p.Cfg.ControllerManagerPort), false)
+
+func (c controllers) Name() string { return roleconfig.Controllers }
+func (c controllers) Command() supervisor.Command {
+	return supervisor.Command{Path: c.p.Cfg.Executable, Args: append([]string{roleconfig.Controllers}, c.args...), Dir: c.p.Layout.ServerDir(), Settle: true}
+}
+func (c controllers) Ready(ctx context.Context) error {
+	for _, port := range []int{c.p.Cfg.SchedulerPort, c.p.Cfg.ControllerManagerPort} {
+		if err := c.p.probe(ctx, fmt.Sprintf("https://127.0.0.1:%d/healthz", port), false); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // probe GETs url over TLS verified against the server CA, optionally as admin.

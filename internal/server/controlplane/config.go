@@ -234,6 +234,7 @@ func (c *Config) Validate() error {
 		add("node-name", c.NodeName, "not a valid Kubernetes node name", "use lower-case letters, digits, '-' and '.'")
 	}
 	c.validateExtraArgs(add)
+	c.validateProcessFlags(add)
 	c.Disk.Validate(add)
 	c.Ops.validate(c.DataDir, add)
 	return errors.Join(errs...)

@@ -132,12 +132,12 @@ func TestControllerManagerIsNotThrottled(t *testing.T) {
 // with the client rate and the settings its flags used to carry.
 func TestSchedulerConfigLoads(t *testing.T) {
 	p := testPlane(t)
-	comp, err := p.Scheduler()
+	args, err := p.SchedulerArgs()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var path string
-	for _, a := range comp.Command().Args {
+	for _, a := range args {
 		if v, ok := strings.CutPrefix(a, "--config="); ok {
 			path = v
 		}

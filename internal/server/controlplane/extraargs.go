@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
@@ -125,6 +126,55 @@ func (c *Config) validateExtraArgs(add func(flag, value, problem, fix string)) {
 			case a.appendTo && f.Value.Type() == "bool":
 				add(ExtraArgFlags[role], s, "--"+a.name+" of "+role+" is a boolean, not a list", "pass "+a.name+"=true or "+a.name+"=false")
 			}
+		}
+	}
+}
+
+// shareProcessFlags gives each of the scheduler's and controller-manager's
+// command lines the process-wide flags (roleconfig.ProcessFlags) the other
+// has and it lacks: they run in one process, with one klog and one set of
+// feature gates, so a user's --kube-controller-manager-arg=v=4 applies to
+// both. validateProcessFlags refuses two different values.
+func shareProcessFlags(sched, cm []string) ([]string, []string) {
+	of := func(args []string) map[string][]string {
+		m := map[string][]string{}
+		for _, a := range args {
+			if n := flagName(a); slices.Contains(roleconfig.ProcessFlags, n) {
+				m[n] = append(m[n], a)
+			}
+		}
+		return m
+	}
+	s, c := of(sched), of(cm)
+	for _, n := range roleconfig.ProcessFlags {
+		if len(c[n]) == 0 {
+			cm = append(cm, s[n]...)
+		}
+		if len(s[n]) == 0 {
+			sched = append(sched, c[n]...)
+		}
+	}
+	return sched, cm
+}
+
+// validateProcessFlags refuses a process-wide flag given to the scheduler
+// and the controller-manager with different values: they share a process.
+func (c *Config) validateProcessFlags(add func(flag, value, problem, fix string)) {
+	values := func(role string) map[string][]string {
+		m := map[string][]string{}
+		for _, s := range c.ExtraArgs[role] {
+			if a, err := parseExtraArg(s); err == nil && slices.Contains(roleconfig.ProcessFlags, a.name) {
+				m[a.name] = append(m[a.name], a.String())
+			}
+		}
+		return m
+	}
+	s, cm := values(roleconfig.Scheduler), values(roleconfig.ControllerManager)
+	for _, n := range roleconfig.ProcessFlags {
+		if len(s[n]) > 0 && len(cm[n]) > 0 && !slices.Equal(s[n], cm[n]) {
+			add(ExtraArgFlags[roleconfig.Scheduler], strings.Join(s[n], " "),
+				"kube-scheduler and kube-controller-manager run in one process, with one logger and one set of feature gates, but --"+n+" differs: "+strings.Join(cm[n], " ")+" for kube-controller-manager",
+				"give --"+n+" to one of them only (it applies to both), or the same to both")
 		}
 	}
 }

@@ -52,14 +52,19 @@ func TestExtraArgsInComponentCommands(t *testing.T) {
 	if !strings.Contains(api, "--enable-admission-plugins=NodeRestriction,PodNodeSelector") || !strings.HasSuffix(api, " --v=3") {
 		t.Errorf("kube-apiserver command line lacks the extra args: %s", api)
 	}
-	s, err := p.Scheduler()
+	ctrl, err := p.Controllers()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if args := s.Command().Args; args[0] != roleconfig.Scheduler || args[len(args)-1] != "--v=4" {
+	rc := readControllersConfig(t, ctrl.Command().Args)
+	if args := rc.Scheduler; args[len(args)-1] != "--v=4" {
 		t.Errorf("kube-scheduler command line: %q", args)
 	}
-	cm := p.ControllerManager().Command().Args
+	cm := rc.ControllerManager
+	// One process, one klog: the scheduler's verbosity is the controller-manager's too.
+	if cm[len(cm)-1] != "--v=4" {
+		t.Errorf("kube-controller-manager command line does not share the scheduler's --v: %q", cm)
+	}
 	var qps []string
 	for _, a := range cm {
 		if strings.HasPrefix(a, "--kube-api-qps=") || strings.HasPrefix(a, "--kube-api-burst=") {
@@ -68,6 +73,55 @@ func TestExtraArgsInComponentCommands(t *testing.T) {
 	}
 	if want := []string{"--kube-api-qps=20", "--kube-api-burst=30"}; !reflect.DeepEqual(qps, want) {
 		t.Errorf("controller-manager rate flags %q, want only the user's %q", qps, want)
+	}
+}
+
+// readControllersConfig reads the role config the Controllers command
+// (`kube-controllers --config=FILE`) names.
+func readControllersConfig(t *testing.T, args []string) roleconfig.ControllersConfig {
+	t.Helper()
+	if len(args) != 2 || args[0] != roleconfig.Controllers {
+		t.Fatalf("controllers command line %q", args)
+	}
+	var rc roleconfig.ControllersConfig
+	if err := roleconfig.Read(args[0], args[1:], &rc); err != nil {
+		t.Fatal(err)
+	}
+	return rc
+}
+
+// The scheduler and controller-manager share a process: a process-wide flag
+// given to one is given to both, and two different values are refused.
+func TestProcessFlagsShared(t *testing.T) {
+	sched, cm := shareProcessFlags(
+		[]string{"--config=c", "--feature-gates=A=true", "--feature-gates=B=false"},
+		[]string{"--kube-api-qps=5", "--v=3", "--vmodule=x=2"})
+	if want := []string{"--config=c", "--feature-gates=A=true", "--feature-gates=B=false", "--v=3", "--vmodule=x=2"}; !reflect.DeepEqual(sched, want) {
+		t.Errorf("scheduler %q, want %q", sched, want)
+	}
+	if want := []string{"--kube-api-qps=5", "--v=3", "--vmodule=x=2", "--feature-gates=A=true", "--feature-gates=B=false"}; !reflect.DeepEqual(cm, want) {
+		t.Errorf("controller-manager %q, want %q", cm, want)
+	}
+	for _, tc := range []struct {
+		sched, cm []string
+		ok        bool
+	}{
+		{[]string{"v=2"}, []string{"--v=2", "kube-api-qps=5"}, true},
+		{[]string{"v=2"}, nil, true},
+		{[]string{"v=2"}, []string{"v=4"}, false},
+		{[]string{"feature-gates=A=true"}, []string{"feature-gates=A=false"}, false},
+		{[]string{"feature-gates=A=true", "feature-gates=B=true"}, []string{"feature-gates=A=true"}, false},
+		{[]string{"kube-api-qps=1"}, []string{"kube-api-qps=2"}, true}, // each its own client
+	} {
+		cfg := testConfig(t)
+		cfg.ExtraArgs = map[string][]string{roleconfig.Scheduler: tc.sched, roleconfig.ControllerManager: tc.cm}
+		err := cfg.Validate()
+		if tc.ok != (err == nil) {
+			t.Errorf("scheduler %q, controller-manager %q: %v", tc.sched, tc.cm, err)
+		}
+		if err != nil && !strings.Contains(err.Error(), "run in one process") {
+			t.Errorf("error does not say why: %v", err)
+		}
 	}
 }
 

@@ -47,8 +47,8 @@ type Server struct {
 }
 
 // Run brings up kine, the apiserver (waiting for /readyz), verifies
-// authorization fail-closed, then starts scheduler and controller-manager and
-// any addons. It blocks until ctx ends, then stops every child.
+// authorization fail-closed, then starts the scheduler and controller-manager
+// (one process) and any addons. It blocks until ctx ends, then stops every child.
 func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) error {
 	start := time.Now()
 	if err := cfg.Validate(); err != nil {
@@ -111,18 +111,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 	}
 	log.Info("apiserver ready", "after", time.Since(start).Round(time.Millisecond).String())
 
-	// The scheduler and controller-manager start while authorization is
-	// verified: they serve no users, and if verification fails everything
-	// is stopped, so the server still never runs unverified.
-	schedComp, err := p.Scheduler()
+	// The scheduler and controller-manager (one process) start while
+	// authorization is verified: they serve no users, and if verification
+	// fails everything is stopped, so the server still never runs unverified.
+	ctrlComp, err := p.Controllers()
 	if err != nil {
 		return err
 	}
-	sched, err := sup.Start(ctx, schedComp)
-	if err != nil {
-		return err
-	}
-	cm, err := sup.Start(ctx, p.ControllerManager())
+	ctrl, err := sup.Start(ctx, ctrlComp)
 	if err != nil {
 		return err
 	}
@@ -154,13 +150,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 			}
 		}
 	}
-	for _, ch := range []*supervisor.Child{sched, cm} {
-		wctx, cancel := context.WithTimeout(ctx, componentReadyTimeout)
-		err := ch.WaitReady(wctx)
-		cancel()
-		if err != nil {
-			return err
-		}
+	wctx, cancel := context.WithTimeout(ctx, componentReadyTimeout)
+	err = ctrl.WaitReady(wctx)
+	cancel()
+	if err != nil {
+		return err
 	}
 	log.Debug("scheduler and controller-manager healthy")
 	for _, addon := range addons {
@@ -180,7 +174,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 	wcancel()
 	dcancel()
 	if err != nil {
-		return fmt.Errorf("%w (see %s)", err, sup.LogDir+"/kube-controller-manager.log")
+		return fmt.Errorf("%w (see %s)", err, ctrl.LogPath())
 	}
 	log.Info(fmt.Sprintf("k3sm is up in %s: API %s, kubeconfig %s, data %s, logs %s",
 		time.Since(start).Round(time.Millisecond), cfg.LocalAPIURL(), p.Layout.AdminKubeconfig(), cfg.DataDir, p.Layout.LogDir()))

@@ -178,7 +178,13 @@ func (r *Report) checkRunning(ctx context.Context, l datadir.Layout, pid int, ti
 	}
 	for _, pr := range probes {
 		c := Component{Name: pr.name}
-		ch, ok := children[pr.name]
+		// The child (and its log) the component runs in: the scheduler and
+		// controller-manager share one (roleconfig.Controllers).
+		child := pr.name
+		if _, shared := children[roleconfig.Controllers]; shared && (pr.name == roleconfig.Scheduler || pr.name == roleconfig.ControllerManager) {
+			child = roleconfig.Controllers
+		}
+		ch, ok := children[child]
 		switch {
 		case !ok && pr.name == roleconfig.Netd:
 			c.Health, c.Detail = Off, "pods share the node's network (no k3sm-netd: not root, or --pod-network host)"
@@ -186,16 +192,19 @@ func (r *Report) checkRunning(ctx context.Context, l datadir.Layout, pid int, ti
 			c.Health, c.Detail = Down, "not started by the server (yet): see "+l.ServerLog()
 		case ok && (ch.Pid == 0 || !alive(ch.Pid)):
 			c.Health, c.Restarts = Down, ch.Restarts
-			c.Detail = "exited (" + orUnknown(ch.LastExit) + "); the server restarts it: see " + l.LogDir() + "/" + pr.name + ".log"
+			c.Detail = "exited (" + orUnknown(ch.LastExit) + "); the server restarts it: see " + l.LogDir() + "/" + child + ".log"
 		default:
 			c.Pid, c.Restarts = ch.Pid, ch.Restarts
 			pctx, cancel := context.WithTimeout(ctx, timeout)
 			detail, err := pr.probe(pctx)
 			cancel()
 			if err != nil {
-				c.Health, c.Detail = Unhealthy, err.Error()+": see "+l.LogDir()+"/"+pr.name+".log"
+				c.Health, c.Detail = Unhealthy, err.Error()+": see "+l.LogDir()+"/"+child+".log"
 			} else {
 				c.Health, c.Detail = OK, detail
+				if child != pr.name {
+					c.Detail = join(c.Detail, "in process "+child+", log "+l.LogDir()+"/"+child+".log")
+				}
 				if ch.Restarts > 0 && ch.LastExit != "" {
 					c.Detail = join(c.Detail, "restarted "+strconv.Itoa(ch.Restarts)+"x, last "+ch.LastExit)
 				}
