@@ -21,7 +21,7 @@ LDFLAGS := -s -w \
 	-X github.com/k3sm-dev/k3sm/internal/version.Version=$(VERSION) \
 	-X github.com/k3sm-dev/k3sm/internal/version.GitCommit=$(COMMIT)
 
-BINARIES := bin/k3sm bin/k3sm-shim bin/k3sm-netd bin/k3sm-helm bin/klimax
+BINARIES := bin/k3sm bin/k3sm-runtimed bin/k3sm-shim bin/k3sm-netd bin/k3sm-helm bin/klimax
 
 .PHONY: all build run test test-unit test-e2e test-integration fuzz-netd darwin vet bench clean node-image FORCE
 all: build
@@ -29,6 +29,10 @@ build: $(BINARIES)
 
 bin/k3sm: FORCE
 	$(GO) build -ldflags '$(LDFLAGS)' -o $@ ./cmd/k3sm
+# The runtime daemon, kept out of bin/k3sm so that its long-lived process
+# does not carry the control plane; it reports the runtime's version.
+bin/k3sm-runtimed: FORCE
+	$(GO) build -ldflags '-s -w -X github.com/k3sm-dev/k3sm/internal/version.Version=$(VERSION) -X github.com/k3sm-dev/k3sm/internal/version.GitCommit=$(COMMIT)' -o $@ ./cmd/k3sm-runtimed
 bin/k3sm-shim: FORCE
 	$(GO) build -ldflags '-s -w' -o $@ ./cmd/k3sm-shim
 bin/k3sm-netd: FORCE
@@ -41,7 +45,7 @@ bin/klimax: FORCE
 	$(GO) build -ldflags '-s -w -X github.com/k3sm-dev/k3sm/internal/version.Version=$(VERSION)' -o $@ ./cmd/klimax
 
 # A single-node cluster in the foreground; Ctrl-C stops it.
-run: bin/k3sm bin/k3sm-shim bin/k3sm-netd bin/k3sm-helm
+run: bin/k3sm bin/k3sm-runtimed bin/k3sm-shim bin/k3sm-netd bin/k3sm-helm
 	./bin/k3sm server $(SERVER_ARGS)
 
 # Everything CI runs: vet, unit tests (with -race where there is
@@ -69,7 +73,7 @@ fuzz-netd:
 test-integration:
 	$(GO) test -count=1 -run Integration -timeout 20m $(UNIT_PKGS)
 
-test-e2e: bin/k3sm bin/k3sm-shim bin/k3sm-netd bin/k3sm-helm
+test-e2e: bin/k3sm bin/k3sm-runtimed bin/k3sm-shim bin/k3sm-netd bin/k3sm-helm
 	@mkdir -p _output
 	K3SM_BIN=$(CURDIR)/bin/k3sm $(GO) test -count=1 -v -timeout 40m ./test/e2e/... 2>&1 | tee _output/e2e.log | \
 		grep -E '^(=== RUN|\s*--- |PASS|FAIL|ok|panic)|_test\.go:[0-9]+:' ; exit $${PIPESTATUS[0]}
@@ -83,7 +87,7 @@ node-image:
 darwin:
 	GOOS=darwin GOARCH=arm64 CGO_ENABLED=0 $(GO) build ./...
 
-bench: bin/k3sm bin/k3sm-shim bin/k3sm-netd bin/k3sm-helm
+bench: bin/k3sm bin/k3sm-runtimed bin/k3sm-shim bin/k3sm-netd bin/k3sm-helm
 	K3SM_BIN=$(CURDIR)/bin/k3sm ./bench/run.sh
 
 clean:

@@ -11,7 +11,6 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/agent/node"
 	"github.com/k3sm-dev/k3sm/internal/k3smcmd"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
-	"github.com/k3sm-dev/k3sm/internal/runtime/daemon"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
 	"github.com/k3sm-dev/k3sm/internal/server/localnode"
 	"github.com/k3sm-dev/k3sm/internal/upstream"
@@ -19,7 +18,6 @@ import (
 
 func main() {
 	roles := upstream.Roles()
-	roles[roleconfig.Runtime] = daemon.Main
 	roles[roleconfig.Node] = node.Main
 	if len(os.Args) > 1 {
 		if run, ok := roles[os.Args[1]]; ok {

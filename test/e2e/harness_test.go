@@ -219,7 +219,8 @@ func (s *server) kubectl(args ...string) (string, error) {
 	return string(out), err
 }
 
-// childPids returns the pids of this server's children running role.
+// childPids returns the pids of this server's children running role: a
+// hidden role of k3sm (argv[1]), or runtimed, a binary of its own.
 func (s *server) childPids(role string) []int {
 	var pids []int
 	entries, _ := os.ReadDir("/proc")
@@ -233,7 +234,7 @@ func (s *server) childPids(role string) []int {
 			continue
 		}
 		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
-		if len(args) < 2 || args[1] != role {
+		if len(args) < 2 || (args[1] != role && filepath.Base(args[0]) != "k3sm-"+role) {
 			continue
 		}
 		if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && strings.Contains(string(stat), ") Z ") {

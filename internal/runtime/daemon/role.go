@@ -14,7 +14,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/version"
 )
 
-// Main is the runtime daemon role's entry point (`k3sm runtimed
+// Main is the runtime daemon role's entry point (`k3sm-runtimed
 // --config=<file>`, started by the supervisor); it returns the exit code.
 func Main(args []string) int {
 	supervisor.RunAsChild()

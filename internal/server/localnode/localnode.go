@@ -193,6 +193,10 @@ func startRuntime(ctx context.Context, p *controlplane.Plane, sup *supervisor.Su
 	if err != nil {
 		return nil, metrics, err
 	}
+	bin, err := runtimedPath(p.Cfg.Executable)
+	if err != nil {
+		return nil, metrics, err
+	}
 	if p.Cfg.DNSConfig != "" {
 		if _, err := dns.LoadForwardFile(p.Cfg.DNSConfig, p.Cfg.ClusterDomain); err != nil {
 			return nil, metrics, fmt.Errorf("--dns-config: %w", err)
@@ -220,7 +224,7 @@ func startRuntime(ctx context.Context, p *controlplane.Plane, sup *supervisor.Su
 	if err != nil {
 		return nil, metrics, err
 	}
-	rt, err := sup.Start(ctx, runtimeComponent{p, args})
+	rt, err := sup.Start(ctx, runtimeComponent{bin, p, args})
 	return rt, metrics, err
 }
 
@@ -269,13 +273,14 @@ func apiServiceIP(serviceCIDR string) string {
 }
 
 type runtimeComponent struct {
+	bin  string
 	p    *controlplane.Plane
 	args []string
 }
 
 func (r runtimeComponent) Name() string { return roleconfig.Runtime }
 func (r runtimeComponent) Command() supervisor.Command {
-	return supervisor.Command{Path: r.p.Cfg.Executable, Dir: r.p.Cfg.DataDir, Args: append([]string{roleconfig.Runtime}, r.args...), Settle: true}
+	return supervisor.Command{Path: r.bin, Dir: r.p.Cfg.DataDir, Args: r.args, Settle: true}
 }
 func (r runtimeComponent) Ready(ctx context.Context) error {
 	c, err := (&net.Dialer{}).DialContext(ctx, "unix", r.p.Layout.RuntimeSocket())

@@ -28,6 +28,21 @@ func netdPath(exe string) (string, error) {
 	return p, nil
 }
 
+// RuntimedBinary is the runtime daemon's file name, next to the k3sm
+// executable: a small binary of its own, so that its long-lived process does
+// not carry the control plane's packages.
+const RuntimedBinary = "k3sm-runtimed"
+
+// runtimedPath finds k3sm-runtimed beside exe.
+func runtimedPath(exe string) (string, error) {
+	p := filepath.Join(filepath.Dir(exe), RuntimedBinary)
+	fi, err := os.Stat(p)
+	if err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+		return "", fmt.Errorf("runtime: %s not found next to %s: build it (make bin/%s, or go build -o %s ./cmd/%s)", RuntimedBinary, exe, RuntimedBinary, p, RuntimedBinary)
+	}
+	return p, nil
+}
+
 // startNetd writes netd's role config and starts it; it returns once netd
 // accepts calls, so the runtime's first pod finds it.
 func startNetd(ctx context.Context, p *controlplane.Plane, sup *supervisor.Supervisor) error {
