@@ -30,7 +30,7 @@ func newInstall() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "install [server flags]",
 		Short: "Run k3sm at boot: install the binaries and the service, start it, merge the admin kubeconfig",
-		Long: `Install copies k3sm, k3sm-shim, k3sm-netd and k3sm-helm to ` + install.LibDir + ` (linked from
+		Long: `Install copies k3sm, k3sm-runtimed, k3sm-shim, k3sm-netd and k3sm-helm to ` + install.LibDir + ` (linked from
 ` + install.BinLink + `), writes the service (Linux: systemd ` + install.SystemdUnit + `, as root; macOS:
 the LaunchDaemons ` + install.LabelNetd + ` and ` + install.LabelServer + ` as ` + install.ServiceUser + `), starts it, waits for the
 cluster and merges the admin kubeconfig into the invoking user's ~/.kube/config. Every

@@ -166,7 +166,7 @@ func TestInstallSystemd(t *testing.T) {
 	n := newSystemdNode(t)
 	bin := filepath.Dir(k3smBin)
 	n.must("mkdir", "-p", "/root/k3sm-bin")
-	for _, b := range []string{"k3sm", "k3sm-shim", "k3sm-netd", "k3sm-helm"} {
+	for _, b := range []string{"k3sm", "k3sm-runtimed", "k3sm-shim", "k3sm-netd", "k3sm-helm"} {
 		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
 			t.Fatalf("%v: build it with make bin/%s", err, b)
 		}

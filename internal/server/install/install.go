@@ -183,7 +183,7 @@ func fileSum(path string) ([]byte, error) {
 func copyBinary(m *Manifest, src, dst string) (bool, error) {
 	ss, err := fileSum(src)
 	if err != nil {
-		return false, fmt.Errorf("binary to install: %w (build it: make bin/k3sm bin/k3sm-shim bin/k3sm-netd bin/k3sm-helm)", err)
+		return false, fmt.Errorf("binary to install: %w (build it: make bin/k3sm bin/k3sm-runtimed bin/k3sm-shim bin/k3sm-netd bin/k3sm-helm)", err)
 	}
 	m.add(dst, "file")
 	if ds, err := fileSum(dst); err == nil && bytes.Equal(ss, ds) {

@@ -13,8 +13,8 @@ import (
 )
 
 // Fixed locations. Binaries live together in LibDir because the server
-// finds k3sm-shim, k3sm-netd and k3sm-helm next to its own (resolved)
-// executable; BinLink puts `k3sm` on $PATH.
+// finds k3sm-runtimed, k3sm-shim, k3sm-netd and k3sm-helm next to its own
+// (resolved) executable; BinLink puts `k3sm` on $PATH.
 const (
 	LibDir       = "/usr/local/lib/k3sm"
 	BinLink      = "/usr/local/bin/k3sm"
@@ -24,7 +24,7 @@ const (
 )
 
 // Binaries are the programs install copies into LibDir.
-var Binaries = []string{"k3sm", "k3sm-shim", "k3sm-netd", "k3sm-helm"}
+var Binaries = []string{"k3sm", "k3sm-runtimed", "k3sm-shim", "k3sm-netd", "k3sm-helm"}
 
 // File is one service definition a Service renders.
 type File struct {
