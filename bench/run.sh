@@ -69,7 +69,7 @@ pods() {
 	# (issue 12; root only, in this network namespace; its programs come from bench/peer-bin.sh or
 	# `make node-image`, else it is skipped with a message; -peer=false in K3SM_BENCH_PODS_ARGS skips it).
 	if [[ ! -x $K3SM_BIN ]]; then
-		echo "bench: $K3SM_BIN is missing; build it with 'make bin/k3sm bin/k3sm-shim bin/k3sm-netd' or set K3SM_BIN" >&2
+		echo "bench: $K3SM_BIN is missing; build it with 'make bin/k3sm bin/k3sm-runtimed bin/k3sm-shim bin/k3sm-netd' or set K3SM_BIN" >&2
 		return 1
 	fi
 	$GO build -o _output/bench/pods ./bench/pods

@@ -168,9 +168,9 @@ func runBench(o options) error {
 			return err
 		}
 		// The runtime daemon looks for its shim, and the server for
-		// k3sm-netd (the pod network as root) and k3sm-helm (HelmCharts),
-		// next to the executable.
-		for _, helper := range []string{"k3sm-shim", "k3sm-netd", "k3sm-helm"} {
+		// k3sm-runtimed, k3sm-netd (the pod network as root) and k3sm-helm
+		// (HelmCharts), next to the executable.
+		for _, helper := range []string{"k3sm-runtimed", "k3sm-shim", "k3sm-netd", "k3sm-helm"} {
 			if src := filepath.Join(filepath.Dir(bin), helper); fileExists(src) {
 				if err := copyFile(src, filepath.Join(work, helper)); err != nil {
 					return err

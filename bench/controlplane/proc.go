@@ -87,13 +87,16 @@ func cmdline(pid int) ([]string, error) {
 
 // role names a k3sm process by its hidden role (argv[1]); the supervisor
 // itself is "server". A helper binary of its own (k3sm-netd) is named by
-// its executable.
+// its executable, but k3sm-runtimed keeps its role's name "runtimed", as
+// before it left the k3sm binary, so results stay comparable.
 func role(pid int) string {
 	args, err := cmdline(pid)
 	if err != nil || len(args) < 2 {
 		return "?"
 	}
-	if base := filepath.Base(args[0]); strings.HasPrefix(base, "k3sm-") {
+	if base := filepath.Base(args[0]); base == "k3sm-runtimed" {
+		return "runtimed"
+	} else if strings.HasPrefix(base, "k3sm-") {
 		return base
 	}
 	return args[1]

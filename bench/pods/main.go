@@ -134,9 +134,10 @@ func run(ctx context.Context, o options) (err error) {
 		return err
 	}
 	shim := filepath.Join(filepath.Dir(bin), "k3sm-shim")
-	for _, f := range []string{bin, shim} {
+	runtimed := filepath.Join(filepath.Dir(bin), "k3sm-runtimed")
+	for _, f := range []string{bin, runtimed, shim} {
 		if st, err := os.Stat(f); err != nil || st.Mode()&0o111 == 0 {
-			return fmt.Errorf("%s is missing or not executable: build with `make bin/k3sm bin/k3sm-shim` or pass -bin", f)
+			return fmt.Errorf("%s is missing or not executable: build with `make bin/k3sm bin/k3sm-runtimed bin/k3sm-shim` or pass -bin", f)
 		}
 	}
 	m := collectMachine(bin)
@@ -175,6 +176,9 @@ func run(ctx context.Context, o options) (err error) {
 		return err
 	}
 	if err := copyFile(shim, b.shim); err != nil {
+		return err
+	}
+	if err := copyFile(runtimed, filepath.Join(work, "bin", "k3sm-runtimed")); err != nil {
 		return err
 	}
 	// As root the server runs the pod network through k3sm-netd beside it.

@@ -176,7 +176,8 @@ func scan() []proc {
 }
 
 // classify names the processes of one k3sm server: its process tree under
-// serverPid (k3sm roles by their first argument), every process running
+// serverPid (k3sm roles by their first argument, k3sm-runtimed as
+// "runtimed"), every process running
 // shimPath, and every process whose executable lies in the data dir's pod
 // roots. Anything else is dropped.
 func classify(all []proc, serverPid int, bin, shimPath, dataDir string) []proc {
@@ -225,6 +226,9 @@ func classify(all []proc, serverPid int, bin, shimPath, dataDir string) []proc {
 			p.Role = "workload"
 		case inTree[p.Pid] && p.Exe == bin && len(p.Args) > 1:
 			p.Role = p.Args[1]
+		case inTree[p.Pid] && filepath.Base(p.Exe) == "k3sm-runtimed":
+			// Named by its role, as when it was one of k3sm's.
+			p.Role = "runtimed"
 		case inTree[p.Pid]:
 			p.Role = filepath.Base(p.Exe)
 		default:
