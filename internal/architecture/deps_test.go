@@ -160,6 +160,30 @@ func TestNetdStaysSmall(t *testing.T) {
 	}
 }
 
+// k3sm-runtimed is a binary of its own so that the runtime daemon, which
+// runs as long as the server, does not pay the package initialisation and
+// pages of the control plane: it links the runtime packages, gRPC and the
+// image libraries, and apimachinery only for resource quantities, but
+// nothing of Kubernetes' components, client-go, helm or the server.
+func TestRuntimedStaysSmall(t *testing.T) {
+	pkgs := list(t, "./cmd/k3sm-runtimed")
+	rt := pkgs[module+"cmd/k3sm-runtimed"]
+	if !slices.Contains(rt.Deps, module+"internal/runtime/daemon") {
+		t.Fatal("cmd/k3sm-runtimed does not link internal/runtime/daemon: is the daemon still where this test looks for it?")
+	}
+	forbidden := []string{"k8s.io/kubernetes/cmd/", "k8s.io/kubernetes/pkg/", "k8s.io/client-go/", "k8s.io/api/",
+		"k8s.io/apiserver/", "k8s.io/component-base/", "k8s.io/kubectl/", "helm.sh/", "go.etcd.io/",
+		"github.com/spf13/cobra", "github.com/prometheus/",
+		module + "internal/server/", module + "internal/agent/", module + "internal/upstream/", module + "internal/k3smcmd"}
+	for _, d := range rt.Deps {
+		for _, f := range forbidden {
+			if d == strings.TrimSuffix(f, "/") || strings.HasPrefix(d, strings.TrimSuffix(f, "/")+"/") {
+				t.Errorf("k3sm-runtimed links %s (under %s): the runtime daemon's binary keeps the control plane out", d, f)
+			}
+		}
+	}
+}
+
 // The helm SDK runs in k3sm-helm, a binary of its own: linked into k3sm,
 // its package initialisation (~3.5 MB of allocations: jsonschema,
 // govalidator, ...) would be paid by every process of the server.
