@@ -30,7 +30,9 @@ func routeCollision(ranges map[string]netip.Prefix, ownLink string) error {
 		}
 		ones, _ := r.Dst.Mask.Size()
 		p := netip.PrefixFrom(dst.Unmap(), ones)
-		if p.Addr().IsLoopback() {
+		// netlink reports a default route as 0.0.0.0/0 rather than
+		// without a destination on some kernels: it overlaps every range.
+		if p.Addr().IsLoopback() || ones == 0 {
 			continue
 		}
 		if _, ok := names[r.LinkIndex]; !ok {

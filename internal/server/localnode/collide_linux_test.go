@@ -36,6 +36,9 @@ func TestRouteCollision(t *testing.T) {
 	run("link", "add", "d0", "type", "veth", "peer", "name", "d0p")
 	run("addr", "add", "192.0.2.1/24", "dev", "d0")
 	run("link", "set", "d0", "up")
+	// A default route overlaps every range but is no collision (netlink
+	// may report it as 0.0.0.0/0).
+	run("route", "add", "default", "via", "192.0.2.254", "dev", "d0")
 	ranges := map[string]netip.Prefix{"cluster-cidr": netip.MustParsePrefix("100.64.0.0/10"), "service-cidr": netip.MustParsePrefix("10.43.0.0/16")}
 	if err := routeCollision(ranges, "k3sm0"); err != nil {
 		t.Fatalf("no overlapping route, yet: %v", err)
