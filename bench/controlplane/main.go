@@ -22,6 +22,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 )
 
 type options struct {
@@ -368,10 +370,15 @@ func (b *bench) captureFloorArgs(k *k3smServer) error {
 		return args[1:], nil
 	}
 	var err error
-	if b.fa.kine, err = get("kine"); err != nil {
+	if b.fa.api, err = get("kube-apiserver"); err != nil {
 		return err
 	}
-	if b.fa.api, err = get("kube-apiserver"); err != nil {
+	// Since issue 17 kine runs in the apiserver's process; the floor runs
+	// the two apart, as upstream does, from the same kine config.
+	if path, upstream := roleconfig.SplitKine(b.fa.api[1:]); path != "" {
+		b.fa.kine = []string{roleconfig.Kine, "--config=" + path}
+		b.fa.api = append([]string{b.fa.api[0]}, upstream...)
+	} else if b.fa.kine, err = get("kine"); err != nil {
 		return err
 	}
 	b.fa.templateDir, b.fa.apiPort = k.dir, k.port

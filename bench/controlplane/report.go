@@ -215,7 +215,7 @@ func renderReport(o options, m machine, r *results) string {
 	row := func(label string, kind string, f func(*run) time.Duration) {
 		w("| %s | %s | %s |\n", label, msNum(median(series(r.Runs, kind, false, f))), msNum(median(series(r.Runs, kind, true, f))))
 	}
-	row("k3sm: kine child spawned ¹ (after preflight and PKI)", "k3sm", func(x *run) time.Duration { return x.KineSpawn })
+	row("k3sm: kine's process spawned ¹ (after preflight and PKI; the apiserver's own since issue 17)", "k3sm", func(x *run) time.Duration { return x.KineSpawn })
 	row("k3sm: kine socket accepts", "k3sm", func(x *run) time.Duration { return x.Kine })
 	row("k3sm: kube-apiserver child spawned ¹", "k3sm", func(x *run) time.Duration { return x.APISpawn })
 	row("**k3sm: apiserver /readyz 200**", "k3sm", func(x *run) time.Duration { return x.Readyz })
@@ -263,9 +263,10 @@ func renderReport(o options, m machine, r *results) string {
 	w("2. The last of: the server logs `k3sm is up` (which it does once its addons, such as the runtime\n")
 	w("   daemon and the node, are ready too), apiserver /readyz, scheduler and controller-manager /healthz\n")
 	w("   on their loopback ports all answer 200.\n")
-	w("3. `k3sm kine` and `k3sm kube-apiserver` started directly with the exact command lines the server\n")
-	w("   gave its children (read from /proc in a template run), cwd `<data>/server`, the server's\n")
-	w("   certificates copied in. kine is already serving when the apiserver clock starts. Fresh: empty\n")
+	w("3. `k3sm kine` and `k3sm kube-apiserver` started directly, as two processes, with the exact command\n")
+	w("   lines and kine config the server gave its children (read from /proc in a template run; the server\n")
+	w("   runs kine in the apiserver's process), cwd `<data>/server`, the server's certificates copied in.\n")
+	w("   kine is already serving when the apiserver clock starts. Fresh: empty\n")
 	w("   `server/db`; warm: the datastore that round's fresh floor run left behind.\n\n")
 	if t := r.Template; t != nil {
 		w("A template run before the rounds (fresh data dir, page cache warm-up, not counted): /readyz %s,\n", ms(t.Readyz))

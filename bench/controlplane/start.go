@@ -338,6 +338,9 @@ func (b *bench) startK3sm(dir string) (*run, *k3smServer, error) {
 	pids := k.pids()
 	res.KineSpawn = spawnOffset(pids, "kine")
 	res.APISpawn = spawnOffset(pids, "kube-apiserver")
+	if res.KineSpawn < 0 { // kine in the apiserver's process (issue 17)
+		res.KineSpawn = res.APISpawn
+	}
 	res.SchedSpawn = spawnOffset(pids, "kube-scheduler")
 	res.CMSpawn = spawnOffset(pids, "kube-controller-manager")
 	// Both in one process since issue 17; a binary from before runs them apart.

@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/atomicfile"
@@ -50,6 +51,29 @@ type KineConfig struct {
 	Listen string `json:"listen"`
 	// Endpoint is the datastore (sqlite://path?params).
 	Endpoint string `json:"endpoint"`
+}
+
+// KineFlag, as the first argument of the APIServer role, names a
+// KineConfig file: that process serves kine on the config's socket before
+// the upstream command starts, and stops it after the command returns. One
+// process less than a kine child (each process of the big binary costs
+// ~13 MiB of package initialisation); the Kine role still runs it alone.
+const KineFlag = "--k3sm-kine-config="
+
+// SplitKine returns the KineConfig file named by an APIServer command line
+// that starts with KineFlag ("" if it does not), and the upstream
+// arguments after it.
+func SplitKine(args []string) (path string, upstream []string) {
+	if len(args) > 0 && strings.HasPrefix(args[0], KineFlag) {
+		return strings.TrimPrefix(args[0], KineFlag), args[1:]
+	}
+	return "", args
+}
+
+// ReadFile decodes a role's configuration file into cfg, refusing fields
+// it does not know.
+func ReadFile(role, path string, cfg any) error {
+	return Read(role, []string{"--config=" + path}, cfg)
 }
 
 // ControllersConfig is the Controllers role: the command line of each

@@ -70,3 +70,18 @@ func TestNetdConfigRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+func TestSplitKine(t *testing.T) {
+	path, rest := SplitKine([]string{KineFlag + "/d/run/kine.json", "--secure-port=6443"})
+	if path != "/d/run/kine.json" || len(rest) != 1 || rest[0] != "--secure-port=6443" {
+		t.Errorf("got %q %q", path, rest)
+	}
+	// Only as the first argument: an upstream flag is never taken for it.
+	path, rest = SplitKine([]string{"--secure-port=6443", KineFlag + "/x"})
+	if path != "" || len(rest) != 2 {
+		t.Errorf("got %q %q", path, rest)
+	}
+	if path, rest := SplitKine(nil); path != "" || len(rest) != 0 {
+		t.Errorf("got %q %q", path, rest)
+	}
+}

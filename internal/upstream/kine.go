@@ -19,6 +19,8 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	"github.com/sirupsen/logrus"
+	"k8s.io/component-base/cli"
+	apiserverapp "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 )
@@ -53,12 +55,71 @@ func runKine(args []string) int {
 	return 0
 }
 
+// runAPIServer is the APIServer role. With roleconfig.KineFlag first it
+// serves kine in this process for as long as the apiserver runs: kine
+// first, so the apiserver's first etcd call finds it, and stopped only
+// after the apiserver has returned, so its shutdown still reaches the
+// datastore. A kill -9 ends both; SQLite's WAL keeps every committed write.
+func runAPIServer(args []string) int {
+	supervisor.RunAsChild()
+	path, upstreamArgs := roleconfig.SplitKine(args)
+	var (
+		wg         sync.WaitGroup
+		stopKine   = func() {}
+		kineServed = make(chan error, 1)
+	)
+	if path != "" {
+		var kc roleconfig.KineConfig
+		if err := roleconfig.ReadFile(roleconfig.Kine, path, &kc); err != nil {
+			fmt.Fprintln(os.Stderr, "k3sm:", err)
+			return 2
+		}
+		logrus.SetFormatter(&logrus.TextFormatter{FullTimestamp: true, TimestampFormat: time.RFC3339Nano})
+		ctx, cancel := context.WithCancel(context.Background())
+		ready := make(chan struct{})
+		// The apiserver has returned when kine stops: its watches would
+		// hold a graceful stop open, and no call of it is in flight.
+		go func() { kineServed <- serveKineReady(ctx, &wg, kc, ready, inProcessKineGrace) }()
+		select {
+		case <-ready:
+		case err := <-kineServed:
+			cancel()
+			fmt.Fprintln(os.Stderr, "kine:", err)
+			return 1
+		}
+		stopKine = func() {
+			cancel()
+			done := make(chan struct{})
+			go func() { <-kineServed; wg.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(inProcessKineGrace + time.Second):
+			}
+		}
+	}
+	cmd := apiserverapp.NewAPIServerCommand()
+	cmd.SetArgs(upstreamArgs)
+	code := cli.Run(cmd)
+	stopKine()
+	return code
+}
+
 // kineGracefulStop is how long in-flight calls may finish at stop (kine's).
 const kineGracefulStop = 5 * time.Second
+
+// inProcessKineGrace is kine's grace at stop inside the apiserver's
+// process, once the apiserver has returned.
+const inProcessKineGrace = 500 * time.Millisecond
 
 // serveKine runs until ctx ends. The settings are kine's own CLI defaults,
 // passed explicitly because the library has no defaults of its own.
 func serveKine(ctx context.Context, wg *sync.WaitGroup, kc roleconfig.KineConfig) error {
+	return serveKineReady(ctx, wg, kc, nil, kineGracefulStop)
+}
+
+// serveKineReady is serveKine closing ready (when not nil) once the socket
+// accepts connections, and giving in-flight calls grace to finish at stop.
+func serveKineReady(ctx context.Context, wg *sync.WaitGroup, kc roleconfig.KineConfig, ready chan<- struct{}, grace time.Duration) error {
 	scheme, dsn := util.SchemeAndAddress(kc.Endpoint)
 	if scheme != "sqlite" {
 		return fmt.Errorf("endpoint %q: k3sm's kine serves sqlite:// only", kc.Endpoint)
@@ -115,8 +176,11 @@ func serveKine(ctx context.Context, wg *sync.WaitGroup, kc roleconfig.KineConfig
 		}
 	}()
 	logrus.Infof("kine serving on unix://%s", sock)
+	if ready != nil {
+		close(ready)
+	}
 	<-ctx.Done()
-	t := time.AfterFunc(kineGracefulStop, g.Stop)
+	t := time.AfterFunc(grace, g.Stop)
 	defer t.Stop()
 	g.GracefulStop()
 	bcancel()

@@ -459,7 +459,7 @@ func TestPodsSurviveRestarts(t *testing.T) {
 	s.cmd.Process.Kill()
 	<-s.waitErr
 	waitFor(t, 30*time.Second, "server children gone", func() error {
-		for _, role := range []string{"kube-apiserver", "kine", "runtimed", "node", "kube-controllers"} {
+		for _, role := range []string{"kube-apiserver", "runtimed", "node", "kube-controllers"} {
 			if len(s.childPids(role)) != 0 {
 				return fmt.Errorf("%s still running", role)
 			}

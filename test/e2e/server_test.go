@@ -472,7 +472,8 @@ func TestRestartAndCrashRecovery(t *testing.T) {
 	}
 	mk("before-restart")
 	children := map[string][]int{}
-	for _, role := range []string{"kine", "kube-apiserver", "kube-controllers"} {
+	oneAPIServerProcess(t, s)
+	for _, role := range []string{"kube-apiserver", "kube-controllers"} {
 		children[role] = s.childPids(role)
 		if len(children[role]) != 1 {
 			t.Fatalf("want one %s child, found %v", role, children[role])
@@ -490,7 +491,9 @@ func TestRestartAndCrashRecovery(t *testing.T) {
 	s.start()
 	waitFor(t, 30*time.Second, "object kept across restart", func() error { return has("before-restart") })
 
-	for _, role := range []string{"kube-apiserver", "kine"} {
+	// kine runs in the apiserver's process (oneAPIServerProcess): a kill
+	// -9 of it ends the datastore's server mid-write too.
+	for _, role := range []string{"kube-apiserver"} {
 		name := "acked-before-kill-" + role
 		mk(name) // acknowledged by the apiserver, so it must survive
 		pids := s.childPids(role)
@@ -571,6 +574,27 @@ func controllersConfig(t *testing.T, s *server) roleconfig.ControllersConfig {
 
 // oneControllersProcess returns the pid of the one process running the
 // scheduler and controller-manager, and fails if either runs apart.
+// oneAPIServerProcess returns the pid of the one kube-apiserver process,
+// failing unless it serves kine and no kine process of its own runs.
+func oneAPIServerProcess(t *testing.T, s *server) int {
+	t.Helper()
+	pids := s.childPids("kube-apiserver")
+	if len(pids) != 1 {
+		t.Fatalf("kube-apiserver processes: %v, want one", pids)
+	}
+	if apart := s.childPids("kine"); len(apart) != 0 {
+		t.Fatalf("kine runs in a process of its own: %v", apart)
+	}
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pids[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(raw), "\x00--k3sm-kine-config=") {
+		t.Fatalf("kube-apiserver (pid %d) is not started to serve kine: %q", pids[0], raw)
+	}
+	return pids[0]
+}
+
 func oneControllersProcess(t *testing.T, s *server) int {
 	t.Helper()
 	pids := s.childPids("kube-controllers")

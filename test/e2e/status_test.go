@@ -118,6 +118,16 @@ func TestStatusLifecycle(t *testing.T) {
 			t.Errorf("%s: %+v, want pid %d (kube-controllers) and its log named", n, c, ctrl)
 		}
 	}
+	// kine runs in the apiserver's process.
+	api := oneAPIServerProcess(t, s)
+	for _, n := range []string{"kine", "kube-apiserver"} {
+		if c := component(r, n); c.Pid != api {
+			t.Errorf("%s: %+v, want pid %d (kube-apiserver)", n, c, api)
+		}
+	}
+	if c := component(r, "kine"); !strings.Contains(c.Detail, "kube-apiserver.log") {
+		t.Errorf("kine: %+v, want the apiserver's log named", c)
+	}
 	if r.Server == nil || r.Server.Pid != s.cmd.Process.Pid || r.Server.Node != "e2e-node" {
 		t.Errorf("server: %+v, want pid %d node e2e-node", r.Server, s.cmd.Process.Pid)
 	}

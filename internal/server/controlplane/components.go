@@ -60,18 +60,18 @@ func NewPlane(cfg *Config) (*Plane, error) {
 	return p, nil
 }
 
-// Kine writes kine's role config and returns its component; APIServer and
-// Controllers follow it in start order.
-func (p *Plane) Kine() (supervisor.Component, error) {
+// APIServer writes kine's role config and returns the component of the
+// process that serves both kine and the kube-apiserver
+// (roleconfig.KineFlag); Controllers follows it in start order.
+func (p *Plane) APIServer() (supervisor.Component, error) {
 	l := p.Layout
-	args, err := roleconfig.Write(l.RoleConfig(roleconfig.Kine), roleconfig.KineConfig{
-		Listen: "unix://" + l.KineSocketName(), Endpoint: "sqlite://" + l.DBFile() + "?" + KineSQLiteParams})
-	if err != nil {
+	path := l.RoleConfig(roleconfig.Kine)
+	if _, err := roleconfig.Write(path, roleconfig.KineConfig{
+		Listen: "unix://" + l.KineSocketName(), Endpoint: "sqlite://" + l.DBFile() + "?" + KineSQLiteParams}); err != nil {
 		return nil, err
 	}
-	return kine{p, args}, nil
+	return apiserver{p, path}, nil
 }
-func (p *Plane) APIServer() supervisor.Component { return apiserver{p} }
 
 // Controllers writes the scheduler's configuration file and the role
 // config of the process that runs the scheduler and the controller-manager
@@ -89,31 +89,12 @@ func (p *Plane) Controllers() (supervisor.Component, error) {
 	return controllers{p, args}, nil
 }
 
-type kine struct {
-	p    *Plane
-	args []string
+// apiserver is the kube-apiserver's process, which serves kine (the
+// config at kineConfig) first.
+type apiserver struct {
+	p          *Plane
+	kineConfig string
 }
-
-func (k kine) Name() string { return roleconfig.Kine }
-func (k kine) Command() supervisor.Command {
-	l := k.p.Layout
-	return supervisor.Command{
-		Path: k.p.Cfg.Executable,
-		Args: append([]string{roleconfig.Kine}, k.args...),
-		Dir:  l.ServerDir(),
-		// Every hidden role handles the settled signal (supervisor.RunAsChild).
-		Settle: true,
-	}
-}
-func (k kine) Ready(ctx context.Context) error {
-	c, err := (&net.Dialer{}).DialContext(ctx, "unix", k.p.Layout.KineSocket())
-	if err != nil {
-		return err
-	}
-	return c.Close()
-}
-
-type apiserver struct{ p *Plane }
 
 func (a apiserver) Name() string { return roleconfig.APIServer }
 
@@ -170,7 +151,8 @@ func (a apiserver) Args() []string {
 }
 
 func (a apiserver) Command() supervisor.Command {
-	return supervisor.Command{Path: a.p.Cfg.Executable, Args: append([]string{roleconfig.APIServer}, a.Args()...), Dir: a.p.Layout.ServerDir(), Settle: true}
+	args := append([]string{roleconfig.APIServer, roleconfig.KineFlag + a.kineConfig}, a.Args()...)
+	return supervisor.Command{Path: a.p.Cfg.Executable, Args: args, Dir: a.p.Layout.ServerDir(), Settle: true}
 }
 
 func (a apiserver) Ready(ctx context.Context) error {

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -48,7 +49,11 @@ func TestExtraArgsInComponentCommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	api := strings.Join(p.APIServer().Command().Args, " ")
+	apiComp, err := p.APIServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := strings.Join(apiComp.Command().Args, " ")
 	if !strings.Contains(api, "--enable-admission-plugins=NodeRestriction,PodNodeSelector") || !strings.HasSuffix(api, " --v=3") {
 		t.Errorf("kube-apiserver command line lacks the extra args: %s", api)
 	}
@@ -199,4 +204,40 @@ func testConfig(t *testing.T) *Config {
 	c := Defaults()
 	c.DataDir, c.NodeName, c.BindAddress = t.TempDir(), "n", "127.0.0.1"
 	return &c
+}
+
+// The apiserver's process serves kine from a config naming the datastore
+// and the socket the apiserver's --etcd-servers dials; what follows the
+// kine flag is the apiserver's own command line.
+func TestAPIServerProcessServesKine(t *testing.T) {
+	p, err := NewPlane(testConfig(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := p.APIServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := c.Command().Args
+	if args[0] != roleconfig.APIServer {
+		t.Fatalf("role %q", args[0])
+	}
+	path, upstream := roleconfig.SplitKine(args[1:])
+	if path == "" {
+		t.Fatalf("no %s in %q", roleconfig.KineFlag, args)
+	}
+	if !reflect.DeepEqual(upstream, apiserver{p: p}.Args()) {
+		t.Errorf("after the kine flag:\n got %q\nwant %q", upstream, apiserver{p: p}.Args())
+	}
+	var kc roleconfig.KineConfig
+	if err := roleconfig.ReadFile(roleconfig.Kine, path, &kc); err != nil {
+		t.Fatal(err)
+	}
+	if want := "sqlite://" + p.Layout.DBFile() + "?" + KineSQLiteParams; kc.Endpoint != want {
+		t.Errorf("endpoint %q, want %q", kc.Endpoint, want)
+	}
+	etcd := "--etcd-servers=" + kc.Listen
+	if !slices.Contains(upstream, etcd) || c.Command().Dir != p.Layout.ServerDir() {
+		t.Errorf("the apiserver (cwd %s) does not dial kine's %s: %q", c.Command().Dir, kc.Listen, upstream)
+	}
 }

@@ -46,13 +46,13 @@ func TestAPIServerOpsArgs(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := &Plane{Cfg: &cfg, Certs: certs}
-	args := func() string { return strings.Join(apiserver{p}.Args(), " ") }
+	args := func() string { return strings.Join(apiserver{p: p}.Args(), " ") }
 	if a := args(); strings.Contains(a, "encryption") || strings.Contains(a, "audit") {
 		t.Fatalf("ops args without ops: %s", a)
 	}
 	cfg.Ops.EncryptionProviderConfig = "/d/server/cred/encryption-config.yaml"
 	cfg.Ops.AuditPolicyFile, cfg.Ops.AuditLog = "/d/server/audit-policy.yaml", "/d/logs/audit.log"
-	got := apiserver{p}.Args()
+	got := apiserver{p: p}.Args()
 	for _, want := range []string{
 		"--encryption-provider-config=/d/server/cred/encryption-config.yaml", "--encryption-provider-config-automatic-reload=true",
 		"--audit-policy-file=/d/server/audit-policy.yaml", "--audit-log-path=/d/logs/audit.log", "--audit-log-maxsize=100",

@@ -85,14 +85,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 			}
 		}
 	}
-	kine, err := p.Kine()
+	apiComp, err := p.APIServer()
 	if err != nil {
 		return err
 	}
-	if err := startAndWait(ctx, sup, kine, componentReadyTimeout); err != nil {
-		return err
-	}
-	apiserver, err := sup.Start(ctx, p.APIServer())
+	apiserver, err := sup.Start(ctx, apiComp)
 	if err != nil {
 		return err
 	}
@@ -228,16 +225,6 @@ func WaitUsable(ctx context.Context, client kubernetes.Interface) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-}
-
-func startAndWait(ctx context.Context, sup *supervisor.Supervisor, c supervisor.Component, timeout time.Duration) error {
-	ch, err := sup.Start(ctx, c)
-	if err != nil {
-		return err
-	}
-	wctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	return ch.WaitReady(wctx)
 }
 
 // AdminConfig is the server's own admin client config (user agent

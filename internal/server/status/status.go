@@ -179,10 +179,14 @@ func (r *Report) checkRunning(ctx context.Context, l datadir.Layout, pid int, ti
 	for _, pr := range probes {
 		c := Component{Name: pr.name}
 		// The child (and its log) the component runs in: the scheduler and
-		// controller-manager share one (roleconfig.Controllers).
+		// controller-manager share one (roleconfig.Controllers), and kine
+		// runs in the apiserver's (roleconfig.KineFlag).
 		child := pr.name
 		if _, shared := children[roleconfig.Controllers]; shared && (pr.name == roleconfig.Scheduler || pr.name == roleconfig.ControllerManager) {
 			child = roleconfig.Controllers
+		}
+		if _, own := children[roleconfig.Kine]; !own && pr.name == roleconfig.Kine {
+			child = roleconfig.APIServer
 		}
 		ch, ok := children[child]
 		switch {

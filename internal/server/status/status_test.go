@@ -84,7 +84,7 @@ func TestDeadChildIsDown(t *testing.T) {
 	defer release()
 	l := datadir.New(dir)
 	atomicfile.WriteFile(l.ServerInfoFile(), []byte(`{"pid":1,"apiURL":"https://127.0.0.1:1","nodeName":"n"}`), 0o600)
-	atomicfile.WriteFile(l.ComponentsFile(), []byte(`{"pid":1,"children":[{"name":"kine","pid":0,"restarts":2,"lastExit":"killed by signal killed"}]}`), 0o600)
+	atomicfile.WriteFile(l.ComponentsFile(), []byte(`{"pid":1,"children":[{"name":"kube-apiserver","pid":0,"restarts":2,"lastExit":"killed by signal killed"}]}`), 0o600)
 	r := check(t, dir, []string{})
 	if r.State != Degraded {
 		t.Fatalf("%+v", r)
@@ -93,11 +93,14 @@ func TestDeadChildIsDown(t *testing.T) {
 	for _, c := range r.Components {
 		got[c.Name] = c
 	}
-	if c := got["kine"]; c.Health != Down || c.Restarts != 2 || !strings.Contains(c.Detail, "killed by signal killed") {
-		t.Errorf("kine: %+v", c)
+	// kine runs in the apiserver's process: both are down with it.
+	for _, n := range []string{"kine", "kube-apiserver"} {
+		if c := got[n]; c.Health != Down || c.Restarts != 2 || !strings.Contains(c.Detail, "killed by signal killed") || !strings.Contains(c.Detail, "kube-apiserver.log") {
+			t.Errorf("%s: %+v", n, c)
+		}
 	}
-	if c := got["kube-apiserver"]; c.Health != Down || !strings.Contains(c.Detail, "not started") {
-		t.Errorf("apiserver: %+v", c)
+	if c := got["kube-scheduler"]; c.Health != Down || !strings.Contains(c.Detail, "not started") {
+		t.Errorf("scheduler: %+v", c)
 	}
 	for _, n := range []string{"netd", "service-proxy", "dns"} {
 		if got[n].Health != Off {
