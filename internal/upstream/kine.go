@@ -19,10 +19,10 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	"github.com/sirupsen/logrus"
-	"k8s.io/component-base/cli"
-	apiserverapp "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
+	"k8s.io/component-base/cli"
+	apiserverapp "k8s.io/kubernetes/cmd/kube-apiserver/app"
 )
 
 // runKine serves kine's etcd API on a unix socket from the SQLite driver
