@@ -57,7 +57,7 @@ func deployAddon(d *deployConfig) controlplane.Addon {
 				return fmt.Errorf("manifests folder: %w", err)
 			}
 			if !d.DisableHelmController {
-				charts := &deploy.Charts{RC: rc, Kubeconfig: p.Layout.Cred("admin"), Helper: deploy.HelperPath(p.Cfg.Executable),
+				charts := &deploy.Charts{RC: rc, Kubeconfig: p.Layout.Cred("admin"), Exe: p.Cfg.Executable,
 					Log: s.Log.With("component", "helm-controller")}
 				go func() {
 					if err := charts.Run(ctx); err != nil && ctx.Err() == nil {

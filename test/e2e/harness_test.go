@@ -101,7 +101,7 @@ func newServer(t *testing.T, extra ...string) *server {
 		// delete): unbound, the files can be removed.
 		nsFiles, _ := filepath.Glob(filepath.Join(dir, "run", "netns", "*"))
 		for _, f := range nsFiles {
-			syscall.Unmount(f, syscall.MNT_DETACH)
+			unmountDetach(f)
 		}
 		if !t.Failed() {
 			os.RemoveAll(dir)

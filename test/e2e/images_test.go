@@ -26,7 +26,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/google/go-containerregistry/pkg/v1/validate"
 	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
-	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -578,30 +577,11 @@ func relayFromNetNS(t *testing.T, nsPath, target string) string {
 	if self.Ino == there.Ino && self.Dev == there.Dev {
 		ln, err = listen()
 	} else {
-		type result struct {
-			ln  net.Listener
-			err error
-		}
-		ch := make(chan result)
-		go func() {
-			// Never unlocked: the thread, in the other namespace, ends
-			// with this goroutine. The socket stays in that namespace.
-			runtime.LockOSThread()
-			f, err := os.Open(nsPath)
-			if err != nil {
-				ch <- result{err: err}
-				return
-			}
-			defer f.Close()
-			if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-				ch <- result{err: fmt.Errorf("setns %s: %w", nsPath, err)}
-				return
-			}
-			ln, err := listen()
-			ch <- result{ln, err}
-		}()
-		r := <-ch
-		ln, err = r.ln, r.err
+		// The socket stays in that namespace.
+		err = inNetNS(nsPath, func() (err error) {
+			ln, err = listen()
+			return err
+		})
 	}
 	if err != nil {
 		t.Fatalf("relay in %s: %v", nsPath, err)

@@ -7,15 +7,12 @@ import (
 	"net/netip"
 	"os"
 	osexec "os/exec"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/google/nftables"
 	"github.com/miekg/dns"
-	"golang.org/x/sys/unix"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -218,12 +215,8 @@ func TestServicesAndDNS(t *testing.T) {
 		if after := txPackets(t, dev); after != before {
 			t.Errorf("%d packets were routed out towards %s although the node refuses it", after-before, empty)
 		}
-		c, err := nftables.New()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := c.ListChain(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "k3sm-services"}, "forward"); err != nil {
-			t.Errorf("chain forward of table ip k3sm-services: %v", err)
+		if err := servicesChainExists("forward"); err != nil {
+			t.Error(err)
 		}
 	})
 
@@ -527,31 +520,6 @@ func TestServicesAndDNS(t *testing.T) {
 	})
 }
 
-// servicesMapHas reports (nil) whether a map of the node's table ip
-// k3sm-services has a key with the address ip.
-func servicesMapHas(name string, ip netip.Addr) error {
-	c, err := nftables.New()
-	if err != nil {
-		return err
-	}
-	table := &nftables.Table{Family: nftables.TableFamilyIPv4, Name: "k3sm-services"}
-	set, err := c.GetSetByName(table, name)
-	if err != nil {
-		return fmt.Errorf("map %s of table ip k3sm-services: %w", name, err)
-	}
-	els, err := c.GetSetElements(set)
-	if err != nil {
-		return err
-	}
-	a := ip.As4()
-	for _, e := range els {
-		if len(e.Key) >= 4 && [4]byte(e.Key[:4]) == a {
-			return nil
-		}
-	}
-	return fmt.Errorf("map %s has no element for %s (%d elements)", name, ip, len(els))
-}
-
 // txPackets is the transmit packet count of a device of this namespace
 // (/proc/net/dev, which, unlike /sys, follows the network namespace).
 func txPackets(t *testing.T, dev string) int64 {
@@ -649,29 +617,10 @@ func clientNetNS(t *testing.T, dev, nodeAddr, clientAddr string) string {
 }
 
 // dialReadIn is dialRead from inside the network namespace at ns.
-func dialReadIn(ns, addr string) (string, error) {
-	type result struct {
-		out string
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		// Never unlocked: the thread, left in the other namespace, ends
-		// with this goroutine.
-		runtime.LockOSThread()
-		f, err := os.Open(ns)
-		if err != nil {
-			ch <- result{err: err}
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: fmt.Errorf("setns %s: %w", ns, err)}
-			return
-		}
-		out, err := dialRead(addr)
-		ch <- result{out, err}
-	}()
-	r := <-ch
-	return r.out, r.err
+func dialReadIn(ns, addr string) (out string, err error) {
+	err = inNetNS(ns, func() (err error) {
+		out, err = dialRead(addr)
+		return err
+	})
+	return out, err
 }

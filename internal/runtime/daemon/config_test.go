@@ -46,6 +46,33 @@ func TestRunRefusesBadConfig(t *testing.T) {
 	}
 }
 
+// Without Config.ShimPath the shim is the k3sm-shim beside the executable,
+// else one on $PATH; with neither, the error names the file beside the
+// executable and the make target that builds it.
+func TestFindShimDefault(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(filepath.Dir(exe), "k3sm-shim")); err == nil {
+		t.Skip("a k3sm-shim is beside the test binary")
+	}
+	pathDir := t.TempDir()
+	t.Setenv("PATH", pathDir)
+	_, err = findShim("")
+	beside := filepath.Join(filepath.Dir(exe), "k3sm-shim")
+	if err == nil || !strings.Contains(err.Error(), beside+" not found") || !strings.Contains(err.Error(), "make bin/k3sm-shim") {
+		t.Errorf("no shim anywhere: err %v, want one naming %s and make bin/k3sm-shim", err, beside)
+	}
+	onPath := filepath.Join(pathDir, "k3sm-shim")
+	if err := os.WriteFile(onPath, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := findShim(""); err != nil || got != onPath {
+		t.Errorf("findShim with k3sm-shim on $PATH = %q, %v; want %q", got, err, onPath)
+	}
+}
+
 func TestIntegrationOneDaemonPerDataDirAndValidation(t *testing.T) {
 	e := newEnv(t)
 	cfg := testConfig(e.dir)

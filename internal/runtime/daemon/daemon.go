@@ -30,6 +30,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/runtime/registry"
 	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
 	"github.com/k3sm-dev/k3sm/internal/runtime/shimclient"
+	"github.com/k3sm-dev/k3sm/internal/supervisor"
 )
 
 // Config configures the daemon. Only DataDir is required.
@@ -293,15 +294,18 @@ func listen(socket string) (net.Listener, error) {
 // findShim resolves the shim binary.
 func findShim(path string) (string, error) {
 	if path == "" {
+		// Beside the executable, where the server finds its helpers too.
+		beside := errors.New("the running executable is unknown")
 		if exe, err := os.Executable(); err == nil {
-			cand := filepath.Join(filepath.Dir(exe), "k3sm-shim")
-			if fi, err := os.Stat(cand); err == nil && fi.Mode().IsRegular() {
-				return cand, nil
+			p, err := supervisor.Beside(exe, "k3sm-shim")
+			if err == nil {
+				return p, nil
 			}
+			beside = err
 		}
 		p, err := exec.LookPath("k3sm-shim")
 		if err != nil {
-			return "", errors.New("runtime daemon: Config.ShimPath is empty and no k3sm-shim was found next to the executable or on $PATH: build it with `go build ./cmd/k3sm-shim`")
+			return "", fmt.Errorf("runtime daemon: Config.ShimPath is empty and no k3sm-shim is on $PATH: %w", beside)
 		}
 		path = p
 	}

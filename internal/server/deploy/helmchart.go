@@ -57,7 +57,7 @@ var ignoredFields = []string{"jobImage", "bootstrap", "helmVersion", "backOffLim
 type Charts struct {
 	RC         *rest.Config
 	Kubeconfig string // the file of RC's credentials, for k3sm-helm
-	Helper     string // k3sm-helm's path (HelperPath)
+	Exe        string // k3sm's executable: k3sm-helm is beside it
 	Log        *slog.Logger
 	Resync     time.Duration // how often every chart is checked again (its release may have been removed)
 
@@ -80,7 +80,7 @@ func (c *Charts) Run(ctx context.Context) error {
 	if c.Resync <= 0 {
 		c.Resync = 5 * time.Minute
 	}
-	if err := checkHelper(c.Helper); err != nil {
+	if _, err := c.helper(); err != nil {
 		// Not fatal: a cluster without HelmCharts never needs it, and each
 		// HelmChart's status says the same.
 		c.Log.Warn("HelmCharts cannot be installed", "err", err)

@@ -8,23 +8,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/server/deploy/helmwire"
+	"github.com/k3sm-dev/k3sm/internal/supervisor"
 )
 
 // HelperBinary is the helm helper's file name, next to the k3sm
 // executable: the helm SDK lives in a binary of its own, so the processes
 // of the k3sm binary do not pay its package initialisation.
 const HelperBinary = "k3sm-helm"
-
-// HelperPath is where k3sm looks for k3sm-helm: beside exe.
-func HelperPath(exe string) string { return filepath.Join(filepath.Dir(exe), HelperBinary) }
 
 // errHelper is a failure of k3sm-helm itself (missing, crashed, or from
 // another build), not of the helm operation it was asked for.
@@ -33,15 +29,14 @@ type errHelper struct{ err error }
 func (e *errHelper) Error() string { return e.err.Error() }
 func (e *errHelper) Unwrap() error { return e.err }
 
-// checkHelper tells whether path is an executable file, naming the fix
-// when it is not.
-func checkHelper(path string) error {
-	fi, err := os.Stat(path)
-	if err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-		return &errHelper{fmt.Errorf("%s not found: the HelmChart controller runs helm in it; build it (make bin/%s, or go build -o %s ./cmd/%s), or run with --disable-helm-controller",
-			path, HelperBinary, path, HelperBinary)}
+// helper finds k3sm-helm beside c.Exe, naming the fix when it is not
+// there.
+func (c *Charts) helper() (string, error) {
+	p, err := supervisor.Beside(c.Exe, HelperBinary)
+	if err != nil {
+		return "", &errHelper{fmt.Errorf("the HelmChart controller runs helm in %s: %w, or run with --disable-helm-controller", HelperBinary, err)}
 	}
-	return nil
+	return p, nil
 }
 
 // stderrKeep bounds the helper's stderr kept for an error message.
@@ -50,7 +45,8 @@ const stderrKeep = 8 << 10
 // helm runs one operation in k3sm-helm. A failed operation comes back as
 // a *helmwire.Error; anything else is an *errHelper.
 func (c *Charts) helm(ctx context.Context, req *helmwire.Request) (*helmwire.Response, error) {
-	if err := checkHelper(c.Helper); err != nil {
+	helper, err := c.helper()
+	if err != nil {
 		return nil, err
 	}
 	req.Kubeconfig = c.Kubeconfig
@@ -58,7 +54,7 @@ func (c *Charts) helm(ctx context.Context, req *helmwire.Request) (*helmwire.Res
 	if err != nil {
 		return nil, &errHelper{fmt.Errorf("%s request: %w", HelperBinary, err)}
 	}
-	cmd := exec.CommandContext(ctx, c.Helper)
+	cmd := exec.CommandContext(ctx, helper)
 	// SIGTERM lets helm record a failed release instead of leaving it
 	// pending; the helper also stops when its stdin closes (k3sm gone).
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
@@ -75,7 +71,7 @@ func (c *Charts) helm(ctx context.Context, req *helmwire.Request) (*helmwire.Res
 	}
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
-		return nil, &errHelper{fmt.Errorf("starting %s: %w", c.Helper, err)}
+		return nil, &errHelper{fmt.Errorf("starting %s: %w", helper, err)}
 	}
 	// The pipe stays open until the helper exits (Wait closes it).
 	if _, err := stdin.Write(body); err != nil {
@@ -107,7 +103,7 @@ func (c *Charts) helm(ctx context.Context, req *helmwire.Request) (*helmwire.Res
 		if err == nil {
 			err = derr
 		}
-		return nil, &errHelper{fmt.Errorf("%s (%s): %w: %s", c.Helper, req.Op, err, msg)}
+		return nil, &errHelper{fmt.Errorf("%s (%s): %w: %s", helper, req.Op, err, msg)}
 	}
 	if resp.Error != nil {
 		if resp.Error.Stage == helmwire.StageHelper {

@@ -91,7 +91,7 @@ func wantFailure(t *testing.T, err error, reasonWant string, parts ...string) {
 // how to build it.
 func TestHelperMissing(t *testing.T) {
 	exe := filepath.Join(t.TempDir(), "k3sm")
-	c := &Charts{Helper: HelperPath(exe), Kubeconfig: "/nonexistent", Log: slog.New(slog.DiscardHandler)}
+	c := &Charts{Exe: exe, Kubeconfig: "/nonexistent", Log: slog.New(slog.DiscardHandler)}
 	_, err := c.helm(context.Background(), &helmwire.Request{Op: helmwire.OpUninstall, Release: "x", Namespace: "default"})
 	wantFailure(t, err, "HelperFailed", filepath.Join(filepath.Dir(exe), "k3sm-helm")+" not found", "make bin/k3sm-helm", "--disable-helm-controller")
 }
@@ -100,7 +100,7 @@ func TestHelperMissing(t *testing.T) {
 // status reason the in-process controller gave it, with helm's message;
 // the chart and spec.set get there intact.
 func TestHelperStages(t *testing.T) {
-	c := &Charts{Helper: builtHelper(t), Kubeconfig: deadKubeconfig(t), Log: slog.New(slog.DiscardHandler)}
+	c := &Charts{Exe: filepath.Join(filepath.Dir(builtHelper(t)), "k3sm"), Kubeconfig: deadKubeconfig(t), Log: slog.New(slog.DiscardHandler)}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	deploy := func(content string, set helmwire.Values) error {

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
@@ -20,10 +19,9 @@ const NetdBinary = "k3sm-netd"
 
 // netdPath finds k3sm-netd beside exe.
 func netdPath(exe string) (string, error) {
-	p := filepath.Join(filepath.Dir(exe), NetdBinary)
-	fi, err := os.Stat(p)
-	if err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-		return "", fmt.Errorf("pod network: %s not found next to %s: build it (make bin/%s, or go build -o %s ./cmd/k3sm-netd), or run with --pod-network=host", NetdBinary, exe, NetdBinary, p)
+	p, err := supervisor.Beside(exe, NetdBinary)
+	if err != nil {
+		return "", fmt.Errorf("pod network: %w, or run with --pod-network=host", err)
 	}
 	return p, nil
 }
@@ -35,10 +33,9 @@ const RuntimedBinary = "k3sm-runtimed"
 
 // runtimedPath finds k3sm-runtimed beside exe.
 func runtimedPath(exe string) (string, error) {
-	p := filepath.Join(filepath.Dir(exe), RuntimedBinary)
-	fi, err := os.Stat(p)
-	if err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
-		return "", fmt.Errorf("runtime: %s not found next to %s: build it (make bin/%s, or go build -o %s ./cmd/%s)", RuntimedBinary, exe, RuntimedBinary, p, RuntimedBinary)
+	p, err := supervisor.Beside(exe, RuntimedBinary)
+	if err != nil {
+		return "", fmt.Errorf("runtime: %w", err)
 	}
 	return p, nil
 }

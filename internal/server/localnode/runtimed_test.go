@@ -35,3 +35,16 @@ func TestRuntimedPath(t *testing.T) {
 		t.Errorf("runtimedPath = %q, %v; want %q", got, err, want)
 	}
 }
+
+// A missing k3sm-netd is an error naming the file, how to build it and how
+// to run without it.
+func TestNetdPathMissing(t *testing.T) {
+	dir := t.TempDir()
+	_, err := netdPath(filepath.Join(dir, "k3sm"))
+	want := filepath.Join(dir, NetdBinary)
+	for _, s := range []string{"pod network: " + want + " not found", "make bin/k3sm-netd", "--pod-network=host"} {
+		if err == nil || !strings.Contains(err.Error(), s) {
+			t.Errorf("err %v, want one saying %q", err, s)
+		}
+	}
+}
