@@ -85,6 +85,9 @@ func (c *Charts) Run(ctx context.Context) error {
 		// HelmChart's status says the same.
 		c.Log.Warn("HelmCharts cannot be installed", "err", err)
 	}
+	if err := c.waitServed(ctx); err != nil {
+		return err
+	}
 	c.queue = workqueue.NewTypedRateLimitingQueue(workqueue.NewTypedItemExponentialFailureRateLimiter[string](2*time.Second, 2*time.Minute))
 	f := dynamicinformer.NewDynamicSharedInformerFactory(c.dyn, c.Resync)
 	inf := f.ForResource(HelmChartGVR).Informer()
@@ -117,6 +120,34 @@ func (c *Charts) Run(ctx context.Context) error {
 		return ctx.Err()
 	}
 	for c.next(ctx) {
+	}
+	return nil
+}
+
+// waitServed waits until the API serves HelmCharts and HelmChartConfigs:
+// the server applies their CRDs just before, and an informer started
+// before a CRD is established fails its first list (an error in the log)
+// and retries only after a back-off, delaying the first chart by ~1 s.
+func (c *Charts) waitServed(ctx context.Context) error {
+	for _, gvr := range []schema.GroupVersionResource{HelmChartGVR, HelmChartConfigGVR} {
+		warned := false
+		for {
+			_, err := c.dyn.Resource(gvr).List(ctx, metav1.ListOptions{Limit: 1})
+			if err == nil {
+				break
+			}
+			// Anything but "not served yet" is worth a line, once; the
+			// controller keeps trying either way.
+			if !apierrors.IsNotFound(err) && !warned {
+				c.Log.Warn("waiting for the API to serve "+gvr.Resource, "err", err)
+				warned = true
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
 	}
 	return nil
 }
