@@ -7,8 +7,10 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"runtime/pprof"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -22,12 +24,14 @@ const SettledSignal = syscall.SIGUSR1
 // supervisor itself); "off" keeps the start-up setting.
 const IdleGCPercentEnv = "K3SM_IDLE_GOGC"
 
-// DefaultIdleGCPercent is the Go GC target of a settled component. Start-up
-// keeps Go's 100 (or $GOGC): it allocates heavily (the apiserver builds its
-// OpenAPI specs) and a lower target would slow it. Once settled, a
-// component's live heap changes slowly, and 25 keeps the heap it holds
-// within 1.25x of what it uses instead of 2x: 30 MiB less PSS for the idle
-// server, at a cost in pod-burst latency that bench/RESULTS.md records.
+// DefaultIdleGCPercent is the Go GC target of a settled component while it
+// is idle. Start-up keeps Go's 100 (or $GOGC): it allocates heavily (the
+// apiserver builds its OpenAPI specs) and a lower target would slow it.
+// Once settled, a component's live heap changes slowly, and 25 keeps the
+// heap it holds within 1.25x of what it uses instead of 2x: ~30 MiB less
+// PSS for the idle server. While it is busy (a burst of pods) the
+// governor (gcGovernor) gives it the start-up target again: at 25 a burst of 100 pods took
+// ~25 % longer (bench/RESULTS.md, "Issue 17 notes").
 const DefaultIdleGCPercent = 25
 
 // OnSettled is called by a child role first thing (before it can become
@@ -41,11 +45,93 @@ func OnSettled() {
 	go func() {
 		for range c {
 			if ok {
-				Settle(percent)
+				settleAndGovern(percent)
 			}
 			heapProfileLater()
 		}
 	}()
+}
+
+var governOnce sync.Once
+
+// settleAndGovern settles at the idle target and, the first time, starts
+// the governor, which restores the start-up target while busy.
+func settleAndGovern(idle int) {
+	startup := debug.SetGCPercent(idle)
+	debug.FreeOSMemory()
+	governOnce.Do(func() { go governGC(idle, startup) })
+}
+
+// gcSampleEvery is how often the governor reads the allocation rate.
+const gcSampleEvery = time.Second
+
+// governGC keeps the settled process at the idle GC target while it
+// allocates little, and at its start-up target (Go's 100 unless $GOGC
+// said otherwise) while it allocates quickly.
+func governGC(idle, busy int) {
+	g := newGCGovernor(idle, busy)
+	samples := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}, {Name: "/gc/heap/live:bytes"}}
+	metrics.Read(samples)
+	last := samples[0].Value.Uint64()
+	for range time.Tick(gcSampleEvery) {
+		metrics.Read(samples)
+		allocs, live := samples[0].Value.Uint64(), samples[1].Value.Uint64()
+		percent, changed, free := g.step(allocs-last, live)
+		last = allocs
+		if changed {
+			debug.SetGCPercent(percent)
+		}
+		if free {
+			debug.FreeOSMemory()
+		}
+	}
+}
+
+// gcGovernor decides the GC target from each second's allocations against
+// the live heap. Busy: a second's allocations exceed a quarter of the live
+// heap (at 25 that is a collection every second or more); it switches to
+// the busy target at once. Idle again: quietFor seconds in a row allocating
+// under 1/32 of the live heap; it switches back and returns what the busy
+// heap no longer uses to the OS.
+type gcGovernor struct {
+	idle, busyPercent int
+	busy              bool
+	quiet             int // consecutive quiet samples while busy
+}
+
+const (
+	gcQuietFor  = 20
+	gcMinLive   = 4 << 20 // small heaps are judged as if this large, so they do not flap
+	gcBusyShift = 2       // busy above live/4 per sample
+	gcIdleShift = 5       // quiet below live/32 per sample
+)
+
+func newGCGovernor(idle, busy int) *gcGovernor {
+	return &gcGovernor{idle: idle, busyPercent: busy}
+}
+
+// step takes one sample: bytes allocated since the previous one and the
+// live heap. It returns the target, whether it changed, and whether to
+// return freed memory now.
+func (g *gcGovernor) step(allocated, live uint64) (percent int, changed, free bool) {
+	live = max(live, gcMinLive)
+	switch {
+	case !g.busy && allocated > live>>gcBusyShift:
+		g.busy, g.quiet = true, 0
+		return g.busyPercent, true, false
+	case g.busy && allocated < live>>gcIdleShift:
+		g.quiet++
+		if g.quiet >= gcQuietFor {
+			g.busy, g.quiet = false, 0
+			return g.idle, true, true
+		}
+	case g.busy:
+		g.quiet = 0
+	}
+	if g.busy {
+		return g.busyPercent, false, false
+	}
+	return g.idle, false, false
 }
 
 // HeapProfileDirEnv, when set, makes every k3sm process write a heap
@@ -73,17 +159,12 @@ func heapProfileLater() {
 	})
 }
 
-// Settle sets the GC target and returns what the heap no longer uses.
-func Settle(percent int) {
-	debug.SetGCPercent(percent)
-	debug.FreeOSMemory()
-}
 
 // SettleSelf settles the calling process (the supervisor, once the server
 // is up) as OnSettled would.
 func SettleSelf() {
 	if percent, ok := idleGCPercent(); ok {
-		Settle(percent)
+		settleAndGovern(percent)
 	}
 	heapProfileLater()
 }
