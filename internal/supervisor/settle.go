@@ -30,8 +30,10 @@ const IdleGCPercentEnv = "K3SM_IDLE_GOGC"
 // Once settled, a component's live heap changes slowly, and 25 keeps the
 // heap it holds within 1.25x of what it uses instead of 2x: ~30 MiB less
 // PSS for the idle server. While it is busy (a burst of pods) the
-// governor (gcGovernor) gives it the start-up target again: at 25 a burst of 100 pods took
-// ~25 % longer (bench/RESULTS.md, "Issue 17 notes").
+// governor (gcGovernor) gives it the start-up target again, and it frees
+// memory once it is idle again. bench/RESULTS.md ("Issue 17 notes") has
+// the burst figures at each target: they did not differ beyond the
+// run-to-run noise of this 2-core machine.
 const DefaultIdleGCPercent = 25
 
 // OnSettled is called by a child role first thing (before it can become
@@ -158,7 +160,6 @@ func heapProfileLater() {
 		_ = pprof.Lookup("heap").WriteTo(f, 0)
 	})
 }
-
 
 // SettleSelf settles the calling process (the supervisor, once the server
 // is up) as OnSettled would.
