@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -74,15 +76,37 @@ type server struct {
 	exitCode int
 }
 
+// freePort returns a loopback port no one listens on, below the kernel's
+// ephemeral range and the NodePort range (30000-32767). A port the kernel
+// picked (":0") is an ephemeral one: between the test closing it and the
+// server binding it, an outgoing connection can take it as its source port
+// and hold it for as long as it lasts (a scheduler failed to start for
+// that). Ports handed out once are not handed out again.
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for range 2000 {
+		p := 20000 + rand.IntN(10000)
+		if portsGiven[p] {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		portsGiven[p] = true
+		return p
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free loopback port in 20000-29999")
+	return 0
 }
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
 
 // newServer prepares a server on a fresh data dir with loopback-only ports.
 func newServer(t *testing.T, extra ...string) *server {

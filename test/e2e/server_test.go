@@ -511,6 +511,21 @@ func TestRestartAndCrashRecovery(t *testing.T) {
 		}
 		mk("after-kill-" + role)
 	}
+	// The controller-manager may have ended once meanwhile: it was still
+	// building its controllers when the apiserver went away, and a
+	// restarted apiserver refuses requests until its RBAC caches sync; the
+	// supervisor restarts it. Wait until it is back and healthy.
+	waitFor(t, time.Minute, "kube-controllers running and healthy", func() error {
+		if pids := s.childPids("kube-controllers"); len(pids) != 1 {
+			return fmt.Errorf("kube-controllers processes %v", pids)
+		}
+		for _, port := range []int{s.ports[1], s.ports[2]} {
+			if err := healthz(s, port); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	// A kill -9 of the process running the scheduler and controller-manager
 	// brings both back, in one new process, and both work: a new pod is
 	// scheduled, a new namespace gets its kube-root-ca.crt.
