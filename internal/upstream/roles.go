@@ -1,7 +1,8 @@
 // Package upstream runs the upstream programs linked into the k3sm binary:
-// kube-apiserver, kube-scheduler, kube-controller-manager (alone, or both
-// in one process: controllers.go) and kine as hidden roles the supervisor re-executes the binary with (`k3sm kube-apiserver
-// ...`), and kubectl for `k3sm kubectl`. It is the only package that
+// kube-apiserver (with kine in its process: kine.go), kube-scheduler,
+// kube-controller-manager (alone, or both in one process: controllers.go)
+// and kine alone, as hidden roles the supervisor re-executes the binary
+// with (`k3sm kube-apiserver ...`), and kubectl for `k3sm kubectl`. It is the only package that
 // imports k8s.io/kubernetes' commands; keep tests out of it, since linking
 // the control plane takes minutes.
 package upstream
