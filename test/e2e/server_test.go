@@ -554,6 +554,12 @@ func TestRestartAndCrashRecovery(t *testing.T) {
 	if _, err := c.CoreV1().Namespaces().Create(cx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "after-kill"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// The new controller-manager makes the namespace's default
+	// ServiceAccount; until then admission refuses a pod there.
+	waitFor(t, time.Minute, "the ServiceAccount default in a namespace made after the kill", func() error {
+		_, err := c.CoreV1().ServiceAccounts("after-kill").Get(cx, "default", metav1.GetOptions{})
+		return err
+	})
 	// Scheduled, never run: its registry is a closed loopback port.
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "after-kill"}, Spec: corev1.PodSpec{
 		Containers: []corev1.Container{{Name: "c", Image: "127.0.0.1:1/none:1"}}}}

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	osexec "os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -524,7 +525,11 @@ func TestServicesAndDNS(t *testing.T) {
 // (/proc/net/dev, which, unlike /sys, follows the network namespace).
 func txPackets(t *testing.T, dev string) int64 {
 	t.Helper()
-	b, err := os.ReadFile("/proc/net/dev")
+	// This thread's namespace: /proc/net follows the main thread, which
+	// inNetNS may have left in a pod's namespace for good.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	b, err := os.ReadFile("/proc/thread-self/net/dev")
 	if err != nil {
 		t.Fatal(err)
 	}
