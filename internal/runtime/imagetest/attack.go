@@ -6,6 +6,9 @@ package imagetest
 //	unix:PATH   connect to the unix socket PATH
 //	bpf         load a trivial BPF socket filter program (bpf(2))
 //	ptrace:PID  attach to process PID with ptrace(2)
+//	read:PATH   read the file PATH
+//	ids         print "ids uid=U gid=G groups=[...]" (the process's own)
+//	ls:DIR      print "ls DIR: NAME NAME..." (sorted)
 func init() { progFiles["attack.go"] = attackSource }
 
 const attackSource = `package main
@@ -13,6 +16,7 @@ const attackSource = `package main
 import (
 	"fmt"
 	"net"
+	"os"
 	"runtime"
 	"strconv"
 	"syscall"
@@ -64,6 +68,26 @@ func init() {
 			syscall.PtraceDetach(pid)
 		}
 		verdict("ptrace:"+arg, err)
+	}
+	extraOps["read"] = func(arg string) {
+		_, err := os.ReadFile(arg)
+		verdict("read:"+arg, err)
+	}
+	extraOps["ids"] = func(string) {
+		gs, _ := os.Getgroups()
+		fmt.Printf("ids uid=%d gid=%d groups=%v\n", os.Getuid(), os.Getgid(), gs)
+	}
+	extraOps["ls"] = func(arg string) {
+		es, err := os.ReadDir(arg)
+		if err != nil {
+			fmt.Printf("ls %s: %v\n", arg, err)
+			return
+		}
+		fmt.Printf("ls %s:", arg)
+		for _, e := range es {
+			fmt.Printf(" %s", e.Name())
+		}
+		fmt.Println()
 	}
 }
 `

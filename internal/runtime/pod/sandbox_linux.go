@@ -4,6 +4,7 @@ package pod
 
 import (
 	"fmt"
+	"os"
 	"sync"
 
 	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
@@ -31,6 +32,10 @@ func slotBase(n int32) uint32 {
 // idRangeBase returns the host id of the pod's root, giving the pod a
 // slot no other pod of the daemon has (kept in pod.json).
 func (p *managedPod) idRangeBase() (uint32, error) {
+	if sandbox.Rootless() {
+		// Every pod's root is the runtime's own uid (RootlessIDs).
+		return uint32(os.Geteuid()), nil
+	}
 	slotMu.Lock()
 	defer slotMu.Unlock()
 	if n := p.idSlot.Load(); n > 0 {
@@ -68,7 +73,15 @@ func buildSandbox(in sandboxInput) (*sandbox.Spec, error) {
 		return nil, fmt.Errorf("spec.hostUsers: true is refused: k3sm runs every pod in a user namespace of its own; remove hostUsers")
 	}
 	sc := in.Container.GetSecurityContext()
-	m := []sandbox.IDMap{{ContainerID: 0, HostID: in.IDBase, Size: idRange}}
+	uidMap := []sandbox.IDMap{{ContainerID: 0, HostID: in.IDBase, Size: idRange}}
+	gidMap := uidMap
+	if sandbox.Rootless() {
+		var why string
+		uidMap, gidMap, why = sandbox.RootlessIDs()
+		if err := rootlessIdentity(in.Container.GetName(), in.Identity, uidMap, gidMap, why); err != nil {
+			return nil, err
+		}
+	}
 	var policy *sandbox.Landlock
 	lower := ""
 	if in.Native {
@@ -82,7 +95,7 @@ func buildSandbox(in sandboxInput) (*sandbox.Spec, error) {
 	}
 	s := &sandbox.Spec{
 		Lower: lower, Upper: in.Upper, Work: in.Work, ReadOnlyRoot: sc.GetReadOnlyRootFilesystem(),
-		UIDMap: m, GIDMap: m,
+		UIDMap: uidMap, GIDMap: gidMap,
 		UID: in.Identity.UID, GID: in.Identity.GID, Groups: in.Identity.Groups, Hostname: in.Hostname,
 		Capabilities:    capabilities(in.Container),
 		NoNewPrivileges: sc != nil && sc.AllowPrivilegeEscalation != nil && !sc.GetAllowPrivilegeEscalation(),
@@ -94,6 +107,29 @@ func buildSandbox(in sandboxInput) (*sandbox.Spec, error) {
 	}
 	s.Seccomp = filter
 	return s, nil
+}
+
+// rootlessIdentity refuses an identity the rootless maps cannot give
+// (only the pod's root exists without a subordinate range; why says so).
+func rootlessIdentity(ctr string, id identity, uidMap, gidMap []sandbox.IDMap, why string) error {
+	check := func(field string, v uint32, maps []sandbox.IDMap) error {
+		if sandbox.Covers(maps, v) {
+			return nil
+		}
+		return fmt.Errorf("container %s: %s %d cannot be given: k3sm runs without root and %s", ctr, field, v, why)
+	}
+	if err := check("user (runAsUser or the image's User)", id.UID, uidMap); err != nil {
+		return err
+	}
+	if err := check("group (runAsGroup or the image's User)", id.GID, gidMap); err != nil {
+		return err
+	}
+	for _, g := range id.Groups {
+		if err := check("supplementary group (supplementalGroups, fsGroup or /etc/group)", g, gidMap); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // wrapperSandbox: the boundary here is not a wrapper process.

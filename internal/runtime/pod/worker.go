@@ -430,7 +430,9 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 			if err := os.MkdirAll(root, 0o700); err != nil {
 				return fail(err.Error())
 			}
-			if err := os.Chown(root, int(base), int(base)); err != nil {
+			if sandbox.Rootless() {
+				// Already the pod root's: the runtime's own.
+			} else if err := os.Chown(root, int(base), int(base)); err != nil {
 				return fail(err.Error())
 			}
 			os.Chmod(root, 0o777|os.ModeSticky)

@@ -85,7 +85,15 @@ func EnterMain(args []string) int {
 		return 126
 	}
 	pid := strconv.Itoa(att.Pid)
-	nsArgv := []string{"nsenter", "--target", pid, "--mount", "--pid", "--uts", "--ipc", "--net"}
+	nsArgv := []string{"nsenter", "--target", pid, "--mount", "--pid", "--uts", "--ipc"}
+	// The node's own network (a rootless runtime's pods) is ours
+	// already, and a user namespace's root may not enter it again.
+	if theirs, err := os.Readlink("/proc/" + pid + "/ns/net"); err != nil {
+		fmt.Fprintln(os.Stderr, "k3sm: the container is not running:", err)
+		return 126
+	} else if ours, _ := os.Readlink("/proc/self/ns/net"); theirs != ours {
+		nsArgv = append(nsArgv, "--net")
+	}
 	if len(att.Sandbox.UIDMap) > 0 {
 		nsArgv = append(nsArgv, "--user")
 	}

@@ -26,14 +26,24 @@ func InitMain() int {
 	// Everything below applies to this thread (the mount namespace, the
 	// root, the Landlock domain, the seccomp filter), which then execs.
 	runtime.LockOSThread()
-	syscall.CloseOnExec(resultFD)
-	syscall.Close(exeFD)
 	res := os.NewFile(resultFD, "result")
 	fail := func(err error) int {
 		fmt.Fprint(res, err.Error())
 		return 1
 	}
 	buf := make([]byte, 1<<20)
+	if os.Getenv(strings.SplitN(remapEnv, "=", 2)[0]) != "" {
+		// Started before newuidmap wrote the maps: no capabilities in
+		// the namespace until an exec as its root, once they exist.
+		if n, _, _, _, err := unix.Recvmsg(initFD, buf, nil, 0); err != nil || n != 1 || buf[0] != 'm' {
+			return 1 // the shim gave up (and said why)
+		}
+		os.Unsetenv(strings.SplitN(remapEnv, "=", 2)[0])
+		err := unix.Exec(fdPath(exeFD), os.Args, os.Environ())
+		return fail(fmt.Errorf("exec the init in its mapped user namespace: %w", err))
+	}
+	syscall.CloseOnExec(resultFD)
+	syscall.Close(exeFD)
 	n, _, _, _, err := unix.Recvmsg(initFD, buf, nil, 0)
 	if err != nil || n == 0 {
 		return fail(fmt.Errorf("read the init's config: %v", err))
@@ -54,6 +64,15 @@ func InitMain() int {
 		}
 	}
 	syscall.Close(initFD)
+	if cfg.Rootless {
+		// Not root on the host: the init builds what the shim would
+		// have, in a mount namespace its user namespace owns.
+		fd, err := buildRootless(&cfg)
+		if err != nil {
+			return fail(err)
+		}
+		rootFD = fd
+	}
 	switch {
 	case cfg.Stage == "":
 		if err := enterHostView(); err != nil {
@@ -72,6 +91,23 @@ func InitMain() int {
 		}
 	}
 	return fail(finish(cfg.Spec, cfg.Argv, cfg.Env, cfg.Dir))
+}
+
+// buildRootless makes the container's root (or, for the host's view,
+// mounts the volumes) as the shim does as root (prepare), from inside the
+// init's user namespace, and returns the root's descriptor (-1 for the
+// host's view).
+func buildRootless(cfg *initConfig) (int, error) {
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return -1, fmt.Errorf("new mount namespace: %w", err)
+	}
+	if err := prepare(cfg.Spec, cfg.Mounts, cfg.Stage, cfg.Scratch, 0); err != nil {
+		return -1, err
+	}
+	if cfg.Stage == "" {
+		return -1, nil
+	}
+	return unix.Open(cfg.Stage, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 }
 
 // maskedPaths hide kernel state from a container as runc does by default;
@@ -222,8 +258,10 @@ func finish(s *Spec, argv, env []string, dir string) error {
 	for _, g := range s.Groups {
 		groups = append(groups, int(g))
 	}
-	if err := syscall.Setgroups(groups); err != nil {
-		return fmt.Errorf("set supplementalGroups %v: %w", s.Groups, err)
+	if len(groups) > 0 || !setgroupsDenied() {
+		if err := syscall.Setgroups(groups); err != nil {
+			return fmt.Errorf("set supplementalGroups %v: %w", s.Groups, err)
+		}
 	}
 	if err := syscall.Setgid(int(s.GID)); err != nil {
 		return fmt.Errorf("set runAsGroup %d: %w", s.GID, err)
@@ -236,6 +274,13 @@ func finish(s *Spec, argv, env []string, dir string) error {
 	}
 	err = syscall.Exec(exe, argv, env)
 	return fmt.Errorf("exec %q: %w", argv[0], err)
+}
+
+// setgroupsDenied reports whether this user namespace denies setgroups
+// (an unprivileged runtime's own-id map): there are no groups to drop.
+func setgroupsDenied() bool {
+	b, err := os.ReadFile("/proc/self/setgroups")
+	return err == nil && strings.TrimSpace(string(b)) == "deny"
 }
 
 // lookPath finds argv[0] as execve would through the container's PATH.

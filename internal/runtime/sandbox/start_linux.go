@@ -19,12 +19,6 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
 )
 
-// Available reports whether the sandbox can be used here: as root (a
-// range of ids per pod needs CAP_SETUID/CAP_SETGID on the host, and the
-// shared image layers are mapped with idmapped mounts, which only the
-// host's root may create).
-func Available() bool { return os.Geteuid() == 0 }
-
 // initConfig is what the shim sends the init (InitMain) on initFD.
 type initConfig struct {
 	Spec  *Spec    `json:"spec"`
@@ -32,7 +26,18 @@ type initConfig struct {
 	Argv  []string `json:"argv"`
 	Env   []string `json:"env"`
 	Dir   string   `json:"dir"`
+	// Rootless: the init builds the root (or mounts the volumes on the
+	// host's view) itself, in its user namespace; the shim, not root,
+	// cannot.
+	Rootless bool           `json:"rootless,omitempty"`
+	Mounts   []mounts.Mount `json:"mounts,omitempty"`
+	Scratch  string         `json:"scratch,omitempty"`
 }
+
+// remapEnv tells the init that its maps are written after it started
+// (newuidmap), so it must wait for them and exec itself again to hold
+// capabilities in its user namespace.
+const remapEnv = "K3SM_INIT_REMAP=1"
 
 const (
 	initFD   = 3 // config, then the go-ahead (one byte) or EOF to give up
@@ -76,19 +81,31 @@ func Start(spec *Spec, ms []mounts.Mount, stage, scratch string, cgroups []strin
 		return nil, err
 	}
 	defer resR.Close()
+	rootless := Rootless()
+	// Maps other than the runtime's own id are written by newuidmap and
+	// newgidmap once the init runs (rootless with a subordinate range).
+	remap := rootless && !(ownOnly(spec.UIDMap, uint32(os.Geteuid())) && ownOnly(spec.GIDMap, uint32(os.Getegid())))
 	a := *attrs
 	a.Cloneflags |= syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC
-	if len(spec.UIDMap) > 0 {
+	env0 := []string{"GOMAXPROCS=1"}
+	switch {
+	case len(spec.UIDMap) == 0:
+	case remap:
+		a.Cloneflags |= syscall.CLONE_NEWUSER
+		env0 = append(env0, remapEnv)
+	default:
 		a.Cloneflags |= syscall.CLONE_NEWUSER
 		a.UidMappings = sysMaps(spec.UIDMap)
 		a.GidMappings = sysMaps(spec.GIDMap)
-		a.GidMappingsEnableSetgroups = true
+		// An unprivileged process may map its own gid only with
+		// setgroups denied.
+		a.GidMappingsEnableSetgroups = !rootless
 		// Root of the new namespace: the shim's own uid is not mapped
 		// there, and an unmapped uid loses its capabilities at exec.
 		a.Credential = &syscall.Credential{Uid: 0, Gid: 0, NoSetGroups: true}
 	}
 	cmd := &exec.Cmd{
-		Path: fdPath(exeFD), Args: []string{"k3sm-shim", InitArg}, Dir: "/", Env: []string{"GOMAXPROCS=1"},
+		Path: fdPath(exeFD), Args: []string{"k3sm-shim", InitArg}, Dir: "/", Env: env0,
 		Stdin: stdin, Stdout: stdout, Stderr: stderr,
 		ExtraFiles:  []*os.File{cfgR, resW, self},
 		SysProcAttr: &a,
@@ -104,18 +121,32 @@ func Start(spec *Spec, ms []mounts.Mount, stage, scratch string, cgroups []strin
 		cmd.Wait()
 		return nil, err
 	}
-	b, _ := json.Marshal(initConfig{Spec: spec, Stage: stage, Argv: argv, Env: env, Dir: dir})
+	if remap {
+		if err := writeMaps(cmd.Process.Pid, spec); err != nil {
+			return fail(err)
+		}
+		if err := unix.Sendmsg(cfgW, []byte{'m'}, nil, nil, 0); err != nil {
+			return fail(fmt.Errorf("start the container's init: %w", err))
+		}
+	}
+	cfg := initConfig{Spec: spec, Stage: stage, Argv: argv, Env: env, Dir: dir}
+	if rootless {
+		cfg.Rootless, cfg.Mounts, cfg.Scratch = true, ms, scratch
+	}
+	b, _ := json.Marshal(cfg)
 	if err := unix.Sendmsg(cfgW, b, nil, nil, 0); err != nil {
 		return fail(fmt.Errorf("configure the container's init: %w", err))
 	}
 	if err := JoinCgroups(cgroups, cmd.Process.Pid); err != nil {
 		return fail(err)
 	}
-	if err := prepare(spec, ms, stage, scratch, cmd.Process.Pid); err != nil {
-		return fail(err)
+	if !rootless {
+		if err := prepare(spec, ms, stage, scratch, cmd.Process.Pid); err != nil {
+			return fail(err)
+		}
 	}
 	var rights []byte
-	if stage != "" {
+	if stage != "" && !rootless {
 		rootFD, err := unix.Open(stage, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return fail(err)
@@ -163,8 +194,10 @@ func prepare(spec *Spec, ms []mounts.Mount, stage, scratch string, initPid int) 
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
 		return fmt.Errorf("make the shim's mounts private: %w", err)
 	}
+	// The init's user namespace, for idmapped mounts; none when the init
+	// builds its root itself (rootless: initPid 0), inside it.
 	ns := ""
-	if len(spec.UIDMap) > 0 {
+	if len(spec.UIDMap) > 0 && initPid > 0 {
 		ns = fmt.Sprintf("/proc/%d/ns/user", initPid)
 	}
 	if spec.Lower == "" {
@@ -188,7 +221,7 @@ func prepare(spec *Spec, ms []mounts.Mount, stage, scratch string, initPid int) 
 			return err
 		}
 	}
-	if uid, ok := hostRoot(spec.UIDMap); ok {
+	if uid, ok := hostRoot(spec.UIDMap); ok && ns != "" {
 		gid, _ := hostRoot(spec.GIDMap)
 		if err := os.Chown(spec.Upper, int(uid), int(gid)); err != nil {
 			return err
@@ -206,7 +239,7 @@ func prepare(spec *Spec, ms []mounts.Mount, stage, scratch string, initPid int) 
 		return err
 	}
 	defer r.Close()
-	if err := r.dev(spec); err != nil {
+	if err := r.dev(spec, ns != ""); err != nil {
 		return fmt.Errorf("make the container's /dev: %w", err)
 	}
 	if err := r.sys(); err != nil {
@@ -388,15 +421,16 @@ var devices = []string{"null", "zero", "full", "random", "urandom", "tty"}
 
 // dev makes /dev a tmpfs with the usual devices, links, /dev/shm, and
 // /dev/pts as a mount point (the init mounts its own devpts instance).
-func (r *root) dev(spec *Spec) error {
+func (r *root) dev(spec *Spec, fromHost bool) error {
 	fd, err := r.mkdirAll("dev", 0o755)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
-	// Both tmpfs belong to the pod's root.
+	// Both tmpfs belong to the pod's root (the mounter's own, when the
+	// init mounts them inside its user namespace).
 	owner := ""
-	if uid, ok := hostRoot(spec.UIDMap); ok {
+	if uid, ok := hostRoot(spec.UIDMap); ok && fromHost {
 		gid, _ := hostRoot(spec.GIDMap)
 		owner = fmt.Sprintf(",uid=%d,gid=%d", uid, gid)
 	}

@@ -23,6 +23,9 @@ var errLinuxOnly = errors.New("the namespace sandbox is Linux-only (darwin's bou
 // Available reports whether the namespace sandbox can be used: never here.
 func Available() bool { return false }
 
+// Rootless is false: there is no namespace sandbox here.
+func Rootless() bool { return false }
+
 // Start is Linux-only.
 func Start(spec *Spec, ms []mounts.Mount, stage, scratch string, cgroups []string, argv, env []string, dir string, stdin, stdout, stderr *os.File, attrs *syscall.SysProcAttr) (*exec.Cmd, error) {
 	return nil, errLinuxOnly

@@ -27,6 +27,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/runtime/pod"
 	"github.com/k3sm-dev/k3sm/internal/runtime/podnet"
 	"github.com/k3sm-dev/k3sm/internal/runtime/procgroup"
+	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
 	"github.com/k3sm-dev/k3sm/internal/runtime/shim"
 )
 
@@ -90,10 +91,12 @@ func (s *Starter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process,
 	// Own session: no signal aimed at the daemon's group or terminal reaches
 	// the shim, and it outlives the daemon.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if len(spec.Mounts) > 0 || spec.Sandbox != nil {
+	if (len(spec.Mounts) > 0 || spec.Sandbox != nil) && !(spec.Sandbox != nil && sandbox.Rootless()) {
 		// A mount namespace of its own (Linux), where the shim applies
 		// the mounts before it starts the workload; without mounts the
-		// shim shares the daemon's, as before.
+		// shim shares the daemon's, as before. The rootless sandbox's
+		// init mounts in its own namespaces, and its maps are written
+		// from the host's user namespace, where the shim stays.
 		cmd.SysProcAttr = mounts.SysProcAttr(cmd.SysProcAttr)
 	}
 	// In the pod's network namespace: the shim and all it starts (the

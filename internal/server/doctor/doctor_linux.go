@@ -21,10 +21,15 @@ func kernelChecks(string) []Check {
 	abi, err := sandbox.LandlockVersion()
 	v2, own, writable, controllers := cgroupState()
 	tables, nerr := nftTables()
+	why := ""
+	if euid != 0 {
+		_, _, why = sandbox.RootlessIDs()
+	}
 	return []Check{
 		usernsVerdict(maxNS, readTrim("/proc/sys/kernel/unprivileged_userns_clone"), readTrim("/proc/sys/kernel/apparmor_restrict_unprivileged_userns"), euid),
 		overlayVerdict(string(fs)),
 		landlockVerdict(abi, err),
+		podIDsVerdict(euid, why),
 		cgroupVerdict(v2, own, writable, controllers),
 		nftVerdict(tables, nerr, euid),
 	}

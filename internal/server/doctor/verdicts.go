@@ -209,6 +209,23 @@ func usernsVerdict(maxUserNS int, unprivClone, apparmorRestrict string, euid int
 	return c
 }
 
+// podIDsVerdict: the ids a pod's user namespace gets. why is
+// sandbox.RootlessIDs' for an unprivileged runtime ("" when it has a
+// subordinate range).
+func podIDsVerdict(euid int, why string) Check {
+	c := Check{Name: "pod-ids"}
+	switch {
+	case euid == 0:
+		c.Status, c.Detail = Pass, "running as root: each pod's user namespace maps a range of 65536 host ids of its own"
+	case why == "":
+		c.Status, c.Detail = Pass, fmt.Sprintf("running as uid %d: a pod's root is uid %d and its ids 1-65535 come from the subordinate range (newuidmap)", euid, euid)
+	default:
+		detail, fix, _ := strings.Cut(why, "; to fix: ")
+		c.Status, c.Detail, c.Fix = Warn, detail+"; a pod asking for another user (runAsUser, runAsGroup, fsGroup, an image's User) is refused", fix
+	}
+	return c
+}
+
 func overlayVerdict(filesystems string) Check {
 	c := Check{Name: "overlayfs"}
 	for _, line := range strings.Split(filesystems, "\n") {

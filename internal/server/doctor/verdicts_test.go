@@ -182,3 +182,13 @@ func TestRunResultIsWorst(t *testing.T) {
 		t.Fatalf("result %s, worst %s, %d checks", r.Result, worst, len(r.Checks))
 	}
 }
+
+func TestPodIDsVerdict(t *testing.T) {
+	want(t, podIDsVerdict(0, ""), Pass, "65536 host ids of its own")
+	want(t, podIDsVerdict(1000, ""), Pass, "ids 1-65535 come from the subordinate range")
+	c := podIDsVerdict(1000, "k3sm (uid 1000) has no subordinate range of 65536 ids in /etc/subuid and /etc/subgid, so a pod's user namespace has only its root (id 0, which is k3sm); to fix: give k3sm a subordinate range")
+	want(t, c, Warn, "has no subordinate range")
+	if c.Fix != "give k3sm a subordinate range" || strings.Contains(c.Detail, "to fix") {
+		t.Errorf("fix %q, detail %q", c.Fix, c.Detail)
+	}
+}

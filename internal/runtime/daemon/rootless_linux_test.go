@@ -1,0 +1,283 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/datadir"
+)
+
+// The rootless sandbox: a daemon that is not root runs each image pod in
+// a user namespace of its own uid (its root), with ids 1…65535 from the
+// user's subordinate range when it has one (newuidmap), in the image's
+// root, with the same Landlock, seccomp and identity as a root runtime.
+// The test runs the daemon as an unprivileged uid of its own choosing; it
+// needs root to set that up.
+
+const (
+	// Uids no account has; the first is given a subordinate range in
+	// /etc/subuid and /etc/subgid for the test's length.
+	rootlessRanged   = 64999
+	rootlessUnranged = 64998
+	rootlessSubStart = 3_000_000_000 // above the root runtime's 2^30…2^31
+	rootlessUser     = "k3sm-rootless-test"
+)
+
+func TestIntegrationRootlessSandbox(t *testing.T) {
+	integration(t)
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: it runs the daemon as another, unprivileged uid")
+	}
+	if _, err := exec.LookPath("newuidmap"); err != nil {
+		t.Skip("needs newuidmap and newgidmap (Debian: apt install uidmap)")
+	}
+	// newuidmap wants the caller to have a name: an account of the
+	// test's, removed after it.
+	if _, err := os.Stat("/usr/sbin/useradd"); err != nil {
+		t.Skip("needs useradd (passwd) to make an account for the unprivileged daemon")
+	}
+	exec.Command("userdel", rootlessUser).Run() // a run that was killed
+	if out, err := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group",
+		"--key", "SYS_GID_MIN=" + strconv.Itoa(rootlessRanged), "--key", "SYS_GID_MAX=" + strconv.Itoa(rootlessRanged), "--uid", strconv.Itoa(rootlessRanged), rootlessUser).CombinedOutput(); err != nil {
+		t.Fatalf("useradd: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("userdel", rootlessUser).Run() })
+	for _, f := range []string{"/etc/subuid", "/etc/subgid"} {
+		addSubordinateRange(t, f, rootlessUser, rootlessSubStart)
+	}
+
+	t.Run("with a subordinate range: the pod's ids", func(t *testing.T) {
+		e := newRootlessEnv(t, rootlessRanged)
+		spec := e.podSpec("ids", "ids", "ls:/", "read:"+e.dir+"/run/runtimed.lock", "forever")
+		spec.Containers[0].SecurityContext = &runtimev1.SecurityContext{RunAsUser: ptr(int64(1000)), RunAsGroup: ptr(int64(2000)),
+			SupplementalGroups: []int64{3000}}
+		e.create(spec)
+		e.waitFor(spec.Uid, "Running", 30*time.Second, running)
+		out := e.waitLog(spec.Uid, "denied read:")
+		if !strings.Contains(out, "ids uid=1000 gid=2000 groups=[2000 3000]") && !strings.Contains(out, "ids uid=1000 gid=2000 groups=[3000]") {
+			t.Errorf("identity in the pod: %q", out)
+		}
+		// Only the image (and what the sandbox mounts) at "/": no data
+		// dir, no host's /home.
+		ls := lineWith(out, "ls /:")
+		for _, want := range []string{" app", " dev", " proc", " etc"} {
+			if !strings.Contains(ls+" ", want+" ") {
+				t.Errorf("%q lacks%s", ls, want)
+			}
+		}
+		for _, host := range []string{" usr", " var"} { // the host's, not in the image
+			if strings.Contains(ls+" ", host+" ") {
+				t.Errorf("%q shows the host's%s", ls, host)
+			}
+		}
+		// On the host the workload runs as the subordinate id of 1000.
+		pid := workloadPid(t, e, spec.Uid)
+		if uid := procUID(t, pid); uid != rootlessSubStart+999 {
+			t.Errorf("the workload runs as host uid %d, want %d (subordinate range start + 999)", uid, rootlessSubStart+999)
+		}
+		// An exec enters the same boundary, as the same identity.
+		got := e.exec(spec.Uid, "main", "prog", "ids", "ls:/proc/1")
+		if !strings.Contains(got, "ids uid=1000 gid=2000") {
+			t.Errorf("exec: %q", got)
+		}
+		// The pod's own pid namespace: its workload is pid 1 there.
+		if !strings.Contains(e.exec(spec.Uid, "main", "prog", "read:/proc/1/cmdline"), "allowed") {
+			t.Errorf("exec cannot see its own pid 1")
+		}
+		// Seccomp and the user namespace's limits, as with a root runtime.
+		if got := e.exec(spec.Uid, "main", "prog", "bpf"); !strings.Contains(got, "denied bpf") {
+			t.Errorf("bpf from the pod: %q", got)
+		}
+	})
+
+	t.Run("without a range: only the pod's root", func(t *testing.T) {
+		e := newRootlessEnv(t, rootlessUnranged)
+		root := e.podSpec("root", "ids", "ls:/", "forever")
+		e.create(root)
+		e.waitFor(root.Uid, "Running", 30*time.Second, running)
+		out := e.waitLog(root.Uid, "ls /:")
+		if !strings.Contains(out, "ids uid=0 gid=0 groups=[]") {
+			t.Errorf("identity in the pod: %q", out)
+		}
+		if ls := lineWith(out, "ls /:"); strings.Contains(ls+" ", " usr ") || !strings.Contains(ls+" ", " app ") {
+			t.Errorf("the pod's / is not its image: %q", ls)
+		}
+		if uid := procUID(t, workloadPid(t, e, root.Uid)); uid != rootlessUnranged {
+			t.Errorf("the workload runs as host uid %d, want the runtime's %d", uid, rootlessUnranged)
+		}
+		// image: native keeps the host's view, in the same boundary:
+		// Landlock closes /home, its private directory is its own.
+		native := &runtimev1.PodSpec{Uid: "native-" + root.Uid[:8], Namespace: "default", Name: "native",
+			Containers: []*runtimev1.ContainerSpec{{Name: "sh", Image: "native", Command: []string{"/bin/sh", "-c",
+				"echo native in $PWD as $(id -u); ls /home >/dev/null 2>&1 && echo home open || echo home closed; ls /usr/bin/sh && sleep 100"}}}}
+		e.create(native)
+		e.waitFor(native.Uid, "Running", 30*time.Second, running)
+		e.waitLog(native.Uid, "native in /run/k3sm-pod as 0\nhome closed\n/usr/bin/sh\n")
+
+		// A user the namespace cannot give is refused, naming the fix.
+		other := e.podSpec("other", "forever")
+		other.Containers[0].SecurityContext = &runtimev1.SecurityContext{RunAsUser: ptr(int64(1000))}
+		e.create(other)
+		st := e.waitFor(other.Uid, "CreateContainerConfigError", 30*time.Second, func(st *runtimev1.PodStatus) bool {
+			w := st.GetContainerStatuses()[0].GetState().GetWaiting()
+			return w.GetReason() == "CreateContainerConfigError"
+		})
+		msg := st.GetContainerStatuses()[0].GetState().GetWaiting().GetMessage()
+		for _, want := range []string{"1000", "/etc/subuid", "usermod --add-subuids"} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("refusal %q does not name %q", msg, want)
+			}
+		}
+	})
+}
+
+// newRootlessEnv starts a daemon as uid (its own group the same number)
+// on a data dir it owns, with this test binary and the shim copied where
+// that uid can run them.
+func newRootlessEnv(t *testing.T, uid int) *env {
+	e := newBareEnv(t)
+	bin := t.TempDir()
+	os.Chmod(bin, 0o755)
+	os.Chmod(filepath.Dir(bin), 0o755)
+	for src, name := range map[string]string{os.Args[0]: "daemon.test", shimBin: "k3sm-shim"} {
+		copyExecutable(t, src, filepath.Join(bin, name))
+	}
+	if err := os.Chown(e.dir, uid, uid); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(e.dir, 0o755)
+	cmd := exec.Command(filepath.Join(bin, "daemon.test"), "-test.run=^$")
+	cmd.Dir = "/"
+	cmd.Env = append(os.Environ(), subprocessEnv+"="+e.dir, "K3SM_TEST_SHIM="+filepath.Join(bin, "k3sm-shim"), "HOME=/")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid), NoSetGroups: false}}
+	logf, err := os.CreateTemp(t.TempDir(), "daemon-*.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = logf
+	if testing.Verbose() {
+		cmd.Stderr = io.MultiWriter(logf, os.Stderr)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	e.daemonLog, e.daemonExited = logf.Name(), exited
+	e.dial()
+	t.Cleanup(func() {
+		e.deleteAll()
+		e.c.Close()
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+		}
+		os.RemoveAll(e.dir)
+	})
+	// The daemon is not root, and says so.
+	info, err := e.c.Runtime.GetRuntimeInfo(context.Background(), &runtimev1.GetRuntimeInfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.GetCloneMethod() != "overlay" {
+		t.Errorf("pod roots by %q, want overlay (the rootless sandbox)", info.GetCloneMethod())
+	}
+	if fi, err := os.Stat(datadir.New(e.dir).RuntimeSocket()); err != nil || fi.Sys().(*syscall.Stat_t).Uid != uint32(uid) {
+		t.Fatalf("the daemon's socket %v, %v: not made by uid %d", fi, err, uid)
+	}
+	return e
+}
+
+// addSubordinateRange gives user 65536 ids from start in file (the
+// format of /etc/subuid) until the test ends, leaving the file as it was.
+func addSubordinateRange(t *testing.T, file string, user string, start uint32) {
+	old, err := os.ReadFile(file)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	line := fmt.Sprintf("%s:%d:65536\n", user, start)
+	body := string(old)
+	if body != "" && !strings.HasSuffix(body, "\n") {
+		body += "\n"
+	}
+	if err := os.WriteFile(file, []byte(body+line), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if old == nil {
+			os.Remove(file)
+			return
+		}
+		os.WriteFile(file, old, 0o644)
+	})
+}
+
+func copyExecutable(t *testing.T, src, dst string) {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dst, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func lineWith(out, prefix string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	return ""
+}
+
+// workloadPid is the host pid of the pod's main container process (the
+// shim's shim.json).
+func workloadPid(t *testing.T, e *env, uid string) int {
+	t.Helper()
+	matches, _ := filepath.Glob(filepath.Join(datadir.New(e.dir).PodAttemptsDir(uid), "main", "*", "shim.json"))
+	for _, m := range matches {
+		b, err := os.ReadFile(m)
+		if err != nil {
+			continue
+		}
+		if i := strings.Index(string(b), `"pid":`); i >= 0 {
+			rest := string(b[i+6:])
+			end := strings.IndexAny(rest, ",}")
+			if pid, err := strconv.Atoi(strings.TrimSpace(rest[:end])); err == nil && pid > 0 {
+				return pid
+			}
+		}
+	}
+	t.Fatalf("no workload pid for pod %s (%v)", uid, matches)
+	return 0
+}
+
+// procUID is the real uid of process pid on the host.
+func procUID(t *testing.T, pid int) uint32 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[0] == "Uid:" {
+			n, _ := strconv.ParseUint(f[1], 10, 32)
+			return uint32(n)
+		}
+	}
+	t.Fatalf("no Uid in /proc/%d/status", pid)
+	return 0
+}
