@@ -48,7 +48,7 @@ func TestIntegrationRootlessSandbox(t *testing.T) {
 	}
 	exec.Command("userdel", rootlessUser).Run() // a run that was killed
 	if out, err := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group",
-		"--key", "SYS_GID_MIN=" + strconv.Itoa(rootlessRanged), "--key", "SYS_GID_MAX=" + strconv.Itoa(rootlessRanged), "--uid", strconv.Itoa(rootlessRanged), rootlessUser).CombinedOutput(); err != nil {
+		"--key", "SYS_GID_MIN="+strconv.Itoa(rootlessRanged), "--key", "SYS_GID_MAX="+strconv.Itoa(rootlessRanged), "--uid", strconv.Itoa(rootlessRanged), rootlessUser).CombinedOutput(); err != nil {
 		t.Fatalf("useradd: %v: %s", err, out)
 	}
 	t.Cleanup(func() { exec.Command("userdel", rootlessUser).Run() })
