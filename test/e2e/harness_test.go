@@ -74,6 +74,11 @@ type server struct {
 	waitErr  chan error
 	extra    []string
 	exitCode int
+	// bin (default k3smBin), cred and env (appended to this process's)
+	// start the server as another user (TestRootlessServer).
+	bin  string
+	cred *syscall.Credential
+	env  []string
 }
 
 // freePort returns a loopback port no one listens on, below the kernel's
@@ -160,7 +165,18 @@ func (s *server) args() []string {
 // start launches the server and waits until it says it is up.
 func (s *server) start() {
 	s.t.Helper()
-	s.cmd = exec.Command(k3smBin, s.args()...)
+	bin := k3smBin
+	if s.bin != "" {
+		bin = s.bin
+	}
+	s.cmd = exec.Command(bin, s.args()...)
+	if s.cred != nil {
+		s.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+		s.cmd.Dir = "/"
+	}
+	if s.env != nil {
+		s.cmd.Env = append(os.Environ(), s.env...)
+	}
 	s.out = &bytes.Buffer{}
 	// One writer for both: two would each lock only themselves.
 	lw := &lockedWriter{w: s.out}
