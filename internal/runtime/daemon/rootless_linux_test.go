@@ -98,6 +98,31 @@ func TestIntegrationRootlessSandbox(t *testing.T) {
 		if got := e.exec(spec.Uid, "main", "prog", "bpf"); !strings.Contains(got, "denied bpf") {
 			t.Errorf("bpf from the pod: %q", got)
 		}
+
+		// fsGroup: the emptyDir is the group's (setgid), and what the pod
+		// writes there too, as subordinate ids on the host.
+		fsg := e.podSpec("fsgroup", "append:/data/f:x", "echo:written", "forever")
+		fsg.Volumes = append(fsg.Volumes, &runtimev1.Volume{Name: "data", Source: &runtimev1.Volume_EmptyDir{EmptyDir: &runtimev1.EmptyDirVolume{}}})
+		fsg.Containers[0].VolumeMounts = []*runtimev1.VolumeMount{{Name: "data", MountPath: "/data"}}
+		fsg.Containers[0].SecurityContext = &runtimev1.SecurityContext{RunAsUser: ptr(int64(1000)), FsGroup: ptr(int64(4000))}
+		e.create(fsg)
+		e.waitFor(fsg.Uid, "Running", 30*time.Second, running)
+		e.waitLog(fsg.Uid, "written\n")
+		dir := datadir.New(e.dir).PodVolumeDir(fsg.Uid, "data")
+		di, err := os.Stat(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g := di.Sys().(*syscall.Stat_t).Gid; g != rootlessSubStart+3999 || di.Mode()&os.ModeSetgid == 0 || di.Mode().Perm() != 0o777 {
+			t.Errorf("emptyDir: gid %d mode %v, want %d and setgid 0777", g, di.Mode(), rootlessSubStart+3999)
+		}
+		fi, err := os.Stat(filepath.Join(dir, "f"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := fi.Sys().(*syscall.Stat_t); st.Uid != rootlessSubStart+999 || st.Gid != rootlessSubStart+3999 {
+			t.Errorf("a file the pod wrote: %d:%d, want %d:%d", st.Uid, st.Gid, rootlessSubStart+999, rootlessSubStart+3999)
+		}
 	})
 
 	t.Run("without a range: only the pod's root", func(t *testing.T) {

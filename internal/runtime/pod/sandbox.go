@@ -12,6 +12,7 @@ import (
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/runtime/image"
 	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
+	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
 )
 
 // sandboxInput is what the per-OS builders of a container's sandbox.Spec
@@ -154,6 +155,30 @@ func (p *managedPod) ownVolume(spec *runtimev1.PodSpec, v *runtimev1.Volume) err
 		})
 	}
 	return nil
+}
+
+// rootlessOwners is what ownVolume does as root, for a rootless
+// runtime's init to do inside the pod's user namespace: the pod's fsGroup
+// on its emptyDir and files volumes (without fsGroup they are the pod
+// root's already: the runtime's own files).
+func (p *managedPod) rootlessOwners(spec *runtimev1.PodSpec) []sandbox.Own {
+	var gid *int64
+	for _, c := range append(append([]*runtimev1.ContainerSpec{}, spec.GetInitContainers()...), spec.GetContainers()...) {
+		if sc := c.GetSecurityContext(); sc != nil && sc.FsGroup != nil {
+			gid = sc.FsGroup
+			break
+		}
+	}
+	if gid == nil {
+		return nil
+	}
+	var out []sandbox.Own
+	for _, v := range spec.GetVolumes() {
+		if v.GetEmptyDir() != nil || v.GetFiles() != nil {
+			out = append(out, sandbox.Own{Path: p.m.dirs().PodVolumeDir(p.uid, v.GetName()), GID: uint32(*gid), Setgid: v.GetEmptyDir() != nil})
+		}
+	}
+	return out
 }
 
 // addMounts records the container's mounts, writable and read-only, as

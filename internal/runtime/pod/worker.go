@@ -513,6 +513,9 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 		if sb, err = buildSandbox(box); err != nil {
 			return p.refuse(ctx, c, err.Error())
 		}
+		if sandbox.Rootless() {
+			sb.Own = p.rootlessOwners(spec)
+		}
 	}
 	if !boxed && !entered {
 		// Where the boundary is a wrapper (darwin's Seatbelt).

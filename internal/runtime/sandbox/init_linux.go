@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -98,6 +99,11 @@ func InitMain() int {
 // init's user namespace, and returns the root's descriptor (-1 for the
 // host's view).
 func buildRootless(cfg *initConfig) (int, error) {
+	for _, o := range cfg.Spec.Own {
+		if err := own(o); err != nil {
+			return -1, fmt.Errorf("give volume %s to fsGroup %d: %w", o.Path, o.GID, err)
+		}
+	}
 	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 		return -1, fmt.Errorf("new mount namespace: %w", err)
 	}
@@ -108,6 +114,23 @@ func buildRootless(cfg *initConfig) (int, error) {
 		return -1, nil
 	}
 	return unix.Open(cfg.Stage, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+}
+
+// own applies o with the init's ids (the pod's root, o.GID inside the
+// pod's user namespace).
+func own(o Own) error {
+	if o.Setgid {
+		if err := os.Chown(o.Path, 0, int(o.GID)); err != nil {
+			return err
+		}
+		return os.Chmod(o.Path, 0o777|os.ModeSetgid)
+	}
+	return filepath.WalkDir(o.Path, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, 0, int(o.GID))
+	})
 }
 
 // maskedPaths hide kernel state from a container as runc does by default;

@@ -68,6 +68,21 @@ type Spec struct {
 	// Seatbelt is the rendered SBPL profile the darwin shim runs the
 	// workload under (WrapArgv); unused on Linux.
 	Seatbelt string `json:"seatbelt,omitempty"`
+
+	// Own are volumes the rootless init gives to the pod's fsGroup before
+	// it builds the root (a runtime that is not root cannot give files to
+	// its subordinate ids; as root the runtime does it itself).
+	Own []Own `json:"own,omitempty"`
+}
+
+// Own gives the volume directory Path (a host path) to group GID of the
+// pod's user namespace: with Setgid (an emptyDir) the directory becomes
+// 0777 and setgid so new files join the group; otherwise (files volumes)
+// every entry below it gets the group.
+type Own struct {
+	Path   string `json:"path"`
+	GID    uint32 `json:"gid"`
+	Setgid bool   `json:"setgid,omitempty"`
 }
 
 // Landlock lists the paths (as the container sees them) a container may
