@@ -140,6 +140,10 @@ func TestIntegrationRootlessSandbox(t *testing.T) {
 		if uid := procUID(t, workloadPid(t, e, root.Uid)); uid != rootlessUnranged {
 			t.Errorf("the workload runs as host uid %d, want the runtime's %d", uid, rootlessUnranged)
 		}
+		// Exec enters a namespace that denies setgroups (an own-id map).
+		if got := e.exec(root.Uid, "main", "prog", "ids", "ls:/"); !strings.Contains(got, "ids uid=0 gid=0") || strings.Contains(got, " usr") {
+			t.Errorf("exec: %q", got)
+		}
 		// image: native keeps the host's view, in the same boundary:
 		// Landlock closes /home, its private directory is its own.
 		native := &runtimev1.PodSpec{Uid: "native-" + root.Uid[:8], Namespace: "default", Name: "native",

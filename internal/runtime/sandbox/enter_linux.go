@@ -96,6 +96,11 @@ func EnterMain(args []string) int {
 	}
 	if len(att.Sandbox.UIDMap) > 0 {
 		nsArgv = append(nsArgv, "--user")
+		if Rootless() {
+			// Our uid is the namespace's root already; nsenter's switch to
+			// 0 would call setgroups, which an own-id map denies.
+			nsArgv = append(nsArgv, "--preserve-credentials")
+		}
 	}
 	nsArgv = append(nsArgv, "--", fdPath(exe), ExecArg, strconv.Itoa(exe), strconv.Itoa(mfd), "--")
 	err = unix.Exec(nsenter, append(nsArgv, argv...), os.Environ())
