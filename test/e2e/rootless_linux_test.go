@@ -3,9 +3,7 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,6 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+
+	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 )
 
 // TestRootlessServer: `k3sm server` run by an unprivileged account with a
@@ -24,53 +24,19 @@ func TestRootlessServer(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to make the unprivileged account the server runs as")
 	}
-	for _, tool := range []string{"newuidmap", "newgidmap", "useradd"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s (Debian: uidmap, passwd)", tool)
-		}
-	}
 	const user, uid, sub = "k3sm-e2e-rootless", 64997, 3_100_000_000
-	exec.Command("userdel", user).Run() // a run that was killed
-	if out, err := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group",
-		"--key", "SYS_GID_MIN="+strconv.Itoa(uid), "--key", "SYS_GID_MAX="+strconv.Itoa(uid), "--uid", strconv.Itoa(uid), user).CombinedOutput(); err != nil {
-		t.Fatalf("useradd: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("userdel", user).Run() })
-	for _, f := range []string{"/etc/subuid", "/etc/subgid"} {
-		old, err := os.ReadFile(f)
-		if err != nil && !os.IsNotExist(err) {
-			t.Fatal(err)
-		}
-		body := string(old)
-		if body != "" && !strings.HasSuffix(body, "\n") {
-			body += "\n"
-		}
-		if err := os.WriteFile(f, []byte(body+fmt.Sprintf("%s:%d:65536\n", user, sub)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if old == nil {
-				os.Remove(f)
-			} else {
-				os.WriteFile(f, old, 0o644)
-			}
-		})
-	}
+	imagetest.RootlessAccount(t, user, uid, sub)
 	// The binaries where the account can run them (the clone may be in
 	// a directory only root enters).
 	bin := t.TempDir()
 	for _, d := range []string{bin, filepath.Dir(bin)} {
 		os.Chmod(d, 0o755)
 	}
+	var bins []string
 	for _, name := range []string{"k3sm", "k3sm-runtimed", "k3sm-shim", "k3sm-netd", "k3sm-helm"} {
-		b, err := os.ReadFile(filepath.Join(filepath.Dir(k3smBin), name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(bin, name), b, 0o755); err != nil {
-			t.Fatal(err)
-		}
+		bins = append(bins, filepath.Join(filepath.Dir(k3smBin), name))
 	}
+	imagetest.CopyExecutables(t, bin, bins...)
 	imgs := buildImages(t)
 	s := newServer(t)
 	home := filepath.Join(s.dataDir, "home")

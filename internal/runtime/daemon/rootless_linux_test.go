@@ -15,6 +15,7 @@ import (
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/datadir"
+	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 )
 
 // The rootless sandbox: a daemon that is not root runs each image pod in
@@ -38,23 +39,9 @@ func TestIntegrationRootlessSandbox(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: it runs the daemon as another, unprivileged uid")
 	}
-	if _, err := exec.LookPath("newuidmap"); err != nil {
-		t.Skip("needs newuidmap and newgidmap (Debian: apt install uidmap)")
-	}
-	// newuidmap wants the caller to have a name: an account of the
-	// test's, removed after it.
-	if _, err := os.Stat("/usr/sbin/useradd"); err != nil {
-		t.Skip("needs useradd (passwd) to make an account for the unprivileged daemon")
-	}
-	exec.Command("userdel", rootlessUser).Run() // a run that was killed
-	if out, err := exec.Command("useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group",
-		"--key", "SYS_GID_MIN="+strconv.Itoa(rootlessRanged), "--key", "SYS_GID_MAX="+strconv.Itoa(rootlessRanged), "--uid", strconv.Itoa(rootlessRanged), rootlessUser).CombinedOutput(); err != nil {
-		t.Fatalf("useradd: %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("userdel", rootlessUser).Run() })
-	for _, f := range []string{"/etc/subuid", "/etc/subgid"} {
-		addSubordinateRange(t, f, rootlessUser, rootlessSubStart)
-	}
+	// The unranged uid needs no account: without a name newuidmap is
+	// never called.
+	imagetest.RootlessAccount(t, rootlessUser, rootlessRanged, rootlessSubStart)
 
 	t.Run("with a subordinate range: the pod's ids", func(t *testing.T) {
 		e := newRootlessEnv(t, rootlessRanged)
@@ -178,14 +165,12 @@ func newRootlessEnv(t *testing.T, uid int) *env {
 	bin := t.TempDir()
 	os.Chmod(bin, 0o755)
 	os.Chmod(filepath.Dir(bin), 0o755)
-	for src, name := range map[string]string{os.Args[0]: "daemon.test", shimBin: "k3sm-shim"} {
-		copyExecutable(t, src, filepath.Join(bin, name))
-	}
+	imagetest.CopyExecutables(t, bin, os.Args[0], shimBin)
 	if err := os.Chown(e.dir, uid, uid); err != nil {
 		t.Fatal(err)
 	}
 	os.Chmod(e.dir, 0o755)
-	cmd := exec.Command(filepath.Join(bin, "daemon.test"), "-test.run=^$")
+	cmd := exec.Command(filepath.Join(bin, filepath.Base(os.Args[0])), "-test.run=^$")
 	cmd.Dir = "/"
 	cmd.Env = append(os.Environ(), subprocessEnv+"="+e.dir, "K3SM_TEST_SHIM="+filepath.Join(bin, "k3sm-shim"), "HOME=/")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid), NoSetGroups: false}}
@@ -227,40 +212,6 @@ func newRootlessEnv(t *testing.T, uid int) *env {
 		t.Fatalf("the daemon's socket %v, %v: not made by uid %d", fi, err, uid)
 	}
 	return e
-}
-
-// addSubordinateRange gives user 65536 ids from start in file (the
-// format of /etc/subuid) until the test ends, leaving the file as it was.
-func addSubordinateRange(t *testing.T, file string, user string, start uint32) {
-	old, err := os.ReadFile(file)
-	if err != nil && !os.IsNotExist(err) {
-		t.Fatal(err)
-	}
-	line := fmt.Sprintf("%s:%d:65536\n", user, start)
-	body := string(old)
-	if body != "" && !strings.HasSuffix(body, "\n") {
-		body += "\n"
-	}
-	if err := os.WriteFile(file, []byte(body+line), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if old == nil {
-			os.Remove(file)
-			return
-		}
-		os.WriteFile(file, old, 0o644)
-	})
-}
-
-func copyExecutable(t *testing.T, src, dst string) {
-	b, err := os.ReadFile(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(dst, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
 }
 
 func lineWith(out, prefix string) string {
