@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -298,7 +299,19 @@ func (c *Charts) sync(ctx context.Context, key string) error {
 	// Deployed before status.valuesDigest existed: the release's own
 	// values tell whether it is current; record the digest then.
 	legacy := applied == ""
-	if observed == hc.GetGeneration() && revision > 0 && (applied == digest || legacy) {
+	upToDate := observed == hc.GetGeneration() && revision > 0 && (applied == digest || legacy)
+	if upToDate && !legacy {
+		// The release's record is a Secret of helm's: read here, no
+		// k3sm-helm process for a chart that is up to date (an error
+		// leaves it to the helper, below).
+		if cur, err := releaseCurrent(ctx, c.kube, target, name, revision); err == nil {
+			if cur {
+				return nil
+			}
+			upToDate = false
+		}
+	}
+	if upToDate {
 		rel, err := c.helm(ctx, &helmwire.Request{Op: helmwire.OpRelease, Release: name, Namespace: target,
 			Values: vals, Set: set, CompareValues: legacy})
 		switch {
@@ -349,6 +362,26 @@ func (c *Charts) sync(ctx context.Context, key string) error {
 			condition("Failed", "False", "Deployed", ""),
 		},
 	})
+}
+
+// releaseCurrent reports whether release name in namespace is deployed at
+// revision, from the records helm's Secret driver keeps (labels owner=helm,
+// name, version, status; the helper's actions use that driver): what
+// k3sm-helm's OpRelease answers, without starting it. An error leaves the
+// question to the helper.
+func releaseCurrent(ctx context.Context, kube kubernetes.Interface, namespace, name string, revision int64) (bool, error) {
+	list, err := kube.CoreV1().Secrets(namespace).List(ctx, metav1.ListOptions{LabelSelector: "owner=helm,name=" + name})
+	if err != nil {
+		return false, err
+	}
+	latest, status := int64(0), ""
+	for _, s := range list.Items {
+		v, err := strconv.ParseInt(s.Labels["version"], 10, 64)
+		if err == nil && v > latest {
+			latest, status = v, s.Labels["status"]
+		}
+	}
+	return latest == revision && status == "deployed", nil
 }
 
 // reason is the status reason of a failed k3sm-helm call: by the stage

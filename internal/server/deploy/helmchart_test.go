@@ -6,11 +6,14 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
 
@@ -66,5 +69,30 @@ func TestWaitServed(t *testing.T) {
 	defer cancel2()
 	if err := c.waitServed(short); err == nil {
 		t.Fatal("waitServed returned without the resources served")
+	}
+}
+
+// releaseCurrent reads helm's release Secrets as OpRelease would answer.
+func TestReleaseCurrent(t *testing.T) {
+	rec := func(name, version, status string) *corev1.Secret {
+		return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "apps", Name: "sh.helm.release.v1." + name + ".v" + version,
+			Labels: map[string]string{"owner": "helm", "name": name, "version": version, "status": status}}}
+	}
+	kube := fake.NewClientset(rec("web", "1", "superseded"), rec("web", "2", "deployed"), rec("db", "3", "failed"),
+		rec("other", "9", "deployed"))
+	for _, c := range []struct {
+		name string
+		rev  int64
+		want bool
+	}{
+		{"web", 2, true},   // the latest record, deployed
+		{"web", 1, false},  // a later revision exists
+		{"db", 3, false},   // failed
+		{"gone", 1, false}, // no record: removed by hand
+	} {
+		got, err := releaseCurrent(context.Background(), kube, "apps", c.name, c.rev)
+		if err != nil || got != c.want {
+			t.Errorf("%s revision %d: %v %v, want %v", c.name, c.rev, got, err, c.want)
+		}
 	}
 }
