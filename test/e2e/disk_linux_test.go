@@ -11,7 +11,6 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,22 +27,9 @@ func TestDiskPressureAndImageGC(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to mount a size-limited tmpfs for the data dir")
 	}
-	bin, err := imagetest.BuildProg(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
 	reg := imagetest.StartRegistry(t, "", "")
-	img, err := imagetest.Image(bin, v1.Platform{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, _ := img.ConfigFile()
-	cfg := cf.Config
-	cfg.Env = append(cfg.Env, "VARIANT=kept")
-	kept, err := mutate.Config(img, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	img := progImage(t)
+	kept := variant(t, img, func(cf *v1.ConfigFile) { cf.Config.Env = append(cf.Config.Env, "VARIANT=kept") })
 	unused := reg.Push(t, "prog:unused", img)
 	inUse := reg.Push(t, "prog:kept", kept)
 

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,25 +23,9 @@ import (
 // changes (a new image), not when what the node resolves for it changes (a
 // label behind a fieldRef, a referenced ConfigMap).
 func TestEnvValuesAndRestarts(t *testing.T) {
-	bin, err := imagetest.BuildProg(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
 	reg := imagetest.StartRegistry(t, "", "")
-	img1, err := imagetest.Image(bin, v1.Platform{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, err := img1.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := cf.Config
-	cfg.Env = append(append([]string{}, cfg.Env...), "IMAGE_VERSION=two")
-	img2, err := mutate.Config(img1, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	img1 := progImage(t)
+	img2 := variant(t, img1, func(cf *v1.ConfigFile) { cf.Config.Env = append(cf.Config.Env, "IMAGE_VERSION=two") })
 	ref1, ref2 := reg.Push(t, "prog:one", img1), reg.Push(t, "prog:two", img2)
 
 	s := newServer(t)
@@ -86,6 +69,7 @@ func TestEnvValuesAndRestarts(t *testing.T) {
 		waitPod(t, c, "verbatim", 2*time.Minute, running)
 		var out string
 		waitFor(t, 30*time.Second, "output", func() error {
+			var err error
 			out, err = s.kubectl("logs", "verbatim")
 			if err != nil || !strings.Contains(out, "done\n") {
 				return fmt.Errorf("%v: %s", err, out)

@@ -597,14 +597,7 @@ func relayFromNetNS(t *testing.T, nsPath, target string) string {
 // registry's port.
 func registryServer(t *testing.T) (*server, v1.Image, int) {
 	t.Helper()
-	bin, err := imagetest.BuildProg(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := imagetest.Image(bin, v1.Platform{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	img := progImage(t)
 	port := freePort(t)
 	s := newServer(t, "--registry-port", fmt.Sprint(port))
 	s.start()

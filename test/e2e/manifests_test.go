@@ -10,7 +10,6 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -26,25 +25,9 @@ const providerTaint = "k3sm.io/provider"
 // admission with the field named; --node-taint puts the provider taint on
 // the existing Node.
 func TestStandardManifests(t *testing.T) {
-	bin, err := imagetest.BuildProg(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
 	reg := imagetest.StartRegistry(t, "", "")
-	img, err := imagetest.Image(bin, v1.Platform{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "", ""
-	bare, err := mutate.ConfigFile(img, cf)
-	if err != nil {
-		t.Fatal(err)
-	}
+	img := progImage(t)
+	bare := variant(t, img, func(cf *v1.ConfigFile) { cf.OS, cf.Architecture = "", "" })
 	webImage, bareImage := reg.Push(t, "web:v1", img), reg.Push(t, "bare:v1", bare)
 
 	s := newServer(t)

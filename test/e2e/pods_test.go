@@ -12,6 +12,7 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -27,6 +28,36 @@ import (
 // registry on 127.0.0.1.
 type images struct {
 	prog, foreign, missing string
+}
+
+// progImage is the test program's image for this machine's platform.
+func progImage(t *testing.T) v1.Image {
+	t.Helper()
+	bin, err := imagetest.BuildProg(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := imagetest.Image(bin, v1.Platform{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+// variant is img with its config file changed by edit.
+func variant(t *testing.T, img v1.Image, edit func(*v1.ConfigFile)) v1.Image {
+	t.Helper()
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf = cf.DeepCopy()
+	edit(cf)
+	out, err := mutate.ConfigFile(img, cf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 func buildImages(t *testing.T) images {

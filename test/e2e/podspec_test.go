@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
-	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 	corev1 "k8s.io/api/core/v1"
@@ -26,15 +25,8 @@ import (
 // and kubectl logs' streaming options.
 func TestPodSpecSurface(t *testing.T) {
 	imgs := buildImages(t)
-	bin, err := imagetest.BuildProg(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
 	private := imagetest.StartRegistry(t, "puller", "s3cret")
-	img, err := imagetest.Image(bin, v1.Platform{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	img := progImage(t)
 	privateRef := private.Push(t, "private:v1", img, remote.WithAuth(&authn.Basic{Username: "puller", Password: "s3cret"}))
 
 	s := newServer(t)
