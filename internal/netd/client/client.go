@@ -73,7 +73,14 @@ func (c *Client) ConfigureRanges(ctx context.Context, a wire.ConfigureArgs) (wir
 // SetupPod gives the pod its address and namespace; again for the same UID
 // returns the same address.
 func (c *Client) SetupPod(ctx context.Context, uid, namespace, name string) (wire.PodResult, error) {
-	resp, err := c.do(ctx, &wire.Request{Verb: wire.VerbSetupPod, SetupPod: &wire.SetupPodArgs{UID: uid, Namespace: namespace, Name: name}})
+	return c.SetupPodFrom(ctx, uid, namespace, name, 0)
+}
+
+// SetupPodFrom is SetupPod for a runtime that is not root: the pod's
+// network namespace is process pid's, in a user namespace of the
+// runtime's (wire.SetupPodArgs.FromPid); 0 is SetupPod.
+func (c *Client) SetupPodFrom(ctx context.Context, uid, namespace, name string, pid int) (wire.PodResult, error) {
+	resp, err := c.do(ctx, &wire.Request{Verb: wire.VerbSetupPod, SetupPod: &wire.SetupPodArgs{UID: uid, Namespace: namespace, Name: name, FromPid: pid}})
 	if err != nil {
 		return wire.PodResult{}, err
 	}

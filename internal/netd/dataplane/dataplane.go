@@ -46,6 +46,14 @@ type Pod struct {
 	// HostIf is the host end of the pod's veth (Linux), derived from UID by
 	// HostIfName; empty on darwin.
 	HostIf string
+	// UserNS (Linux) is set for a pod whose namespaces are its runtime's:
+	// the file its user namespace is pinned on (wire.UserNSPath of NetNS).
+	// AddPod never makes such a pod's network namespace: it pins the ones
+	// of process FromPid, which must belong to uid Owner, or fails when
+	// they are gone and FromPid is 0.
+	UserNS  string
+	FromPid int
+	Owner   int
 }
 
 // Inventory is what exists on the system and is ours, for resync after a

@@ -168,8 +168,16 @@ func (d *linuxPlane) AddPod(n Node, p Pod) error {
 	if err != nil {
 		return err
 	}
-	if !ok {
+	switch {
+	case ok:
+	case p.UserNS == "":
 		if err := createNetNS(p.NetNS); err != nil {
+			return err
+		}
+	case p.FromPid <= 0:
+		return fmt.Errorf("dataplane: pod %s: its network namespace is gone; its runtime brings a new one (fromPid)", p.UID)
+	default:
+		if err := adoptNetNS(p.NetNS, p.UserNS, p.FromPid, p.Owner); err != nil {
 			return err
 		}
 	}
@@ -290,6 +298,11 @@ func (d *linuxPlane) DelPod(p Pod) error {
 	} else if !isNotFound(err) {
 		return fmt.Errorf("dataplane: %s: %w", p.HostIf, err)
 	}
+	if p.UserNS != "" {
+		if err := removeNetNS(p.UserNS); err != nil {
+			return err
+		}
+	}
 	return removeNetNS(p.NetNS)
 }
 
@@ -395,6 +408,9 @@ func (d *linuxPlane) checkPodNames(p Pod) error {
 	}
 	if !filepath.IsAbs(p.NetNS) || filepath.Clean(p.NetNS) != p.NetNS || filepath.Dir(p.NetNS) != d.netnsDir {
 		return fmt.Errorf("dataplane: pod namespace %q is not a file in %s", p.NetNS, d.netnsDir)
+	}
+	if p.UserNS != "" && p.UserNS != p.NetNS+".user" {
+		return fmt.Errorf("dataplane: pod user namespace %q is not %s.user", p.UserNS, p.NetNS)
 	}
 	return nil
 }

@@ -315,13 +315,16 @@ func (s *Server) dpPod(p *pod) dataplane.Pod {
 	if netnsFiles {
 		dp.NetNS = filepath.Join(s.cfg.NetNSDir, p.uid)
 		dp.HostIf = dataplane.HostIfName(p.uid)
+		if p.userns {
+			dp.UserNS, dp.Owner = wire.UserNSPath(dp.NetNS), s.cfg.AllowedUID
+		}
 	}
 	return dp
 }
 
 func (s *Server) podResult(p *pod) wire.PodResult {
 	return wire.PodResult{UID: p.uid, Namespace: p.namespace, Name: p.name, IP: p.ip.String(),
-		PrefixLen: s.cidr.Bits(), Gateway: gateway(s.cidr).String(), NetNS: s.dpPod(p).NetNS}
+		PrefixLen: s.cidr.Bits(), Gateway: gateway(s.cidr).String(), NetNS: s.dpPod(p).NetNS, UserNS: s.dpPod(p).UserNS}
 }
 
 func (s *Server) save() error {
@@ -380,7 +383,13 @@ func (s *Server) setupPod(a *wire.SetupPodArgs) *wire.Response {
 	if !s.cidr.IsValid() {
 		return failure(wire.CodeNotConfigured, "the node's pod network is not configured yet (Configure with the node's podCIDR first)")
 	}
+	if a.FromPid > 0 && (s.cfg.AllowedUID == 0 || !netnsFiles) {
+		return failure(wire.CodeInvalid, "fromPid: only a runtime that is not root, on Linux, brings its own namespaces; a root runtime's pods get netd's")
+	}
 	if p := s.pods[a.UID]; p != nil {
+		if p.userns != (a.FromPid > 0) {
+			return failure(wire.CodeConflict, "pod %s/%s was set up %s; set it up the same way again", p.namespace, p.name, map[bool]string{true: "with its runtime's namespaces (fromPid)", false: "in a namespace of netd's"}[p.userns])
+		}
 		if p.namespace != a.Namespace || p.name != a.Name {
 			return failure(wire.CodeConflict, "pod uid %s is %s/%s, not %s/%s", a.UID, p.namespace, p.name, a.Namespace, a.Name)
 		}
@@ -388,7 +397,9 @@ func (s *Server) setupPod(a *wire.SetupPodArgs) *wire.Response {
 			return failure(wire.CodeConflict, "pod %s/%s is being torn down; set it up again once TeardownPod has answered", p.namespace, p.name)
 		}
 		// Again: same address, and AddPod repairs what is missing.
-		if err := s.dp.AddPod(s.node(), s.dpPod(p)); err != nil {
+		dp := s.dpPod(p)
+		dp.FromPid = a.FromPid
+		if err := s.dp.AddPod(s.node(), dp); err != nil {
 			return failure(wire.CodeInternal, "pod %s/%s: %v", p.namespace, p.name, err)
 		}
 		return &wire.Response{Pod: ptr(s.podResult(p))}
@@ -401,7 +412,7 @@ func (s *Server) setupPod(a *wire.SetupPodArgs) *wire.Response {
 	if !ok {
 		return failure(wire.CodeConflict, "no free pod address: all %d of %s are in use (lower the node's maxPods or give it a larger podCIDR)", len(s.pods), s.cidr)
 	}
-	p := &pod{uid: a.UID, namespace: a.Namespace, name: a.Name, ip: ip}
+	p := &pod{uid: a.UID, namespace: a.Namespace, name: a.Name, ip: ip, userns: a.FromPid > 0}
 	prevLast := s.last
 	s.pods[p.uid], s.last = p, ip
 	// Persisted before the system changes: a crash in between leaves a
@@ -411,7 +422,9 @@ func (s *Server) setupPod(a *wire.SetupPodArgs) *wire.Response {
 		s.last = prevLast
 		return failure(wire.CodeInternal, "%v", err)
 	}
-	if err := s.dp.AddPod(s.node(), s.dpPod(p)); err != nil {
+	dp := s.dpPod(p)
+	dp.FromPid = a.FromPid
+	if err := s.dp.AddPod(s.node(), dp); err != nil {
 		if derr := s.dp.DelPod(s.dpPod(p)); derr != nil {
 			s.log.Error("rolling back a failed pod setup", "uid", p.uid, "err", derr)
 		}
@@ -652,7 +665,7 @@ func (s *Server) removeUnclaimed(inv dataplane.Inventory) []error {
 	claimedIf, claimedNS := map[string]bool{}, map[string]bool{}
 	for _, p := range s.pods {
 		dp := s.dpPod(p)
-		claimedIf[dp.HostIf], claimedNS[dp.NetNS] = true, true
+		claimedIf[dp.HostIf], claimedNS[dp.NetNS], claimedNS[dp.UserNS] = true, true, true
 	}
 	var errs []error
 	for _, h := range inv.HostIfs {

@@ -710,3 +710,38 @@ func TestTeardownsRunConcurrently(t *testing.T) {
 		t.Fatalf("after a restart: %+v", pods)
 	}
 }
+
+// Only a runtime that is not root brings its own namespaces (FromPid): a
+// root one gets netd's.
+func TestFromPidOnlyForAnUnprivilegedRuntime(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("the allowed uid is the caller's: the refusal is for uid 0")
+	}
+	e := newEnv(t)
+	e.start(t)
+	ok(t, configure(t, e.sock, "100.64.0.0/24"))
+	wantCode(t, call(t, e.sock, wire.Request{Verb: wire.VerbSetupPod, SetupPod: &wire.SetupPodArgs{UID: uidN(1), Namespace: "default", Name: "p", FromPid: os.Getpid()}}),
+		wire.CodeInvalid, "fromPid")
+	if len(list(t, e.sock)) != 0 {
+		t.Fatal("a refused pod got an address")
+	}
+}
+
+// A pod with its runtime's namespaces is recorded so: after a restart
+// netd pins them again rather than making one its runtime cannot enter.
+func TestStateKeepsUserNSPods(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.json")
+	cidr := netip.MustParsePrefix("100.64.0.0/24")
+	pods := map[string]*pod{uidN(1): {uid: uidN(1), namespace: "default", name: "a", ip: netip.MustParseAddr("100.64.0.2"), userns: true},
+		uidN(2): {uid: uidN(2), namespace: "default", name: "b", ip: netip.MustParseAddr("100.64.0.3")}}
+	if err := saveState(path, cidr, netip.Addr{}, ranges{}, pods); err != nil {
+		t.Fatal(err)
+	}
+	_, _, _, got, err := loadState(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got[uidN(1)].userns || got[uidN(2)].userns {
+		t.Fatalf("userns flags after a reload: %v %v", got[uidN(1)].userns, got[uidN(2)].userns)
+	}
+}

@@ -34,12 +34,18 @@ type podRecord struct {
 	Namespace string `json:"namespace"`
 	Name      string `json:"name"`
 	IP        string `json:"ip"`
+	// UserNS: the pod's namespaces are its runtime's (SetupPod FromPid).
+	UserNS bool `json:"userns,omitempty"`
 }
 
 // pod is a record in memory.
 type pod struct {
 	uid, namespace, name string
 	ip                   netip.Addr
+	// userns: the pod's network namespace is its runtime's, in the
+	// runtime's user namespace (SetupPodArgs.FromPid); netd never makes
+	// one for it.
+	userns bool
 	// removing is set, and closed when done, while a teardown removes the
 	// pod's network outside the lock; not persisted.
 	removing chan struct{}
@@ -97,7 +103,7 @@ func loadState(path string) (cidr netip.Prefix, last netip.Addr, rs ranges, pods
 			return cidr, last, rs, nil, fail("pods %s and %s share %s", used[ip], r.UID, ip)
 		}
 		used[ip] = r.UID
-		pods[r.UID] = &pod{uid: r.UID, namespace: r.Namespace, name: r.Name, ip: ip}
+		pods[r.UID] = &pod{uid: r.UID, namespace: r.Namespace, name: r.Name, ip: ip, userns: r.UserNS}
 	}
 	return cidr, last, rs, pods, nil
 }
@@ -118,7 +124,7 @@ func saveState(path string, cidr netip.Prefix, last netip.Addr, rs ranges, pods 
 		st.LastIP = last.String()
 	}
 	for _, p := range sortedPods(pods) {
-		st.Pods = append(st.Pods, podRecord{UID: p.uid, Namespace: p.namespace, Name: p.name, IP: p.ip.String()})
+		st.Pods = append(st.Pods, podRecord{UID: p.uid, Namespace: p.namespace, Name: p.name, IP: p.ip.String(), UserNS: p.userns})
 	}
 	data, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {

@@ -58,6 +58,9 @@ func (r *Request) Validate() error {
 		if err := CheckNamespace(a.Namespace); err != nil {
 			return err
 		}
+		if a.FromPid < 0 || a.FromPid > 1<<22 {
+			return fmt.Errorf("fromPid: %d is not a process id (1 to 4194304, or 0 for a namespace netd makes)", a.FromPid)
+		}
 		return CheckName(a.Name)
 	case VerbTeardownPod:
 		if err := want("teardownPod", r.TeardownPod != nil); err != nil {

@@ -78,7 +78,18 @@ type SetupPodArgs struct {
 	UID       string `json:"uid"`
 	Namespace string `json:"namespace"`
 	Name      string `json:"name"`
+	// FromPid (Linux, optional): the pod's network namespace is that
+	// process's, made by an unprivileged runtime inside a user namespace
+	// of its own (both owned by the caller's uid). netd pins both (at
+	// PodResult.NetNS and UserNSPath of it) instead of making one the
+	// runtime could not enter; the pod keeps them for its life.
+	FromPid int `json:"fromPid,omitempty"`
 }
+
+// UserNSPath is where netd pins the user namespace of a pod whose network
+// namespace came from its runtime (SetupPodArgs.FromPid), beside that
+// namespace's file.
+func UserNSPath(netns string) string { return netns + ".user" }
 
 // TeardownPodArgs releases a pod's network.
 type TeardownPodArgs struct {
@@ -200,6 +211,9 @@ type PodResult struct {
 	Gateway   string `json:"gateway"`
 	// NetNS is the pod's network namespace file (Linux; empty elsewhere).
 	NetNS string `json:"netns,omitempty"`
+	// UserNS is the pod's user namespace file, for a pod set up FromPid:
+	// the namespace that owns NetNS, which the runtime enters first.
+	UserNS string `json:"userns,omitempty"`
 }
 
 // ErrFrameTooLarge is a length header over the limit. The body is not read,

@@ -115,6 +115,9 @@ func TestValidateFields(t *testing.T) {
 		{setup(uid, "ns", strings.Repeat("a", 254)), "name"},
 		{setup(uid, "ns", "a b"), "name"},
 		{setup(uid, "ns", "a\n"), "name"},
+		{fromPid(setup(uid, "ns", "p"), -1), "fromPid"},
+		{fromPid(setup(uid, "ns", "p"), 1<<30), "fromPid"},
+		{fromPid(setup(uid, "ns", "p"), 4242), ""},
 	} {
 		err := tc.r.Validate()
 		if tc.bad == "" && err != nil {
@@ -352,4 +355,9 @@ func TestLargestServiceFitsAFrame(t *testing.T) {
 	if err := WriteRequest(&buf, r); err != nil {
 		t.Fatalf("%v (%d bytes)", err, buf.Len())
 	}
+}
+
+func fromPid(r *Request, pid int) *Request {
+	r.SetupPod.FromPid = pid
+	return r
 }

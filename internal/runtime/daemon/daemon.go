@@ -193,7 +193,13 @@ func Run(ctx context.Context, cfg Config) error {
 	var network pod.Network
 	var netd *netdNetwork
 	if cfg.NetdSocket != "" {
-		netd = newNetdNetwork(cfg.NetdSocket, cfg.ServiceCIDR, cfg.ClusterCIDR)
+		split := ""
+		if os.Geteuid() != 0 {
+			// Not root: the pods' namespaces are the daemon's own, and
+			// netd pins them (NewPodNamespaces).
+			split = cfg.ShimPath
+		}
+		netd = newNetdNetwork(cfg.NetdSocket, cfg.ServiceCIDR, cfg.ClusterCIDR, split)
 		network = netd
 	}
 	cg := cgroups.New(cfg.Cgroups)

@@ -63,7 +63,7 @@ func TestMain(m *testing.M) {
 }
 
 func testConfig(dir string) Config {
-	return Config{DataDir: dir, ShimPath: os.Getenv("K3SM_TEST_SHIM"),
+	return Config{DataDir: dir, ShimPath: os.Getenv("K3SM_TEST_SHIM"), NetdSocket: os.Getenv("K3SM_TEST_NETD"),
 		CrashLoopBackOffBase: 200 * time.Millisecond, CrashLoopBackOffMax: 800 * time.Millisecond,
 		ImagePullBackOffBase: 200 * time.Millisecond, ImagePullBackOffMax: 800 * time.Millisecond,
 		EmptyDirCheckInterval: 100 * time.Millisecond}

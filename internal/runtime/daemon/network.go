@@ -14,6 +14,7 @@ import (
 	netdclient "github.com/k3sm-dev/k3sm/internal/netd/client"
 	"github.com/k3sm-dev/k3sm/internal/netd/wire"
 	"github.com/k3sm-dev/k3sm/internal/runtime/pod"
+	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
 )
 
 // netdNetwork is pod.Network through k3sm-netd: netd makes every namespace,
@@ -23,16 +24,30 @@ type netdNetwork struct {
 	// The node's Service and cluster ranges, passed on with the pod range.
 	serviceCIDR, clusterCIDR string
 
+	// shim is set when the daemon is not root: each pod's namespaces are
+	// made by a holder (the shim binary) in a user namespace of the
+	// daemon's, which netd pins (sandbox.NewPodNamespaces).
+	shim string
+
 	mu   sync.Mutex
 	cidr string // the pod range last configured (reported by GetRuntimeInfo)
 }
 
-func newNetdNetwork(socket, serviceCIDR, clusterCIDR string) *netdNetwork {
-	return &netdNetwork{c: netdclient.New(socket), serviceCIDR: serviceCIDR, clusterCIDR: clusterCIDR}
+func newNetdNetwork(socket, serviceCIDR, clusterCIDR, shim string) *netdNetwork {
+	return &netdNetwork{c: netdclient.New(socket), serviceCIDR: serviceCIDR, clusterCIDR: clusterCIDR, shim: shim}
 }
 
 func (n *netdNetwork) Setup(ctx context.Context, uid, namespace, name string) (pod.PodNetwork, error) {
-	r, err := n.c.SetupPod(ctx, uid, namespace, name)
+	pid := 0
+	if n.shim != "" {
+		h, err := sandbox.NewPodNamespaces(n.shim)
+		if err != nil {
+			return pod.PodNetwork{}, err
+		}
+		defer h.Close() // pinned by netd by then
+		pid = h.Pid
+	}
+	r, err := n.c.SetupPodFrom(ctx, uid, namespace, name, pid)
 	if err != nil {
 		var e *netdclient.Error
 		if errors.As(err, &e) && e.Code == "not-configured" {
@@ -43,7 +58,10 @@ func (n *netdNetwork) Setup(ctx context.Context, uid, namespace, name string) (p
 	if _, err := netip.ParseAddr(r.IP); err != nil {
 		return pod.PodNetwork{}, errors.New("k3sm-netd answered without a valid pod address: " + r.IP)
 	}
-	return pod.PodNetwork{IP: r.IP, NetNS: r.NetNS}, nil
+	if pid != 0 && r.UserNS == "" {
+		return pod.PodNetwork{}, errors.New("k3sm-netd answered without the pod's user namespace: is it older than this runtime?")
+	}
+	return pod.PodNetwork{IP: r.IP, NetNS: r.NetNS, UserNS: r.UserNS}, nil
 }
 
 func (n *netdNetwork) Teardown(ctx context.Context, uid string) error {

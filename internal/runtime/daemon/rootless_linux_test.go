@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,7 +15,11 @@ import (
 	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"golang.org/x/sys/unix"
+
 	"github.com/k3sm-dev/k3sm/internal/datadir"
+	"github.com/k3sm-dev/k3sm/internal/netd/dataplane"
+	netdserver "github.com/k3sm-dev/k3sm/internal/netd/server"
 	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 )
 
@@ -160,7 +165,7 @@ func TestIntegrationRootlessSandbox(t *testing.T) {
 // newRootlessEnv starts a daemon as uid (its own group the same number)
 // on a data dir it owns, with this test binary and the shim copied where
 // that uid can run them.
-func newRootlessEnv(t *testing.T, uid int) *env {
+func newRootlessEnv(t *testing.T, uid int, env ...string) *env {
 	e := newBareEnv(t)
 	bin := t.TempDir()
 	os.Chmod(bin, 0o755)
@@ -173,6 +178,7 @@ func newRootlessEnv(t *testing.T, uid int) *env {
 	cmd := exec.Command(filepath.Join(bin, filepath.Base(os.Args[0])), "-test.run=^$")
 	cmd.Dir = "/"
 	cmd.Env = append(os.Environ(), subprocessEnv+"="+e.dir, "K3SM_TEST_SHIM="+filepath.Join(bin, "k3sm-shim"), "HOME=/")
+	cmd.Env = append(cmd.Env, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid), NoSetGroups: false}}
 	logf, err := os.CreateTemp(t.TempDir(), "daemon-*.log")
 	if err != nil {
@@ -260,4 +266,143 @@ func procUID(t *testing.T, pid int) uint32 {
 	}
 	t.Fatalf("no Uid in /proc/%d/status", pid)
 	return 0
+}
+
+// inNetNSEnv marks the run of TestIntegrationRootlessPodNetwork inside the
+// network namespace it made for itself.
+const inNetNSEnv = "K3SM_TEST_IN_NETNS"
+
+// TestIntegrationRootlessPodNetwork: a runtime that is not root, with a
+// k3sm-netd run as root, gives pods their own network: the pod's user
+// namespace (of the runtime's) owns its network namespace, which netd
+// pins and wires. Two pods listen on the same port at their own
+// addresses, one reaches the other with its source address kept, and
+// exec and port-forward work inside. It runs in a network namespace of
+// its own: netd makes a bridge, routes and nftables tables.
+func TestIntegrationRootlessPodNetwork(t *testing.T) {
+	integration(t)
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: netd is root, the runtime another, unprivileged uid")
+	}
+	if os.Getenv(inNetNSEnv) == "" {
+		imagetest.RootlessAccount(t, rootlessUser, rootlessRanged, rootlessSubStart)
+		args := []string{"-test.run=^TestIntegrationRootlessPodNetwork$", "-test.count=1"}
+		if testing.Verbose() {
+			args = append(args, "-test.v")
+		}
+		cmd := exec.Command(os.Args[0], args...)
+		cmd.Env = append(os.Environ(), inNetNSEnv+"=1")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET}
+		out, err := cmd.CombinedOutput()
+		if err != nil || testing.Verbose() {
+			t.Logf("in a network namespace of its own:\n%s", out)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	if out, err := exec.Command("ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		t.Fatalf("ip link set lo up: %v: %s", err, out)
+	}
+	netdDir, err := os.MkdirTemp("", "k3sm-netd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(netdDir) })
+	os.Chmod(netdDir, 0o755)
+	nsDir := filepath.Join(netdDir, "netns")
+	netd, err := netdserver.Start(netdserver.Config{Socket: filepath.Join(netdDir, "sock", "netd.sock"), StateFile: filepath.Join(netdDir, "state.json"),
+		NetNSDir: nsDir, AllowedUID: rootlessRanged,
+		NewDataplane: func() (dataplane.Dataplane, error) { return dataplane.New(dataplane.Options{NetNSDir: nsDir}) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { netd.Close() })
+
+	e := newRootlessEnv(t, rootlessRanged, "K3SM_TEST_NETD="+filepath.Join(netdDir, "sock", "netd.sock"))
+	ctx := context.Background()
+	if _, err := e.c.Runtime.UpdateRuntimeConfig(ctx, &runtimev1.UpdateRuntimeConfigRequest{PodCidr: "100.64.0.0/24"}); err != nil {
+		t.Fatal(err)
+	}
+	ips, uids := map[string]string{}, map[string]string{}
+	for _, name := range []string{"a", "b"} {
+		spec := e.podSpec(name, "serve:8080", "forever")
+		spec.Uid = name + spec.Uid[1:]
+		spec.Containers[0].SecurityContext = &runtimev1.SecurityContext{RunAsUser: ptr(int64(1000))}
+		e.create(spec)
+		st := e.waitFor(spec.Uid, "Running", 30*time.Second, running)
+		ips[name], uids[name] = st.GetPodIp(), spec.Uid
+		if !strings.HasPrefix(ips[name], "100.64.0.") {
+			t.Fatalf("pod %s: IP %q", name, ips[name])
+		}
+		// netd pinned the pod's namespaces: the runtime's user namespace
+		// owns the network one.
+		for _, f := range []string{spec.Uid, spec.Uid + ".user"} {
+			if ok, _ := isNSFS(filepath.Join(nsDir, f)); !ok {
+				t.Errorf("%s is not a pinned namespace", f)
+			}
+		}
+		if uid := procUID(t, workloadPid(t, e, spec.Uid)); uid != rootlessSubStart+999 {
+			t.Errorf("pod %s runs as host uid %d", name, uid)
+		}
+	}
+	if ips["a"] == ips["b"] {
+		t.Fatalf("both pods have %s", ips["a"])
+	}
+	// The node reaches both, each answering on its own address.
+	for name, ip := range ips {
+		c, err := net.DialTimeout("tcp", ip+":8080", 5*time.Second)
+		if err != nil {
+			t.Fatalf("dial pod %s at %s: %v", name, ip, err)
+		}
+		b, _ := io.ReadAll(c)
+		c.Close()
+		if !strings.Contains(string(b), "to "+ip+":8080") {
+			t.Errorf("pod %s answered %q", name, b)
+		}
+	}
+	// Pod b reaches a by its address, and a sees b's (exec in b's sandbox,
+	// in b's network).
+	uidB := uids["b"]
+	got := e.exec(uidB, "main", "prog", "dial:"+ips["a"]+":8080")
+	if !strings.Contains(got, "from "+ips["b"]+":") {
+		t.Errorf("b dialing a: %q", got)
+	}
+	t.Logf("pods at %v; b dialing a: %q", ips, got)
+	// Port-forward reaches the pod's own loopback, from inside.
+	pf, err := e.c.Runtime.PortForward(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pf.Send(&runtimev1.PortForwardRequest{Msg: &runtimev1.PortForwardRequest_Start{Start: &runtimev1.PortForwardStart{PodUid: uidB, Port: 8080}}})
+	pf.Send(&runtimev1.PortForwardRequest{Msg: &runtimev1.PortForwardRequest_CloseWrite{CloseWrite: true}})
+	var fwd strings.Builder
+	for {
+		m, err := pf.Recv()
+		if err != nil {
+			break
+		}
+		fwd.Write(m.GetData())
+		if m.GetError() != "" {
+			t.Errorf("port-forward: %s", m.GetError())
+		}
+	}
+	if !strings.Contains(fwd.String(), "to 127.0.0.1:8080") {
+		t.Errorf("port-forward got %q", fwd.String())
+	}
+	t.Logf("port-forward to b: %q", fwd.String())
+	// Deleting the pods releases their namespaces.
+	e.deleteAll()
+	if left, _ := os.ReadDir(nsDir); len(left) != 0 {
+		t.Errorf("namespace files left: %v", left)
+	}
+}
+
+func isNSFS(path string) (bool, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return false, err
+	}
+	return st.Type == unix.NSFS_MAGIC, nil
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/runtime/podnet"
+	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
 )
 
 // Network hands pods their own network. A nil Network (no k3sm-netd: the
@@ -44,6 +45,18 @@ type PodNetwork struct {
 	IP string `json:"ip"`
 	// NetNS is the path of the pod's network namespace (Linux).
 	NetNS string `json:"netns,omitempty"`
+	// UserNS is the user namespace that owns NetNS when the runtime is
+	// not root (the runtime's own, pinned by netd): the pod's shims run
+	// and dial inside both.
+	UserNS string `json:"userns,omitempty"`
+}
+
+// dial connects to addr from inside the pod's network.
+func (m *Manager) dial(ctx context.Context, pn PodNetwork, network, addr string) (net.Conn, error) {
+	if pn.UserNS != "" {
+		return sandbox.DialIn(ctx, m.cfg.ShimPath, pn.UserNS, pn.NetNS, network, addr)
+	}
+	return podnet.Dial(ctx, pn.NetNS, network, addr)
 }
 
 // ownNetwork reports whether the pod gets a network of its own.
@@ -174,9 +187,9 @@ func (m *Manager) releaseOrphans(ctx context.Context, period time.Duration) {
 func (p *managedPod) dialFunc() func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, _, addr string) (net.Conn, error) {
 		p.mu.Lock()
-		ns := p.net.NetNS
+		pn := p.net
 		p.mu.Unlock()
-		return podnet.Dial(ctx, ns, "tcp", addr)
+		return p.m.dial(ctx, pn, "tcp", addr)
 	}
 }
 
@@ -208,5 +221,5 @@ func (m *Manager) PortForwardDial(ctx context.Context, uid string, port int32) (
 	if own && pn.NetNS == "" {
 		return nil, fmt.Errorf("pod %s has no network yet", uid)
 	}
-	return podnet.Dial(ctx, pn.NetNS, "tcp", net.JoinHostPort("127.0.0.1", fmt.Sprint(port)))
+	return m.dial(ctx, pn, "tcp", net.JoinHostPort("127.0.0.1", fmt.Sprint(port)))
 }

@@ -37,6 +37,9 @@ type ProcessSpec struct {
 	// NetNS is the pod's network namespace (a bound nsfs file) the
 	// process starts in; empty: the node's network.
 	NetNS string
+	// UserNS owns NetNS when the runtime is not root: the shim runs in
+	// both (sandbox.EnterPodArgv).
+	UserNS string
 	// Sandbox is the container's boundary (nil: none, as on a node
 	// without one). See package sandbox.
 	Sandbox *sandbox.Spec

@@ -42,6 +42,10 @@ type sandboxInput struct {
 	Hostname   string
 	Identity   identity
 	SeccompDir string
+	// PodUserNS is the pod's own user namespace (a runtime that is not
+	// root, with a pod network): its shims run in it, so a container
+	// makes none of its own.
+	PodUserNS string
 }
 
 // refuse keeps container c waiting with the kubelet's

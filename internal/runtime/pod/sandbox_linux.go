@@ -81,6 +81,11 @@ func buildSandbox(in sandboxInput) (*sandbox.Spec, error) {
 		if err := rootlessIdentity(in.Container.GetName(), in.Identity, uidMap, gidMap, why); err != nil {
 			return nil, err
 		}
+		if in.PodUserNS != "" {
+			// The shim runs in the pod's user namespace, which has
+			// these maps: the container makes none of its own.
+			uidMap, gidMap = nil, nil
+		}
 	}
 	var policy *sandbox.Landlock
 	lower := ""

@@ -367,7 +367,7 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 	cspec := c.spec
 	root := p.rootDir(c)
 	rootImage := c.rootImage
-	netns, podIP := p.net.NetNS, p.net.IP
+	netns, userns, podIP := p.net.NetNS, p.net.UserNS, p.net.IP
 	p.mu.Unlock()
 	p.changedNotify()
 
@@ -444,7 +444,7 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 		}
 		box = sandboxInput{Pod: spec, Container: cspec, PodDir: p.dir, Root: root, Native: img == nil, Image: img, IDBase: base,
 			Upper: filepath.Join(root, "upper"), Work: filepath.Join(root, "work"), Hostname: podHostname(spec), Identity: id,
-			SeccompDir: p.m.dirs().SeccompDir()}
+			SeccompDir: p.m.dirs().SeccompDir(), PodUserNS: userns}
 	} else if img == nil {
 		if err := os.MkdirAll(root, 0o755); err != nil {
 			return fail(err.Error())
@@ -533,7 +533,7 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 	proc, err := p.m.cfg.Starter.Start(ctx, ProcessSpec{ID: attempt, Argv: res.Argv, Env: res.Env, Dir: res.Dir,
 		LogPath:    filepath.Join(p.logDir(), name, strconv.Itoa(int(n))+".log"),
 		LogMaxSize: p.m.cfg.ContainerLogMaxSize, LogMaxFiles: p.m.cfg.ContainerLogMaxFiles, StateDir: c.stateDir,
-		Stdin: cspec.GetStdin(), StdinOnce: cspec.GetStdinOnce(), TTY: cspec.GetTty(), Mounts: ms, NetNS: netns, Sandbox: sb, Cgroups: cgs})
+		Stdin: cspec.GetStdin(), StdinOnce: cspec.GetStdinOnce(), TTY: cspec.GetTty(), Mounts: ms, NetNS: netns, UserNS: userns, Sandbox: sb, Cgroups: cgs})
 	release()
 	if err != nil {
 		return fail(err.Error())

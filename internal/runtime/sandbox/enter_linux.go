@@ -94,7 +94,12 @@ func EnterMain(args []string) int {
 	} else if ours, _ := os.Readlink("/proc/self/ns/net"); theirs != ours {
 		nsArgv = append(nsArgv, "--net")
 	}
-	if len(att.Sandbox.UIDMap) > 0 {
+	// The container's user namespace: its own, or its pod's (a shim in
+	// the pod's namespaces).
+	if theirs, err := os.Readlink("/proc/" + pid + "/ns/user"); err != nil {
+		fmt.Fprintln(os.Stderr, "k3sm: the container is not running:", err)
+		return 126
+	} else if ours, _ := os.Readlink("/proc/self/ns/user"); theirs != ours {
 		nsArgv = append(nsArgv, "--user")
 		if Rootless() {
 			// Our uid is the namespace's root already; nsenter's switch to

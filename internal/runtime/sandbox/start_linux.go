@@ -141,6 +141,13 @@ func Start(spec *Spec, ms []mounts.Mount, stage, scratch string, cgroups []strin
 		return fail(err)
 	}
 	if !rootless {
+		// A shim in its pod's user namespace (a runtime that is not
+		// root, with a pod network) gives the volumes to fsGroup here.
+		for _, o := range spec.Own {
+			if err := own(o); err != nil {
+				return fail(fmt.Errorf("give volume %s to fsGroup %d: %w", o.Path, o.GID, err))
+			}
+		}
 		if err := prepare(spec, ms, stage, scratch, cmd.Process.Pid); err != nil {
 			return fail(err)
 		}

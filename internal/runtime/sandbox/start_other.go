@@ -3,7 +3,9 @@
 package sandbox
 
 import (
+	"context"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"syscall"
@@ -38,3 +40,30 @@ func EnterArgv(shim, attemptDir, dir string, argv []string) []string { return ar
 func InitMain() int               { return 126 }
 func EnterMain(args []string) int { return 126 }
 func ExecMain(args []string) int  { return 126 }
+
+// Arguments of the shim binary's pod-namespace modes (Linux only).
+const (
+	HoldArg = "hold"
+	DialArg = "dial"
+)
+
+// HoldMain and DialMain are Linux-only.
+func HoldMain() int              { return 126 }
+func DialMain(args []string) int { return 126 }
+
+// DialIn is Linux-only: pods have no network namespace elsewhere.
+func DialIn(ctx context.Context, shim, userns, netns, network, addr string) (net.Conn, error) {
+	return nil, errLinuxOnly
+}
+
+// EnterPodArgv is Linux-only.
+func EnterPodArgv(userns, netns string, argv []string) ([]string, error) { return nil, errLinuxOnly }
+
+// PodNamespaces is Linux-only.
+type PodNamespaces struct{ Pid int }
+
+// Close does nothing here.
+func (h *PodNamespaces) Close() error { return nil }
+
+// NewPodNamespaces is Linux-only.
+func NewPodNamespaces(shim string) (*PodNamespaces, error) { return nil, errLinuxOnly }

@@ -136,6 +136,10 @@ func Main(args []string) int {
 			return sandbox.EnterMain(args[1:])
 		case sandbox.ExecArg:
 			return sandbox.ExecMain(args[1:])
+		case sandbox.HoldArg:
+			return sandbox.HoldMain()
+		case sandbox.DialArg:
+			return sandbox.DialMain(args[1:])
 		}
 	}
 	if len(args) != 2 {

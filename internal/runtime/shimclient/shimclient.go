@@ -91,7 +91,17 @@ func (s *Starter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process,
 	// Own session: no signal aimed at the daemon's group or terminal reaches
 	// the shim, and it outlives the daemon.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if (len(spec.Mounts) > 0 || spec.Sandbox != nil) && !(spec.Sandbox != nil && sandbox.Rootless()) {
+	if spec.UserNS != "" {
+		// The pod's own user and network namespaces (a runtime that is
+		// not root): the shim is their root, with a mount namespace of
+		// its own, and builds the sandbox as a root runtime's does.
+		argv, err := sandbox.EnterPodArgv(spec.UserNS, spec.NetNS, cmd.Args)
+		if err != nil {
+			rw.Close()
+			return nil, err
+		}
+		cmd.Path, cmd.Args = argv[0], argv
+	} else if (len(spec.Mounts) > 0 || spec.Sandbox != nil) && !(spec.Sandbox != nil && sandbox.Rootless()) {
 		// A mount namespace of its own (Linux), where the shim applies
 		// the mounts before it starts the workload; without mounts the
 		// shim shares the daemon's, as before. The rootless sandbox's
@@ -102,7 +112,11 @@ func (s *Starter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process,
 	// In the pod's network namespace: the shim and all it starts (the
 	// workload, and through nsenter exec and hooks) live in the pod's
 	// network.
-	if err := podnet.StartIn(spec.NetNS, cmd.Start); err != nil {
+	netns := spec.NetNS
+	if spec.UserNS != "" {
+		netns = "" // entered by nsenter
+	}
+	if err := podnet.StartIn(netns, cmd.Start); err != nil {
 		rw.Close()
 		return nil, fmt.Errorf("start shim %s: %w", s.ShimPath, err)
 	}
