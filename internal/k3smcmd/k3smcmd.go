@@ -125,6 +125,7 @@ func serverFlags(f *pflag.FlagSet, cfg *controlplane.Config, dc *deployConfig) {
 	f.IntVar(&cfg.MaxPods, "max-pods", cfg.MaxPods, "pods this node runs at most (the kubelet's --max-pods)")
 	f.StringVar(&cfg.DNSConfig, "dns-config", "", "file of per-domain forwards for the cluster DNS (forward: [{domain: corp.example, servers: [192.0.2.53]}])")
 	f.StringVar(&cfg.PodNetwork, "pod-network", cfg.PodNetwork, "auto: a network namespace and IP per pod (k3sm-netd) when run as root on Linux, else the node's network; netns: require it; host: pods share the node's network")
+	f.StringVar(&cfg.NetdSocket, "netd-socket", "", "use the k3sm-netd serving this socket, run apart as root, instead of starting one: pods get their own network while k3sm itself is not root (its uid must be netd's allowedUID)")
 	f.StringVar(&cfg.ServiceProxy, "service-proxy", cfg.ServiceProxy, "auto: Services in the kernel (nftables DNAT by k3sm-netd: ClusterIPs, externalIPs, NodePort and LoadBalancer on a non-loopback node address) when the pod network is on, else the userspace relay; nftables: require it; userspace: the relay serves every Service")
 	f.BoolVar(&cfg.NodeTaint, "node-taint", cfg.NodeTaint,
 		"taint this node k3sm.io/provider=native:NoSchedule, so only pods that tolerate it run here (on by default on nodes other than Linux)")

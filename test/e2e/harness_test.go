@@ -74,10 +74,10 @@ type server struct {
 	waitErr  chan error
 	extra    []string
 	exitCode int
-	// bin (default k3smBin), cred and env (appended to this process's)
+	// bin (default k3smBin), attr and env (appended to this process's)
 	// start the server as another user (TestRootlessServer).
 	bin  string
-	cred *syscall.Credential
+	attr *syscall.SysProcAttr
 	env  []string
 }
 
@@ -170,8 +170,8 @@ func (s *server) start() {
 		bin = s.bin
 	}
 	s.cmd = exec.Command(bin, s.args()...)
-	if s.cred != nil {
-		s.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+	if s.attr != nil {
+		s.cmd.SysProcAttr = s.attr
 		s.cmd.Dir = "/"
 	}
 	if s.env != nil {

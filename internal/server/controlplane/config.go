@@ -43,6 +43,11 @@ type Config struct {
 	// k3sm-netd when running as root on Linux, else the node's network),
 	// "netns" (required) or "host" (pods share the node's network).
 	PodNetwork string
+	// NetdSocket is a k3sm-netd run apart, as root (k3sm install's
+	// unit), that the server uses instead of starting one: with it a
+	// server that is not root gives pods their own network, netd being
+	// the only privileged process. Its allowed uid is this server's.
+	NetdSocket string
 	// ServiceProxy: "auto" (ClusterIPs in the kernel through k3sm-netd's
 	// nftables when netd runs, else the userspace relay), "nftables"
 	// (required) or "userspace" (the relay serves every Service).
@@ -142,6 +147,10 @@ func (e *FieldError) Error() string {
 
 // Validate checks everything that can be checked without side effects and
 // fills derived fields (the advertise address when unset).
+// NetdAvailable reports whether pods can get their own network here: a
+// k3sm-netd the server starts (as root) or one run apart (NetdSocket).
+func (c *Config) NetdAvailable(euid int) bool { return euid == 0 || c.NetdSocket != "" }
+
 func (c *Config) Validate() error {
 	var errs []error
 	add := func(flag, value, problem, fix string) {
@@ -173,6 +182,12 @@ func (c *Config) Validate() error {
 	case "", "auto", "netns", "host":
 	default:
 		add("pod-network", c.PodNetwork, "unknown mode", "use auto, netns or host")
+	}
+	if c.NetdSocket != "" && !filepath.IsAbs(c.NetdSocket) {
+		add("netd-socket", c.NetdSocket, "not an absolute path", "give the socket k3sm-netd serves, e.g. /run/k3sm/netd.sock")
+	}
+	if c.NetdSocket != "" && c.PodNetwork == "host" {
+		add("netd-socket", c.NetdSocket, "given with --pod-network=host", "drop one of them")
 	}
 	switch c.ServiceProxy {
 	case "", "auto", "nftables", "userspace":

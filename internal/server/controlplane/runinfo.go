@@ -28,13 +28,15 @@ type RunInfo struct {
 	ClusterDomain         string    `json:"clusterDomain"`
 	// ServiceProxy is the mode in force: "nftables" or "userspace".
 	ServiceProxy string `json:"serviceProxy,omitempty"`
+	// NetdSocket is the k3sm-netd run apart (--netd-socket), if any.
+	NetdSocket string `json:"netdSocket,omitempty"`
 }
 
 func (c *Config) runInfo(started time.Time) RunInfo {
 	return RunInfo{Pid: os.Getpid(), Started: started.UTC(), Version: version.Version, APIURL: c.LocalAPIURL(),
 		SchedulerPort: c.SchedulerPort, ControllerManagerPort: c.ControllerManagerPort, KubeletPort: c.KubeletPort,
 		NodeName: c.NodeName, ServiceCIDR: c.ServiceCIDR, ClusterDNS: c.ClusterDNS, ClusterDomain: c.ClusterDomain,
-		ServiceProxy: ServiceProxyMode(c.ServiceProxy, goruntime.GOOS, os.Geteuid(), c.PodNetwork)}
+		ServiceProxy: ServiceProxyMode(c.ServiceProxy, goruntime.GOOS, c.NetdAvailable(os.Geteuid()), c.PodNetwork), NetdSocket: c.NetdSocket}
 }
 
 func writeRunInfo(l datadir.Layout, ri RunInfo) error {
@@ -59,8 +61,8 @@ func ReadRunInfo(dataDir string) (RunInfo, error) {
 // kernel path ("nftables") needs k3sm-netd, which runs as root on Linux
 // unless --pod-network=host. The config check refused unknown modes; an
 // impossible "nftables" is refused when the node starts.
-func ServiceProxyMode(mode, goos string, euid int, podNetwork string) string {
-	netd := goos == "linux" && euid == 0 && podNetwork != "host"
+func ServiceProxyMode(mode, goos string, netdAvailable bool, podNetwork string) string {
+	netd := goos == "linux" && netdAvailable && podNetwork != "host"
 	if mode == "userspace" || (!netd && mode != "nftables") {
 		return "userspace"
 	}

@@ -20,8 +20,8 @@ func privilege(euid int) Check {
 		return Check{Name: "privilege", Status: Pass, Detail: "running as root: --pod-network auto gives each pod its own network namespace and IP (k3sm-netd), with the Service proxy and cluster DNS"}
 	}
 	return Check{Name: "privilege", Status: Warn,
-		Detail: fmt.Sprintf("running as uid %d: --pod-network auto falls back to host (pods share the node's network, no Service ClusterIPs or cluster DNS)", euid),
-		Fix:    "for a pod network run `sudo k3sm install` (netd runs as root) or `sudo k3sm server`"}
+		Detail: fmt.Sprintf("running as uid %d: --pod-network auto falls back to host (pods share the node's network, no Service ClusterIPs or cluster DNS) unless --netd-socket names a k3sm-netd run as root", euid),
+		Fix:    "for a pod network run `sudo k3sm install` or `sudo k3sm server`, or run k3sm-netd as root for your uid and pass --netd-socket (docs/networking.md)"}
 }
 
 func portVerdict(p Port, err error) Check {

@@ -203,14 +203,18 @@ func startRuntime(ctx context.Context, p *controlplane.Plane, sup *supervisor.Su
 		}
 	}
 	rcfg := runtimeConfig(p)
-	netns, reason, err := podNetworkMode(p.Cfg.PodNetwork, goruntime.GOOS, os.Geteuid())
+	netns, reason, err := podNetworkMode(p.Cfg.PodNetwork, goruntime.GOOS, os.Geteuid(), p.Cfg.NetdSocket)
 	if err != nil {
 		return nil, metrics, err
 	}
 	if p.Cfg.ServiceProxy == "nftables" && !netns {
 		return nil, metrics, fmt.Errorf("--service-proxy=nftables: ClusterIPs in the kernel need k3sm-netd (%s); use --service-proxy=auto or userspace", reason)
 	}
-	if netns {
+	if netns && p.Cfg.NetdSocket != "" {
+		// Run apart, as root: the server only uses it.
+		rcfg.NetdSocket = p.Cfg.NetdSocket
+		rcfg.ServiceCIDR, rcfg.ClusterCIDR = p.Cfg.ServiceCIDR, p.Cfg.ClusterCIDR
+	} else if netns {
 		if err := startNetd(ctx, p, sup); err != nil {
 			return nil, metrics, err
 		}
@@ -256,8 +260,11 @@ func nodeConfig(p *controlplane.Plane, m metricsAPI) roleconfig.NodeConfig {
 		ClusterDNS: cfg.ClusterDNS, ClusterDomain: cfg.ClusterDomain, DNSConfig: cfg.DNSConfig, APIServiceIP: apiServiceIP(cfg.ServiceCIDR),
 		ServiceCIDR: cfg.ServiceCIDR, ClusterCIDR: cfg.ClusterCIDR,
 	}
-	if controlplane.ServiceProxyMode(cfg.ServiceProxy, goruntime.GOOS, os.Geteuid(), cfg.PodNetwork) == "nftables" {
+	if controlplane.ServiceProxyMode(cfg.ServiceProxy, goruntime.GOOS, cfg.NetdAvailable(os.Geteuid()), cfg.PodNetwork) == "nftables" {
 		nc.NetdSocket = l.NetdSocket()
+		if cfg.NetdSocket != "" {
+			nc.NetdSocket = cfg.NetdSocket
+		}
 	}
 	return nc
 }

@@ -92,7 +92,14 @@ func (n netdComponent) Ready(ctx context.Context) error {
 
 // podNetworkMode resolves --pod-network: "netns" needs root (k3sm-netd);
 // "auto" is netns as root on Linux, else host.
-func podNetworkMode(mode, goos string, euid int) (netns bool, reason string, err error) {
+func podNetworkMode(mode, goos string, euid int, external string) (netns bool, reason string, err error) {
+	if external != "" {
+		// A k3sm-netd run apart (as root) serves this server's uid.
+		if goos != "linux" {
+			return false, "", errors.New("--netd-socket: pod network namespaces exist only on Linux")
+		}
+		return true, "", nil
+	}
 	switch mode {
 	case "", "auto":
 		if goos != "linux" {

@@ -173,7 +173,7 @@ func (r *Report) checkRunning(ctx context.Context, l datadir.Layout, pid int, ti
 		{roleconfig.Scheduler, p.healthz(ri.SchedulerPort)},
 		{roleconfig.ControllerManager, p.healthz(ri.ControllerManagerPort)},
 		{roleconfig.Runtime, p.unix(l.RuntimeSocket(), "")},
-		{roleconfig.Netd, p.unix(l.NetdSocket(), "")},
+		{roleconfig.Netd, p.unix(netdSocket(l, ri), "")},
 		{roleconfig.Node, p.node},
 	}
 	for _, pr := range probes {
@@ -190,6 +190,16 @@ func (r *Report) checkRunning(ctx context.Context, l datadir.Layout, pid int, ti
 		}
 		ch, ok := children[child]
 		switch {
+		case pr.name == roleconfig.Netd && ri.NetdSocket != "":
+			// Run apart (as root): not the server's child.
+			pctx, cancel := context.WithTimeout(ctx, timeout)
+			detail, err := pr.probe(pctx)
+			cancel()
+			if err != nil {
+				c.Health, c.Detail = Unhealthy, err.Error()+": it runs apart from the server (--netd-socket); see its service's log"
+			} else {
+				c.Health, c.Detail = OK, join(detail, "run apart from the server (--netd-socket)")
+			}
 		case !ok && pr.name == roleconfig.Netd:
 			c.Health, c.Detail = Off, "pods share the node's network (no k3sm-netd: not root, or --pod-network host)"
 		case !ok && stErr == nil:
@@ -219,6 +229,7 @@ func (r *Report) checkRunning(ctx context.Context, l datadir.Layout, pid int, ti
 	// The Service proxy and the cluster DNS run inside the node process,
 	// and only with a pod network (netd).
 	_, netd := children[roleconfig.Netd]
+	netd = netd || ri.NetdSocket != ""
 	for _, svc := range []struct {
 		name  string
 		probe func(context.Context) (string, error)
@@ -409,4 +420,13 @@ func unwrap(err error) error {
 		return se.Err
 	}
 	return err
+}
+
+// netdSocket is where the server's k3sm-netd serves: its own child's, or
+// the one run apart (--netd-socket).
+func netdSocket(l datadir.Layout, ri controlplane.RunInfo) string {
+	if ri.NetdSocket != "" {
+		return ri.NetdSocket
+	}
+	return l.NetdSocket()
 }
