@@ -32,6 +32,7 @@ func RootlessAccount(t testing.TB, name string, uid int, sub uint32) {
 	if sub == 0 {
 		return
 	}
+	line := fmt.Sprintf("%s:%d:65536", name, sub)
 	for _, file := range []string{"/etc/subuid", "/etc/subgid"} {
 		old, err := os.ReadFile(file)
 		if err != nil && !os.IsNotExist(err) {
@@ -41,15 +42,22 @@ func RootlessAccount(t testing.TB, name string, uid int, sub uint32) {
 		if body != "" && !strings.HasSuffix(body, "\n") {
 			body += "\n"
 		}
-		if err := os.WriteFile(file, []byte(body+fmt.Sprintf("%s:%d:65536\n", name, sub)), 0o644); err != nil {
+		if err := os.WriteFile(file, []byte(body+line+"\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
+		// Only this line goes: what others added meanwhile stays.
 		t.Cleanup(func() {
-			if old == nil {
-				os.Remove(file)
+			cur, err := os.ReadFile(file)
+			if err != nil {
 				return
 			}
-			os.WriteFile(file, old, 0o644)
+			var keep []string
+			for _, l := range strings.SplitAfter(string(cur), "\n") {
+				if strings.TrimSpace(l) != line && l != "" {
+					keep = append(keep, l)
+				}
+			}
+			os.WriteFile(file, []byte(strings.Join(keep, "")), 0o644)
 		})
 	}
 }
