@@ -48,7 +48,7 @@ what it made (recorded in ` + install.ManifestPath + `).`,
 			if dataVolume != "" && runtime.GOOS != "darwin" {
 				return errors.New("--data-volume: an APFS volume for the data dir exists only on macOS; on Linux mount a file system at the data dir in /etc/fstab")
 			}
-			svc, err := install.Native()
+			svc, err := install.NativeFor(cfg.DataDir)
 			if err != nil {
 				return err
 			}
@@ -64,6 +64,9 @@ what it made (recorded in ` + install.ManifestPath + `).`,
 				return errors.New("k3sm install writes the service and " + install.LibDir + ": run it as root (sudo k3sm install ...); --dry-run shows what it would do")
 			}
 			if err := svc.Available(); err != nil {
+				return err
+			}
+			if err := install.CheckDataDir(cfg.DataDir); err != nil {
 				return err
 			}
 			exe, err := os.Executable()

@@ -182,10 +182,22 @@ func TestInstallSystemd(t *testing.T) {
 		t.Fatalf("systemctl is-active k3sm: %s", out)
 	}
 	unit := n.must("cat", "/etc/systemd/system/k3sm.service")
-	for _, want := range []string{"ExecStart=/usr/local/lib/k3sm/k3sm server --data-dir /var/lib/k3sm " + strings.ReplaceAll(testEvictionHard, "%", "%%") + " --secrets-encryption\n", "KillMode=process\n", "Delegate=yes\n", "Restart=on-failure\n"} {
+	for _, want := range []string{"ExecStart=/usr/local/lib/k3sm/k3sm server --data-dir /var/lib/k3sm --netd-socket /run/k3sm/netd.sock " + strings.ReplaceAll(testEvictionHard, "%", "%%") + " --secrets-encryption\n",
+		"User=k3sm\n", "KillMode=process\n", "Delegate=yes\n", "Restart=on-failure\n"} {
 		if !strings.Contains(unit, want) {
 			t.Fatalf("unit lacks %q:\n%s", want, unit)
 		}
+	}
+	// k3sm-netd is the only privileged process: the server and all it
+	// starts run as the unprivileged user k3sm.
+	for unit, user := range map[string]string{"k3sm-netd": "root", "k3sm": "k3sm"} {
+		pid := strings.TrimSpace(n.must("systemctl", "show", "-p", "MainPID", "--value", unit))
+		if out := n.must("stat", "-c", "%U", "/proc/"+pid); strings.TrimSpace(out) != user {
+			t.Fatalf("%s runs as %s, want %s", unit, out, user)
+		}
+	}
+	if out := n.must("sh", "-c", "ps -o user= -p \"$(pgrep -d, -f 'k3sm-runtimed|k3sm node|kube-apiserver')\" | sort -u"); strings.TrimSpace(out) != "k3sm" {
+		t.Fatalf("the server's processes run as %q, want only k3sm", out)
 	}
 	if out := n.must("stat", "-c", "%a", "/var/lib/k3sm/server/cred/encryption-config.yaml"); strings.TrimSpace(out) != "600" {
 		t.Fatalf("encryption config mode %s", out)

@@ -19,6 +19,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/kubeconfig"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
+	"github.com/k3sm-dev/k3sm/internal/roleconfig/netdconfig"
 )
 
 // Options say what to install where. The zero values of the paths are the
@@ -78,8 +79,12 @@ type Manifest struct {
 	Created []Entry `json:"created"`
 	// Kubeconfigs are the files install merged the admin kubeconfig into.
 	Kubeconfigs []KubeconfigEntry `json:"kubeconfigs,omitempty"`
-	// CreatedUser: install created the service user (darwin).
+	// CreatedUser: install created the service user (_k3sm on darwin,
+	// k3sm on Linux).
 	CreatedUser bool `json:"createdUser,omitempty"`
+	// AddedSubIDs: install gave an existing k3sm user its subordinate
+	// range (Linux).
+	AddedSubIDs bool `json:"addedSubIDs,omitempty"`
 }
 
 // Entry is one created path.
@@ -291,6 +296,10 @@ func Install(ctx context.Context, svc Service, o Options) error {
 	if l, ok := svc.(Launchd); ok && !l.UserExists {
 		m.CreatedUser = true
 	}
+	if sd, ok := svc.(Systemd); ok {
+		m.CreatedUser = m.CreatedUser || !sd.UserExists
+		m.AddedSubIDs = m.AddedSubIDs || (sd.UserExists && sd.AddSubIDs)
+	}
 	if err := save(); err != nil {
 		return err
 	}
@@ -483,11 +492,33 @@ func Uninstall(ctx context.Context, svc Service, o Options, u UninstallOptions) 
 // namespaces), when netd ever ran on this data dir. The pods are stopped
 // by then; a netd that is still serving holds nothing removal needs.
 func removePodNetwork(ctx context.Context, o Options, say func(string, ...any)) {
+	bin := filepath.Join(o.libDir(), "k3sm-netd")
+	// The installed netd's own configuration (Linux): its state and
+	// namespaces are outside the data dir.
+	if cfgPath, stateDir, _ := netdPaths(o); fileExists(cfgPath) {
+		cfg, err := netdconfig.Read([]string{"--config=" + cfgPath})
+		if err != nil {
+			say("warning: the pod network is left on the machine: %v", err)
+			return
+		}
+		if !fileExists(cfg.StateFile) {
+			return
+		}
+		out, err := o.Runner.Run(ctx, []string{bin, "remove", "--config=" + cfgPath})
+		if err != nil {
+			say("warning: the pod network is left on the machine: %v (run `k3sm uninstall` again to retry)", err)
+			return
+		}
+		say("%s", strings.TrimSpace(out))
+		if filepath.Dir(cfg.StateFile) == stateDir {
+			os.RemoveAll(stateDir) // netd's own
+		}
+		return
+	}
 	l := datadir.New(o.DataDir)
 	if _, err := os.Stat(l.NetdStateFile()); err != nil {
 		return // never ran, or the network is already gone
 	}
-	bin := filepath.Join(o.libDir(), "k3sm-netd")
 	if _, err := os.Stat(bin); err != nil {
 		say("warning: the pod network is left on the machine: %s is missing (reinstall and uninstall again, or remove the %s bridge and the nft tables k3sm and k3sm-* by hand)", bin, "k3sm0")
 		return
@@ -519,4 +550,9 @@ func kubeconfigEmpty(path string) bool {
 	}
 	names, err := kubeconfig.ContextNames(b)
 	return err == nil && len(names) == 0
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

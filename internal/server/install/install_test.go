@@ -2,7 +2,6 @@ package install
 
 import (
 	"context"
-	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"os"
 	"path/filepath"
 	"slices"
@@ -45,8 +44,9 @@ func renderLifecycle(svc Service, o Options) []byte {
 
 func TestSystemdGolden(t *testing.T) {
 	o := goldenOptions()
-	golden.Check(t, "k3sm.service", renderUnits(t, Systemd{}, o))
-	golden.Check(t, "systemd-commands.txt", renderLifecycle(Systemd{}, o))
+	sd := Systemd{UID: 990, AddSubIDs: true}
+	golden.Check(t, "k3sm.service", renderUnits(t, sd, o))
+	golden.Check(t, "systemd-commands.txt", renderLifecycle(sd, o))
 }
 
 func TestLaunchdGolden(t *testing.T) {
@@ -144,14 +144,16 @@ func TestInstallUninstallFiles(t *testing.T) {
 		ServerArgs: []string{"--secrets-encryption"},
 		Out:        &out, Runner: rec,
 	}
-	if err := Install(context.Background(), Systemd{}, o); err != nil {
+	sd := Systemd{UID: 990, UserExists: true}
+	if err := Install(context.Background(), sd, o); err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{"systemctl daemon-reload", "systemctl enable k3sm.service", "systemctl restart k3sm.service"}; !slices.Equal(rec.cmds, want) {
+	if want := []string{"install -d -m 0700 -o k3sm -g k3sm " + data, "systemctl daemon-reload", "systemctl enable k3sm-netd.service k3sm.service",
+		"systemctl restart k3sm-netd.service", "systemctl restart k3sm.service"}; !slices.Equal(rec.cmds, want) {
 		t.Fatalf("commands %q, want %q", rec.cmds, want)
 	}
 	unit, err := os.ReadFile(filepath.Join(o.UnitDir, SystemdUnit))
-	if err != nil || !strings.Contains(string(unit), "ExecStart="+o.LibDir+"/k3sm server --data-dir "+data+" --secrets-encryption\n") {
+	if err != nil || !strings.Contains(string(unit), "ExecStart="+o.LibDir+"/k3sm server --data-dir "+data+" --netd-socket /run/k3sm/netd.sock --secrets-encryption\n") {
 		t.Fatalf("unit: %v\n%s", err, unit)
 	}
 	if target, err := os.Readlink(o.BinLink); err != nil || target != filepath.Join(o.LibDir, "k3sm") {
@@ -169,10 +171,10 @@ func TestInstallUninstallFiles(t *testing.T) {
 
 	// Again: nothing changed, so start (not restart).
 	rec.cmds = nil
-	if err := Install(context.Background(), Systemd{}, o); err != nil {
+	if err := Install(context.Background(), sd, o); err != nil {
 		t.Fatal(err)
 	}
-	if rec.cmds[2] != "systemctl start k3sm.service" {
+	if !slices.Contains(rec.cmds, "systemctl start k3sm.service") {
 		t.Fatalf("second install ran %q, want a plain start", rec.cmds)
 	}
 	m, err := ReadManifest(o.ManifestPath)
@@ -182,39 +184,41 @@ func TestInstallUninstallFiles(t *testing.T) {
 	// A new binary: restart.
 	os.WriteFile(filepath.Join(src, "k3sm-shim"), []byte("new"), 0o755)
 	rec.cmds = nil
-	if err := Install(context.Background(), Systemd{}, o); err != nil {
+	if err := Install(context.Background(), sd, o); err != nil {
 		t.Fatal(err)
 	}
-	if rec.cmds[2] != "systemctl restart k3sm.service" {
+	if !slices.Contains(rec.cmds, "systemctl restart k3sm.service") {
 		t.Fatalf("install after a binary changed ran %q, want a restart", rec.cmds)
 	}
 	// Another data dir is refused while installed.
 	o2 := o
 	o2.DataDir = filepath.Join(root, "elsewhere")
-	if err := Install(context.Background(), Systemd{}, o2); err == nil || !strings.Contains(err.Error(), "--data-dir "+data) {
+	if err := Install(context.Background(), sd, o2); err == nil || !strings.Contains(err.Error(), "--data-dir "+data) {
 		t.Fatalf("install with another data dir: %v", err)
 	}
 
-	// netd ran on this data dir: uninstall has the installed k3sm-netd
-	// remove the pod network once the service is stopped.
-	netdState := datadir.New(data).NetdStateFile()
+	// netd ran: uninstall has the installed k3sm-netd remove the pod
+	// network once the service is stopped, with its own configuration.
+	netdState := filepath.Join(filepath.Dir(o.ManifestPath), "netd-state", "state.json")
 	os.MkdirAll(filepath.Dir(netdState), 0o700)
 	os.WriteFile(netdState, []byte("{}"), 0o600)
 	rec.cmds = nil
-	if err := Uninstall(context.Background(), Systemd{}, o, UninstallOptions{}); err != nil {
+	if err := Uninstall(context.Background(), sd, o, UninstallOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(rec.cmds, "systemctl stop k3sm.service") || !slices.Contains(rec.cmds, "systemctl disable k3sm.service") {
+	if !slices.Contains(rec.cmds, "systemctl stop k3sm.service") || !slices.Contains(rec.cmds, "systemctl disable k3sm.service k3sm-netd.service") {
 		t.Fatalf("uninstall ran %q", rec.cmds)
 	}
 	stop := slices.Index(rec.cmds, "systemctl stop k3sm.service")
 	remove := slices.IndexFunc(rec.cmds, func(c string) bool {
-		return strings.HasPrefix(c, filepath.Join(o.LibDir, "k3sm-netd")+" remove --config=")
+		return c == filepath.Join(o.LibDir, "k3sm-netd")+" remove --config="+filepath.Join(filepath.Dir(o.ManifestPath), "netd.json")
 	})
 	if remove < stop {
 		t.Fatalf("uninstall did not remove the pod network after stopping the service: %q", rec.cmds)
 	}
-	os.Remove(netdState)
+	if _, err := os.Stat(netdState); !os.IsNotExist(err) {
+		t.Errorf("netd's state is left: %v", err)
+	}
 	for _, gone := range []string{o.LibDir, o.BinLink, filepath.Join(root, "etc"), filepath.Join(root, "usr/local/lib")} {
 		if _, err := os.Lstat(gone); !os.IsNotExist(err) {
 			t.Errorf("%s still there after uninstall (%v)", gone, err)
@@ -229,16 +233,16 @@ func TestInstallUninstallFiles(t *testing.T) {
 	if strings.Contains(string(cfg), "k3sm") || !strings.Contains(string(cfg), "name: other") {
 		t.Fatalf("kubeconfig after uninstall:\n%s", cfg)
 	}
-	if err := Uninstall(context.Background(), Systemd{}, o, UninstallOptions{}); err == nil || !strings.Contains(err.Error(), "not installed") {
+	if err := Uninstall(context.Background(), sd, o, UninstallOptions{}); err == nil || !strings.Contains(err.Error(), "not installed") {
 		t.Fatalf("second uninstall: %v", err)
 	}
 
 	// Purge: the data dir goes too; a kubeconfig install created goes when empty.
 	os.RemoveAll(filepath.Join(home, ".kube"))
-	if err := Install(context.Background(), Systemd{}, o); err != nil {
+	if err := Install(context.Background(), sd, o); err != nil {
 		t.Fatal(err)
 	}
-	if err := Uninstall(context.Background(), Systemd{}, o, UninstallOptions{Purge: true}); err != nil {
+	if err := Uninstall(context.Background(), sd, o, UninstallOptions{Purge: true}); err != nil {
 		t.Fatal(err)
 	}
 	for _, gone := range []string{data, filepath.Join(home, ".kube")} {

@@ -37,3 +37,9 @@ func Native() (Service, error) {
 	}
 	return nil, fmt.Errorf("no free user and group id between 301 and 450 for %s: create the user yourself (dscl) and re-run k3sm install", ServiceUser)
 }
+
+// CheckDataDir: launchd's server already runs as _k3sm.
+func CheckDataDir(dataDir string) error { return nil }
+
+// NativeFor is Native: the data dir does not choose the service here.
+func NativeFor(dataDir string) (Service, error) { return Native() }

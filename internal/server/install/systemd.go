@@ -1,22 +1,52 @@
 package install
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+
+	"github.com/k3sm-dev/k3sm/internal/roleconfig/netdconfig"
 )
 
-// SystemdUnit is the server's unit name; `k3sm status` looks for
-// /etc/systemd/system/k3sm.service.
-const SystemdUnit = "k3sm.service"
+// Unit names; `k3sm status` looks for /etc/systemd/system/k3sm.service.
+const (
+	SystemdUnit     = "k3sm.service"
+	SystemdNetdUnit = "k3sm-netd.service"
+	// SystemUser is the unprivileged user the server runs as on Linux.
+	SystemUser = "k3sm"
+	// NetdConfigPath is k3sm-netd's configuration, root's: the uid it
+	// serves and the paths it changes are not the server's to choose.
+	NetdConfigPath = "/etc/k3sm/netd.json"
+	// NetdSocket is where the installed k3sm-netd serves the server.
+	NetdSocket = "/run/k3sm/netd.sock"
+	// netdStateDir and netdNetNSDir are netd's own (root's): its state
+	// and the pods' pinned namespaces, out of the server's reach.
+	netdStateDir = "/var/lib/k3sm-netd"
+	netdNetNSDir = "/run/k3sm-netd/netns"
+	// subIDs is the k3sm user's subordinate range, the ids 1-65535 of its
+	// pods (sandbox.RootlessIDs): the one 65536 range a root runtime never
+	// gives a pod (its slot 0).
+	subIDs = "1073741824-1073807359"
+)
 
-// Systemd renders the Linux service: one unit running `k3sm server` as
-// root. The server starts k3sm-netd itself and runtimed enters the pods'
-// network namespaces, which needs root until the privilege split (issue
-// 13) gives netd a unit of its own and the server an unprivileged user.
-type Systemd struct{}
+// Systemd renders the Linux service of the privilege split: a root unit for
+// k3sm-netd, the only privileged process, and one for `k3sm server` as the
+// unprivileged user k3sm (with CAP_NET_BIND_SERVICE for the cluster DNS on
+// port 53), which uses that netd (--netd-socket) and runs its pods in the
+// rootless sandbox with their own network.
+type Systemd struct {
+	// UID is the k3sm user's (and group's) id, chosen free by the caller;
+	// UserExists skips creating it.
+	UID        int
+	UserExists bool
+	// AddSubIDs gives the user its subordinate range (newuidmap is
+	// installed and the user has none).
+	AddSubIDs bool
+}
 
 func (Systemd) Name() string { return "systemd" }
 
@@ -28,13 +58,30 @@ func (Systemd) Available() error {
 	return nil
 }
 
-// UnitPath is where the unit is written.
+// UnitPath is where the server's unit is written.
 func (Systemd) UnitPath(o Options) string {
 	return filepath.Join(o.unitDir("/etc/systemd/system"), SystemdUnit)
 }
 
+// netdPaths are the installed netd's configuration file, state directory
+// and namespace directory; tests (which set ManifestPath) get them beside
+// the manifest.
+func netdPaths(o Options) (config, stateDir, netnsDir string) {
+	if o.ManifestPath != "" {
+		d := filepath.Dir(o.ManifestPath)
+		return filepath.Join(d, "netd.json"), filepath.Join(d, "netd-state"), filepath.Join(d, "netd-netns")
+	}
+	return NetdConfigPath, netdStateDir, netdNetNSDir
+}
+
+// NetdConfig is the installed k3sm-netd's configuration.
+func (s Systemd) NetdConfig(o Options) netdconfig.Config {
+	_, state, netns := netdPaths(o)
+	return netdconfig.Config{Socket: NetdSocket, StateFile: filepath.Join(state, "state.json"), NetNSDir: netns, AllowedUID: s.UID}
+}
+
 func (s Systemd) Units(o Options) ([]File, error) {
-	argv := append([]string{filepath.Join(o.libDir(), binK3sm), "server", "--data-dir", o.DataDir}, o.ServerArgs...)
+	argv := append([]string{filepath.Join(o.libDir(), binK3sm), "server", "--data-dir", o.DataDir, "--netd-socket", NetdSocket}, o.ServerArgs...)
 	q := make([]string, len(argv))
 	for i, a := range argv {
 		v, err := systemdQuote(a)
@@ -43,16 +90,26 @@ func (s Systemd) Units(o Options) ([]File, error) {
 		}
 		q[i] = v
 	}
+	home, err := systemdQuote(o.DataDir)
+	if err != nil {
+		return nil, err
+	}
 	unit := fmt.Sprintf(`# Written by `+"`k3sm install`"+` (k3sm %s): re-run it to change this unit,
 # `+"`k3sm uninstall`"+` removes it.
 [Unit]
 Description=k3sm: Kubernetes in one binary (control plane and this machine's node)
 Documentation=https://github.com/k3sm-dev/k3sm/blob/main/docs/operations.md
-Wants=network-online.target
-After=network-online.target
+Wants=network-online.target %s
+After=network-online.target %s
 
 [Service]
 Type=simple
+# Not root: k3sm-netd (its own unit) makes every system change.
+User=%s
+Group=%s
+Environment=HOME=%s
+# The cluster DNS answers on port 53 of its Service address.
+AmbientCapabilities=CAP_NET_BIND_SERVICE
 ExecStart=%s
 # Pods' shims run in this unit's cgroup and must outlive a stop or restart
 # of the server (a restarted server re-attaches to them): systemd signals
@@ -73,11 +130,56 @@ TasksMax=infinity
 
 [Install]
 WantedBy=multi-user.target
-`, o.Version, strings.Join(q, " "))
-	return []File{{Path: s.UnitPath(o), Mode: 0o644, Content: []byte(unit)}}, nil
+`, o.Version, SystemdNetdUnit, SystemdNetdUnit, SystemUser, SystemUser, home, strings.Join(q, " "))
+	cfgPath, _, _ := netdPaths(o)
+	netdExe, err := systemdQuote(filepath.Join(o.libDir(), "k3sm-netd"))
+	if err != nil {
+		return nil, err
+	}
+	netdUnit := fmt.Sprintf(`# Written by `+"`k3sm install`"+` (k3sm %s): re-run it to change this unit,
+# `+"`k3sm uninstall`"+` removes it.
+[Unit]
+Description=k3sm-netd: the root helper of k3sm's pod network (namespaces, links, addresses, nftables)
+Documentation=https://github.com/k3sm-dev/k3sm/blob/main/docs/networking.md
+Before=%s
+
+[Service]
+Type=simple
+ExecStart=%s --config=%s
+# Pods keep their network while netd restarts; it resyncs from its state.
+Restart=always
+RestartSec=2s
+
+[Install]
+WantedBy=multi-user.target
+`, o.Version, SystemdUnit, netdExe, cfgPath)
+	cfg, err := json.MarshalIndent(s.NetdConfig(o), "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return []File{
+		{Path: cfgPath, Mode: 0o644, Content: append(cfg, '\n')},
+		{Path: filepath.Join(o.unitDir("/etc/systemd/system"), SystemdNetdUnit), Mode: 0o644, Content: []byte(netdUnit)},
+		{Path: s.UnitPath(o), Mode: 0o644, Content: []byte(unit)},
+	}, nil
 }
 
-func (Systemd) Setup(Options) [][]string { return nil }
+// Setup makes the k3sm user (and group, of one free id) unless it exists,
+// gives it its subordinate range, and the data dir (0700, its own).
+func (s Systemd) Setup(o Options) [][]string {
+	var cmds [][]string
+	id := strconv.Itoa(s.UID)
+	if !s.UserExists {
+		cmds = append(cmds,
+			[]string{"groupadd", "--system", "--gid", id, SystemUser},
+			[]string{"useradd", "--system", "--uid", id, "--gid", id, "--no-create-home", "--home-dir", o.DataDir,
+				"--shell", "/usr/sbin/nologin", "--comment", "k3sm server", SystemUser})
+	}
+	if s.AddSubIDs {
+		cmds = append(cmds, []string{"usermod", "--add-subuids", subIDs, "--add-subgids", subIDs, SystemUser})
+	}
+	return append(cmds, []string{"install", "-d", "-m", "0700", "-o", SystemUser, "-g", SystemUser, o.DataDir})
+}
 
 func (Systemd) Start(_ Options, restart bool) [][]string {
 	start := "start"
@@ -87,7 +189,8 @@ func (Systemd) Start(_ Options, restart bool) [][]string {
 	}
 	return [][]string{
 		{"systemctl", "daemon-reload"},
-		{"systemctl", "enable", SystemdUnit},
+		{"systemctl", "enable", SystemdNetdUnit, SystemdUnit},
+		{"systemctl", start, SystemdNetdUnit},
 		{"systemctl", start, SystemdUnit},
 	}
 }
@@ -95,20 +198,30 @@ func (Systemd) Start(_ Options, restart bool) [][]string {
 // Stop stops the server, then the pods: with KillMode=process their
 // processes stay in the unit's cgroup after the server stopped, and an
 // uninstalled k3sm must leave nothing running (SIGTERM first, as the
-// kubelet does; Uninstall waits and sends SIGKILL to what is left).
+// kubelet does; Uninstall waits and sends SIGKILL to what is left); then
+// netd (the pods' network goes with uninstall's removal).
 func (Systemd) Stop(Options) [][]string {
 	return [][]string{
-		{"systemctl", "disable", SystemdUnit},
+		{"systemctl", "disable", SystemdUnit, SystemdNetdUnit},
 		{"systemctl", "stop", SystemdUnit},
 		{"systemctl", "kill", "--kill-whom=all", "--signal=SIGTERM", SystemdUnit},
+		{"systemctl", "stop", SystemdNetdUnit},
 	}
 }
 
-func (Systemd) Teardown(Options, *Manifest) [][]string {
-	return [][]string{
+func (Systemd) Teardown(_ Options, m *Manifest) [][]string {
+	cmds := [][]string{
 		{"systemctl", "daemon-reload"},
-		{"-", "systemctl", "reset-failed", SystemdUnit}, // fails when it never failed
+		{"-", "systemctl", "reset-failed", SystemdUnit, SystemdNetdUnit}, // fails when neither failed
 	}
+	switch {
+	case m != nil && m.CreatedUser:
+		// Its group and subordinate ranges go with it.
+		cmds = append(cmds, []string{"userdel", SystemUser}, []string{"-", "groupdel", SystemUser})
+	case m != nil && m.AddedSubIDs:
+		cmds = append(cmds, []string{"usermod", "--del-subuids", subIDs, "--del-subgids", subIDs, SystemUser})
+	}
+	return cmds
 }
 
 func (Systemd) ActiveCommand(Options) []string {
