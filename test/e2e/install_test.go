@@ -196,7 +196,7 @@ func TestInstallSystemd(t *testing.T) {
 			t.Fatalf("%s runs as %s, want %s", unit, out, user)
 		}
 	}
-	if out := n.must("sh", "-c", "ps -o user= -p \"$(pgrep -d, -f 'k3sm-runtimed|k3sm node|kube-apiserver')\" | sort -u"); strings.TrimSpace(out) != "k3sm" {
+	if out := n.must("sh", "-c", "ps -o user= -p \"$(pgrep -d, -f '[k]3sm-runtimed|[k]3sm node|[k]ube-apiserver')\" | sort -u"); strings.TrimSpace(out) != "k3sm" {
 		t.Fatalf("the server's processes run as %q, want only k3sm", out)
 	}
 	if out := n.must("stat", "-c", "%a", "/var/lib/k3sm/server/cred/encryption-config.yaml"); strings.TrimSpace(out) != "600" {
