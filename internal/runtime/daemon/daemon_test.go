@@ -139,20 +139,8 @@ func TestIntegrationPodRunsAndLogs(t *testing.T) {
 		c.Write([]byte("echo:" + string(b)))
 		c.Close()
 	}()
-	pf, _ := e.c.Runtime.PortForward(ctx)
-	pf.Send(&runtimev1.PortForwardRequest{Msg: &runtimev1.PortForwardRequest_Start{Start: &runtimev1.PortForwardStart{PodUid: spec.Uid, Port: int32(ln.Addr().(*net.TCPAddr).Port)}}})
-	pf.Send(&runtimev1.PortForwardRequest{Msg: &runtimev1.PortForwardRequest_Data{Data: []byte("ping")}})
-	pf.Send(&runtimev1.PortForwardRequest{Msg: &runtimev1.PortForwardRequest_CloseWrite{CloseWrite: true}})
-	var fwd strings.Builder
-	for {
-		m, err := pf.Recv()
-		if err != nil {
-			break
-		}
-		fwd.Write(m.GetData())
-	}
-	if fwd.String() != "echo:ping" {
-		t.Errorf("port-forward got %q", fwd.String())
+	if fwd := e.portForward(spec.Uid, int32(ln.Addr().(*net.TCPAddr).Port), []byte("ping")); fwd != "echo:ping" {
+		t.Errorf("port-forward got %q", fwd)
 	}
 
 	// Follow: a pod printing as it goes; follow ends when it exits.

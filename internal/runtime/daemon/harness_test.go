@@ -406,3 +406,31 @@ func newSubprocessEnv(t *testing.T) *env {
 	e.image = e.reg.Push(t, "prog:v1", img)
 	return e
 }
+
+// portForward sends data through PortForward to the pod's port, closes
+// the writing side and returns what came back; an error the stream
+// reports fails the test.
+func (e *env) portForward(uid string, port int32, data []byte) string {
+	e.t.Helper()
+	pf, err := e.c.Runtime.PortForward(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	pf.Send(&runtimev1.PortForwardRequest{Msg: &runtimev1.PortForwardRequest_Start{Start: &runtimev1.PortForwardStart{PodUid: uid, Port: port}}})
+	if len(data) > 0 {
+		pf.Send(&runtimev1.PortForwardRequest{Msg: &runtimev1.PortForwardRequest_Data{Data: data}})
+	}
+	pf.Send(&runtimev1.PortForwardRequest{Msg: &runtimev1.PortForwardRequest_CloseWrite{CloseWrite: true}})
+	var out strings.Builder
+	for {
+		m, err := pf.Recv()
+		if err != nil {
+			break
+		}
+		out.Write(m.GetData())
+		if m.GetError() != "" {
+			e.t.Errorf("port-forward to %s:%d: %s", uid, port, m.GetError())
+		}
+	}
+	return out.String()
+}

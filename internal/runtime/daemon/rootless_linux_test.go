@@ -371,27 +371,11 @@ func TestIntegrationRootlessPodNetwork(t *testing.T) {
 	}
 	t.Logf("pods at %v; b dialing a: %q", ips, got)
 	// Port-forward reaches the pod's own loopback, from inside.
-	pf, err := e.c.Runtime.PortForward(ctx)
-	if err != nil {
-		t.Fatal(err)
+	fwd := e.portForward(uidB, 8080, nil)
+	if !strings.Contains(fwd, "to 127.0.0.1:8080") {
+		t.Errorf("port-forward got %q", fwd)
 	}
-	pf.Send(&runtimev1.PortForwardRequest{Msg: &runtimev1.PortForwardRequest_Start{Start: &runtimev1.PortForwardStart{PodUid: uidB, Port: 8080}}})
-	pf.Send(&runtimev1.PortForwardRequest{Msg: &runtimev1.PortForwardRequest_CloseWrite{CloseWrite: true}})
-	var fwd strings.Builder
-	for {
-		m, err := pf.Recv()
-		if err != nil {
-			break
-		}
-		fwd.Write(m.GetData())
-		if m.GetError() != "" {
-			t.Errorf("port-forward: %s", m.GetError())
-		}
-	}
-	if !strings.Contains(fwd.String(), "to 127.0.0.1:8080") {
-		t.Errorf("port-forward got %q", fwd.String())
-	}
-	t.Logf("port-forward to b: %q", fwd.String())
+	t.Logf("port-forward to b: %q", fwd)
 	// Deleting the pods releases their namespaces.
 	e.deleteAll()
 	if left, _ := os.ReadDir(nsDir); len(left) != 0 {
