@@ -23,6 +23,7 @@ func TestInstallDryRunPersistsServerFlags(t *testing.T) {
 	if err := root.Execute(); err != nil {
 		t.Fatal(err)
 	}
+	// --pod-network=host: no --netd-socket (the server refuses both).
 	want := "ExecStart=/usr/local/lib/k3sm/k3sm server --data-dir /srv/k3sm --audit-log --kube-apiserver-arg=enable-admission-plugins+=PodNodeSelector --kube-controller-manager-arg=kube-api-qps=20 --kube-controller-manager-arg=feature-gates=A=true,B=false --node-taint=false --pod-network=host --secrets-encryption --tls-san=a.example --tls-san=b.example\n"
 	if !strings.Contains(out.String(), want) {
 		t.Fatalf("dry run lacks\n%s\ngot:\n%s", want, out.String())
@@ -36,6 +37,26 @@ func TestInstallRejectsBadServerFlags(t *testing.T) {
 		root.SetArgs(append([]string{"install", "--dry-run"}, args...))
 		if err := root.Execute(); err == nil || !strings.Contains(err.Error(), strings.TrimPrefix(args[0], "--")) {
 			t.Fatalf("install %q: %v", args, err)
+		}
+	}
+}
+
+// Otherwise the server uses the installed k3sm-netd.
+func TestInstallDryRunUsesTheNetdUnit(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the systemd unit is rendered on Linux")
+	}
+	root := New(Upstream{}, nil)
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetArgs([]string{"install", "--dry-run", "--data-dir", "/srv/k3sm", "--node-name", "edge-1"})
+	if err := root.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"ExecStart=/usr/local/lib/k3sm/k3sm server --data-dir /srv/k3sm --netd-socket /run/k3sm/netd.sock --node-name=edge-1\n",
+		"User=k3sm\n", "ExecStart=/usr/local/lib/k3sm/k3sm-netd --config=/etc/k3sm/netd.json\n"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("dry run lacks %q:\n%s", want, out.String())
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -81,7 +82,12 @@ func (s Systemd) NetdConfig(o Options) netdconfig.Config {
 }
 
 func (s Systemd) Units(o Options) ([]File, error) {
-	argv := append([]string{filepath.Join(o.libDir(), binK3sm), "server", "--data-dir", o.DataDir, "--netd-socket", NetdSocket}, o.ServerArgs...)
+	argv := []string{filepath.Join(o.libDir(), binK3sm), "server", "--data-dir", o.DataDir}
+	if !slices.Contains(o.ServerArgs, "--pod-network=host") {
+		// The pods' network comes from the netd unit.
+		argv = append(argv, "--netd-socket", NetdSocket)
+	}
+	argv = append(argv, o.ServerArgs...)
 	q := make([]string, len(argv))
 	for i, a := range argv {
 		v, err := systemdQuote(a)
