@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"github.com/k3sm-dev/k3sm/internal/roleconfig/netdconfig"
 	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 )
 
@@ -127,8 +129,8 @@ func TestRootlessServerPodNetwork(t *testing.T) {
 	s := rootlessServer(t, "k3sm-e2e-rootnet", uid, sub, "--netd-socket", sock)
 	s.attr.AmbientCaps = []uintptr{unix.CAP_NET_BIND_SERVICE}
 	cfg := filepath.Join(netdDir, "netd.json")
-	body := fmt.Sprintf(`{"socket": %q, "stateFile": %q, "netnsDir": %q, "allowedUID": %d}`, sock, filepath.Join(netdDir, "state.json"), filepath.Join(netdDir, "netns"), uid)
-	if err := os.WriteFile(cfg, []byte(body), 0o600); err != nil {
+	body, _ := json.Marshal(netdconfig.Config{Socket: sock, StateFile: filepath.Join(netdDir, "state.json"), NetNSDir: filepath.Join(netdDir, "netns"), AllowedUID: uid})
+	if err := os.WriteFile(cfg, body, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	netdBin := filepath.Join(filepath.Dir(k3smBin), "k3sm-netd")

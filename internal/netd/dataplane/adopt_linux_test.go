@@ -31,7 +31,7 @@ func TestAdoptNetNS(t *testing.T) {
 		// Until unshare has made its namespaces and exec'd sleep.
 		deadline := time.Now().Add(10 * time.Second)
 		for time.Now().Before(deadline) {
-			if b, _ := os.ReadFile("/proc/" + itoa(cmd.Process.Pid) + "/comm"); strings.TrimSpace(string(b)) == "sleep" {
+			if b, _ := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/comm"); strings.TrimSpace(string(b)) == "sleep" {
 				break
 			}
 			time.Sleep(10 * time.Millisecond)
@@ -60,7 +60,7 @@ func TestAdoptNetNS(t *testing.T) {
 	}
 	var pinned, live unix.Stat_t
 	unix.Stat(netPath, &pinned)
-	unix.Stat("/proc/"+itoa(own)+"/ns/net", &live)
+	unix.Stat("/proc/"+strconv.Itoa(own)+"/ns/net", &live)
 	if pinned.Ino != live.Ino {
 		t.Error("the pinned network namespace is not the process's")
 	}
@@ -91,5 +91,3 @@ func TestAdoptNetNS(t *testing.T) {
 		}
 	}
 }
-
-func itoa(n int) string { return strconv.Itoa(n) }

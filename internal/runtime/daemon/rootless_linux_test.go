@@ -21,6 +21,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/netd/dataplane"
 	netdserver "github.com/k3sm-dev/k3sm/internal/netd/server"
 	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
+	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
 )
 
 // The rootless sandbox: a daemon that is not root runs each image pod in
@@ -233,18 +234,10 @@ func lineWith(out, prefix string) string {
 // shim's shim.json).
 func workloadPid(t *testing.T, e *env, uid string) int {
 	t.Helper()
-	matches, _ := filepath.Glob(filepath.Join(datadir.New(e.dir).PodAttemptsDir(uid), "main", "*", "shim.json"))
+	matches, _ := filepath.Glob(filepath.Join(datadir.New(e.dir).PodAttemptsDir(uid), "main", "*"))
 	for _, m := range matches {
-		b, err := os.ReadFile(m)
-		if err != nil {
-			continue
-		}
-		if i := strings.Index(string(b), `"pid":`); i >= 0 {
-			rest := string(b[i+6:])
-			end := strings.IndexAny(rest, ",}")
-			if pid, err := strconv.Atoi(strings.TrimSpace(rest[:end])); err == nil && pid > 0 {
-				return pid
-			}
+		if a, err := sandbox.ReadAttempt(m, true); err == nil && a.Pid > 0 {
+			return a.Pid
 		}
 	}
 	t.Fatalf("no workload pid for pod %s (%v)", uid, matches)

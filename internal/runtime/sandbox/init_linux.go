@@ -33,13 +33,13 @@ func InitMain() int {
 		return 1
 	}
 	buf := make([]byte, 1<<20)
-	if os.Getenv(strings.SplitN(remapEnv, "=", 2)[0]) != "" {
+	if os.Getenv(remapEnv) != "" {
 		// Started before newuidmap wrote the maps: no capabilities in
 		// the namespace until an exec as its root, once they exist.
 		if n, _, _, _, err := unix.Recvmsg(initFD, buf, nil, 0); err != nil || n != 1 || buf[0] != 'm' {
 			return 1 // the shim gave up (and said why)
 		}
-		os.Unsetenv(strings.SplitN(remapEnv, "=", 2)[0])
+		os.Unsetenv(remapEnv)
 		err := unix.Exec(fdPath(exeFD), os.Args, os.Environ())
 		return fail(fmt.Errorf("exec the init in its mapped user namespace: %w", err))
 	}
@@ -53,16 +53,9 @@ func InitMain() int {
 	if err := json.Unmarshal(buf[:n], &cfg); err != nil {
 		return fail(fmt.Errorf("init config: %w", err))
 	}
-	oob := make([]byte, unix.CmsgSpace(4))
-	n, oobn, _, _, err := unix.Recvmsg(initFD, buf, oob, 0)
+	n, rootFD, err := recvFD(initFD, buf)
 	if err != nil || n == 0 {
 		return 1 // the shim gave up (and said why)
-	}
-	rootFD := -1
-	if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil && len(msgs) == 1 {
-		if fds, err := unix.ParseUnixRights(&msgs[0]); err == nil && len(fds) == 1 {
-			rootFD = fds[0]
-		}
 	}
 	syscall.Close(initFD)
 	if cfg.Rootless {
@@ -424,4 +417,21 @@ func LimitCapabilities(keep []string) error {
 		return fmt.Errorf("capset: %w", err)
 	}
 	return nil
+}
+
+// recvFD reads one message from the socket sock into buf and the one
+// descriptor it carries (-1 for none).
+func recvFD(sock int, buf []byte) (n, fd int, err error) {
+	oob := make([]byte, unix.CmsgSpace(4))
+	n, oobn, _, _, err := unix.Recvmsg(sock, buf, oob, 0)
+	if err != nil {
+		return 0, -1, err
+	}
+	fd = -1
+	if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil && len(msgs) == 1 {
+		if fds, err := unix.ParseUnixRights(&msgs[0]); err == nil && len(fds) == 1 {
+			fd = fds[0]
+		}
+	}
+	return n, fd, nil
 }

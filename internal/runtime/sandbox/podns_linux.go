@@ -120,17 +120,15 @@ func DialIn(ctx context.Context, shim, userns, netns, network, addr string) (net
 		return nil, err
 	}
 	defer cmd.Wait()
-	buf, oob := make([]byte, 4096), make([]byte, unix.CmsgSpace(4))
-	n, oobn, _, _, err := unix.Recvmsg(ours, buf, oob, 0)
+	buf := make([]byte, 4096)
+	n, fd, err := recvFD(ours, buf)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s in the pod's network: %w", addr, err)
 	}
-	if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil && len(msgs) == 1 {
-		if fds, err := unix.ParseUnixRights(&msgs[0]); err == nil && len(fds) == 1 {
-			f := os.NewFile(uintptr(fds[0]), "pod-conn")
-			defer f.Close()
-			return net.FileConn(f)
-		}
+	if fd >= 0 {
+		f := os.NewFile(uintptr(fd), "pod-conn")
+		defer f.Close()
+		return net.FileConn(f)
 	}
 	if n == 0 {
 		return nil, fmt.Errorf("dial %s in the pod's network: the helper said nothing", addr)

@@ -4,7 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"os"
+	"os/user"
 	"strconv"
 	"strings"
 )
@@ -87,18 +87,11 @@ func RangeHint(user string) string {
 	return fmt.Sprintf("give %s a subordinate range of 65536 ids (usermod --add-subuids 100000-165535 --add-subgids 100000-165535 %s) and install newuidmap/newgidmap (Debian: apt install uidmap)", user, user)
 }
 
-// userName is the name of uid in /etc/passwd, else the number.
+// userName is uid's account name, else the number (subordinate ranges
+// are listed by either).
 func userName(uid int) string {
-	f, err := os.Open("/etc/passwd")
-	if err == nil {
-		defer f.Close()
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			p := strings.Split(sc.Text(), ":")
-			if len(p) > 2 && p[2] == strconv.Itoa(uid) {
-				return p[0]
-			}
-		}
+	if u, err := user.LookupId(strconv.Itoa(uid)); err == nil {
+		return u.Username
 	}
 	return strconv.Itoa(uid)
 }

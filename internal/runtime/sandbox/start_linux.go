@@ -37,7 +37,7 @@ type initConfig struct {
 // remapEnv tells the init that its maps are written after it started
 // (newuidmap), so it must wait for them and exec itself again to hold
 // capabilities in its user namespace.
-const remapEnv = "K3SM_INIT_REMAP=1"
+const remapEnv = "K3SM_INIT_REMAP"
 
 const (
 	initFD   = 3 // config, then the go-ahead (one byte) or EOF to give up
@@ -92,7 +92,7 @@ func Start(spec *Spec, ms []mounts.Mount, stage, scratch string, cgroups []strin
 	case len(spec.UIDMap) == 0:
 	case remap:
 		a.Cloneflags |= syscall.CLONE_NEWUSER
-		env0 = append(env0, remapEnv)
+		env0 = append(env0, remapEnv+"=1")
 	default:
 		a.Cloneflags |= syscall.CLONE_NEWUSER
 		a.UidMappings = sysMaps(spec.UIDMap)
