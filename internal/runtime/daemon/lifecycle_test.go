@@ -91,18 +91,61 @@ func TestIntegrationCrashLoopBackOff(t *testing.T) {
 	w := e.watch()
 	spec := e.podSpec("crasher", "echo:run", "err:crashing", "exit:1")
 	e.create(spec)
-	sawBackOff := false
+	// The back-off counts from the previous attempt's exit, so it is
+	// measured from there: each CrashLoopBackOff seen names its delay and
+	// shows the attempt it follows; the next attempt's start comes from a
+	// later status. Gaps between Started events would not do: a crasher
+	// may exit before its Started event is out.
+	waits := map[time.Time]time.Duration{} // finishedAt -> announced back-off
+	var starts []time.Time
 	st := e.waitFor(spec.Uid, "restartCount 5", 30*time.Second, func(st *runtimev1.PodStatus) bool {
-		if wt := ctrState(st).GetState().GetWaiting(); wt != nil && wt.GetReason() == "CrashLoopBackOff" {
-			sawBackOff = true
-			if !strings.Contains(wt.GetMessage(), "back-off") || !strings.Contains(wt.GetMessage(), "restarting failed container=main") {
-				t.Errorf("CrashLoopBackOff message %q", wt.GetMessage())
+		cs := ctrState(st)
+		if r := cs.GetState().GetRunning(); r != nil {
+			starts = append(starts, r.GetStartedAt().AsTime())
+		}
+		for _, tm := range []*runtimev1.ContainerStateTerminated{cs.GetState().GetTerminated(), cs.GetLastTerminationState().GetTerminated()} {
+			if tm != nil {
+				starts = append(starts, tm.GetStartedAt().AsTime())
 			}
 		}
-		return ctrState(st).GetRestartCount() >= 5
+		if wt := cs.GetState().GetWaiting(); wt != nil && wt.GetReason() == "CrashLoopBackOff" {
+			f := append(strings.Fields(wt.GetMessage()), "", "")
+			d, err := time.ParseDuration(f[1])
+			if f[0] != "back-off" || err != nil || !strings.Contains(wt.GetMessage(), "restarting failed container=main") {
+				t.Errorf("CrashLoopBackOff message %q", wt.GetMessage())
+			} else if lt := cs.GetLastTerminationState().GetTerminated(); lt != nil {
+				waits[lt.GetFinishedAt().AsTime()] = d
+			}
+		}
+		return cs.GetRestartCount() >= 5
 	})
-	if !sawBackOff {
+	if len(waits) == 0 {
 		t.Error("never saw the CrashLoopBackOff waiting reason")
+	}
+	// Each back-off seen: the next start after that exit came no sooner
+	// than announced, and not much later.
+	seen := map[time.Duration]bool{}
+	for fin, d := range waits {
+		var next time.Time
+		for _, s := range starts {
+			if s.After(fin) && (next.IsZero() || s.Before(next)) {
+				next = s
+			}
+		}
+		if next.IsZero() {
+			continue // the last back-off still running when the wait ended
+		}
+		seen[d] = true
+		if got := next.Sub(fin); got < d || got > d+time.Second {
+			t.Errorf("restart %s after the exit, announced back-off %s", got, d)
+		} else {
+			t.Logf("restart %s after the exit, announced back-off %s", got, d)
+		}
+	}
+	for _, d := range []time.Duration{200 * time.Millisecond, 400 * time.Millisecond, 800 * time.Millisecond} {
+		if !seen[d] {
+			t.Errorf("no restart measured after a back-off of %s; back-offs seen: %v", d, waits)
+		}
 	}
 	if st.GetPhase() != runtimev1.PodPhase_POD_PHASE_RUNNING {
 		t.Errorf("a crash-looping pod with restartPolicy Always is Running, got %v", st.GetPhase())
@@ -126,10 +169,10 @@ func TestIntegrationCrashLoopBackOff(t *testing.T) {
 	if gaps[0] > 600*time.Millisecond {
 		t.Errorf("first restart should be immediate, took %s", gaps[0])
 	}
-	for i, want := range []time.Duration{200 * time.Millisecond, 400 * time.Millisecond, 800 * time.Millisecond} {
-		if gaps[i+1] < want || gaps[i+1] > want+time.Second {
-			t.Errorf("restart %d after %s, want about %s", i+2, gaps[i+1], want)
-		}
+	// Back-offs grow: the gaps between starts do too, give or take one
+	// start's time.
+	if gaps[3] < gaps[1] {
+		t.Errorf("back-offs did not grow: gaps between starts %v", gaps)
 	}
 	if len(w.find(spec.Uid, "BackOff")) == 0 {
 		t.Error("no BackOff event")

@@ -343,9 +343,16 @@ func TestIntegrationRootlessPodNetwork(t *testing.T) {
 	if ips["a"] == ips["b"] {
 		t.Fatalf("both pods have %s", ips["a"])
 	}
-	// The node reaches both, each answering on its own address.
+	// The node reaches both, each answering on its own address. Running
+	// means started, not listening yet: refusals are retried for a while.
 	for name, ip := range ips {
-		c, err := net.DialTimeout("tcp", ip+":8080", 5*time.Second)
+		var c net.Conn
+		var err error
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			if c, err = net.DialTimeout("tcp", ip+":8080", 5*time.Second); err == nil || time.Now().After(deadline) {
+				break
+			}
+		}
 		if err != nil {
 			t.Fatalf("dial pod %s at %s: %v", name, ip, err)
 		}
