@@ -451,14 +451,35 @@ func serveKubeletAPI(cfg Config, kc kubernetes.Interface, provider *Provider, po
 	return srv, nil
 }
 
-// queueLimiter retries a failing item from 5 ms up to 10 s and lets 1000
-// items a second through overall.
+// queueLimiter lets an item through at once the first time it is queued,
+// retries a failing one from 10 ms up to 10 s, and lets 1000 items a
+// second through overall. Virtual Kubelet asks the limiter for every
+// queued item, not only for retries, so a plain exponential limiter would
+// delay every pod's create and every status update by its base (5 ms).
 func queueLimiter() workqueue.TypedRateLimiter[any] {
-	return workqueue.NewTypedMaxOfRateLimiter[any](
-		workqueue.NewTypedItemExponentialFailureRateLimiter[any](5*time.Millisecond, 10*time.Second),
-		&workqueue.TypedBucketRateLimiter[any]{Limiter: rate.NewLimiter(rate.Limit(1000), 2000)},
-	)
+	return &retryLimiter{
+		exp:    workqueue.NewTypedItemExponentialFailureRateLimiter[any](5*time.Millisecond, 10*time.Second),
+		bucket: &workqueue.TypedBucketRateLimiter[any]{Limiter: rate.NewLimiter(rate.Limit(1000), 2000)},
+	}
 }
+
+// retryLimiter: see queueLimiter. Virtual Kubelet forgets an item once it
+// was handled, which starts it over.
+type retryLimiter struct {
+	exp, bucket workqueue.TypedRateLimiter[any]
+}
+
+func (l *retryLimiter) When(item any) time.Duration {
+	first := l.exp.NumRequeues(item) == 0
+	d, b := l.exp.When(item), l.bucket.When(item)
+	if first {
+		return b
+	}
+	return max(d, b)
+}
+
+func (l *retryLimiter) Forget(item any)          { l.exp.Forget(item) }
+func (l *retryLimiter) NumRequeues(item any) int { return l.exp.NumRequeues(item) }
 
 // startLocalPath runs the node's local-path provisioner with its own
 // credential; it logs and keeps trying rather than taking the node down.
