@@ -87,10 +87,7 @@ func (p *managedPod) ensureNetwork(ctx context.Context) bool {
 		pn, err := p.m.cfg.Network.Setup(sctx, p.uid, p.namespace, p.name)
 		cancel()
 		if err == nil {
-			p.update(func() { p.net = pn })
-			if err := p.save(); err != nil {
-				p.m.log.Error("record pod network", "pod", p.key(), "err", err)
-			}
+			p.update(func() { p.net = pn }) // persisted with the update
 			return true
 		}
 		msg := "Failed to create pod sandbox: " + err.Error()

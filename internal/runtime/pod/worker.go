@@ -357,6 +357,11 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 	c.containerID = "k3sm://" + hex.EncodeToString(sum[:])
 	c.stateDir = p.m.dirs().PodAttemptDir(p.uid, name, int(n))
 	c.state = containerState{Waiting: &waiting{Reason: "ContainerCreating"}}
+	// Whether this attempt runs in the sandbox (probes and exec enter it),
+	// recorded with this update rather than one more before the start.
+	sandboxOn := !p.m.cfg.DisableSandbox && sandboxed()
+	boxed := sandboxOn && c.target == ""
+	c.sandboxed = boxed
 	if img != nil {
 		c.imageID, c.imageDigest = repoDigestFor(img, c.spec.GetImage()), img.ID
 	}
@@ -407,13 +412,11 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 	// is copied; each attempt starts from the image, as a new container
 	// does). Otherwise the container's root is a copy-on-write clone of
 	// the image, kept across restarts of the same image.
-	sandboxOn := !p.m.cfg.DisableSandbox && sandboxed()
 	if sandboxOn {
 		if msg := refusal(spec, cspec); msg != "" {
 			return p.refuse(ctx, c, msg)
 		}
 	}
-	boxed := sandboxOn && c.target == ""
 	var box sandboxInput
 	if boxed {
 		id, err := containerIdentity(spec, cspec, img)
@@ -525,7 +528,6 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 			return p.refuse(ctx, c, err.Error())
 		}
 	}
-	p.update(func() { c.sandboxed = sb != nil && sb.Seatbelt == "" })
 	cgs, err := p.containerCgroups(spec, c, cspec)
 	if err != nil {
 		return fail(err.Error())
