@@ -287,7 +287,8 @@ func (m *Manager) Create(spec *runtimev1.PodSpec) (*runtimev1.PodStatus, error) 
 
 func (m *Manager) newPod(spec *runtimev1.PodSpec) *managedPod {
 	p := &managedPod{m: m, uid: spec.GetUid(), name: spec.GetName(), namespace: spec.GetNamespace(), dir: m.podDir(spec.GetUid()), spec: spec,
-		deleteCh: make(chan struct{}), done: make(chan struct{}), removed: make(chan struct{}), ephStop: make(chan struct{})}
+		deleteCh: make(chan struct{}), done: make(chan struct{}), removed: make(chan struct{}), ephStop: make(chan struct{}),
+		netReady: make(chan struct{})}
 	for _, c := range spec.GetInitContainers() {
 		p.init = append(p.init, newContainer(c, true, p.deleteCh))
 	}
@@ -821,6 +822,10 @@ type managedPod struct {
 	revision    uint64
 	saveSeq     uint64     // snapshots taken (under mu)
 	net         PodNetwork // the pod's own network, once set up
+	// netReady is closed once the worker's network set-up ended; netUp:
+	// it succeeded (under mu). Containers wait for it before they start.
+	netReady chan struct{}
+	netUp    bool
 	// idSlot is the pod's user-namespace range (sandbox), 0 until given.
 	idSlot atomic.Int32
 

@@ -87,7 +87,12 @@ func (p *managedPod) ensureNetwork(ctx context.Context) bool {
 		pn, err := p.m.cfg.Network.Setup(sctx, p.uid, p.namespace, p.name)
 		cancel()
 		if err == nil {
-			p.update(func() { p.net = pn }) // persisted with the update
+			// Neither written nor published on its own: it goes with
+			// the next change, the container's start (netd gives the
+			// same network again for the uid if the daemon dies first).
+			p.mu.Lock()
+			p.net = pn
+			p.mu.Unlock()
 			return true
 		}
 		msg := "Failed to create pod sandbox: " + err.Error()

@@ -64,13 +64,11 @@ func (p *managedPod) run(ctx context.Context) {
 		close(finished)
 		p.ephWG.Wait()
 	}()
-	select {
-	case <-p.deleteCh:
-	default:
-		if !p.ensureNetwork(ctx) {
-			return
-		}
-	}
+	// The network is set up beside the first container's image and its
+	// ContainerCreating record (runOnce waits for it before the start);
+	// the worker ends after it, so a deleted pod's address is released.
+	go p.setUpNetwork(ctx)
+	defer func() { <-p.netReady }()
 	p.mu.Lock()
 	policy := p.spec.GetRestartPolicy()
 	p.mu.Unlock()
@@ -134,6 +132,21 @@ func (p *managedPod) run(ctx context.Context) {
 		}(c)
 	}
 	wg.Wait()
+}
+
+// setUpNetwork gives the pod its network (unless it is being deleted
+// already), then closes netReady.
+func (p *managedPod) setUpNetwork(ctx context.Context) {
+	up := false
+	select {
+	case <-p.deleteCh:
+	default:
+		up = p.ensureNetwork(ctx)
+	}
+	p.mu.Lock()
+	p.netUp = up
+	p.mu.Unlock()
+	close(p.netReady)
 }
 
 // startEphemeral starts the goroutine of every ephemeral container that has
@@ -372,9 +385,28 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 	cspec := c.spec
 	root := p.rootDir(c)
 	rootImage := c.rootImage
-	netns, userns, podIP := p.net.NetNS, p.net.UserNS, p.net.IP
 	p.mu.Unlock()
 	p.changedNotify()
+
+	select {
+	case <-p.netReady:
+	case <-c.stopc:
+		return outStopped
+	case <-ctx.Done():
+		return outDetached
+	}
+	p.mu.Lock()
+	up := p.netUp
+	netns, userns, podIP := p.net.NetNS, p.net.UserNS, p.net.IP
+	p.mu.Unlock()
+	if !up {
+		// Deleted, or the daemon stops (the attempt never started: a
+		// restarted daemon makes it again under its number).
+		if ctx.Err() != nil {
+			return outDetached
+		}
+		return outStopped
+	}
 
 	if redo {
 		// What the unstarted attempt left (a config, a shim log).
