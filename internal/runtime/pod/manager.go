@@ -271,7 +271,11 @@ func (m *Manager) Create(spec *runtimev1.PodSpec) (*runtimev1.PodStatus, error) 
 	// Disk work outside the manager lock: status reads must not wait.
 	err := os.MkdirAll(p.dir, 0o700)
 	if err == nil {
-		err = p.save()
+		// Atomic but not fsynced (a journal commit less before the
+		// start): until its first ContainerCreating record, which is
+		// durable and comes before any process, the pod holds nothing
+		// the API does not, and a daemon that dies still finds it.
+		err = p.saveWith(false)
 	}
 	if err != nil {
 		m.mu.Lock()
@@ -868,41 +872,48 @@ func (p *managedPod) rootDir(c *container) string { return p.m.dirs().PodRootDir
 // save writes pod.json. The snapshot is taken under p.mu, the write is
 // not: on ext4 a replace-by-rename may wait for writeback, and status reads
 // must not wait for the disk.
-func (p *managedPod) save() error {
+func (p *managedPod) save() error { return p.saveWith(true) }
+
+// saveWith is save, fsynced or only atomic.
+func (p *managedPod) saveWith(durable bool) error {
 	p.mu.Lock()
 	b, seq, err := p.snapshotLocked()
 	p.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	return p.write(b, seq)
+	return p.writeWith(b, seq, durable)
 }
 
 // write stores snapshot seq unless a newer one was stored already.
-func (p *managedPod) write(b []byte, seq uint64) error {
+func (p *managedPod) write(b []byte, seq uint64) error { return p.writeWith(b, seq, true) }
+
+func (p *managedPod) writeWith(b []byte, seq uint64, durable bool) error {
 	p.saveMu.Lock()
 	defer p.saveMu.Unlock()
 	if seq <= p.written {
 		return nil
 	}
 	state := p.m.dirs().PodStateFile(p.uid)
-	if err := writeDurable(filepath.Dir(state), filepath.Base(state), b); err != nil {
+	if err := writeState(filepath.Dir(state), filepath.Base(state), b, durable); err != nil {
 		return err
 	}
 	p.written = seq
 	return nil
 }
 
-// writeDurable replaces dir/name with b so that a crash leaves the old
-// or the new content: temp file, fsync, rename, fsync of the directory.
-func writeDurable(dir, name string, b []byte) error {
+// writeState replaces dir/name with b so that a crash leaves the old or the
+// new content: temp file, fsync, rename, fsync of the directory. Not
+// durable: no fsync, so only a crash of the daemon (not of the machine)
+// is sure to leave one or the other.
+func writeState(dir, name string, b []byte, durable bool) error {
 	tmp := filepath.Join(dir, name+".tmp")
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err
 	}
 	_, err = f.Write(b)
-	if err == nil {
+	if err == nil && durable {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
@@ -914,6 +925,9 @@ func writeDurable(dir, name string, b []byte) error {
 	if err != nil {
 		os.Remove(tmp)
 		return err
+	}
+	if !durable {
+		return nil
 	}
 	d, err := os.Open(dir)
 	if err != nil {
