@@ -9,7 +9,9 @@ import (
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/agent/podspec"
+	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -102,6 +104,30 @@ func TestPodStatusConditions(t *testing.T) {
 	again := podStatus(pod, running("u", 2), "10.0.0.1", false)
 	if !again.Conditions[3].LastTransitionTime.Equal(&st.Conditions[3].LastTransitionTime) {
 		t.Fatal("Ready's transition time moved without a transition")
+	}
+}
+
+// A container being created shows no ids, as the kubelet's does: the
+// runtime's record of the attempt before its start leaves the API status as
+// it was, so Virtual Kubelet writes nothing for it.
+func TestCreatingContainerHasNoIDs(t *testing.T) {
+	pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c"}}}}
+	waiting := func(id, image string) *runtimev1.PodStatus {
+		return &runtimev1.PodStatus{Uid: "u", Phase: runtimev1.PodPhase_POD_PHASE_PENDING, Revision: 1,
+			ContainerStatuses: []*runtimev1.ContainerStatus{{Name: "c", Image: "prog:1", ImageId: image, ContainerId: id,
+				State: &runtimev1.ContainerState{State: &runtimev1.ContainerState_Waiting{Waiting: &runtimev1.ContainerStateWaiting{Reason: "ContainerCreating"}}}}}}
+	}
+	admitted := podStatus(pod, waiting("", ""), "10.0.0.1", false)
+	pod.Status = admitted // as the provider keeps it
+	recorded := podStatus(pod, waiting("k3sm://ab", "prog@sha256:cd"), "10.0.0.1", false)
+	if !apiequality.Semantic.DeepEqual(admitted, recorded) {
+		t.Fatalf("the attempt's record changed the API status:\n%+v\n%+v", admitted.ContainerStatuses, recorded.ContainerStatuses)
+	}
+	rs := running("u", 2)
+	rs.ContainerStatuses = []*runtimev1.ContainerStatus{{Name: "c", Image: "prog:1", ImageId: "prog@sha256:cd", ContainerId: "k3sm://ab",
+		State: &runtimev1.ContainerState{State: &runtimev1.ContainerState_Running{Running: &runtimev1.ContainerStateRunning{StartedAt: timestamppb.Now()}}}}}
+	if cs := podStatus(pod, rs, "10.0.0.1", false).ContainerStatuses[0]; cs.ContainerID != "k3sm://ab" || cs.ImageID != "prog@sha256:cd" {
+		t.Fatalf("running container without its ids: %+v", cs)
 	}
 }
 

@@ -110,7 +110,7 @@ func phase(p runtimev1.PodPhase) corev1.PodPhase {
 
 func containerStatus(cs *runtimev1.ContainerStatus) corev1.ContainerStatus {
 	started := cs.Started
-	return corev1.ContainerStatus{
+	st := corev1.ContainerStatus{
 		Name:                 cs.Name,
 		State:                containerState(cs.State),
 		LastTerminationState: containerState(cs.LastTerminationState),
@@ -121,6 +121,14 @@ func containerStatus(cs *runtimev1.ContainerStatus) corev1.ContainerStatus {
 		ContainerID:          cs.ContainerId,
 		Started:              &started,
 	}
+	if w := st.State.Waiting; w != nil && w.Reason == "ContainerCreating" {
+		// As the kubelet reports it: no container or image id until the
+		// container exists. The runtime names the attempt before its
+		// start, and showing that would cost every pod one more status
+		// write before Running.
+		st.ContainerID, st.ImageID = "", ""
+	}
+	return st
 }
 
 func containerState(s *runtimev1.ContainerState) corev1.ContainerState {
