@@ -137,16 +137,20 @@ func Start(spec *Spec, ms []mounts.Mount, stage, scratch string, cgroups []strin
 	if err := unix.Sendmsg(cfgW, b, nil, nil, 0); err != nil {
 		return fail(fmt.Errorf("configure the container's init: %w", err))
 	}
-	// Joining a cgroup v1 hierarchy waits for an RCU grace period (~10 ms
-	// here), time in which the root is prepared.
-	joined := make(chan error, 1)
-	go func() { joined <- JoinCgroups(cgroups, cmd.Process.Pid) }()
-	if err := prepareRoot(spec, ms, stage, scratch, cmd.Process.Pid, rootless); err != nil {
-		<-joined
+	if err := JoinCgroups(cgroups, cmd.Process.Pid); err != nil {
 		return fail(err)
 	}
-	if err := <-joined; err != nil {
-		return fail(err)
+	if !rootless {
+		// A shim in its pod's user namespace (a runtime that is not
+		// root, with a pod network) gives the volumes to fsGroup here.
+		for _, o := range spec.Own {
+			if err := own(o); err != nil {
+				return fail(fmt.Errorf("give volume %s to fsGroup %d: %w", o.Path, o.GID, err))
+			}
+		}
+		if err := prepare(spec, ms, stage, scratch, cmd.Process.Pid); err != nil {
+			return fail(err)
+		}
 	}
 	var rights []byte
 	if stage != "" && !rootless {
@@ -167,22 +171,6 @@ func Start(spec *Spec, ms []mounts.Mount, stage, scratch string, cgroups []strin
 		return nil, errors.New(string(msg))
 	}
 	return cmd, nil
-}
-
-// prepareRoot gives the volumes to fsGroup and builds the container's root
-// for the init, unless the init does it itself (rootless).
-func prepareRoot(spec *Spec, ms []mounts.Mount, stage, scratch string, initPid int, rootless bool) error {
-	if rootless {
-		return nil
-	}
-	// A shim in its pod's user namespace (a runtime that is not root,
-	// with a pod network) gives the volumes to fsGroup here.
-	for _, o := range spec.Own {
-		if err := own(o); err != nil {
-			return fmt.Errorf("give volume %s to fsGroup %d: %w", o.Path, o.GID, err)
-		}
-	}
-	return prepare(spec, ms, stage, scratch, initPid)
 }
 
 func sysMaps(ms []IDMap) []syscall.SysProcIDMap {
