@@ -195,6 +195,7 @@ func run(ctx context.Context, o options) (err error) {
 			}
 			res.peer = "skipped: " + err.Error()
 			fmt.Printf("bench/pods: peer %s\n", res.peer)
+			peerBins.dir = "" // what was found before the error: no peer is started
 		}
 	} else if !o.peer {
 		res.peer = "skipped (-peer=false)"
