@@ -882,13 +882,11 @@ func (p *managedPod) saveWith(durable bool) error {
 	if err != nil {
 		return err
 	}
-	return p.writeWith(b, seq, durable)
+	return p.write(b, seq, durable)
 }
 
 // write stores snapshot seq unless a newer one was stored already.
-func (p *managedPod) write(b []byte, seq uint64) error { return p.writeWith(b, seq, true) }
-
-func (p *managedPod) writeWith(b []byte, seq uint64, durable bool) error {
+func (p *managedPod) write(b []byte, seq uint64, durable bool) error {
 	p.saveMu.Lock()
 	defer p.saveMu.Unlock()
 	if seq <= p.written {
@@ -1169,7 +1167,7 @@ func (p *managedPod) changedNotify() {
 	p.mu.Unlock()
 	p.m.hub.changed(p.uid)
 	if err == nil {
-		err = p.write(b, seq)
+		err = p.write(b, seq, true)
 	}
 	if err != nil && !os.IsNotExist(err) {
 		p.m.log.Error("persist pod state", "pod", p.key(), "err", err)
