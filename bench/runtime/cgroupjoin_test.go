@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
 )
 
 // TestCgroupJoinCost measures what placing a new process in a container's
@@ -16,7 +18,9 @@ import (
 // write of its pid to cgroup.procs of the first hierarchy, then of the
 // next one at once. On cgroup v1 the first waits for an RCU grace period
 // (the kernel's threadgroup lock switching to its writer mode); the
-// writes right after it do not.
+// writes right after it do not. The cgroup2 option favordynmods, which a
+// root runtime daemon sets (cgroups.FavorDynamicChanges), removes the
+// wait; the log says which mode was in force.
 //
 //	K3SM_BENCH_RUNTIME=1 go test -count=1 -v -run TestCgroupJoinCost ./bench/runtime/
 func TestCgroupJoinCost(t *testing.T) {
@@ -67,7 +71,8 @@ func TestCgroupJoinCost(t *testing.T) {
 		slices.Sort(ds)
 		return ds[len(ds)/2]
 	}
-	t.Logf("hierarchies: %v", roots)
+	mode, _ := cgroups.ReadAttachMode("/proc/self/mountinfo")
+	t.Logf("hierarchies: %v; %s", roots, mode.Describe())
 	t.Logf("join, first hierarchy: median %v, min %v, max %v (%d processes)", med(first), first[0], first[len(first)-1], n)
 	if len(next) > 0 {
 		t.Logf("join, the next hierarchy right after: median %v, max %v", med(next), next[len(next)-1])

@@ -129,6 +129,8 @@ func serverFlags(f *pflag.FlagSet, cfg *controlplane.Config, dc *deployConfig) {
 	f.StringVar(&cfg.ServiceProxy, "service-proxy", cfg.ServiceProxy, "auto: Services in the kernel (nftables DNAT by k3sm-netd: ClusterIPs, externalIPs, NodePort and LoadBalancer on a non-loopback node address) when the pod network is on, else the userspace relay; nftables: require it; userspace: the relay serves every Service")
 	f.BoolVar(&cfg.NodeTaint, "node-taint", cfg.NodeTaint,
 		"taint this node k3sm.io/provider=native:NoSchedule, so only pods that tolerate it run here (on by default on nodes other than Linux)")
+	f.BoolVar(&cfg.CgroupFavorDynMods, "cgroup-favordynmods", cfg.CgroupFavorDynMods,
+		"Linux, runtime as root: set the host's cgroup2 favordynmods option (kernel 6.1+), so that placing a container's first process in its cgroups skips an RCU grace period (6-12 ms); false leaves the host's setting")
 	f.StringVar(&cfg.RegistriesConfig, "registries-config", "", "registries.yaml with mirrors, plain-HTTP endpoints and auth (default <data-dir>/registries.yaml)")
 	if cfg.ExtraArgs == nil {
 		cfg.ExtraArgs = map[string][]string{}

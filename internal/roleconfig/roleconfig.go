@@ -110,6 +110,9 @@ type RuntimeConfig struct {
 	// ServiceCIDR and ClusterCIDR are the cluster's ranges, for netd.
 	ServiceCIDR string `json:"serviceCIDR,omitempty"`
 	ClusterCIDR string `json:"clusterCIDR,omitempty"`
+	// KeepCgroupAttachMode leaves the host's cgroup2 favordynmods as it is
+	// (--cgroup-favordynmods=false).
+	KeepCgroupAttachMode bool `json:"keepCgroupAttachMode,omitempty"`
 }
 
 // NodeConfig is the node role: the Virtual Kubelet of this machine.

@@ -21,7 +21,7 @@ func TestDoctorMachine(t *testing.T) {
 			t.Errorf("%s is %s without a fix", c.Name, c.Status)
 		}
 	}
-	for _, n := range []string{"privilege", "user-namespaces", "overlayfs", "landlock", "cgroups", "nftables", "port 6443", "port 10250", "data-dir", "clock", "certificates"} {
+	for _, n := range []string{"privilege", "user-namespaces", "overlayfs", "landlock", "cgroups", "cgroup-attach", "nftables", "port 6443", "port 10250", "data-dir", "clock", "certificates"} {
 		if doctorCheck(r, n).Status == "" {
 			t.Errorf("no %s check", n)
 		}

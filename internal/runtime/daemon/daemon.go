@@ -92,6 +92,9 @@ type Config struct {
 	// limit (default 4096) and Disable, which leaves limits to the
 	// sampler.
 	Cgroups cgroups.Options
+	// KeepCgroupAttachMode leaves the host's cgroup2 favordynmods as it is;
+	// otherwise a daemon run as root sets it (cgroups.FavorDynamicChanges).
+	KeepCgroupAttachMode bool
 	// Version is reported by GetRuntimeInfo.
 	Version string
 	Logger  *slog.Logger
@@ -207,6 +210,7 @@ func Run(ctx context.Context, cfg Config) error {
 		log.Info("resources: limits enforced by the sampler (memory checked every second, CPU as a nice priority, no pids limit)", "cgroups", cg.Describe())
 	} else {
 		log.Info("resources: cgroups", "cgroups", cg.Describe(), "podPidsLimit", cg.PodPidsLimit())
+		favorDynMods(cfg.KeepCgroupAttachMode, log)
 	}
 	mgr, err := pod.NewManager(pod.Config{DataDir: dataDir, Images: store, Starter: starter, Network: network, Cgroups: cg, ShimPath: cfg.ShimPath, DisableSandbox: cfg.DisableSandbox,
 		DNSShimLib:           filepath.Join(filepath.Dir(cfg.ShimPath), pod.DNSShimLibName),
@@ -334,4 +338,21 @@ func podRoots(cfg Config, podsDir string) string {
 		return "overlay"
 	}
 	return string(clone.Probe(podsDir))
+}
+
+// favorDynMods sets the host's cgroup2 favordynmods (a daemon run as root,
+// unless keep): every container's init joins its cgroups, and without it
+// each join waits for an RCU grace period (package cgroups).
+func favorDynMods(keep bool, log *slog.Logger) {
+	if keep || os.Geteuid() != 0 {
+		mode, _ := cgroups.ReadAttachMode("/proc/self/mountinfo")
+		log.Info("cgroup attach mode: the host's", "mode", mode.Describe())
+		return
+	}
+	mode, err := cgroups.FavorDynamicChanges()
+	if err != nil {
+		log.Warn("cgroup attach mode: each container start waits for the kernel", "err", err)
+		return
+	}
+	log.Info("cgroup attach mode", "mode", mode.Describe())
 }

@@ -57,6 +57,6 @@ func configFromRole(rc roleconfig.RuntimeConfig) (Config, error) {
 		memThreshold = &mem
 	}
 	return Config{DataDir: rc.DataDir, MemoryThreshold: memThreshold, HousekeepingInterval: rc.Disk.HousekeepingInterval, Socket: rc.Socket, RegistriesFile: rc.RegistriesFile, MaxPods: rc.MaxPods, RegistryPort: rc.RegistryPort,
-		NetdSocket: rc.NetdSocket, NoPodNetworkReason: rc.NoPodNetworkReason, ServiceCIDR: rc.ServiceCIDR, ClusterCIDR: rc.ClusterCIDR,
+		NetdSocket: rc.NetdSocket, NoPodNetworkReason: rc.NoPodNetworkReason, ServiceCIDR: rc.ServiceCIDR, ClusterCIDR: rc.ClusterCIDR, KeepCgroupAttachMode: rc.KeepCgroupAttachMode,
 		ContainerLogMaxSize: size, ContainerLogMaxFiles: rc.Disk.ContainerLogMaxFiles, Version: version.Version}, nil
 }

@@ -58,6 +58,10 @@ type Config struct {
 	// NodeTaint (--node-taint) gives the node the provider taint, so only
 	// pods that tolerate it run there. DefaultNodeTaint says when it is on.
 	NodeTaint bool
+	// CgroupFavorDynMods (--cgroup-favordynmods) lets the runtime set the
+	// host's cgroup2 favordynmods option (package cgroups): a container's
+	// start then skips an RCU grace period.
+	CgroupFavorDynMods bool
 	// RegistriesConfig is a registries.yaml (mirrors, plain-HTTP endpoints, auth) for image pulls.
 	RegistriesConfig string
 	// NodeInstant makes the node mark pods Running without starting them:
@@ -119,6 +123,7 @@ func Defaults() Config {
 		PodNetwork:            "auto",
 		ServiceProxy:          "auto",
 		NodeTaint:             DefaultNodeTaint(goruntime.GOOS),
+		CgroupFavorDynMods:    true,
 		SchedulerPort:         10259,
 		ControllerManagerPort: 10257,
 		Disk:                  diskpolicy.Default(),

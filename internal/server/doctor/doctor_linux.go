@@ -9,6 +9,7 @@ import (
 	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
+	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
 	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
 )
 
@@ -21,6 +22,7 @@ func kernelChecks(string) []Check {
 	abi, err := sandbox.LandlockVersion()
 	v2, own, writable, controllers := cgroupState()
 	tables, nerr := nftTables()
+	mode, merr := cgroups.ReadAttachMode("/proc/self/mountinfo")
 	why := ""
 	if euid != 0 {
 		_, _, why = sandbox.RootlessIDs()
@@ -31,6 +33,7 @@ func kernelChecks(string) []Check {
 		landlockVerdict(abi, err),
 		podIDsVerdict(euid, why),
 		cgroupVerdict(v2, own, writable, controllers),
+		attachVerdict(mode, merr, euid),
 		nftVerdict(tables, nerr, euid),
 	}
 }

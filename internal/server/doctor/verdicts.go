@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
+	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
 	"github.com/k3sm-dev/k3sm/internal/server/certs"
 )
 
@@ -286,6 +287,28 @@ func cgroupVerdict(v2 bool, own string, writable bool, controllers string) Check
 		return c
 	}
 	c.Status, c.Detail = Pass, "cgroup v2, "+own+" delegated (controllers: "+strings.TrimSpace(controllers)+")"
+	return c
+}
+
+// attachVerdict: whether joining a cgroup skips an RCU grace period
+// (cgroup2 favordynmods), which every container start does.
+func attachVerdict(mode cgroups.AttachMode, err error, euid int) Check {
+	c := Check{Name: "cgroup-attach"}
+	switch {
+	case err != nil:
+		c.Status, c.Detail, c.Fix = Warn, err.Error(), "check that /proc is mounted"
+	case mode.Favored:
+		c.Status, c.Detail = Pass, mode.Describe()
+	case mode.Mount == "":
+		c.Status, c.Detail = Warn, mode.Describe()+": each container start waits for an RCU grace period (~6–12 ms) to join its cgroups"
+		c.Fix = "mount a cgroup2 hierarchy (current systemd does) so that k3sm can set favordynmods; pods start without it, a little slower"
+	case euid == 0:
+		c.Status, c.Detail = Warn, mode.Describe()+"; a k3sm server run as root sets it when its runtime starts (--cgroup-favordynmods, on by default)"
+		c.Fix = "start the server (or `mount -o remount,favordynmods " + mode.Mount + "` with the options it has); on a kernel before 6.1 there is no such option"
+	default:
+		c.Status, c.Detail = Warn, mode.Describe()+"; a runtime that is not root cannot set it"
+		c.Fix = "as root: `mount -o remount,favordynmods " + mode.Mount + "` with the options it has (kernel 6.1+)"
+	}
 	return c
 }
 

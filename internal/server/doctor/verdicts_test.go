@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
+	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
 	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
 	"github.com/k3sm-dev/k3sm/internal/server/certs"
 )
@@ -149,6 +150,10 @@ func TestLandlockCheckMatchesSandbox(t *testing.T) {
 
 func TestCgroupVerdict(t *testing.T) {
 	want(t, cgroupVerdict(false, "", false, ""), Warn, "cgroup v1")
+	want(t, attachVerdict(cgroups.AttachMode{Mount: "/sys/fs/cgroup", Options: []string{"nsdelegate", "favordynmods"}, Favored: true}, nil, 0), Pass, "favordynmods is set")
+	want(t, attachVerdict(cgroups.AttachMode{Mount: "/sys/fs/cgroup/unified", Options: []string{"nsdelegate"}}, nil, 0), Warn, "sets it when its runtime starts")
+	want(t, attachVerdict(cgroups.AttachMode{Mount: "/sys/fs/cgroup"}, nil, 1000), Warn, "not root cannot set it")
+	want(t, attachVerdict(cgroups.AttachMode{}, nil, 0), Warn, "no cgroup2 hierarchy")
 	want(t, cgroupVerdict(true, "/sys/fs/cgroup/user.slice", false, ""), Warn, "not delegated")
 	want(t, cgroupVerdict(true, "/sys/fs/cgroup/system.slice/k3sm.service", true, "cpu memory pids\n"), Pass, "delegated (controllers: cpu memory pids)")
 }

@@ -245,7 +245,8 @@ func openStartGate(path string) error {
 // runtimeConfig is what the runtime daemon runs with.
 func runtimeConfig(p *controlplane.Plane) roleconfig.RuntimeConfig {
 	return roleconfig.RuntimeConfig{DataDir: p.Cfg.DataDir, Socket: p.Layout.RuntimeSocket(),
-		RegistriesFile: p.Cfg.RegistriesConfig, MaxPods: int64(p.Cfg.MaxPods), RegistryPort: p.Cfg.RegistryPort, Disk: p.Cfg.Disk}
+		RegistriesFile: p.Cfg.RegistriesConfig, MaxPods: int64(p.Cfg.MaxPods), RegistryPort: p.Cfg.RegistryPort, Disk: p.Cfg.Disk,
+		KeepCgroupAttachMode: !p.Cfg.CgroupFavorDynMods}
 }
 
 // nodeConfig is what the node runs with.
