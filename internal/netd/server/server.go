@@ -415,24 +415,30 @@ func (s *Server) setupPod(a *wire.SetupPodArgs) *wire.Response {
 	p := &pod{uid: a.UID, namespace: a.Namespace, name: a.Name, ip: ip, userns: a.FromPid > 0}
 	prevLast := s.last
 	s.pods[p.uid], s.last = p, ip
-	// Persisted before the system changes: a crash in between leaves a
-	// record that the next start resyncs or cleans up.
-	if err := s.save(); err != nil {
-		delete(s.pods, p.uid)
-		s.last = prevLast
-		return failure(wire.CodeInternal, "%v", err)
-	}
+	// Persisted while the system changes, not before: the fsync costs as
+	// much as the links, and a crash that leaves links and a namespace
+	// without a record is cleaned up at the next start (removeUnclaimed).
+	// s.pods does not change meanwhile: the caller holds s.mu.
+	saved := make(chan error, 1)
+	go func() { saved <- s.save() }()
 	dp := s.dpPod(p)
 	dp.FromPid = a.FromPid
-	if err := s.dp.AddPod(s.node(), dp); err != nil {
+	addErr := s.dp.AddPod(s.node(), dp)
+	saveErr := <-saved
+	if addErr != nil || saveErr != nil {
 		if derr := s.dp.DelPod(s.dpPod(p)); derr != nil {
 			s.log.Error("rolling back a failed pod setup", "uid", p.uid, "err", derr)
 		}
 		delete(s.pods, p.uid)
+		if saveErr != nil {
+			// The file holds what it held before (atomicfile).
+			s.last = prevLast
+			return failure(wire.CodeInternal, "%v", saveErr)
+		}
 		if serr := s.save(); serr != nil {
 			s.log.Error("rolling back a failed pod setup", "uid", p.uid, "err", serr)
 		}
-		return failure(wire.CodeInternal, "pod %s/%s: %v", p.namespace, p.name, err)
+		return failure(wire.CodeInternal, "pod %s/%s: %v", p.namespace, p.name, addErr)
 	}
 	s.log.Info("pod network up", "uid", p.uid, "pod", p.namespace+"/"+p.name, "ip", ip)
 	return &wire.Response{Pod: ptr(s.podResult(p))}

@@ -427,6 +427,48 @@ func TestAddPodFailureRollsBack(t *testing.T) {
 	ok(t, setup(t, e.sock, uidN(2)))
 }
 
+// The state is written while the links are made: when it cannot be
+// written, the pod's links go again and the file keeps what it had.
+func TestStateSaveFailureRollsBack(t *testing.T) {
+	e := newEnv(t)
+	e.start(t)
+	ok(t, configure(t, e.sock, "100.64.0.0/24"))
+	ok(t, setup(t, e.sock, uidN(1)))
+	before, err := os.ReadFile(e.state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Root ignores permissions: the state's directory replaced by a file
+	// makes the write fail.
+	dir := filepath.Dir(e.state)
+	if err := os.Rename(dir, dir+".moved"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, setup(t, e.sock, uidN(2)), wire.CodeInternal, "state")
+	if _, ok := e.dp.link(uidN(2)); ok {
+		t.Fatalf("links of the unsaved pod kept: %v", e.dp.calls)
+	}
+	if pods := list(t, e.sock); len(pods) != 1 || pods[0].UID != uidN(1) {
+		t.Fatalf("pods after the failed save: %+v", pods)
+	}
+	os.Remove(dir)
+	if err := os.Rename(dir+".moved", dir); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := os.ReadFile(e.state); string(after) != string(before) {
+		t.Fatalf("state changed by the failed save:\n%s\nwas\n%s", after, before)
+	}
+	// The address is given again: nothing holds it.
+	r := setup(t, e.sock, uidN(2))
+	ok(t, r)
+	if r.Pod.IP != "100.64.0.3" {
+		t.Fatalf("second pod got %s, want 100.64.0.3 (the first free after the gateway and pod 1)", r.Pod.IP)
+	}
+}
+
 func TestAllocationRoundRobinAndExhaustion(t *testing.T) {
 	e := newEnv(t)
 	e.start(t)
