@@ -388,26 +388,6 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 	p.mu.Unlock()
 	p.changedNotify()
 
-	select {
-	case <-p.netReady:
-	case <-c.stopc:
-		return outStopped
-	case <-ctx.Done():
-		return outDetached
-	}
-	p.mu.Lock()
-	up := p.netUp
-	netns, userns, podIP := p.net.NetNS, p.net.UserNS, p.net.IP
-	p.mu.Unlock()
-	if !up {
-		// Deleted, or the daemon stops (the attempt never started: a
-		// restarted daemon makes it again under its number).
-		if ctx.Err() != nil {
-			return outDetached
-		}
-		return outStopped
-	}
-
 	if redo {
 		// What the unstarted attempt left (a config, a shim log).
 		os.RemoveAll(p.m.dirs().PodAttemptDir(p.uid, name, int(n)))
@@ -479,7 +459,7 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 		}
 		box = sandboxInput{Pod: spec, Container: cspec, PodDir: p.dir, Root: root, Native: img == nil, Image: img, IDBase: base,
 			Upper: filepath.Join(root, "upper"), Work: filepath.Join(root, "work"), Hostname: podHostname(spec), Identity: id,
-			SeccompDir: p.m.dirs().SeccompDir(), PodUserNS: userns}
+			SeccompDir: p.m.dirs().SeccompDir()}
 	} else if img == nil {
 		if err := os.MkdirAll(root, 0o755); err != nil {
 			return fail(err.Error())
@@ -509,7 +489,6 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 	if boxed && !hasEnv(res.Env, "HOME") {
 		res.Env = append(res.Env, "HOME="+box.Identity.Home)
 	}
-	res.fillPodIP(podIP)
 	entered := false
 	if c.target != "" {
 		if res.Argv, res.Dir, entered, err = p.enterTarget(c, res.Argv, res.Dir); err != nil {
@@ -530,12 +509,44 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 		}
 		res.Env = append(res.Env, env...)
 	}
-	var sb *sandbox.Spec
 	if boxed {
 		// The volumes exist now (containerMounts sets them up).
 		if err := p.ownVolumes(spec); err != nil {
 			return fail(err.Error())
 		}
+	}
+	cgs, err := p.containerCgroups(spec, c, cspec)
+	if err != nil {
+		return fail(err.Error())
+	}
+
+	// The pod's network (set up since CreatePod, while the image was
+	// checked and all of the above was prepared): what is left needs its
+	// address and namespaces.
+	select {
+	case <-p.netReady:
+	case <-c.stopc:
+		return outStopped
+	case <-ctx.Done():
+		return outDetached
+	}
+	p.mu.Lock()
+	up := p.netUp
+	netns, userns, podIP := p.net.NetNS, p.net.UserNS, p.net.IP
+	p.mu.Unlock()
+	if !up {
+		// Deleted, or the daemon stops (the attempt never started: a
+		// restarted daemon makes it again under its number).
+		if ctx.Err() != nil {
+			return outDetached
+		}
+		return outStopped
+	}
+
+	res.fillPodIP(podIP)
+	var sb *sandbox.Spec
+	if boxed {
+		box.PodUserNS = userns
 		etc, err := p.etcFiles(box.Hostname, podIP, ms)
 		if err != nil {
 			return fail(err.Error())
@@ -559,10 +570,6 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 		if sb, err = wrapperSandbox(in); err != nil {
 			return p.refuse(ctx, c, err.Error())
 		}
-	}
-	cgs, err := p.containerCgroups(spec, c, cspec)
-	if err != nil {
-		return fail(err.Error())
 	}
 	proc, err := p.m.cfg.Starter.Start(ctx, ProcessSpec{ID: attempt, Argv: res.Argv, Env: res.Env, Dir: res.Dir,
 		LogPath:    filepath.Join(p.logDir(), name, strconv.Itoa(int(n))+".log"),
