@@ -677,3 +677,31 @@ func readKV(p string) (map[string]uint64, error) {
 	}
 	return out, nil
 }
+
+// FavorDynMods is the cgroup2 mount option (Linux 6.1+) that makes moving
+// a process into a cgroup cheap. Without it the kernel's threadgroup lock
+// waits for an RCU grace period on a write to cgroup.procs after a quiet
+// moment: 6–12 ms on a 2-CPU machine, paid by every container start (its
+// init joins its cgroups) and exec. With it, ~0.1 ms; fork and exit do a
+// little more work instead. The lock is global: the option set on the
+// cgroup2 hierarchy speeds up v1 hierarchies' moves as well.
+const FavorDynMods = "favordynmods"
+
+// AttachMode is the host's setting, from mountinfo: the first cgroup2
+// mount, its superblock options, and whether FavorDynMods is among them.
+type AttachMode struct {
+	Mount   string   // "" when no cgroup2 hierarchy is mounted
+	Options []string // superblock options, without rw/ro
+	Favored bool
+}
+
+// Describe says what the mode means for pod starts.
+func (a AttachMode) Describe() string {
+	switch {
+	case a.Mount == "":
+		return "no cgroup2 hierarchy is mounted to carry " + FavorDynMods
+	case a.Favored:
+		return "cgroup2 " + FavorDynMods + " is set (" + a.Mount + "): moving a container's first process into its cgroups is cheap"
+	}
+	return "cgroup2 " + FavorDynMods + " is not set (" + a.Mount + "): each container start waits for an RCU grace period (~6–12 ms) to join its cgroups"
+}

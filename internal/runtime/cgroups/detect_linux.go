@@ -115,12 +115,42 @@ func readLayout(mountinfo, self string) (layout, error) {
 		}
 	}
 	f.Close()
-	mf, err := os.Open(mountinfo)
+	err = scanMounts(mountinfo, func(m mountEntry) bool {
+		switch m.fstype {
+		case "cgroup2":
+			if l.v2.mount == "" {
+				l.v2 = place(m.point, m.root, own[""])
+			}
+		case "cgroup":
+			for _, o := range m.superopts {
+				switch o {
+				case Memory, CPU, CPUAcct, Pids:
+					if _, dup := l.v1[o]; !dup {
+						l.v1[o] = place(m.point, m.root, own[o])
+					}
+				}
+			}
+		}
+		return true
+	})
+	return l, err
+}
+
+// mountEntry is what the cgroup code reads of one mountinfo line.
+type mountEntry struct {
+	root, point, fstype string
+	superopts           []string
+}
+
+// scanMounts calls each for every mount in a mountinfo file, in order,
+// until it returns false.
+func scanMounts(mountinfo string, each func(mountEntry) bool) error {
+	f, err := os.Open(mountinfo)
 	if err != nil {
-		return l, fmt.Errorf("read the mounts: %w", err)
+		return fmt.Errorf("read the mounts: %w", err)
 	}
-	defer mf.Close()
-	sc = bufio.NewScanner(mf)
+	defer f.Close()
+	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		// id parent maj:min root mountpoint opts [optional...] - fstype source superopts
 		pre, post, ok := strings.Cut(sc.Text(), " - ")
@@ -131,24 +161,11 @@ func readLayout(mountinfo, self string) (layout, error) {
 		if len(pf) < 5 || len(qf) < 3 {
 			continue
 		}
-		root, point := unescape(pf[3]), unescape(pf[4])
-		switch qf[0] {
-		case "cgroup2":
-			if l.v2.mount == "" {
-				l.v2 = place(point, root, own[""])
-			}
-		case "cgroup":
-			for _, o := range strings.Split(qf[2], ",") {
-				switch o {
-				case Memory, CPU, CPUAcct, Pids:
-					if _, dup := l.v1[o]; !dup {
-						l.v1[o] = place(point, root, own[o])
-					}
-				}
-			}
+		if !each(mountEntry{root: unescape(pf[3]), point: unescape(pf[4]), fstype: qf[0], superopts: strings.Split(qf[2], ",")}) {
+			break
 		}
 	}
-	return l, sc.Err()
+	return sc.Err()
 }
 
 // place joins a mount point with the daemon's path inside the hierarchy;

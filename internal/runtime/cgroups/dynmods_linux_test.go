@@ -48,9 +48,9 @@ func TestReadAttachMode(t *testing.T) {
 
 // TestFavorDynamicChanges sets the option on this host, as a root runtime
 // daemon does at start, keeps the hierarchy's other options, and makes
-// joining a cgroup cheap. It changes the host: the kernel keeps the cheap
-// mode until reboot (6.18 makes it one-way), which is what k3sm leaves
-// behind anyway.
+// joining a cgroup cheap. It changes the host, as k3sm does: on the
+// project's 6.18 kernel joins stayed cheap until reboot even after the
+// option was taken off again.
 func TestFavorDynamicChanges(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("reconfiguring the host's cgroup2 hierarchy needs root")
