@@ -114,6 +114,9 @@ type Dataplane interface {
 	// AddPod creates the pod's namespace at p.NetNS (if missing), its veth
 	// pair (host end p.HostIf on n.Bridge, peer "eth0" inside with
 	// p.IP/len(n.CIDR), up), lo up, and the default route via n.Gateway.
+	// A namespace whose pin is missing but that still holds the pod's
+	// veth and a process (the pin went with another mount namespace) is
+	// pinned again, not replaced.
 	AddPod(n Node, p Pod) error
 	// DelPod removes the pod's veth and namespace (unmount + remove the
 	// file) and its policy and source guard. Missing parts are not an error.

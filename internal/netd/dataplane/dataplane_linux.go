@@ -165,6 +165,12 @@ func (d *linuxPlane) AddPod(n Node, p Pod) error {
 	}
 
 	ok, err := isNetNS(p.NetNS)
+	if err == nil && !ok {
+		// A pin lost with the mount namespace it was made in, while the
+		// pod still runs: the same namespace again, never a new one
+		// (that would cut the pod's processes off its address).
+		ok, err = d.recoverNetNS(h, p)
+	}
 	if err != nil {
 		return err
 	}
@@ -229,6 +235,14 @@ func (d *linuxPlane) AddPod(n Node, p Pod) error {
 	}
 	if err := ensureUp(ph, lo); err != nil {
 		return err
+	}
+	// A container's root binds ports below 1024 (nginx on :80) though it
+	// holds no capability over a namespace the host's user namespace owns:
+	// containerd and Docker set this in every pod namespace too.
+	if err := onThread(podNS, func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/ip_unprivileged_port_start", []byte("0\n"), 0o644)
+	}); err != nil {
+		return fmt.Errorf("dataplane: pod %s: let its processes bind ports below 1024: %w", p.UID, err)
 	}
 	return ensureDefaultRoute(ph, peer, n.Gateway)
 }

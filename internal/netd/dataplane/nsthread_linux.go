@@ -111,9 +111,6 @@ func removeNetNS(path string) error {
 // must be owned by that user namespace, whose owner is uid owner (the
 // runtime's, never root's).
 func adoptNetNS(netPath, userPath string, pid, owner int) error {
-	if owner <= 0 {
-		return fmt.Errorf("dataplane: a pod brings its own namespaces only from an unprivileged runtime, not uid %d", owner)
-	}
 	var fds [2]int
 	for i, ns := range []string{"net", "user"} {
 		fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/%s", pid, ns), unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -129,22 +126,15 @@ func adoptNetNS(netPath, userPath string, pid, owner int) error {
 		return fmt.Errorf("dataplane: the owner of process %d's network namespace: %w", pid, err)
 	}
 	defer unix.Close(ownerFD)
-	var got, want, self unix.Stat_t
-	if err := errors.Join(unix.Fstat(ownerFD, &got), unix.Fstat(userFD, &want), unix.Stat("/proc/self/ns/user", &self)); err != nil {
+	var got, want unix.Stat_t
+	if err := errors.Join(unix.Fstat(ownerFD, &got), unix.Fstat(userFD, &want)); err != nil {
 		return fmt.Errorf("dataplane: %w", err)
 	}
 	if got.Dev != want.Dev || got.Ino != want.Ino {
 		return fmt.Errorf("dataplane: process %d's network namespace is not owned by its user namespace", pid)
 	}
-	if want.Dev == self.Dev && want.Ino == self.Ino {
-		return fmt.Errorf("dataplane: process %d is in the host's user namespace, not one of its own", pid)
-	}
-	uid, err := unix.IoctlGetUint32(userFD, unix.NS_GET_OWNER_UID)
-	if err != nil {
-		return fmt.Errorf("dataplane: the owner of process %d's user namespace: %w", pid, err)
-	}
-	if int(uid) != owner {
-		return fmt.Errorf("dataplane: process %d's user namespace belongs to uid %d, not the runtime's %d", pid, uid, owner)
+	if err := checkRuntimeUserNS(userFD, owner); err != nil {
+		return fmt.Errorf("dataplane: process %d: %w", pid, err)
 	}
 	// The runtime opens the pinned files to enter them: it may pass
 	// through the directory (0711), not list or change it.
@@ -156,16 +146,11 @@ func adoptNetNS(netPath, userPath string, pid, owner int) error {
 		return fmt.Errorf("dataplane: %w", err)
 	}
 	for i, path := range []string{netPath, userPath} {
-		f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE, 0o400)
-		if err != nil {
-			return fmt.Errorf("dataplane: %w", err)
-		}
-		f.Close()
-		if err := unix.Mount(fmt.Sprintf("/proc/self/fd/%d", fds[i]), path, "", unix.MS_BIND, ""); err != nil {
+		if err := pinNS(fds[i], path); err != nil {
 			for _, p := range []string{netPath, userPath} {
 				removeNetNS(p)
 			}
-			return fmt.Errorf("dataplane: pin process %d's namespace on %s: %w", pid, path, err)
+			return fmt.Errorf("dataplane: process %d: %w", pid, err)
 		}
 	}
 	return nil
