@@ -12,6 +12,8 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
@@ -180,6 +182,30 @@ func TestIntegrationCrashLoopBackOff(t *testing.T) {
 	prev, err := e.logs(&runtimev1.GetLogsRequest{PodUid: spec.Uid, Previous: true})
 	if err != nil || !strings.Contains(prev, "run\n") || !strings.Contains(prev, "crashing\n") {
 		t.Errorf("previous log %q %v", prev, err)
+	}
+	// kubectl logs (not --previous) while it waits in CrashLoopBackOff
+	// prints the last terminated attempt's log, as the kubelet serves it,
+	// never "waiting to start".
+	sawWaiting := false
+	for i := 0; i < 50 && !sawWaiting; i++ {
+		st, err := e.c.Runtime.GetPodStatus(context.Background(), &runtimev1.GetPodStatusRequest{Uid: spec.Uid})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ctrState(st.GetStatus()).GetState().GetWaiting().GetReason() != "CrashLoopBackOff" {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		cur, err := e.logs(&runtimev1.GetLogsRequest{PodUid: spec.Uid})
+		if err != nil {
+			t.Fatalf("logs of a container in CrashLoopBackOff: %v", err)
+		}
+		if strings.Contains(cur, "crashing\n") {
+			sawWaiting = true
+		}
+	}
+	if !sawWaiting {
+		t.Error("never read the last attempt's log while the container waited in CrashLoopBackOff")
 	}
 }
 
@@ -541,5 +567,54 @@ func TestIntegrationShimDeathIsExitStatusUnknown(t *testing.T) {
 	}
 	if readPid(t, filepath.Join(tmp, "pid")) == pid {
 		t.Error("no new process after the restart")
+	}
+}
+
+// A daemon that stops (SIGTERM: the server stopping) while a deleted pod's
+// grace period runs stops at once, not after the grace period; the pod's
+// process, which ignores SIGTERM, still dies when its grace period ends,
+// with no daemon left to kill it: the shim holds the deadline.
+func TestIntegrationDeleteThenDaemonStops(t *testing.T) {
+	e := newSubprocessEnv(t)
+	dir := e.dir
+	d1 := e.startSubprocess()
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	tmp := t.TempDir()
+	stubborn := e.podSpec("stubborn", "pid:"+filepath.Join(tmp, "stubborn.pid"), "ignore", "forever")
+	stubborn.TerminationGracePeriodSeconds = ptr(int64(4))
+	e.create(stubborn)
+	e.waitFor(stubborn.Uid, "Running", 30*time.Second, running)
+	pid := readPid(t, filepath.Join(tmp, "stubborn.pid"))
+
+	t0 := time.Now()
+	if _, err := e.c.Runtime.DeletePod(context.Background(), &runtimev1.DeletePodRequest{Uid: stubborn.Uid}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // SIGTERM sent, ignored
+	e.c.Close()
+	d1.Process.Signal(syscall.SIGTERM)
+	if err := <-e.daemonExited; err != nil {
+		t.Fatalf("daemon exit: %v", err)
+	}
+	if d := time.Since(t0); d > 2500*time.Millisecond {
+		t.Errorf("the daemon took %s to stop (%s after the delete): it waited for the pod's grace period", d, d)
+	}
+	if !processAlive(pid) {
+		t.Fatal("the pod's process died before its grace period ended")
+	}
+	for processAlive(pid) && time.Since(t0) < 10*time.Second {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if d := time.Since(t0); processAlive(pid) || d < 4*time.Second || d > 6*time.Second {
+		t.Errorf("the deleted pod's process: alive %v %s after the delete; want killed at its 4s grace period", processAlive(pid), d)
+	}
+	// The next daemon finishes the delete.
+	d2 := e.startSubprocess()
+	defer d2.Process.Signal(syscall.SIGTERM)
+	zero := int64(0)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := e.c.Runtime.DeletePod(ctx, &runtimev1.DeletePodRequest{Uid: stubborn.Uid, GracePeriodSeconds: &zero, Wait: true}); err != nil && status.Code(err) != codes.NotFound {
+		t.Errorf("delete through the next daemon: %v", err)
 	}
 }

@@ -291,11 +291,23 @@ func (s *server) GetLogs(req *runtimev1.GetLogsRequest, stream runtimev1.Runtime
 		st, _ := s.mgr.Status(req.GetPodUid())
 		reason := "ContainerCreating"
 		for _, cs := range append(st.GetInitContainerStatuses(), st.GetContainerStatuses()...) {
-			if cs.GetName() == name && cs.GetState().GetWaiting() != nil {
-				reason = cs.GetState().GetWaiting().GetReason()
+			if cs.GetName() != name || cs.GetState().GetWaiting() == nil {
+				continue
+			}
+			reason = cs.GetState().GetWaiting().GetReason()
+			if !req.GetPrevious() && n > 0 && cs.GetLastTerminationState().GetTerminated() != nil {
+				// Waiting to start again (CrashLoopBackOff): the kubelet
+				// serves the last terminated container's log, empty when
+				// that attempt failed before it wrote any.
+				files, err = criolog.OpenFiles(filepath.Join(info.LogDir, strconv.Itoa(int(n-1))+".log"))
+				if os.IsNotExist(err) {
+					return nil
+				}
 			}
 		}
-		return status.Errorf(codes.FailedPrecondition, "container %q in pod %q is waiting to start: %s", name, info.Pod.GetName(), reason)
+		if os.IsNotExist(err) {
+			return status.Errorf(codes.FailedPrecondition, "container %q in pod %q is waiting to start: %s", name, info.Pod.GetName(), reason)
+		}
 	}
 	if err != nil {
 		return status.Error(codes.Internal, err.Error())

@@ -12,9 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
-	"os"
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/runtime/podnet"
@@ -76,10 +74,12 @@ func (p *managedPod) ensureNetwork(ctx context.Context) bool {
 		return true
 	}
 	if gone {
-		// The recorded namespace went with the pod network (`k3sm
-		// uninstall` without --purge, then install again): a new sandbox,
-		// as the kubelet makes after a reboot, with an address netd gives.
-		p.m.log.Info("pod network namespace gone; setting the pod network up again", "pod", p.key(), "netns", p.net.NetNS, "ip", p.net.IP)
+		// The recorded namespace is not pinned here: its pin went with
+		// another mount namespace (netd pins the pod's namespace again),
+		// or the namespace went with the pod network (`k3sm uninstall`
+		// without --purge, then install again: a new sandbox, as the
+		// kubelet makes after a reboot, with an address netd gives).
+		p.m.log.Info("pod network namespace not pinned; setting the pod network up again", "pod", p.key(), "netns", p.net.NetNS, "ip", p.net.IP)
 	}
 	delay, lastMsg := 100*time.Millisecond, ""
 	for {
@@ -118,14 +118,44 @@ func (p *managedPod) ensureNetwork(ctx context.Context) bool {
 	}
 }
 
-// netnsGone reports whether a recorded network namespace file no longer
-// exists (none is recorded on darwin).
-func netnsGone(path string) bool {
-	if path == "" {
-		return false
+// checkNetNS runs once for an attempt the daemon re-attached to: its
+// process must still run in the pod's network namespace. When netd could
+// not pin that namespace again (its veth was removed while k3sm was down,
+// so nothing tied it to the pod any more), the pod's address now lives in
+// a new namespace and the container would run on, cut off from it. It is
+// restarted into the pod's network instead, as the kubelet kills and
+// re-creates a pod whose sandbox changed, and the Event says why.
+func (p *managedPod) checkNetNS(ctx context.Context, c *container, proc Process, kill chan<- string) {
+	select {
+	case <-p.netReady:
+	case <-ctx.Done():
+		return
 	}
-	_, err := os.Lstat(path)
-	return errors.Is(err, fs.ErrNotExist)
+	p.mu.Lock()
+	pn, own := p.net, p.ownNetwork()
+	p.mu.Unlock()
+	if !own || pn.NetNS == "" {
+		return
+	}
+	if in, known := podnet.InNetNS(proc.Pid(), pn.NetNS); in || !known {
+		return
+	}
+	msg := fmt.Sprintf("Pod sandbox changed, it will be killed and re-created: container %s runs in a network namespace that is no longer the pod's (the pod's address %s is in a new one)", c.name, pn.IP)
+	p.m.log.Warn("container cut off from its pod's network; restarting it", "pod", p.key(), "container", c.name, "netns", pn.NetNS)
+	p.event(warning, "SandboxChanged", c.name, msg)
+	select {
+	case kill <- msg:
+	case <-ctx.Done():
+	}
+}
+
+// netnsGone reports whether a recorded network namespace is no longer
+// pinned where the daemon sees it (none is recorded on darwin): the file
+// is gone, or its mount went with a mount namespace of an earlier netd.
+// Setting the network up again has netd pin the pod's namespace again
+// (or make a new one when it is gone for good).
+func netnsGone(path string) bool {
+	return path != "" && !podnet.Pinned(path)
 }
 
 // releaseNetwork returns the pod's address once its containers stopped. A

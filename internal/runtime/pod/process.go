@@ -93,6 +93,13 @@ type ExitStatus struct {
 	Message string
 }
 
+// Stopper is implemented by a Process whose supervisor can hold the kill
+// deadline of a stop: Stop sends sig (none when 0) and SIGKILLs the group
+// after killAfter unless it exited, even if the daemon is gone by then.
+type Stopper interface {
+	Stop(sig syscall.Signal, killAfter time.Duration) error
+}
+
 // Attachable is implemented by a Process whose stdio a client can attach to
 // (kubectl attach): output from now on, and stdin when the container keeps
 // it open.

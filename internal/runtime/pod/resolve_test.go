@@ -155,3 +155,22 @@ func TestDefinitionChanged(t *testing.T) {
 		}
 	}
 }
+
+// An image without Entrypoint or Cmd (`crane append` of a bare layer) runs
+// only with the container's command; without one the error says what is
+// missing, and docs/runtime.md names the `crane mutate --entrypoint` fix.
+func TestResolveImageWithoutEntrypoint(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "app"), 0o755)
+	os.WriteFile(filepath.Join(root, "app", "server"), []byte("#!/bin/sh\n"), 0o755)
+	img := &image.Image{}
+	pod := &runtimev1.PodSpec{Name: "web", Namespace: "ns"}
+	_, err := resolveProcess(pod, &runtimev1.ContainerSpec{Name: "c", Image: "127.0.0.1:5000/app:v1"}, img, root, false)
+	if err == nil || !strings.Contains(err.Error(), `image "127.0.0.1:5000/app:v1" has no Entrypoint or Cmd and the container sets no command`) {
+		t.Fatalf("no command anywhere: %v", err)
+	}
+	r, err := resolveProcess(pod, &runtimev1.ContainerSpec{Name: "c", Command: []string{"/app/server"}}, img, root, false)
+	if err != nil || r.Argv[0] != filepath.Join(root, "app/server") {
+		t.Fatalf("the container's command: %v %v", r.Argv, err)
+	}
+}

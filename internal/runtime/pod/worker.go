@@ -644,6 +644,9 @@ func (p *managedPod) waitProc(ctx context.Context, c *container, fresh bool) out
 		hookDone <- nil
 	}
 	kill := make(chan string, 1)
+	if !fresh {
+		go p.checkNetNS(hctx, c, proc, kill)
+	}
 	for {
 		select {
 		case r := <-ch:
@@ -655,7 +658,9 @@ func (p *managedPod) waitProc(ctx context.Context, c *container, fresh bool) out
 			if err != nil {
 				hcancel()
 				p.event(warning, "FailedPostStartHook", c.name, err.Error())
-				p.stop(c, proc, ch, "FailedPostStartHook")
+				if p.stop(ctx, c, proc, ch, "FailedPostStartHook") {
+					return outDetached
+				}
 				return outExited
 			}
 			p.mu.Lock()
@@ -671,15 +676,21 @@ func (p *managedPod) waitProc(ctx context.Context, c *container, fresh bool) out
 			go p.probe(hctx, c, cspec, proc.StartedAt(), restart, kill)
 		case msg := <-kill:
 			hcancel()
-			p.stop(c, proc, ch, msg)
+			if p.stop(ctx, c, proc, ch, msg) {
+				return outDetached
+			}
 			return outExited
 		case <-c.stopc:
 			hcancel()
-			p.stop(c, proc, ch, "Stopping container "+c.name)
+			if p.stop(ctx, c, proc, ch, "Stopping container "+c.name) {
+				return outDetached
+			}
 			return outStopped
 		case <-c.wake:
 			hcancel()
-			p.stop(c, proc, ch, fmt.Sprintf("Container %s definition changed, will be restarted", c.name))
+			if p.stop(ctx, c, proc, ch, fmt.Sprintf("Container %s definition changed, will be restarted", c.name)) {
+				return outDetached
+			}
 			p.update(func() {
 				c.last = c.state.Terminated
 				c.state = containerState{Waiting: &waiting{Reason: "ContainerCreating"}}
@@ -701,8 +712,10 @@ const minimumGracePeriod = 2 * time.Second
 
 // stop ends a running attempt: the preStop hook (counted against the grace
 // period), SIGTERM to its process group, the rest of the grace period, then
-// SIGKILL to the group.
-func (p *managedPod) stop(c *container, proc Process, ch chan waitResult, msg string) {
+// SIGKILL to the group. The shim holds the SIGKILL deadline (Stopper), so
+// it holds when the daemon stops meanwhile: stop then returns at once,
+// reporting detached, and the next daemon sees the attempt end.
+func (p *managedPod) stop(ctx context.Context, c *container, proc Process, ch chan waitResult, msg string) (detached bool) {
 	p.mu.Lock()
 	grace := p.grace
 	if p.terminating && c.sidecar() && grace > 0 {
@@ -718,8 +731,23 @@ func (p *managedPod) stop(c *container, proc Process, ch chan waitResult, msg st
 	}
 	preStop := c.spec.GetLifecycle().GetPreStop()
 	p.mu.Unlock()
+	stopper, _ := proc.(Stopper)
+	signal := func(sig syscall.Signal, killAfter time.Duration) {
+		var err error
+		switch {
+		case stopper != nil:
+			err = stopper.Stop(sig, killAfter)
+		case sig != 0:
+			err = proc.Signal(sig)
+		}
+		if err != nil && !errors.Is(err, os.ErrProcessDone) {
+			p.m.log.Warn("signal container", "pod", p.key(), "container", c.name, "err", err)
+		}
+	}
 	p.event(normal, "Killing", c.name, msg)
 	if preStop != nil && grace > 0 {
+		// The deadline first: the hook counts against the grace period.
+		signal(0, grace)
 		start := time.Now()
 		hctx, cancel := context.WithTimeout(context.Background(), grace)
 		errc := make(chan error, 1)
@@ -734,7 +762,10 @@ func (p *managedPod) stop(c *container, proc Process, ch chan waitResult, msg st
 		case r := <-ch:
 			cancel()
 			p.recordExit(c, r)
-			return
+			return false
+		case <-ctx.Done():
+			cancel()
+			return true
 		}
 		cancel()
 		grace = max(grace-time.Since(start), minimumGracePeriod)
@@ -743,16 +774,16 @@ func (p *managedPod) stop(c *container, proc Process, ch chan waitResult, msg st
 	if grace <= 0 {
 		sig = syscall.SIGKILL
 	}
-	if err := proc.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		p.m.log.Warn("signal container", "pod", p.key(), "container", c.name, "err", err)
-	}
+	signal(sig, grace)
 	t := time.NewTimer(grace)
 	defer t.Stop()
 	select {
 	case r := <-ch:
 		p.recordExit(c, r)
-		return
+		return false
 	case <-t.C:
+	case <-ctx.Done():
+		return true
 	}
 	proc.Signal(syscall.SIGKILL)
 	select {
@@ -760,7 +791,10 @@ func (p *managedPod) stop(c *container, proc Process, ch chan waitResult, msg st
 		p.recordExit(c, r)
 	case <-time.After(30 * time.Second):
 		p.recordExit(c, waitResult{err: errors.New("the container did not exit after SIGKILL")})
+	case <-ctx.Done():
+		return true
 	}
+	return false
 }
 
 func (p *managedPod) recordExit(c *container, r waitResult) {

@@ -28,3 +28,14 @@ func StartIn(nsPath string, start func() error) error {
 	}
 	return startIn(nsPath, start)
 }
+
+// Pinned reports whether nsPath is a network namespace pinned where this
+// process sees it. On Linux a pin is a bind mount, so a file whose mount
+// went with another mount namespace (netd restarted under `ip netns exec`
+// or PrivateMounts=) is no pin, though the file is still there.
+func Pinned(nsPath string) bool { return pinned(nsPath) }
+
+// InNetNS reports whether process pid runs in the network namespace
+// pinned at nsPath; known is false when either cannot be read (no such
+// process, no pin, or elsewhere than Linux).
+func InNetNS(pid int, nsPath string) (in, known bool) { return inNetNS(pid, nsPath) }

@@ -67,3 +67,19 @@ func dialIn(ctx context.Context, nsPath, network, addr string) (net.Conn, error)
 func startIn(nsPath string, start func() error) error {
 	return onThreadIn(nsPath, start)
 }
+
+func pinned(nsPath string) bool {
+	var st unix.Statfs_t
+	return unix.Statfs(nsPath, &st) == nil && st.Type == unix.NSFS_MAGIC
+}
+
+func inNetNS(pid int, nsPath string) (in, known bool) {
+	if !pinned(nsPath) {
+		return false, false
+	}
+	var proc, pin unix.Stat_t
+	if unix.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &proc) != nil || unix.Stat(nsPath, &pin) != nil {
+		return false, false
+	}
+	return proc.Dev == pin.Dev && proc.Ino == pin.Ino, true
+}

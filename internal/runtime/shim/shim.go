@@ -107,8 +107,14 @@ type ExitStatus struct {
 
 // Request is one line of the control protocol.
 type Request struct {
-	Op     string `json:"op"` // status | signal | wait | reopen | attach
+	Op     string `json:"op"` // status | signal | stop | wait | reopen | attach
 	Signal int    `json:"signal,omitempty"`
+	// KillAfterMs (stop): the shim itself SIGKILLs the workload's group
+	// this long after the request, unless it exited; it replaces any
+	// earlier deadline. The deadline lives in the shim, not the daemon, so
+	// a container being stopped dies at the end of its grace period even
+	// when the daemon exits (or is killed) meanwhile.
+	KillAfterMs int64 `json:"killAfterMs,omitempty"`
 	// Stdin (attach): the client sends stdin frames.
 	Stdin bool `json:"stdin,omitempty"`
 }
@@ -180,6 +186,7 @@ type server struct {
 	mu     sync.Mutex
 	exit   *ExitStatus
 	exited chan struct{}
+	kill   *time.Timer // the stop deadline, if one was set
 
 	// Attached clients (attach.go).
 	amu        sync.Mutex
@@ -486,6 +493,18 @@ func (s *server) serve(c *net.UnixConn) {
 					resp.Error = err.Error()
 				}
 			}
+		case "stop":
+			resp = s.state()
+			if resp.Running {
+				if req.KillAfterMs > 0 {
+					s.killAfter(time.Duration(req.KillAfterMs) * time.Millisecond)
+				}
+				if req.Signal != 0 {
+					if err := s.group.Signal(syscall.Signal(req.Signal)); err != nil {
+						resp.Error = err.Error()
+					}
+				}
+			}
 		case "wait":
 			<-s.exited
 			resp = s.state()
@@ -505,6 +524,23 @@ func (s *server) serve(c *net.UnixConn) {
 			return
 		}
 	}
+}
+
+// killAfter SIGKILLs the workload's group after d unless it exited first;
+// it replaces an earlier deadline.
+func (s *server) killAfter(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.exit != nil {
+		return
+	}
+	if s.kill != nil {
+		s.kill.Stop()
+	}
+	s.kill = time.AfterFunc(d, func() {
+		// Refused once the group was reaped: never another process.
+		_ = s.group.Signal(syscall.SIGKILL)
+	})
 }
 
 // writeExit stores the exit status durably.

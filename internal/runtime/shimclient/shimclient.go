@@ -290,6 +290,23 @@ func (p *process) Signal(sig syscall.Signal) error {
 	return err
 }
 
+// Stop sends sig (none when 0) to the container's group and has the shim
+// SIGKILL the group after killAfter unless it exited: the deadline holds
+// whatever happens to the daemon (pod.Stopper).
+func (p *process) Stop(sig syscall.Signal, killAfter time.Duration) error {
+	if p.dead {
+		return nil
+	}
+	_, err := p.call(context.Background(), shim.Request{Op: "stop", Signal: int(sig), KillAfterMs: max(killAfter.Milliseconds(), 1)})
+	if err != nil && isGone(err) {
+		return nil // already exited
+	}
+	if err != nil && err.Error() == os.ErrProcessDone.Error() {
+		return os.ErrProcessDone
+	}
+	return err
+}
+
 // Wait asks the shim to answer when the process ends; if the shim is gone,
 // the recorded exit file answers.
 func (p *process) Wait(ctx context.Context) (pod.ExitStatus, error) {
