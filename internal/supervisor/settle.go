@@ -3,7 +3,6 @@ package supervisor
 import (
 	"fmt"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
@@ -14,11 +13,6 @@ import (
 	"syscall"
 	"time"
 )
-
-// SettledSignal is what the supervisor sends a Command.Settle child once
-// the server is up (Supervisor.Settle) and the child is ready: start-up is
-// over.
-const SettledSignal = syscall.SIGUSR1
 
 // IdleGCPercentEnv overrides DefaultIdleGCPercent for every child (and the
 // supervisor itself); "off" keeps the start-up setting.
@@ -36,21 +30,30 @@ const IdleGCPercentEnv = "K3SM_IDLE_GOGC"
 // run-to-run noise of this 2-core machine.
 const DefaultIdleGCPercent = 25
 
-// OnSettled is called by a child role first thing (before it can become
-// ready, so the signal never meets the default action, which would kill
-// it): when the supervisor signals it settled, it lowers its GC target to
-// the idle one and returns freed memory to the OS.
+// OnSettled is called by a child role at start: when the supervisor tells
+// it, on its settle pipe (SettleFDEnv), that start-up is over, it lowers
+// its GC target to the idle one and returns freed memory to the OS. A
+// process without the pipe (not a Settle child) never settles.
 func OnSettled() {
+	fd, err := strconv.Atoi(os.Getenv(SettleFDEnv))
+	if err != nil || fd < 3 {
+		return
+	}
+	os.Unsetenv(SettleFDEnv)
+	// The descriptor must not leak into processes this child starts.
+	syscall.CloseOnExec(fd)
+	f := os.NewFile(uintptr(fd), "settle-pipe")
 	percent, ok := idleGCPercent()
-	c := make(chan os.Signal, 1)
-	signal.Notify(c, SettledSignal)
 	go func() {
-		for range c {
-			if ok {
-				settleAndGovern(percent)
-			}
-			heapProfileLater()
+		defer f.Close()
+		var b [1]byte
+		if n, _ := f.Read(b[:]); n == 0 {
+			return // the supervisor closed it unwritten, or is gone
 		}
+		if ok {
+			settleAndGovern(percent)
+		}
+		heapProfileLater()
 	}()
 }
 

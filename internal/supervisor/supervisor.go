@@ -45,11 +45,12 @@ type Command struct {
 	Args []string
 	Env  []string // appended to the supervisor's environment
 	Dir  string
-	// Settle sends the process SettledSignal once the supervisor has
-	// settled (Supervisor.Settle, when the whole server is up) and the
-	// process is ready; a restarted process gets it when it is ready again.
-	// Only for children that call OnSettled at start: the signal's default
-	// action would kill any other.
+	// Settle tells the process, through a pipe of its own (SettleFDEnv),
+	// once the supervisor has settled (Supervisor.Settle, when the whole
+	// server is up) and the process is ready; a restarted process is told
+	// when it is ready again. A pipe, not a signal: a signal can reach a
+	// process before its runtime has a handler (a node judged ready by the
+	// Node object an earlier process left Ready) and kill it.
 	Settle bool
 }
 
@@ -66,6 +67,10 @@ var DefaultBackoff = Backoff{Initial: 250 * time.Millisecond, Max: 30 * time.Sec
 
 // ParentFDEnv tells a child which inherited descriptor is its parent-death pipe.
 const ParentFDEnv = "K3SM_PARENT_FD"
+
+// SettleFDEnv tells a Command.Settle child which inherited descriptor is
+// its settle pipe: a byte arrives on it when start-up is over (OnSettled).
+const SettleFDEnv = "K3SM_SETTLE_FD"
 
 // Supervisor runs children.
 type Supervisor struct {
@@ -121,8 +126,9 @@ type Child struct {
 
 	mu       sync.Mutex
 	cmd      *exec.Cmd
-	settle   bool // cmd's Command.Settle
-	live     bool // cmd passed Ready
+	settle   bool     // cmd's Command.Settle
+	settleW  *os.File // write end of cmd's settle pipe, until written
+	live     bool     // cmd passed Ready
 	stopping bool
 	restarts int
 	started  time.Time     // of the current process
@@ -294,14 +300,14 @@ func (ch *Child) probeReady(cmd *exec.Cmd, exited <-chan struct{}) {
 
 // signalSettled tells the current process it settled; ch.mu is held.
 func (ch *Child) signalSettled() {
-	if !ch.settle || !ch.live || ch.cmd == nil {
+	if !ch.settle || !ch.live || ch.cmd == nil || ch.settleW == nil {
 		return
 	}
-	select {
-	case <-ch.exited: // gone meanwhile
-	default:
-		_ = ch.cmd.Process.Signal(SettledSignal) // a pidfd on Linux: never another process
-	}
+	// One byte in an empty pipe never blocks; a process gone meanwhile
+	// makes it fail harmlessly (EPIPE: Go ignores SIGPIPE on other fds).
+	_, _ = ch.settleW.Write([]byte{1})
+	ch.settleW.Close()
+	ch.settleW = nil
 }
 
 // Settle is called once the whole server is up: start-up is over, so every
@@ -332,15 +338,31 @@ func (ch *Child) spawn() error {
 	cmd.WaitDelay = 2 * time.Second
 	cmd.Env = append(append(os.Environ(), spec.Env...), ParentFDEnv+"=3")
 	cmd.ExtraFiles = []*os.File{ch.s.pipeR}
+	var settleR, settleW *os.File
+	if spec.Settle {
+		var err error
+		if settleR, settleW, err = os.Pipe(); err != nil {
+			return fmt.Errorf("%s: settle pipe: %w", ch.c.Name(), err)
+		}
+		defer settleR.Close() // the child's end, once it has it
+		cmd.ExtraFiles = append(cmd.ExtraFiles, settleR)
+		cmd.Env = append(cmd.Env, SettleFDEnv+"=4")
+	}
 	// Own process group: a terminal's Ctrl-C reaches only the supervisor,
 	// which then stops the children in order.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
+		if settleW != nil {
+			settleW.Close()
+		}
 		return fmt.Errorf("%s: start: %w", ch.c.Name(), err)
 	}
 	exited := make(chan struct{})
 	ch.mu.Lock()
-	ch.cmd, ch.exited, ch.settle, ch.live, ch.started = cmd, exited, spec.Settle, false, time.Now().UTC()
+	if ch.settleW != nil {
+		ch.settleW.Close() // the previous process's, never written
+	}
+	ch.cmd, ch.exited, ch.settle, ch.settleW, ch.live, ch.started = cmd, exited, spec.Settle, settleW, false, time.Now().UTC()
 	stopping := ch.stopping
 	ch.mu.Unlock()
 	if stopping {
@@ -375,6 +397,10 @@ func (ch *Child) supervise() {
 		ch.mu.Lock()
 		stopping := ch.stopping
 		ch.live, ch.lastExit = false, exitReason(err)
+		if ch.settleW != nil {
+			ch.settleW.Close()
+			ch.settleW = nil
+		}
 		ch.mu.Unlock()
 		if stopping {
 			return

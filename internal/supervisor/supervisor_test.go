@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"runtime/metrics"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -279,4 +281,83 @@ func TestSettledAfterEachStart(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	waitSettled(ch.Pid())
+}
+
+// eagerChild is a Settle child judged ready as soon as it starts, as the
+// node is when the Node its previous process left is still Ready.
+type eagerChild struct{ settlingChild }
+
+func (eagerChild) Ready(context.Context) error { return nil }
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// Telling a child it settled never kills it, however early it comes: 20
+// kill -9 in a row of a child that is ready at once (so it is told at once,
+// before its runtime could install a signal handler) give 20 restarts,
+// each of a process our SIGKILL ended, and the last one settles.
+func TestSettleNeverKillsARestartedChild(t *testing.T) {
+	var logs lockedBuffer
+	s := newTestSupervisor(t)
+	s.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	s.Backoff = Backoff{Initial: 10 * time.Millisecond, Max: 10 * time.Millisecond, Reset: time.Minute}
+	dir := t.TempDir()
+	c := eagerChild{settlingChild{filepath.Join(dir, "c.sock"), filepath.Join(dir, "settled")}}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s.Settle()
+	ch, err := s.Start(ctx, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Stop(2 * time.Second)
+	const kills = 20
+	last := 0
+	for i := 0; i <= kills; i++ {
+		deadline := time.Now().Add(10 * time.Second)
+		for ch.Pid() == last || ch.Pid() == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("not restarted after kill %d; log:\n%s", i, logs.String())
+			}
+			time.Sleep(time.Millisecond)
+		}
+		last = ch.Pid()
+		if i < kills {
+			syscall.Kill(last, syscall.SIGKILL)
+		}
+	}
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "component exited") && !strings.Contains(l, "killed by signal killed") {
+			t.Errorf("a child ended other than by our kill: %s", l)
+		}
+	}
+	want := fmt.Sprintf("%d 37", last)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, _ := os.ReadFile(c.settled)
+		if string(b) == want {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the last process did not settle: %q, want %q", b, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if r := ch.Restarts(); r != kills {
+		t.Errorf("%d restarts for %d kills; log:\n%s", r, kills, logs.String())
+	}
 }
