@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -179,7 +180,7 @@ func (c *Config) Validate() error {
 		add("bind-address", c.BindAddress, "not an IP address", "use e.g. 0.0.0.0 or 127.0.0.1")
 	}
 	if c.AdvertiseAddress == "" {
-		c.AdvertiseAddress = defaultAdvertise(bind)
+		c.AdvertiseAddress = defaultAdvertise(bind, interfaceAddrs, c.ClusterCIDR, c.ServiceCIDR)
 	} else if _, err := netip.ParseAddr(c.AdvertiseAddress); err != nil {
 		add("advertise-address", c.AdvertiseAddress, "not an IP address", "use the address other machines reach this server on")
 	}
@@ -260,27 +261,75 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// defaultAdvertise picks the address the apiserver advertises: the bind
-// address when it is specific, else the host's first non-loopback IPv4, else
+// defaultAdvertise picks the address the apiserver advertises (and the
+// node's INTERNAL-IP, unless --node-ip says otherwise): the bind address
+// when it is specific; else the first IPv4 address, in the order the
+// system lists its interfaces, that is not loopback or link-local and is
+// not k3sm's own (on its bridge or a pod's veth, or inside the cluster or
+// Service range: what k3sm adds to the machine, and leaves while pods run
+// after a stop, must not change the answer of the next start); else
 // loopback (single-machine use).
-func defaultAdvertise(bind netip.Addr) string {
+func defaultAdvertise(bind netip.Addr, addrs func() ([]ifaceAddr, error), ranges ...string) string {
 	if bind.IsValid() && !bind.IsUnspecified() {
 		return bind.String()
 	}
-	addrs, err := net.InterfaceAddrs()
-	if err == nil {
+	var own []netip.Prefix
+	for _, r := range ranges {
+		if p, err := netip.ParsePrefix(r); err == nil {
+			own = append(own, p.Masked())
+		}
+	}
+	list, err := addrs()
+	if err != nil {
+		return "127.0.0.1"
+	}
+	for _, a := range list {
+		ip := a.IP.Unmap()
+		if !ip.Is4() || ip.IsLoopback() || ip.IsLinkLocalUnicast() || ownInterface(a.Interface) ||
+			slices.ContainsFunc(own, func(p netip.Prefix) bool { return p.Contains(ip) }) {
+			continue
+		}
+		return ip.String()
+	}
+	return "127.0.0.1"
+}
+
+// ownInterface reports whether a network interface is k3sm-netd's: the
+// pods' bridge or the host end of a pod's veth (the names netd's server
+// and dataplane give them, which this side does not link).
+func ownInterface(name string) bool { return name == "k3sm0" || strings.HasPrefix(name, "k3v") }
+
+// ifaceAddr is one address of one interface.
+type ifaceAddr struct {
+	Interface string
+	IP        netip.Addr
+}
+
+// interfaceAddrs lists the machine's addresses, interface by interface in
+// the system's order (by index on Linux).
+func interfaceAddrs() ([]ifaceAddr, error) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return nil, err
+	}
+	var out []ifaceAddr
+	for _, i := range ifs {
+		if i.Flags&net.FlagUp == 0 {
+			continue
+		}
+		addrs, err := i.Addrs()
+		if err != nil {
+			continue
+		}
 		for _, a := range addrs {
 			if ipn, ok := a.(*net.IPNet); ok {
 				if ip, ok := netip.AddrFromSlice(ipn.IP); ok {
-					ip = ip.Unmap()
-					if ip.Is4() && !ip.IsLoopback() && !ip.IsLinkLocalUnicast() {
-						return ip.String()
-					}
+					out = append(out, ifaceAddr{Interface: i.Name, IP: ip})
 				}
 			}
 		}
 	}
-	return "127.0.0.1"
+	return out, nil
 }
 
 // APIServiceIP is the first address of the service range: the `kubernetes` Service.

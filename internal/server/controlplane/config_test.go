@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"net/netip"
 	"strconv"
 	"strings"
 	"testing"
@@ -191,5 +192,38 @@ func TestNodeCIDRFollowsMaxPods(t *testing.T) {
 	}
 	if mask != "22" {
 		t.Fatalf("controller-manager node-cidr-mask-size-ipv4=%q for --max-pods 510, want 22", mask)
+	}
+}
+
+// The node's address is chosen by one rule that k3sm's own interfaces and
+// ranges cannot change: a first start (only lo) and a start after a stop
+// that left the pods' bridge (100.64.0.1 on k3sm0, pods still running)
+// give the same answer.
+func TestDefaultAdvertiseStable(t *testing.T) {
+	list := func(as ...ifaceAddr) func() ([]ifaceAddr, error) {
+		return func() ([]ifaceAddr, error) { return as, nil }
+	}
+	lo := ifaceAddr{"lo", netip.MustParseAddr("127.0.0.1")}
+	bridge := ifaceAddr{"k3sm0", netip.MustParseAddr("100.64.0.1")}
+	eth := ifaceAddr{"eth0", netip.MustParseAddr("192.0.2.10")}
+	ranges := []string{"100.64.0.0/10", "10.43.0.0/16"}
+	for _, c := range []struct {
+		name string
+		addr func() ([]ifaceAddr, error)
+		want string
+	}{
+		{"only lo", list(lo), "127.0.0.1"},
+		{"lo and the bridge left by a stop", list(lo, bridge), "127.0.0.1"},
+		{"the bridge first", list(bridge, eth), "192.0.2.10"},
+		{"a veth host end", list(lo, ifaceAddr{"k3v0123456789ab", netip.MustParseAddr("192.0.2.99")}, eth), "192.0.2.10"},
+		{"an address in the Service range", list(ifaceAddr{"dummy0", netip.MustParseAddr("10.43.0.10")}, eth), "192.0.2.10"},
+		{"link-local and IPv6", list(ifaceAddr{"eth1", netip.MustParseAddr("169.254.1.1")}, ifaceAddr{"eth1", netip.MustParseAddr("2001:db8::1")}, eth), "192.0.2.10"},
+	} {
+		if got := defaultAdvertise(netip.Addr{}, c.addr, ranges...); got != c.want {
+			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
+	}
+	if got := defaultAdvertise(netip.MustParseAddr("192.0.2.5"), list(eth), ranges...); got != "192.0.2.5" {
+		t.Errorf("a specific bind address: %s", got)
 	}
 }
