@@ -52,13 +52,13 @@ func (p *Provider) GetContainerLogs(ctx context.Context, ns, name, container str
 	stream, err := p.rt.Runtime.GetLogs(ctx, req)
 	if err != nil {
 		cancel()
-		return nil, err
+		return nil, runtimeErr(err)
 	}
 	// Surface "not found" style errors before any byte is written.
 	first, err := stream.Recv()
 	if err != nil && err != io.EOF {
 		cancel()
-		return nil, err
+		return nil, runtimeErr(err)
 	}
 	pr, pw := io.Pipe()
 	go func() {

@@ -442,7 +442,10 @@ func serveKubeletAPI(cfg Config, kc kubernetes.Interface, provider *Provider, po
 	if err != nil {
 		return nil, fmt.Errorf("kubelet API on %s: %w", addr, err)
 	}
-	srv := &http.Server{Handler: nodeutil.WithAuth(auth, handler), ReadHeaderTimeout: 30 * time.Second}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /containerLogs/{namespace}/{pod}/{container}", provider.containerLogs)
+	mux.Handle("/", handler)
+	srv := &http.Server{Handler: nodeutil.WithAuth(auth, mux), ReadHeaderTimeout: 30 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			cfg.Log.Error("kubelet API stopped", "err", err)
