@@ -79,6 +79,13 @@ type server struct {
 	bin  string
 	attr *syscall.SysProcAttr
 	env  []string
+	// wrap runs the server through a command that execs it (unshare ...
+	// --), as `ip netns exec` or a unit's sandboxing would.
+	wrap []string
+	// defaultAddrs leaves --bind-address and --advertise-address out, so
+	// the server picks the node's address by its own rule (the test runs
+	// in a network namespace of its own: only lo, and what k3sm adds).
+	defaultAddrs bool
 }
 
 // freePort returns a loopback port no one listens on, below the kernel's
@@ -153,13 +160,16 @@ func (s *server) args() []string {
 		// The disk test sets the kubelet's thresholds on a tmpfs of its own.
 		extra = append([]string{testEvictionHard}, extra...)
 	}
-	return append([]string{"server", "--data-dir", s.dataDir,
+	args := []string{"server", "--data-dir", s.dataDir,
 		"--https-listen-port", strconv.Itoa(s.ports[0]),
 		"--scheduler-port", strconv.Itoa(s.ports[1]),
 		"--controller-manager-port", strconv.Itoa(s.ports[2]),
 		"--kubelet-port", strconv.Itoa(s.ports[3]),
-		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
-		"--node-name", "e2e-node"}, extra...)
+		"--node-name", "e2e-node"}
+	if !s.defaultAddrs {
+		args = append(args, "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1")
+	}
+	return append(args, extra...)
 }
 
 // start launches the server and waits until it says it is up.
@@ -170,6 +180,9 @@ func (s *server) start() {
 		bin = s.bin
 	}
 	s.cmd = exec.Command(bin, s.args()...)
+	if len(s.wrap) > 0 {
+		s.cmd = exec.Command(s.wrap[0], append(append(s.wrap[1:], bin), s.args()...)...)
+	}
 	if s.attr != nil {
 		s.cmd.SysProcAttr = s.attr
 		s.cmd.Dir = "/"
