@@ -100,4 +100,5 @@ func TestPodNetworkPrivateMountNS(t *testing.T) {
 		})
 		serving("the restart into the pod's network")
 	})
+	s.deleteAllPods(t)
 }
