@@ -104,7 +104,10 @@ func TestNFTListsRules(t *testing.T) {
 		fmt.Sprintf("ct mark & 0x%08x == 0x%08x counter", localMark, localMark),
 		fmt.Sprintf("ct mark set ct mark | 0x%08x\n", localMark),
 		`ct status dnat oifname "k3sm0" ip saddr != 100.64.7.0/24 counter`,
+		// The endpoints' indexes, as numgen counts them.
+		"numgen random mod 2 vmap { 0 : goto ep-10.96.0.10-80-tcp-100.64.7.2-8080, 1 : goto ep-10.96.0.10-80-tcp-100.64.7.3-8080 }",
 		"numgen random mod 130 vmap @eps-10.96.0.20-80-tcp",
+		"129 : goto ep-10.96.0.20-80-tcp-100.64.7.2-20129 }",
 		"dnat to 100.64.8.5:8080",
 		"table ip k3sm-policy {",
 		"ip saddr vmap @egress",

@@ -11,6 +11,7 @@ import (
 	"slices"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -40,6 +41,7 @@ import (
 //	  chain reject      tcp: reset; else icmp port-unreachable
 //	  chain svc-<ip:port-proto>          (Local ports) ct mark set ct mark | 0x01000000
 //	                                     numgen random mod N vmap { 0 : goto ep-…, … }
+//	                                     (over 128 endpoints: vmap @eps-<ip:port-proto>, a map of its own)
 //	  chain ep-<ip:port-proto>-<ep>      dnat to <ep>
 //
 // An externalIP is not in the Service range's local route: with endpoints
@@ -277,11 +279,16 @@ func (d *linuxPlane) SetServices(n Node, svcs []Service) error {
 				&expr.Ct{Register: 1, Key: expr.CtKeyMARK, SourceRegister: true},
 			}})
 		}
+		// An endpoint's index is a big-endian key (numgen's host-order
+		// number goes through hton): google/nftables declares every
+		// anonymous set's keys big-endian, and nft reads the keys in the
+		// order the set declares (a host-order 1 was listed as 16777216).
 		pick := &nftables.Set{Table: t, Anonymous: true, Constant: true, IsMap: true, KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict}
 		if len(s.Endpoints) > elementsPerMessage {
 			// Too many for one message, and an anonymous set takes its
 			// elements in one: a named map of its own.
-			pick = &nftables.Set{Table: t, Name: epMapPrefix + chainPart(k.ip, k.port, k.proto), IsMap: true, KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict}
+			pick = &nftables.Set{Table: t, Name: epMapPrefix + chainPart(k.ip, k.port, k.proto), IsMap: true,
+				KeyType: nftables.TypeInteger, KeyByteOrder: binaryutil.BigEndian, DataType: nftables.TypeVerdict}
 		}
 		var picks []nftables.SetElement
 		for i, e := range s.Endpoints {
@@ -293,7 +300,7 @@ func (d *linuxPlane) SetServices(n Node, svcs []Service) error {
 				&expr.Immediate{Register: 2, Data: binary.BigEndian.AppendUint16(nil, e.Port())},
 				&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2},
 			}})
-			picks = append(picks, nftables.SetElement{Key: binary.NativeEndian.AppendUint32(nil, uint32(i)),
+			picks = append(picks, nftables.SetElement{Key: binary.BigEndian.AppendUint32(nil, uint32(i)),
 				VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: ep.Name}})
 			if !hairpins[ip] {
 				hairpins[ip] = true
@@ -310,6 +317,7 @@ func (d *linuxPlane) SetServices(n Node, svcs []Service) error {
 		}
 		c.AddRule(&nftables.Rule{Table: t, Chain: svc, Exprs: []expr.Any{
 			&expr.Numgen{Register: 1, Modulus: uint32(len(s.Endpoints)), Type: unix.NFT_NG_RANDOM},
+			&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 4, Size: 4},
 			&expr.Lookup{SourceRegister: 1, SetName: pick.Name, SetID: pick.ID, DestRegister: 0, IsDestRegSet: true},
 		}})
 		el := nftables.SetElement{Key: key, VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: svc.Name}}
