@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -117,6 +118,13 @@ func TestNFTListsRules(t *testing.T) {
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("nft list ruleset lacks %q", want)
+		}
+	}
+	// The guard map's keys, the pods' interface names (the policy maps'
+	// comments name them too, before a jump to <name>-in).
+	for _, p := range []Pod{f.a, f.b} {
+		if !regexp.MustCompile(fmt.Sprintf(`"%s" : jump %s[,\s]`, p.HostIf, p.HostIf)).MatchString(text) {
+			t.Errorf("nft list ruleset lacks the guard map's element for %s", p.HostIf)
 		}
 	}
 	if t.Failed() {
