@@ -44,6 +44,9 @@ import (
 //	                                     (over 128 endpoints: vmap @eps-<ip:port-proto>, a map of its own)
 //	  chain ep-<ip:port-proto>-<ep>      dnat to <ep>
 //
+// Every expression is one nft parses back: `nft list table ip
+// k3sm-services` works with Debian 12's nft 1.0.6 (TestNFTListsRules).
+//
 // An externalIP is not in the Service range's local route: with endpoints
 // the dstnat chains translate it before routing, as a ClusterIP; without,
 // a pod's packet to it would be routed on, out of the node to whoever
