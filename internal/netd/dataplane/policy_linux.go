@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 )
@@ -129,6 +130,15 @@ func mapOf(t *nftables.Table, name string, key nftables.SetDatatype) *nftables.S
 	return &nftables.Set{Table: t, Name: name, KeyType: key, IsMap: true, DataType: nftables.TypeVerdict}
 }
 
+// guardMapOf is the guard map, its interface names declared in host order
+// as nft declares them: undeclared, nft reads them as big-endian numbers,
+// turns the bytes around to print them and shows every name as "".
+func guardMapOf(t *nftables.Table) *nftables.Set {
+	m := mapOf(t, guardMap, nftables.TypeIFName)
+	m.KeyByteOrder = binaryutil.NativeEndian
+	return m
+}
+
 // ensureTables adds to the batch whatever of the two tables is missing or
 // damaged (rebuilt empty: st forgets what was in it, and the node's next
 // resync sends every pod again).
@@ -138,7 +148,7 @@ func ensureTables(c *nftables.Conn, st *nftState) (policyObjects, error) {
 	o.gt = &nftables.Table{Family: nftables.TableFamilyBridge, Name: guardTable}
 	o.in = mapOf(o.pt, ingressMap, nftables.TypeIPAddr)
 	o.eg = mapOf(o.pt, egressMap, nftables.TypeIPAddr)
-	o.guardMap = mapOf(o.gt, guardMap, nftables.TypeIFName)
+	o.guardMap = guardMapOf(o.gt)
 	forget := func(f nftables.TableFamily, maps ...string) {
 		for k := range st.chains {
 			if strings.HasPrefix(k, fmt.Sprintf("%d/", f)) {
@@ -326,7 +336,7 @@ func (d *linuxPlane) delPolicy(hostIf string) error {
 		pt: &nftables.Table{Family: nftables.TableFamilyIPv4, Name: policyTable},
 		gt: &nftables.Table{Family: nftables.TableFamilyBridge, Name: guardTable},
 	}
-	o.in, o.eg, o.guardMap = mapOf(o.pt, ingressMap, nftables.TypeIPAddr), mapOf(o.pt, egressMap, nftables.TypeIPAddr), mapOf(o.gt, guardMap, nftables.TypeIFName)
+	o.in, o.eg, o.guardMap = mapOf(o.pt, ingressMap, nftables.TypeIPAddr), mapOf(o.pt, egressMap, nftables.TypeIPAddr), guardMapOf(o.gt)
 	if err := delPodObjects(c, st, o, hostIf, nil); err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"slices"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -28,19 +29,23 @@ import (
 //	  map no-endpoints { the same }  → goto reject
 //	  map no-endpoints-node { the same }  → goto reject  a node address
 //	  set hairpin      { ipv4_addr . ipv4_addr }                            every endpoint, twice
-//	  set local        { ipv4_addr . inet_proto . inet_service }            Local ports
 //	  chain prerouting  (nat, dstnat)  ip daddr . meta l4proto . th dport vmap @services
 //	                                   fib daddr type local ip daddr . meta l4proto . th dport vmap @node-ports
 //	  chain output      (nat, dstnat)  the same, for the node's own processes
 //	  chain postrouting (nat, srcnat)  ip saddr . ip daddr @hairpin masquerade
-//	                                   ct original ip daddr . ct original protocol . ct original proto-dst @local return
+//	                                   ct mark & 0x01000000 == 0x01000000 return   a Local port (localMark)
 //	                                   ct status dnat oifname <bridge> ip saddr != <pod CIDR> masquerade
 //	  chain input, chain output-filter (filter, -10)  ip daddr . meta l4proto . th dport vmap @no-endpoints
 //	                                   (input only) the same, vmap @no-endpoints-node
 //	  chain forward     (filter, -10)  the same: an externalIP is routed, not local
 //	  chain reject      tcp: reset; else icmp port-unreachable
-//	  chain svc-<ip:port-proto>          numgen random mod N vmap { 0 : goto ep-…, … }
+//	  chain svc-<ip:port-proto>          (Local ports) ct mark set ct mark | 0x01000000
+//	                                     numgen random mod N vmap { 0 : goto ep-…, … }
+//	                                     (over 128 endpoints: vmap @eps-<ip:port-proto>, a map of its own)
 //	  chain ep-<ip:port-proto>-<ep>      dnat to <ep>
+//
+// Every expression is one nft parses back: `nft list table ip
+// k3sm-services` works with Debian 12's nft 1.0.6 (TestNFTListsRules).
 //
 // An externalIP is not in the Service range's local route: with endpoints
 // the dstnat chains translate it before routing, as a ClusterIP; without,
@@ -56,8 +61,8 @@ import (
 // connections to itself.
 //
 // externalTrafficPolicy: Local keeps the client's address: a connection
-// whose original destination is in the local set is not masqueraded on
-// its way to the bridge, and its endpoints are all this node's pods, whose
+// its Service chain marked (localMark) is not masqueraded on its way to
+// the bridge, and its endpoints are all this node's pods, whose
 // replies come back through the node (their default route) where
 // conntrack undoes the DNAT. With Cluster, a client beyond the node is
 // masqueraded to the gateway, as kube-proxy does.
@@ -82,7 +87,6 @@ const (
 	noEndpointsMap   = "no-endpoints"
 	noEndpointsNode  = "no-endpoints-node"
 	hairpinSet       = "hairpin"
-	localSet         = "local"
 	rejectChain      = "reject"
 	svcChainPrefix   = "svc-"
 	epChainPrefix    = "ep-"
@@ -112,6 +116,17 @@ const servicesSocketBuffer = 64 << 20
 
 // ipsDstNAT is IPS_DST_NAT of ct status (host byte order).
 const ipsDstNAT = 1 << 5
+
+// localMark is the ct mark bit a connection to a Local port gets when it
+// is translated, which tells postrouting not to masquerade it. Looking its
+// original destination up there instead (ct original ip daddr . ct
+// original protocol . ct original proto-dst in a set) made Debian 12's nft
+// 1.0.6 abort on the table (netlink_parse_concat_expr: Assertion
+// `consumed > 0' failed): it cannot size ct's address inside a
+// concatenation, and google/nftables cannot send the sized ct ip daddr
+// (without its direction the kernel refuses it). Only this bit is set and
+// tested; the rest of the mark stays whoever else's.
+const localMark = 0x01000000
 
 func (d *linuxPlane) SetServices(n Node, svcs []Service) error {
 	if err := checkServices(n, svcs); err != nil {
@@ -167,8 +182,7 @@ func (d *linuxPlane) SetServices(n Node, svcs []Service) error {
 	noEP := &nftables.Set{Table: t, Name: noEndpointsMap, KeyType: keyType, Concatenation: true, IsMap: true, DataType: nftables.TypeVerdict}
 	noEPNode := &nftables.Set{Table: t, Name: noEndpointsNode, KeyType: keyType, Concatenation: true, IsMap: true, DataType: nftables.TypeVerdict}
 	hairpin := &nftables.Set{Table: t, Name: hairpinSet, KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeIPAddr), Concatenation: true}
-	local := &nftables.Set{Table: t, Name: localSet, KeyType: keyType, Concatenation: true}
-	for _, s := range []*nftables.Set{svcMap, nodeMap, noEP, noEPNode, hairpin, local} {
+	for _, s := range []*nftables.Set{svcMap, nodeMap, noEP, noEPNode, hairpin} {
 		if err := c.AddSet(s, nil); err != nil {
 			return fmt.Errorf("dataplane: set %s: %w", s.Name, err)
 		}
@@ -211,10 +225,10 @@ func (d *linuxPlane) SetServices(n Node, svcs []Service) error {
 		&expr.Masq{},
 	}})
 	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: []expr.Any{
-		&expr.Ct{Register: reg32x0, Key: expr.CtKeyDST, Direction: 0}, // original
-		&expr.Ct{Register: reg32x1, Key: expr.CtKeyPROTOCOL},
-		&expr.Ct{Register: reg32x2, Key: expr.CtKeyPROTODST, Direction: 0},
-		&expr.Lookup{SourceRegister: reg32x0, SetName: local.Name, SetID: local.ID},
+		&expr.Ct{Register: 1, Key: expr.CtKeyMARK},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binary.NativeEndian.AppendUint32(nil, localMark), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, localMark)},
 		&expr.Counter{},
 		&expr.Verdict{Kind: expr.VerdictReturn},
 	}})
@@ -244,7 +258,7 @@ func (d *linuxPlane) SetServices(n Node, svcs []Service) error {
 		&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: 3}, // port unreachable
 	}})
 
-	var svcElems, nodeElems, noEPElems, noEPNodeElems, hairpinElems, localElems []nftables.SetElement
+	var svcElems, nodeElems, noEPElems, noEPNodeElems, hairpinElems []nftables.SetElement
 	hairpins := map[[4]byte]bool{}
 	for _, s := range svcs {
 		k := serviceKey{s.Protocol, s.IP, s.Port}
@@ -258,15 +272,26 @@ func (d *linuxPlane) SetServices(n Node, svcs []Service) error {
 			}
 			continue
 		}
-		if s.Local {
-			localElems = append(localElems, nftables.SetElement{Key: key})
-		}
 		svc := c.AddChain(&nftables.Chain{Name: svcChainPrefix + chainPart(k.ip, k.port, k.proto), Table: t})
+		if s.Local {
+			// ct mark set ct mark | localMark
+			c.AddRule(&nftables.Rule{Table: t, Chain: svc, Exprs: []expr.Any{
+				&expr.Ct{Register: 1, Key: expr.CtKeyMARK},
+				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+					Mask: binary.NativeEndian.AppendUint32(nil, ^uint32(localMark)), Xor: binary.NativeEndian.AppendUint32(nil, localMark)},
+				&expr.Ct{Register: 1, Key: expr.CtKeyMARK, SourceRegister: true},
+			}})
+		}
+		// An endpoint's index is a big-endian key (numgen's host-order
+		// number goes through hton): google/nftables declares every
+		// anonymous set's keys big-endian, and nft reads the keys in the
+		// order the set declares (a host-order 1 was listed as 16777216).
 		pick := &nftables.Set{Table: t, Anonymous: true, Constant: true, IsMap: true, KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict}
 		if len(s.Endpoints) > elementsPerMessage {
 			// Too many for one message, and an anonymous set takes its
 			// elements in one: a named map of its own.
-			pick = &nftables.Set{Table: t, Name: epMapPrefix + chainPart(k.ip, k.port, k.proto), IsMap: true, KeyType: nftables.TypeInteger, DataType: nftables.TypeVerdict}
+			pick = &nftables.Set{Table: t, Name: epMapPrefix + chainPart(k.ip, k.port, k.proto), IsMap: true,
+				KeyType: nftables.TypeInteger, KeyByteOrder: binaryutil.BigEndian, DataType: nftables.TypeVerdict}
 		}
 		var picks []nftables.SetElement
 		for i, e := range s.Endpoints {
@@ -278,7 +303,7 @@ func (d *linuxPlane) SetServices(n Node, svcs []Service) error {
 				&expr.Immediate{Register: 2, Data: binary.BigEndian.AppendUint16(nil, e.Port())},
 				&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2},
 			}})
-			picks = append(picks, nftables.SetElement{Key: binary.NativeEndian.AppendUint32(nil, uint32(i)),
+			picks = append(picks, nftables.SetElement{Key: binary.BigEndian.AppendUint32(nil, uint32(i)),
 				VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: ep.Name}})
 			if !hairpins[ip] {
 				hairpins[ip] = true
@@ -295,6 +320,7 @@ func (d *linuxPlane) SetServices(n Node, svcs []Service) error {
 		}
 		c.AddRule(&nftables.Rule{Table: t, Chain: svc, Exprs: []expr.Any{
 			&expr.Numgen{Register: 1, Modulus: uint32(len(s.Endpoints)), Type: unix.NFT_NG_RANDOM},
+			&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 4, Size: 4},
 			&expr.Lookup{SourceRegister: 1, SetName: pick.Name, SetID: pick.ID, DestRegister: 0, IsDestRegSet: true},
 		}})
 		el := nftables.SetElement{Key: key, VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: svc.Name}}
@@ -307,7 +333,7 @@ func (d *linuxPlane) SetServices(n Node, svcs []Service) error {
 	for _, add := range []struct {
 		s  *nftables.Set
 		es []nftables.SetElement
-	}{{svcMap, svcElems}, {nodeMap, nodeElems}, {noEP, noEPElems}, {noEPNode, noEPNodeElems}, {hairpin, hairpinElems}, {local, localElems}} {
+	}{{svcMap, svcElems}, {nodeMap, nodeElems}, {noEP, noEPElems}, {noEPNode, noEPNodeElems}, {hairpin, hairpinElems}} {
 		if len(add.es) == 0 {
 			continue
 		}

@@ -315,6 +315,32 @@ func TestServicesScale(t *testing.T) {
 	if err != nil || len(els) != maxServiceEndpoints {
 		t.Fatalf("the endpoint map of a %d-endpoint Service holds %d elements (%v)", maxServiceEndpoints, len(els), err)
 	}
+	// And it translates: every index numgen draws is a key of the map
+	// (a miss would leave the connection to the node, which refuses it).
+	in(t, f.a.NetNS, func() error {
+		for _, e := range big.Endpoints {
+			ln, err := net.Listen("tcp4", e.String())
+			if err != nil {
+				return err
+			}
+			t.Cleanup(func() { ln.Close() })
+			go func() {
+				for {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					c.Close()
+				}
+			}()
+		}
+		return nil
+	})
+	for range 20 {
+		if err := connect(t, c.NetNS, netip.AddrPortFrom(vip, 80), 3*time.Second); err != nil {
+			t.Fatalf("through the %d-endpoint map: %v", maxServiceEndpoints, err)
+		}
+	}
 	svcMap, err := c2.GetSetByName(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: servicesTable}, servicesMap)
 	if err != nil {
 		t.Fatal(err)
