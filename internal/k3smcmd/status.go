@@ -26,7 +26,8 @@ func newStatus() *cobra.Command {
 		Long: "One line per component: the server (supervisor), kine, kube-apiserver, kube-scheduler,\n" +
 			"kube-controller-manager, runtimed, netd, the node (its Ready condition), the Service proxy and the\n" +
 			"cluster DNS. Exit status: 0 running, 3 stopped, 4 degraded (the server runs but a component is\n" +
-			"unhealthy), 5 not installed (no cluster at the data dir and no k3sm service).",
+			"unhealthy, down, or impaired: runtimed whose cgroups do not enforce pods' CPU or memory limits),\n" +
+			"5 not installed (no cluster at the data dir and no k3sm service).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(output); err != nil {
@@ -84,8 +85,9 @@ func newDoctor() *cobra.Command {
 		Use:   "doctor",
 		Short: "Check what k3sm needs of this machine: PASS, WARN or FAIL with the fix",
 		Long: "Checks privileges (and what they mean for the pod network), user namespaces, overlayfs, the Landlock\n" +
-			"ABI, cgroup v2 and its delegation, nftables, the ports k3sm listens on, the data dir (writable, free\n" +
-			"space against the node's eviction thresholds), the clock and the cluster's certificates. On macOS:\n" +
+			"ABI, which pod limits the runtime's cgroups enforce (the running runtime's report), nftables, the ports\n" +
+			"k3sm listens on, the data dir (writable, free space against the node's eviction thresholds), the\n" +
+			"clock and the cluster's certificates. On macOS:\n" +
 			"privileges, APFS under the data dir, ports, the data dir, the clock and the certificates.\n" +
 			"Exit status 1 when a check FAILs.",
 		Args: cobra.NoArgs,

@@ -342,7 +342,7 @@ func (x WatchPodStatusResponse_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use WatchPodStatusResponse_Kind.Descriptor instead.
 func (WatchPodStatusResponse_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{52, 0}
+	return file_runtime_proto_rawDescGZIP(), []int{53, 0}
 }
 
 // PodSpec is what the provider resolved from the Kubernetes Pod.
@@ -3032,8 +3032,12 @@ type GetRuntimeInfoResponse struct {
 	PodNetwork string `protobuf:"bytes,12,opt,name=pod_network,json=podNetwork,proto3" json:"pod_network,omitempty"`
 	// Why pod_network is "host", or the node's pod range once configured.
 	PodNetworkDetail string `protobuf:"bytes,13,opt,name=pod_network_detail,json=podNetworkDetail,proto3" json:"pod_network_detail,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Which pod limits the kernel enforces: what the daemon found of the
+	// node's cgroups when it started. Unset from a daemon older than the
+	// field.
+	ResourceLimits *ResourceLimits `protobuf:"bytes,14,opt,name=resource_limits,json=resourceLimits,proto3" json:"resource_limits,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *GetRuntimeInfoResponse) Reset() {
@@ -3157,6 +3161,99 @@ func (x *GetRuntimeInfoResponse) GetPodNetworkDetail() string {
 	return ""
 }
 
+func (x *GetRuntimeInfoResponse) GetResourceLimits() *ResourceLimits {
+	if x != nil {
+		return x.ResourceLimits
+	}
+	return nil
+}
+
+// ResourceLimits is the runtime's cgroup setup. Where a limit is not
+// enforced the daemon's sampler stands in: memory limits checked about once
+// a second, CPU only as a nice priority, no pids limit; a pod with such a
+// limit gets a LimitNotEnforced Warning event.
+type ResourceLimits struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "v2", "v1" or "none" (no cgroups).
+	CgroupMode string `protobuf:"bytes,1,opt,name=cgroup_mode,json=cgroupMode,proto3" json:"cgroup_mode,omitempty"`
+	// The limits pods get, of "cpu", "memory" and "pids".
+	Enforced []string `protobuf:"bytes,2,rep,name=enforced,proto3" json:"enforced,omitempty"`
+	// Why a limit is not enforced: "disabled", "not-linux", "not-mounted"
+	// (no cgroup hierarchy visible to the daemon), "not-permitted" or
+	// "no-controller"; empty when all are.
+	Cause string `protobuf:"bytes,3,opt,name=cause,proto3" json:"cause,omitempty"`
+	// The cause in words, and what would remove it (empty when nothing can).
+	Reason        string `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	Fix           string `protobuf:"bytes,5,opt,name=fix,proto3" json:"fix,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResourceLimits) Reset() {
+	*x = ResourceLimits{}
+	mi := &file_runtime_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResourceLimits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResourceLimits) ProtoMessage() {}
+
+func (x *ResourceLimits) ProtoReflect() protoreflect.Message {
+	mi := &file_runtime_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResourceLimits.ProtoReflect.Descriptor instead.
+func (*ResourceLimits) Descriptor() ([]byte, []int) {
+	return file_runtime_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ResourceLimits) GetCgroupMode() string {
+	if x != nil {
+		return x.CgroupMode
+	}
+	return ""
+}
+
+func (x *ResourceLimits) GetEnforced() []string {
+	if x != nil {
+		return x.Enforced
+	}
+	return nil
+}
+
+func (x *ResourceLimits) GetCause() string {
+	if x != nil {
+		return x.Cause
+	}
+	return ""
+}
+
+func (x *ResourceLimits) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ResourceLimits) GetFix() string {
+	if x != nil {
+		return x.Fix
+	}
+	return ""
+}
+
 type UpdateRuntimeConfigRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The node's pod range, e.g. 100.64.0.0/24.
@@ -3167,7 +3264,7 @@ type UpdateRuntimeConfigRequest struct {
 
 func (x *UpdateRuntimeConfigRequest) Reset() {
 	*x = UpdateRuntimeConfigRequest{}
-	mi := &file_runtime_proto_msgTypes[32]
+	mi := &file_runtime_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3179,7 +3276,7 @@ func (x *UpdateRuntimeConfigRequest) String() string {
 func (*UpdateRuntimeConfigRequest) ProtoMessage() {}
 
 func (x *UpdateRuntimeConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[32]
+	mi := &file_runtime_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3192,7 +3289,7 @@ func (x *UpdateRuntimeConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateRuntimeConfigRequest.ProtoReflect.Descriptor instead.
 func (*UpdateRuntimeConfigRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{32}
+	return file_runtime_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *UpdateRuntimeConfigRequest) GetPodCidr() string {
@@ -3210,7 +3307,7 @@ type UpdateRuntimeConfigResponse struct {
 
 func (x *UpdateRuntimeConfigResponse) Reset() {
 	*x = UpdateRuntimeConfigResponse{}
-	mi := &file_runtime_proto_msgTypes[33]
+	mi := &file_runtime_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3222,7 +3319,7 @@ func (x *UpdateRuntimeConfigResponse) String() string {
 func (*UpdateRuntimeConfigResponse) ProtoMessage() {}
 
 func (x *UpdateRuntimeConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[33]
+	mi := &file_runtime_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3235,7 +3332,7 @@ func (x *UpdateRuntimeConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateRuntimeConfigResponse.ProtoReflect.Descriptor instead.
 func (*UpdateRuntimeConfigResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{33}
+	return file_runtime_proto_rawDescGZIP(), []int{34}
 }
 
 type SetPodNetworkPolicyRequest struct {
@@ -3248,7 +3345,7 @@ type SetPodNetworkPolicyRequest struct {
 
 func (x *SetPodNetworkPolicyRequest) Reset() {
 	*x = SetPodNetworkPolicyRequest{}
-	mi := &file_runtime_proto_msgTypes[34]
+	mi := &file_runtime_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3260,7 +3357,7 @@ func (x *SetPodNetworkPolicyRequest) String() string {
 func (*SetPodNetworkPolicyRequest) ProtoMessage() {}
 
 func (x *SetPodNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[34]
+	mi := &file_runtime_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3273,7 +3370,7 @@ func (x *SetPodNetworkPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPodNetworkPolicyRequest.ProtoReflect.Descriptor instead.
 func (*SetPodNetworkPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{34}
+	return file_runtime_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SetPodNetworkPolicyRequest) GetPodUid() string {
@@ -3298,7 +3395,7 @@ type SetPodNetworkPolicyResponse struct {
 
 func (x *SetPodNetworkPolicyResponse) Reset() {
 	*x = SetPodNetworkPolicyResponse{}
-	mi := &file_runtime_proto_msgTypes[35]
+	mi := &file_runtime_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3310,7 +3407,7 @@ func (x *SetPodNetworkPolicyResponse) String() string {
 func (*SetPodNetworkPolicyResponse) ProtoMessage() {}
 
 func (x *SetPodNetworkPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[35]
+	mi := &file_runtime_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3323,7 +3420,7 @@ func (x *SetPodNetworkPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetPodNetworkPolicyResponse.ProtoReflect.Descriptor instead.
 func (*SetPodNetworkPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{35}
+	return file_runtime_proto_rawDescGZIP(), []int{36}
 }
 
 // PodNetworkPolicy is one pod's resolved NetworkPolicy. Traffic between the
@@ -3338,7 +3435,7 @@ type PodNetworkPolicy struct {
 
 func (x *PodNetworkPolicy) Reset() {
 	*x = PodNetworkPolicy{}
-	mi := &file_runtime_proto_msgTypes[36]
+	mi := &file_runtime_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3350,7 +3447,7 @@ func (x *PodNetworkPolicy) String() string {
 func (*PodNetworkPolicy) ProtoMessage() {}
 
 func (x *PodNetworkPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[36]
+	mi := &file_runtime_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3363,7 +3460,7 @@ func (x *PodNetworkPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodNetworkPolicy.ProtoReflect.Descriptor instead.
 func (*PodNetworkPolicy) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{36}
+	return file_runtime_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *PodNetworkPolicy) GetIngress() *NetworkPolicyDirection {
@@ -3393,7 +3490,7 @@ type NetworkPolicyDirection struct {
 
 func (x *NetworkPolicyDirection) Reset() {
 	*x = NetworkPolicyDirection{}
-	mi := &file_runtime_proto_msgTypes[37]
+	mi := &file_runtime_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3405,7 +3502,7 @@ func (x *NetworkPolicyDirection) String() string {
 func (*NetworkPolicyDirection) ProtoMessage() {}
 
 func (x *NetworkPolicyDirection) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[37]
+	mi := &file_runtime_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3418,7 +3515,7 @@ func (x *NetworkPolicyDirection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkPolicyDirection.ProtoReflect.Descriptor instead.
 func (*NetworkPolicyDirection) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{37}
+	return file_runtime_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *NetworkPolicyDirection) GetIsolated() bool {
@@ -3447,7 +3544,7 @@ type NetworkPolicyRule struct {
 
 func (x *NetworkPolicyRule) Reset() {
 	*x = NetworkPolicyRule{}
-	mi := &file_runtime_proto_msgTypes[38]
+	mi := &file_runtime_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3459,7 +3556,7 @@ func (x *NetworkPolicyRule) String() string {
 func (*NetworkPolicyRule) ProtoMessage() {}
 
 func (x *NetworkPolicyRule) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[38]
+	mi := &file_runtime_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3472,7 +3569,7 @@ func (x *NetworkPolicyRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkPolicyRule.ProtoReflect.Descriptor instead.
 func (*NetworkPolicyRule) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{38}
+	return file_runtime_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *NetworkPolicyRule) GetPeers() []*NetworkPolicyPeer {
@@ -3501,7 +3598,7 @@ type NetworkPolicyPeer struct {
 
 func (x *NetworkPolicyPeer) Reset() {
 	*x = NetworkPolicyPeer{}
-	mi := &file_runtime_proto_msgTypes[39]
+	mi := &file_runtime_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3513,7 +3610,7 @@ func (x *NetworkPolicyPeer) String() string {
 func (*NetworkPolicyPeer) ProtoMessage() {}
 
 func (x *NetworkPolicyPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[39]
+	mi := &file_runtime_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3526,7 +3623,7 @@ func (x *NetworkPolicyPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkPolicyPeer.ProtoReflect.Descriptor instead.
 func (*NetworkPolicyPeer) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{39}
+	return file_runtime_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *NetworkPolicyPeer) GetCidr() string {
@@ -3556,7 +3653,7 @@ type NetworkPolicyPort struct {
 
 func (x *NetworkPolicyPort) Reset() {
 	*x = NetworkPolicyPort{}
-	mi := &file_runtime_proto_msgTypes[40]
+	mi := &file_runtime_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3568,7 +3665,7 @@ func (x *NetworkPolicyPort) String() string {
 func (*NetworkPolicyPort) ProtoMessage() {}
 
 func (x *NetworkPolicyPort) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[40]
+	mi := &file_runtime_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3581,7 +3678,7 @@ func (x *NetworkPolicyPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetworkPolicyPort.ProtoReflect.Descriptor instead.
 func (*NetworkPolicyPort) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{40}
+	return file_runtime_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *NetworkPolicyPort) GetProtocol() string {
@@ -3614,7 +3711,7 @@ type CreatePodRequest struct {
 
 func (x *CreatePodRequest) Reset() {
 	*x = CreatePodRequest{}
-	mi := &file_runtime_proto_msgTypes[41]
+	mi := &file_runtime_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3626,7 +3723,7 @@ func (x *CreatePodRequest) String() string {
 func (*CreatePodRequest) ProtoMessage() {}
 
 func (x *CreatePodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[41]
+	mi := &file_runtime_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3639,7 +3736,7 @@ func (x *CreatePodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePodRequest.ProtoReflect.Descriptor instead.
 func (*CreatePodRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{41}
+	return file_runtime_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CreatePodRequest) GetPod() *PodSpec {
@@ -3658,7 +3755,7 @@ type CreatePodResponse struct {
 
 func (x *CreatePodResponse) Reset() {
 	*x = CreatePodResponse{}
-	mi := &file_runtime_proto_msgTypes[42]
+	mi := &file_runtime_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3670,7 +3767,7 @@ func (x *CreatePodResponse) String() string {
 func (*CreatePodResponse) ProtoMessage() {}
 
 func (x *CreatePodResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[42]
+	mi := &file_runtime_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3683,7 +3780,7 @@ func (x *CreatePodResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreatePodResponse.ProtoReflect.Descriptor instead.
 func (*CreatePodResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{42}
+	return file_runtime_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CreatePodResponse) GetStatus() *PodStatus {
@@ -3702,7 +3799,7 @@ type UpdatePodRequest struct {
 
 func (x *UpdatePodRequest) Reset() {
 	*x = UpdatePodRequest{}
-	mi := &file_runtime_proto_msgTypes[43]
+	mi := &file_runtime_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3714,7 +3811,7 @@ func (x *UpdatePodRequest) String() string {
 func (*UpdatePodRequest) ProtoMessage() {}
 
 func (x *UpdatePodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[43]
+	mi := &file_runtime_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3727,7 +3824,7 @@ func (x *UpdatePodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePodRequest.ProtoReflect.Descriptor instead.
 func (*UpdatePodRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{43}
+	return file_runtime_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *UpdatePodRequest) GetPod() *PodSpec {
@@ -3746,7 +3843,7 @@ type UpdatePodResponse struct {
 
 func (x *UpdatePodResponse) Reset() {
 	*x = UpdatePodResponse{}
-	mi := &file_runtime_proto_msgTypes[44]
+	mi := &file_runtime_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3758,7 +3855,7 @@ func (x *UpdatePodResponse) String() string {
 func (*UpdatePodResponse) ProtoMessage() {}
 
 func (x *UpdatePodResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[44]
+	mi := &file_runtime_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3771,7 +3868,7 @@ func (x *UpdatePodResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdatePodResponse.ProtoReflect.Descriptor instead.
 func (*UpdatePodResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{44}
+	return file_runtime_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *UpdatePodResponse) GetStatus() *PodStatus {
@@ -3795,7 +3892,7 @@ type DeletePodRequest struct {
 
 func (x *DeletePodRequest) Reset() {
 	*x = DeletePodRequest{}
-	mi := &file_runtime_proto_msgTypes[45]
+	mi := &file_runtime_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3807,7 +3904,7 @@ func (x *DeletePodRequest) String() string {
 func (*DeletePodRequest) ProtoMessage() {}
 
 func (x *DeletePodRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[45]
+	mi := &file_runtime_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3820,7 +3917,7 @@ func (x *DeletePodRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePodRequest.ProtoReflect.Descriptor instead.
 func (*DeletePodRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{45}
+	return file_runtime_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DeletePodRequest) GetUid() string {
@@ -3852,7 +3949,7 @@ type DeletePodResponse struct {
 
 func (x *DeletePodResponse) Reset() {
 	*x = DeletePodResponse{}
-	mi := &file_runtime_proto_msgTypes[46]
+	mi := &file_runtime_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3864,7 +3961,7 @@ func (x *DeletePodResponse) String() string {
 func (*DeletePodResponse) ProtoMessage() {}
 
 func (x *DeletePodResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[46]
+	mi := &file_runtime_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3877,7 +3974,7 @@ func (x *DeletePodResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeletePodResponse.ProtoReflect.Descriptor instead.
 func (*DeletePodResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{46}
+	return file_runtime_proto_rawDescGZIP(), []int{47}
 }
 
 type GetPodStatusRequest struct {
@@ -3889,7 +3986,7 @@ type GetPodStatusRequest struct {
 
 func (x *GetPodStatusRequest) Reset() {
 	*x = GetPodStatusRequest{}
-	mi := &file_runtime_proto_msgTypes[47]
+	mi := &file_runtime_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3901,7 +3998,7 @@ func (x *GetPodStatusRequest) String() string {
 func (*GetPodStatusRequest) ProtoMessage() {}
 
 func (x *GetPodStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[47]
+	mi := &file_runtime_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3914,7 +4011,7 @@ func (x *GetPodStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPodStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetPodStatusRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{47}
+	return file_runtime_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetPodStatusRequest) GetUid() string {
@@ -3933,7 +4030,7 @@ type GetPodStatusResponse struct {
 
 func (x *GetPodStatusResponse) Reset() {
 	*x = GetPodStatusResponse{}
-	mi := &file_runtime_proto_msgTypes[48]
+	mi := &file_runtime_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3945,7 +4042,7 @@ func (x *GetPodStatusResponse) String() string {
 func (*GetPodStatusResponse) ProtoMessage() {}
 
 func (x *GetPodStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[48]
+	mi := &file_runtime_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3958,7 +4055,7 @@ func (x *GetPodStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPodStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetPodStatusResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{48}
+	return file_runtime_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GetPodStatusResponse) GetStatus() *PodStatus {
@@ -3976,7 +4073,7 @@ type ListPodsRequest struct {
 
 func (x *ListPodsRequest) Reset() {
 	*x = ListPodsRequest{}
-	mi := &file_runtime_proto_msgTypes[49]
+	mi := &file_runtime_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3988,7 +4085,7 @@ func (x *ListPodsRequest) String() string {
 func (*ListPodsRequest) ProtoMessage() {}
 
 func (x *ListPodsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[49]
+	mi := &file_runtime_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4001,7 +4098,7 @@ func (x *ListPodsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodsRequest.ProtoReflect.Descriptor instead.
 func (*ListPodsRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{49}
+	return file_runtime_proto_rawDescGZIP(), []int{50}
 }
 
 type ListPodsResponse struct {
@@ -4015,7 +4112,7 @@ type ListPodsResponse struct {
 
 func (x *ListPodsResponse) Reset() {
 	*x = ListPodsResponse{}
-	mi := &file_runtime_proto_msgTypes[50]
+	mi := &file_runtime_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4027,7 +4124,7 @@ func (x *ListPodsResponse) String() string {
 func (*ListPodsResponse) ProtoMessage() {}
 
 func (x *ListPodsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[50]
+	mi := &file_runtime_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4040,7 +4137,7 @@ func (x *ListPodsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodsResponse.ProtoReflect.Descriptor instead.
 func (*ListPodsResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{50}
+	return file_runtime_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ListPodsResponse) GetPods() []*PodStatus {
@@ -4070,7 +4167,7 @@ type WatchPodStatusRequest struct {
 
 func (x *WatchPodStatusRequest) Reset() {
 	*x = WatchPodStatusRequest{}
-	mi := &file_runtime_proto_msgTypes[51]
+	mi := &file_runtime_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4082,7 +4179,7 @@ func (x *WatchPodStatusRequest) String() string {
 func (*WatchPodStatusRequest) ProtoMessage() {}
 
 func (x *WatchPodStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[51]
+	mi := &file_runtime_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4095,7 +4192,7 @@ func (x *WatchPodStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchPodStatusRequest.ProtoReflect.Descriptor instead.
 func (*WatchPodStatusRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{51}
+	return file_runtime_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *WatchPodStatusRequest) GetEventsBootId() string {
@@ -4124,7 +4221,7 @@ type WatchPodStatusResponse struct {
 
 func (x *WatchPodStatusResponse) Reset() {
 	*x = WatchPodStatusResponse{}
-	mi := &file_runtime_proto_msgTypes[52]
+	mi := &file_runtime_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4136,7 +4233,7 @@ func (x *WatchPodStatusResponse) String() string {
 func (*WatchPodStatusResponse) ProtoMessage() {}
 
 func (x *WatchPodStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[52]
+	mi := &file_runtime_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4149,7 +4246,7 @@ func (x *WatchPodStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchPodStatusResponse.ProtoReflect.Descriptor instead.
 func (*WatchPodStatusResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{52}
+	return file_runtime_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *WatchPodStatusResponse) GetKind() WatchPodStatusResponse_Kind {
@@ -4199,7 +4296,7 @@ type GetLogsRequest struct {
 
 func (x *GetLogsRequest) Reset() {
 	*x = GetLogsRequest{}
-	mi := &file_runtime_proto_msgTypes[53]
+	mi := &file_runtime_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4211,7 +4308,7 @@ func (x *GetLogsRequest) String() string {
 func (*GetLogsRequest) ProtoMessage() {}
 
 func (x *GetLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[53]
+	mi := &file_runtime_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4224,7 +4321,7 @@ func (x *GetLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLogsRequest.ProtoReflect.Descriptor instead.
 func (*GetLogsRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{53}
+	return file_runtime_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *GetLogsRequest) GetPodUid() string {
@@ -4294,7 +4391,7 @@ type GetLogsResponse struct {
 
 func (x *GetLogsResponse) Reset() {
 	*x = GetLogsResponse{}
-	mi := &file_runtime_proto_msgTypes[54]
+	mi := &file_runtime_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4306,7 +4403,7 @@ func (x *GetLogsResponse) String() string {
 func (*GetLogsResponse) ProtoMessage() {}
 
 func (x *GetLogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[54]
+	mi := &file_runtime_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4319,7 +4416,7 @@ func (x *GetLogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetLogsResponse.ProtoReflect.Descriptor instead.
 func (*GetLogsResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{54}
+	return file_runtime_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *GetLogsResponse) GetData() []byte {
@@ -4339,7 +4436,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_runtime_proto_msgTypes[55]
+	mi := &file_runtime_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4351,7 +4448,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[55]
+	mi := &file_runtime_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4364,7 +4461,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{55}
+	return file_runtime_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *TerminalSize) GetWidth() uint32 {
@@ -4395,7 +4492,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_runtime_proto_msgTypes[56]
+	mi := &file_runtime_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4407,7 +4504,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[56]
+	mi := &file_runtime_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4420,7 +4517,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{56}
+	return file_runtime_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ExecStart) GetPodUid() string {
@@ -4480,7 +4577,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_runtime_proto_msgTypes[57]
+	mi := &file_runtime_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4492,7 +4589,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[57]
+	mi := &file_runtime_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4505,7 +4602,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{57}
+	return file_runtime_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ExecRequest) GetMsg() isExecRequest_Msg {
@@ -4591,7 +4688,7 @@ type ExitStatus struct {
 
 func (x *ExitStatus) Reset() {
 	*x = ExitStatus{}
-	mi := &file_runtime_proto_msgTypes[58]
+	mi := &file_runtime_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4603,7 +4700,7 @@ func (x *ExitStatus) String() string {
 func (*ExitStatus) ProtoMessage() {}
 
 func (x *ExitStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[58]
+	mi := &file_runtime_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4616,7 +4713,7 @@ func (x *ExitStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExitStatus.ProtoReflect.Descriptor instead.
 func (*ExitStatus) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{58}
+	return file_runtime_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ExitStatus) GetExitCode() int32 {
@@ -4654,7 +4751,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_runtime_proto_msgTypes[59]
+	mi := &file_runtime_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4666,7 +4763,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[59]
+	mi := &file_runtime_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4679,7 +4776,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{59}
+	return file_runtime_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ExecResponse) GetMsg() isExecResponse_Msg {
@@ -4750,7 +4847,7 @@ type AttachStart struct {
 
 func (x *AttachStart) Reset() {
 	*x = AttachStart{}
-	mi := &file_runtime_proto_msgTypes[60]
+	mi := &file_runtime_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4762,7 +4859,7 @@ func (x *AttachStart) String() string {
 func (*AttachStart) ProtoMessage() {}
 
 func (x *AttachStart) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[60]
+	mi := &file_runtime_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4775,7 +4872,7 @@ func (x *AttachStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachStart.ProtoReflect.Descriptor instead.
 func (*AttachStart) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{60}
+	return file_runtime_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *AttachStart) GetPodUid() string {
@@ -4821,7 +4918,7 @@ type AttachRequest struct {
 
 func (x *AttachRequest) Reset() {
 	*x = AttachRequest{}
-	mi := &file_runtime_proto_msgTypes[61]
+	mi := &file_runtime_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4833,7 +4930,7 @@ func (x *AttachRequest) String() string {
 func (*AttachRequest) ProtoMessage() {}
 
 func (x *AttachRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[61]
+	mi := &file_runtime_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4846,7 +4943,7 @@ func (x *AttachRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachRequest.ProtoReflect.Descriptor instead.
 func (*AttachRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{61}
+	return file_runtime_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *AttachRequest) GetMsg() isAttachRequest_Msg {
@@ -4934,7 +5031,7 @@ type AttachResponse struct {
 
 func (x *AttachResponse) Reset() {
 	*x = AttachResponse{}
-	mi := &file_runtime_proto_msgTypes[62]
+	mi := &file_runtime_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4946,7 +5043,7 @@ func (x *AttachResponse) String() string {
 func (*AttachResponse) ProtoMessage() {}
 
 func (x *AttachResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[62]
+	mi := &file_runtime_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4959,7 +5056,7 @@ func (x *AttachResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachResponse.ProtoReflect.Descriptor instead.
 func (*AttachResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{62}
+	return file_runtime_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *AttachResponse) GetMsg() isAttachResponse_Msg {
@@ -5028,7 +5125,7 @@ type PortForwardStart struct {
 
 func (x *PortForwardStart) Reset() {
 	*x = PortForwardStart{}
-	mi := &file_runtime_proto_msgTypes[63]
+	mi := &file_runtime_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5040,7 +5137,7 @@ func (x *PortForwardStart) String() string {
 func (*PortForwardStart) ProtoMessage() {}
 
 func (x *PortForwardStart) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[63]
+	mi := &file_runtime_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5053,7 +5150,7 @@ func (x *PortForwardStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForwardStart.ProtoReflect.Descriptor instead.
 func (*PortForwardStart) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{63}
+	return file_runtime_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *PortForwardStart) GetPodUid() string {
@@ -5084,7 +5181,7 @@ type PortForwardRequest struct {
 
 func (x *PortForwardRequest) Reset() {
 	*x = PortForwardRequest{}
-	mi := &file_runtime_proto_msgTypes[64]
+	mi := &file_runtime_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5096,7 +5193,7 @@ func (x *PortForwardRequest) String() string {
 func (*PortForwardRequest) ProtoMessage() {}
 
 func (x *PortForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[64]
+	mi := &file_runtime_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5109,7 +5206,7 @@ func (x *PortForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForwardRequest.ProtoReflect.Descriptor instead.
 func (*PortForwardRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{64}
+	return file_runtime_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *PortForwardRequest) GetMsg() isPortForwardRequest_Msg {
@@ -5182,7 +5279,7 @@ type PortForwardResponse struct {
 
 func (x *PortForwardResponse) Reset() {
 	*x = PortForwardResponse{}
-	mi := &file_runtime_proto_msgTypes[65]
+	mi := &file_runtime_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5194,7 +5291,7 @@ func (x *PortForwardResponse) String() string {
 func (*PortForwardResponse) ProtoMessage() {}
 
 func (x *PortForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[65]
+	mi := &file_runtime_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5207,7 +5304,7 @@ func (x *PortForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForwardResponse.ProtoReflect.Descriptor instead.
 func (*PortForwardResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{65}
+	return file_runtime_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *PortForwardResponse) GetMsg() isPortForwardResponse_Msg {
@@ -5262,7 +5359,7 @@ type ListPodStatsRequest struct {
 
 func (x *ListPodStatsRequest) Reset() {
 	*x = ListPodStatsRequest{}
-	mi := &file_runtime_proto_msgTypes[66]
+	mi := &file_runtime_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5274,7 +5371,7 @@ func (x *ListPodStatsRequest) String() string {
 func (*ListPodStatsRequest) ProtoMessage() {}
 
 func (x *ListPodStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[66]
+	mi := &file_runtime_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5287,7 +5384,7 @@ func (x *ListPodStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodStatsRequest.ProtoReflect.Descriptor instead.
 func (*ListPodStatsRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{66}
+	return file_runtime_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ListPodStatsRequest) GetPodUid() string {
@@ -5311,7 +5408,7 @@ type ContainerStats struct {
 
 func (x *ContainerStats) Reset() {
 	*x = ContainerStats{}
-	mi := &file_runtime_proto_msgTypes[67]
+	mi := &file_runtime_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5323,7 +5420,7 @@ func (x *ContainerStats) String() string {
 func (*ContainerStats) ProtoMessage() {}
 
 func (x *ContainerStats) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[67]
+	mi := &file_runtime_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5336,7 +5433,7 @@ func (x *ContainerStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStats.ProtoReflect.Descriptor instead.
 func (*ContainerStats) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{67}
+	return file_runtime_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ContainerStats) GetName() string {
@@ -5393,7 +5490,7 @@ type PodStats struct {
 
 func (x *PodStats) Reset() {
 	*x = PodStats{}
-	mi := &file_runtime_proto_msgTypes[68]
+	mi := &file_runtime_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5405,7 +5502,7 @@ func (x *PodStats) String() string {
 func (*PodStats) ProtoMessage() {}
 
 func (x *PodStats) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[68]
+	mi := &file_runtime_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5418,7 +5515,7 @@ func (x *PodStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodStats.ProtoReflect.Descriptor instead.
 func (*PodStats) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{68}
+	return file_runtime_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *PodStats) GetUid() string {
@@ -5458,7 +5555,7 @@ type ListPodStatsResponse struct {
 
 func (x *ListPodStatsResponse) Reset() {
 	*x = ListPodStatsResponse{}
-	mi := &file_runtime_proto_msgTypes[69]
+	mi := &file_runtime_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5470,7 +5567,7 @@ func (x *ListPodStatsResponse) String() string {
 func (*ListPodStatsResponse) ProtoMessage() {}
 
 func (x *ListPodStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[69]
+	mi := &file_runtime_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5483,7 +5580,7 @@ func (x *ListPodStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPodStatsResponse.ProtoReflect.Descriptor instead.
 func (*ListPodStatsResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{69}
+	return file_runtime_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ListPodStatsResponse) GetPods() []*PodStats {
@@ -5510,7 +5607,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_runtime_proto_msgTypes[70]
+	mi := &file_runtime_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5522,7 +5619,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[70]
+	mi := &file_runtime_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5535,7 +5632,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{70}
+	return file_runtime_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *Image) GetId() string {
@@ -5595,7 +5692,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_runtime_proto_msgTypes[71]
+	mi := &file_runtime_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5607,7 +5704,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[71]
+	mi := &file_runtime_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5620,7 +5717,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{71}
+	return file_runtime_proto_rawDescGZIP(), []int{72}
 }
 
 type ListImagesResponse struct {
@@ -5632,7 +5729,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_runtime_proto_msgTypes[72]
+	mi := &file_runtime_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5644,7 +5741,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[72]
+	mi := &file_runtime_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5657,7 +5754,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{72}
+	return file_runtime_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -5677,7 +5774,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_runtime_proto_msgTypes[73]
+	mi := &file_runtime_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5689,7 +5786,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[73]
+	mi := &file_runtime_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5702,7 +5799,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{73}
+	return file_runtime_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *PullImageRequest) GetImage() string {
@@ -5728,7 +5825,7 @@ type PullImageResponse struct {
 
 func (x *PullImageResponse) Reset() {
 	*x = PullImageResponse{}
-	mi := &file_runtime_proto_msgTypes[74]
+	mi := &file_runtime_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5740,7 +5837,7 @@ func (x *PullImageResponse) String() string {
 func (*PullImageResponse) ProtoMessage() {}
 
 func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[74]
+	mi := &file_runtime_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5753,7 +5850,7 @@ func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageResponse.ProtoReflect.Descriptor instead.
 func (*PullImageResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{74}
+	return file_runtime_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *PullImageResponse) GetImage() *Image {
@@ -5773,7 +5870,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_runtime_proto_msgTypes[75]
+	mi := &file_runtime_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5785,7 +5882,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[75]
+	mi := &file_runtime_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5798,7 +5895,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{75}
+	return file_runtime_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *RemoveImageRequest) GetImage() string {
@@ -5816,7 +5913,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_runtime_proto_msgTypes[76]
+	mi := &file_runtime_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5828,7 +5925,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[76]
+	mi := &file_runtime_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5841,7 +5938,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{76}
+	return file_runtime_proto_rawDescGZIP(), []int{77}
 }
 
 type ImageFsInfoRequest struct {
@@ -5852,7 +5949,7 @@ type ImageFsInfoRequest struct {
 
 func (x *ImageFsInfoRequest) Reset() {
 	*x = ImageFsInfoRequest{}
-	mi := &file_runtime_proto_msgTypes[77]
+	mi := &file_runtime_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5864,7 +5961,7 @@ func (x *ImageFsInfoRequest) String() string {
 func (*ImageFsInfoRequest) ProtoMessage() {}
 
 func (x *ImageFsInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[77]
+	mi := &file_runtime_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5877,7 +5974,7 @@ func (x *ImageFsInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageFsInfoRequest.ProtoReflect.Descriptor instead.
 func (*ImageFsInfoRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{77}
+	return file_runtime_proto_rawDescGZIP(), []int{78}
 }
 
 type ImageFsInfoResponse struct {
@@ -5893,7 +5990,7 @@ type ImageFsInfoResponse struct {
 
 func (x *ImageFsInfoResponse) Reset() {
 	*x = ImageFsInfoResponse{}
-	mi := &file_runtime_proto_msgTypes[78]
+	mi := &file_runtime_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5905,7 +6002,7 @@ func (x *ImageFsInfoResponse) String() string {
 func (*ImageFsInfoResponse) ProtoMessage() {}
 
 func (x *ImageFsInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[78]
+	mi := &file_runtime_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5918,7 +6015,7 @@ func (x *ImageFsInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageFsInfoResponse.ProtoReflect.Descriptor instead.
 func (*ImageFsInfoResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{78}
+	return file_runtime_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ImageFsInfoResponse) GetMountpoint() string {
@@ -5969,7 +6066,7 @@ type ImageProgress struct {
 
 func (x *ImageProgress) Reset() {
 	*x = ImageProgress{}
-	mi := &file_runtime_proto_msgTypes[79]
+	mi := &file_runtime_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5981,7 +6078,7 @@ func (x *ImageProgress) String() string {
 func (*ImageProgress) ProtoMessage() {}
 
 func (x *ImageProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[79]
+	mi := &file_runtime_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5994,7 +6091,7 @@ func (x *ImageProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageProgress.ProtoReflect.Descriptor instead.
 func (*ImageProgress) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{79}
+	return file_runtime_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ImageProgress) GetDoneBytes() int64 {
@@ -6029,7 +6126,7 @@ type LoadImageRequest struct {
 
 func (x *LoadImageRequest) Reset() {
 	*x = LoadImageRequest{}
-	mi := &file_runtime_proto_msgTypes[80]
+	mi := &file_runtime_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6041,7 +6138,7 @@ func (x *LoadImageRequest) String() string {
 func (*LoadImageRequest) ProtoMessage() {}
 
 func (x *LoadImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[80]
+	mi := &file_runtime_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6054,7 +6151,7 @@ func (x *LoadImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadImageRequest.ProtoReflect.Descriptor instead.
 func (*LoadImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{80}
+	return file_runtime_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *LoadImageRequest) GetChunk() []byte {
@@ -6080,7 +6177,7 @@ type LoadImageResponse struct {
 
 func (x *LoadImageResponse) Reset() {
 	*x = LoadImageResponse{}
-	mi := &file_runtime_proto_msgTypes[81]
+	mi := &file_runtime_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6092,7 +6189,7 @@ func (x *LoadImageResponse) String() string {
 func (*LoadImageResponse) ProtoMessage() {}
 
 func (x *LoadImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[81]
+	mi := &file_runtime_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6105,7 +6202,7 @@ func (x *LoadImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadImageResponse.ProtoReflect.Descriptor instead.
 func (*LoadImageResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{81}
+	return file_runtime_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *LoadImageResponse) GetImages() []*Image {
@@ -6124,7 +6221,7 @@ type SaveImageRequest struct {
 
 func (x *SaveImageRequest) Reset() {
 	*x = SaveImageRequest{}
-	mi := &file_runtime_proto_msgTypes[82]
+	mi := &file_runtime_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6136,7 +6233,7 @@ func (x *SaveImageRequest) String() string {
 func (*SaveImageRequest) ProtoMessage() {}
 
 func (x *SaveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[82]
+	mi := &file_runtime_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6149,7 +6246,7 @@ func (x *SaveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveImageRequest.ProtoReflect.Descriptor instead.
 func (*SaveImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{82}
+	return file_runtime_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *SaveImageRequest) GetImages() []string {
@@ -6168,7 +6265,7 @@ type SaveImageResponse struct {
 
 func (x *SaveImageResponse) Reset() {
 	*x = SaveImageResponse{}
-	mi := &file_runtime_proto_msgTypes[83]
+	mi := &file_runtime_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6180,7 +6277,7 @@ func (x *SaveImageResponse) String() string {
 func (*SaveImageResponse) ProtoMessage() {}
 
 func (x *SaveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[83]
+	mi := &file_runtime_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6193,7 +6290,7 @@ func (x *SaveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SaveImageResponse.ProtoReflect.Descriptor instead.
 func (*SaveImageResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{83}
+	return file_runtime_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *SaveImageResponse) GetChunk() []byte {
@@ -6215,7 +6312,7 @@ type PushImageRequest struct {
 
 func (x *PushImageRequest) Reset() {
 	*x = PushImageRequest{}
-	mi := &file_runtime_proto_msgTypes[84]
+	mi := &file_runtime_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6227,7 +6324,7 @@ func (x *PushImageRequest) String() string {
 func (*PushImageRequest) ProtoMessage() {}
 
 func (x *PushImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[84]
+	mi := &file_runtime_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6240,7 +6337,7 @@ func (x *PushImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushImageRequest.ProtoReflect.Descriptor instead.
 func (*PushImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{84}
+	return file_runtime_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *PushImageRequest) GetImage() string {
@@ -6267,7 +6364,7 @@ type TagImageRequest struct {
 
 func (x *TagImageRequest) Reset() {
 	*x = TagImageRequest{}
-	mi := &file_runtime_proto_msgTypes[85]
+	mi := &file_runtime_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6279,7 +6376,7 @@ func (x *TagImageRequest) String() string {
 func (*TagImageRequest) ProtoMessage() {}
 
 func (x *TagImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[85]
+	mi := &file_runtime_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6292,7 +6389,7 @@ func (x *TagImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagImageRequest.ProtoReflect.Descriptor instead.
 func (*TagImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{85}
+	return file_runtime_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *TagImageRequest) GetSource() string {
@@ -6318,7 +6415,7 @@ type TagImageResponse struct {
 
 func (x *TagImageResponse) Reset() {
 	*x = TagImageResponse{}
-	mi := &file_runtime_proto_msgTypes[86]
+	mi := &file_runtime_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6330,7 +6427,7 @@ func (x *TagImageResponse) String() string {
 func (*TagImageResponse) ProtoMessage() {}
 
 func (x *TagImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[86]
+	mi := &file_runtime_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6343,7 +6440,7 @@ func (x *TagImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TagImageResponse.ProtoReflect.Descriptor instead.
 func (*TagImageResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{86}
+	return file_runtime_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *TagImageResponse) GetImage() *Image {
@@ -6364,7 +6461,7 @@ type UntagImageRequest struct {
 
 func (x *UntagImageRequest) Reset() {
 	*x = UntagImageRequest{}
-	mi := &file_runtime_proto_msgTypes[87]
+	mi := &file_runtime_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6376,7 +6473,7 @@ func (x *UntagImageRequest) String() string {
 func (*UntagImageRequest) ProtoMessage() {}
 
 func (x *UntagImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[87]
+	mi := &file_runtime_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6389,7 +6486,7 @@ func (x *UntagImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UntagImageRequest.ProtoReflect.Descriptor instead.
 func (*UntagImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{87}
+	return file_runtime_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *UntagImageRequest) GetImage() string {
@@ -6415,7 +6512,7 @@ type UntagImageResponse struct {
 
 func (x *UntagImageResponse) Reset() {
 	*x = UntagImageResponse{}
-	mi := &file_runtime_proto_msgTypes[88]
+	mi := &file_runtime_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6427,7 +6524,7 @@ func (x *UntagImageResponse) String() string {
 func (*UntagImageResponse) ProtoMessage() {}
 
 func (x *UntagImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[88]
+	mi := &file_runtime_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6440,7 +6537,7 @@ func (x *UntagImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UntagImageResponse.ProtoReflect.Descriptor instead.
 func (*UntagImageResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{88}
+	return file_runtime_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *UntagImageResponse) GetDeleted() bool {
@@ -6459,7 +6556,7 @@ type InspectImageRequest struct {
 
 func (x *InspectImageRequest) Reset() {
 	*x = InspectImageRequest{}
-	mi := &file_runtime_proto_msgTypes[89]
+	mi := &file_runtime_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6471,7 +6568,7 @@ func (x *InspectImageRequest) String() string {
 func (*InspectImageRequest) ProtoMessage() {}
 
 func (x *InspectImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[89]
+	mi := &file_runtime_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6484,7 +6581,7 @@ func (x *InspectImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectImageRequest.ProtoReflect.Descriptor instead.
 func (*InspectImageRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{89}
+	return file_runtime_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *InspectImageRequest) GetImage() string {
@@ -6505,7 +6602,7 @@ type InspectImageResponse struct {
 
 func (x *InspectImageResponse) Reset() {
 	*x = InspectImageResponse{}
-	mi := &file_runtime_proto_msgTypes[90]
+	mi := &file_runtime_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6517,7 +6614,7 @@ func (x *InspectImageResponse) String() string {
 func (*InspectImageResponse) ProtoMessage() {}
 
 func (x *InspectImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[90]
+	mi := &file_runtime_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6530,7 +6627,7 @@ func (x *InspectImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InspectImageResponse.ProtoReflect.Descriptor instead.
 func (*InspectImageResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{90}
+	return file_runtime_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *InspectImageResponse) GetImage() *Image {
@@ -6565,7 +6662,7 @@ type PruneImagesRequest struct {
 
 func (x *PruneImagesRequest) Reset() {
 	*x = PruneImagesRequest{}
-	mi := &file_runtime_proto_msgTypes[91]
+	mi := &file_runtime_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6577,7 +6674,7 @@ func (x *PruneImagesRequest) String() string {
 func (*PruneImagesRequest) ProtoMessage() {}
 
 func (x *PruneImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[91]
+	mi := &file_runtime_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6590,7 +6687,7 @@ func (x *PruneImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneImagesRequest.ProtoReflect.Descriptor instead.
 func (*PruneImagesRequest) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{91}
+	return file_runtime_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *PruneImagesRequest) GetDanglingOnly() bool {
@@ -6617,7 +6714,7 @@ type PruneImagesResponse struct {
 
 func (x *PruneImagesResponse) Reset() {
 	*x = PruneImagesResponse{}
-	mi := &file_runtime_proto_msgTypes[92]
+	mi := &file_runtime_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6629,7 +6726,7 @@ func (x *PruneImagesResponse) String() string {
 func (*PruneImagesResponse) ProtoMessage() {}
 
 func (x *PruneImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_runtime_proto_msgTypes[92]
+	mi := &file_runtime_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6642,7 +6739,7 @@ func (x *PruneImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneImagesResponse.ProtoReflect.Descriptor instead.
 func (*PruneImagesResponse) Descriptor() ([]byte, []int) {
-	return file_runtime_proto_rawDescGZIP(), []int{92}
+	return file_runtime_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *PruneImagesResponse) GetRemoved() []*Image {
@@ -6899,7 +6996,7 @@ const file_runtime_proto_rawDesc = "" +
 	"\tcontainer\x18\a \x01(\tR\tcontainer\x12.\n" +
 	"\x04time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x10\n" +
 	"\x03seq\x18\t \x01(\x04R\x03seq\"\x17\n" +
-	"\x15GetRuntimeInfoRequest\"\xb6\x03\n" +
+	"\x15GetRuntimeInfoRequest\"\x80\x04\n" +
 	"\x16GetRuntimeInfoResponse\x12!\n" +
 	"\fruntime_name\x18\x01 \x01(\tR\vruntimeName\x12'\n" +
 	"\x0fruntime_version\x18\x02 \x01(\tR\x0eruntimeVersion\x12\x1f\n" +
@@ -6916,7 +7013,15 @@ const file_runtime_proto_rawDesc = "" +
 	"\fclone_method\x18\v \x01(\tR\vcloneMethod\x12\x1f\n" +
 	"\vpod_network\x18\f \x01(\tR\n" +
 	"podNetwork\x12,\n" +
-	"\x12pod_network_detail\x18\r \x01(\tR\x10podNetworkDetail\"7\n" +
+	"\x12pod_network_detail\x18\r \x01(\tR\x10podNetworkDetail\x12H\n" +
+	"\x0fresource_limits\x18\x0e \x01(\v2\x1f.k3sm.runtime.v1.ResourceLimitsR\x0eresourceLimits\"\x8d\x01\n" +
+	"\x0eResourceLimits\x12\x1f\n" +
+	"\vcgroup_mode\x18\x01 \x01(\tR\n" +
+	"cgroupMode\x12\x1a\n" +
+	"\benforced\x18\x02 \x03(\tR\benforced\x12\x14\n" +
+	"\x05cause\x18\x03 \x01(\tR\x05cause\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x10\n" +
+	"\x03fix\x18\x05 \x01(\tR\x03fix\"7\n" +
 	"\x1aUpdateRuntimeConfigRequest\x12\x19\n" +
 	"\bpod_cidr\x18\x01 \x01(\tR\apodCidr\"\x1d\n" +
 	"\x1bUpdateRuntimeConfigResponse\"p\n" +
@@ -7213,7 +7318,7 @@ func file_runtime_proto_rawDescGZIP() []byte {
 }
 
 var file_runtime_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 95)
+var file_runtime_proto_msgTypes = make([]protoimpl.MessageInfo, 96)
 var file_runtime_proto_goTypes = []any{
 	(RestartPolicy)(0),                  // 0: k3sm.runtime.v1.RestartPolicy
 	(PullPolicy)(0),                     // 1: k3sm.runtime.v1.PullPolicy
@@ -7253,77 +7358,78 @@ var file_runtime_proto_goTypes = []any{
 	(*PodEvent)(nil),                    // 35: k3sm.runtime.v1.PodEvent
 	(*GetRuntimeInfoRequest)(nil),       // 36: k3sm.runtime.v1.GetRuntimeInfoRequest
 	(*GetRuntimeInfoResponse)(nil),      // 37: k3sm.runtime.v1.GetRuntimeInfoResponse
-	(*UpdateRuntimeConfigRequest)(nil),  // 38: k3sm.runtime.v1.UpdateRuntimeConfigRequest
-	(*UpdateRuntimeConfigResponse)(nil), // 39: k3sm.runtime.v1.UpdateRuntimeConfigResponse
-	(*SetPodNetworkPolicyRequest)(nil),  // 40: k3sm.runtime.v1.SetPodNetworkPolicyRequest
-	(*SetPodNetworkPolicyResponse)(nil), // 41: k3sm.runtime.v1.SetPodNetworkPolicyResponse
-	(*PodNetworkPolicy)(nil),            // 42: k3sm.runtime.v1.PodNetworkPolicy
-	(*NetworkPolicyDirection)(nil),      // 43: k3sm.runtime.v1.NetworkPolicyDirection
-	(*NetworkPolicyRule)(nil),           // 44: k3sm.runtime.v1.NetworkPolicyRule
-	(*NetworkPolicyPeer)(nil),           // 45: k3sm.runtime.v1.NetworkPolicyPeer
-	(*NetworkPolicyPort)(nil),           // 46: k3sm.runtime.v1.NetworkPolicyPort
-	(*CreatePodRequest)(nil),            // 47: k3sm.runtime.v1.CreatePodRequest
-	(*CreatePodResponse)(nil),           // 48: k3sm.runtime.v1.CreatePodResponse
-	(*UpdatePodRequest)(nil),            // 49: k3sm.runtime.v1.UpdatePodRequest
-	(*UpdatePodResponse)(nil),           // 50: k3sm.runtime.v1.UpdatePodResponse
-	(*DeletePodRequest)(nil),            // 51: k3sm.runtime.v1.DeletePodRequest
-	(*DeletePodResponse)(nil),           // 52: k3sm.runtime.v1.DeletePodResponse
-	(*GetPodStatusRequest)(nil),         // 53: k3sm.runtime.v1.GetPodStatusRequest
-	(*GetPodStatusResponse)(nil),        // 54: k3sm.runtime.v1.GetPodStatusResponse
-	(*ListPodsRequest)(nil),             // 55: k3sm.runtime.v1.ListPodsRequest
-	(*ListPodsResponse)(nil),            // 56: k3sm.runtime.v1.ListPodsResponse
-	(*WatchPodStatusRequest)(nil),       // 57: k3sm.runtime.v1.WatchPodStatusRequest
-	(*WatchPodStatusResponse)(nil),      // 58: k3sm.runtime.v1.WatchPodStatusResponse
-	(*GetLogsRequest)(nil),              // 59: k3sm.runtime.v1.GetLogsRequest
-	(*GetLogsResponse)(nil),             // 60: k3sm.runtime.v1.GetLogsResponse
-	(*TerminalSize)(nil),                // 61: k3sm.runtime.v1.TerminalSize
-	(*ExecStart)(nil),                   // 62: k3sm.runtime.v1.ExecStart
-	(*ExecRequest)(nil),                 // 63: k3sm.runtime.v1.ExecRequest
-	(*ExitStatus)(nil),                  // 64: k3sm.runtime.v1.ExitStatus
-	(*ExecResponse)(nil),                // 65: k3sm.runtime.v1.ExecResponse
-	(*AttachStart)(nil),                 // 66: k3sm.runtime.v1.AttachStart
-	(*AttachRequest)(nil),               // 67: k3sm.runtime.v1.AttachRequest
-	(*AttachResponse)(nil),              // 68: k3sm.runtime.v1.AttachResponse
-	(*PortForwardStart)(nil),            // 69: k3sm.runtime.v1.PortForwardStart
-	(*PortForwardRequest)(nil),          // 70: k3sm.runtime.v1.PortForwardRequest
-	(*PortForwardResponse)(nil),         // 71: k3sm.runtime.v1.PortForwardResponse
-	(*ListPodStatsRequest)(nil),         // 72: k3sm.runtime.v1.ListPodStatsRequest
-	(*ContainerStats)(nil),              // 73: k3sm.runtime.v1.ContainerStats
-	(*PodStats)(nil),                    // 74: k3sm.runtime.v1.PodStats
-	(*ListPodStatsResponse)(nil),        // 75: k3sm.runtime.v1.ListPodStatsResponse
-	(*Image)(nil),                       // 76: k3sm.runtime.v1.Image
-	(*ListImagesRequest)(nil),           // 77: k3sm.runtime.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),          // 78: k3sm.runtime.v1.ListImagesResponse
-	(*PullImageRequest)(nil),            // 79: k3sm.runtime.v1.PullImageRequest
-	(*PullImageResponse)(nil),           // 80: k3sm.runtime.v1.PullImageResponse
-	(*RemoveImageRequest)(nil),          // 81: k3sm.runtime.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),         // 82: k3sm.runtime.v1.RemoveImageResponse
-	(*ImageFsInfoRequest)(nil),          // 83: k3sm.runtime.v1.ImageFsInfoRequest
-	(*ImageFsInfoResponse)(nil),         // 84: k3sm.runtime.v1.ImageFsInfoResponse
-	(*ImageProgress)(nil),               // 85: k3sm.runtime.v1.ImageProgress
-	(*LoadImageRequest)(nil),            // 86: k3sm.runtime.v1.LoadImageRequest
-	(*LoadImageResponse)(nil),           // 87: k3sm.runtime.v1.LoadImageResponse
-	(*SaveImageRequest)(nil),            // 88: k3sm.runtime.v1.SaveImageRequest
-	(*SaveImageResponse)(nil),           // 89: k3sm.runtime.v1.SaveImageResponse
-	(*PushImageRequest)(nil),            // 90: k3sm.runtime.v1.PushImageRequest
-	(*TagImageRequest)(nil),             // 91: k3sm.runtime.v1.TagImageRequest
-	(*TagImageResponse)(nil),            // 92: k3sm.runtime.v1.TagImageResponse
-	(*UntagImageRequest)(nil),           // 93: k3sm.runtime.v1.UntagImageRequest
-	(*UntagImageResponse)(nil),          // 94: k3sm.runtime.v1.UntagImageResponse
-	(*InspectImageRequest)(nil),         // 95: k3sm.runtime.v1.InspectImageRequest
-	(*InspectImageResponse)(nil),        // 96: k3sm.runtime.v1.InspectImageResponse
-	(*PruneImagesRequest)(nil),          // 97: k3sm.runtime.v1.PruneImagesRequest
-	(*PruneImagesResponse)(nil),         // 98: k3sm.runtime.v1.PruneImagesResponse
-	nil,                                 // 99: k3sm.runtime.v1.PodSpec.LabelsEntry
-	nil,                                 // 100: k3sm.runtime.v1.PodSpec.AnnotationsEntry
-	(*timestamppb.Timestamp)(nil),       // 101: google.protobuf.Timestamp
+	(*ResourceLimits)(nil),              // 38: k3sm.runtime.v1.ResourceLimits
+	(*UpdateRuntimeConfigRequest)(nil),  // 39: k3sm.runtime.v1.UpdateRuntimeConfigRequest
+	(*UpdateRuntimeConfigResponse)(nil), // 40: k3sm.runtime.v1.UpdateRuntimeConfigResponse
+	(*SetPodNetworkPolicyRequest)(nil),  // 41: k3sm.runtime.v1.SetPodNetworkPolicyRequest
+	(*SetPodNetworkPolicyResponse)(nil), // 42: k3sm.runtime.v1.SetPodNetworkPolicyResponse
+	(*PodNetworkPolicy)(nil),            // 43: k3sm.runtime.v1.PodNetworkPolicy
+	(*NetworkPolicyDirection)(nil),      // 44: k3sm.runtime.v1.NetworkPolicyDirection
+	(*NetworkPolicyRule)(nil),           // 45: k3sm.runtime.v1.NetworkPolicyRule
+	(*NetworkPolicyPeer)(nil),           // 46: k3sm.runtime.v1.NetworkPolicyPeer
+	(*NetworkPolicyPort)(nil),           // 47: k3sm.runtime.v1.NetworkPolicyPort
+	(*CreatePodRequest)(nil),            // 48: k3sm.runtime.v1.CreatePodRequest
+	(*CreatePodResponse)(nil),           // 49: k3sm.runtime.v1.CreatePodResponse
+	(*UpdatePodRequest)(nil),            // 50: k3sm.runtime.v1.UpdatePodRequest
+	(*UpdatePodResponse)(nil),           // 51: k3sm.runtime.v1.UpdatePodResponse
+	(*DeletePodRequest)(nil),            // 52: k3sm.runtime.v1.DeletePodRequest
+	(*DeletePodResponse)(nil),           // 53: k3sm.runtime.v1.DeletePodResponse
+	(*GetPodStatusRequest)(nil),         // 54: k3sm.runtime.v1.GetPodStatusRequest
+	(*GetPodStatusResponse)(nil),        // 55: k3sm.runtime.v1.GetPodStatusResponse
+	(*ListPodsRequest)(nil),             // 56: k3sm.runtime.v1.ListPodsRequest
+	(*ListPodsResponse)(nil),            // 57: k3sm.runtime.v1.ListPodsResponse
+	(*WatchPodStatusRequest)(nil),       // 58: k3sm.runtime.v1.WatchPodStatusRequest
+	(*WatchPodStatusResponse)(nil),      // 59: k3sm.runtime.v1.WatchPodStatusResponse
+	(*GetLogsRequest)(nil),              // 60: k3sm.runtime.v1.GetLogsRequest
+	(*GetLogsResponse)(nil),             // 61: k3sm.runtime.v1.GetLogsResponse
+	(*TerminalSize)(nil),                // 62: k3sm.runtime.v1.TerminalSize
+	(*ExecStart)(nil),                   // 63: k3sm.runtime.v1.ExecStart
+	(*ExecRequest)(nil),                 // 64: k3sm.runtime.v1.ExecRequest
+	(*ExitStatus)(nil),                  // 65: k3sm.runtime.v1.ExitStatus
+	(*ExecResponse)(nil),                // 66: k3sm.runtime.v1.ExecResponse
+	(*AttachStart)(nil),                 // 67: k3sm.runtime.v1.AttachStart
+	(*AttachRequest)(nil),               // 68: k3sm.runtime.v1.AttachRequest
+	(*AttachResponse)(nil),              // 69: k3sm.runtime.v1.AttachResponse
+	(*PortForwardStart)(nil),            // 70: k3sm.runtime.v1.PortForwardStart
+	(*PortForwardRequest)(nil),          // 71: k3sm.runtime.v1.PortForwardRequest
+	(*PortForwardResponse)(nil),         // 72: k3sm.runtime.v1.PortForwardResponse
+	(*ListPodStatsRequest)(nil),         // 73: k3sm.runtime.v1.ListPodStatsRequest
+	(*ContainerStats)(nil),              // 74: k3sm.runtime.v1.ContainerStats
+	(*PodStats)(nil),                    // 75: k3sm.runtime.v1.PodStats
+	(*ListPodStatsResponse)(nil),        // 76: k3sm.runtime.v1.ListPodStatsResponse
+	(*Image)(nil),                       // 77: k3sm.runtime.v1.Image
+	(*ListImagesRequest)(nil),           // 78: k3sm.runtime.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),          // 79: k3sm.runtime.v1.ListImagesResponse
+	(*PullImageRequest)(nil),            // 80: k3sm.runtime.v1.PullImageRequest
+	(*PullImageResponse)(nil),           // 81: k3sm.runtime.v1.PullImageResponse
+	(*RemoveImageRequest)(nil),          // 82: k3sm.runtime.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),         // 83: k3sm.runtime.v1.RemoveImageResponse
+	(*ImageFsInfoRequest)(nil),          // 84: k3sm.runtime.v1.ImageFsInfoRequest
+	(*ImageFsInfoResponse)(nil),         // 85: k3sm.runtime.v1.ImageFsInfoResponse
+	(*ImageProgress)(nil),               // 86: k3sm.runtime.v1.ImageProgress
+	(*LoadImageRequest)(nil),            // 87: k3sm.runtime.v1.LoadImageRequest
+	(*LoadImageResponse)(nil),           // 88: k3sm.runtime.v1.LoadImageResponse
+	(*SaveImageRequest)(nil),            // 89: k3sm.runtime.v1.SaveImageRequest
+	(*SaveImageResponse)(nil),           // 90: k3sm.runtime.v1.SaveImageResponse
+	(*PushImageRequest)(nil),            // 91: k3sm.runtime.v1.PushImageRequest
+	(*TagImageRequest)(nil),             // 92: k3sm.runtime.v1.TagImageRequest
+	(*TagImageResponse)(nil),            // 93: k3sm.runtime.v1.TagImageResponse
+	(*UntagImageRequest)(nil),           // 94: k3sm.runtime.v1.UntagImageRequest
+	(*UntagImageResponse)(nil),          // 95: k3sm.runtime.v1.UntagImageResponse
+	(*InspectImageRequest)(nil),         // 96: k3sm.runtime.v1.InspectImageRequest
+	(*InspectImageResponse)(nil),        // 97: k3sm.runtime.v1.InspectImageResponse
+	(*PruneImagesRequest)(nil),          // 98: k3sm.runtime.v1.PruneImagesRequest
+	(*PruneImagesResponse)(nil),         // 99: k3sm.runtime.v1.PruneImagesResponse
+	nil,                                 // 100: k3sm.runtime.v1.PodSpec.LabelsEntry
+	nil,                                 // 101: k3sm.runtime.v1.PodSpec.AnnotationsEntry
+	(*timestamppb.Timestamp)(nil),       // 102: google.protobuf.Timestamp
 }
 var file_runtime_proto_depIdxs = []int32{
 	0,   // 0: k3sm.runtime.v1.PodSpec.restart_policy:type_name -> k3sm.runtime.v1.RestartPolicy
 	8,   // 1: k3sm.runtime.v1.PodSpec.init_containers:type_name -> k3sm.runtime.v1.ContainerSpec
 	8,   // 2: k3sm.runtime.v1.PodSpec.containers:type_name -> k3sm.runtime.v1.ContainerSpec
-	99,  // 3: k3sm.runtime.v1.PodSpec.labels:type_name -> k3sm.runtime.v1.PodSpec.LabelsEntry
-	100, // 4: k3sm.runtime.v1.PodSpec.annotations:type_name -> k3sm.runtime.v1.PodSpec.AnnotationsEntry
+	100, // 3: k3sm.runtime.v1.PodSpec.labels:type_name -> k3sm.runtime.v1.PodSpec.LabelsEntry
+	101, // 4: k3sm.runtime.v1.PodSpec.annotations:type_name -> k3sm.runtime.v1.PodSpec.AnnotationsEntry
 	13,  // 5: k3sm.runtime.v1.PodSpec.volumes:type_name -> k3sm.runtime.v1.Volume
 	7,   // 6: k3sm.runtime.v1.PodSpec.ephemeral_containers:type_name -> k3sm.runtime.v1.EphemeralContainerSpec
 	8,   // 7: k3sm.runtime.v1.EphemeralContainerSpec.container:type_name -> k3sm.runtime.v1.ContainerSpec
@@ -7355,7 +7461,7 @@ var file_runtime_proto_depIdxs = []int32{
 	24,  // 33: k3sm.runtime.v1.LifecycleHandler.http_get:type_name -> k3sm.runtime.v1.HTTPGetAction
 	25,  // 34: k3sm.runtime.v1.LifecycleHandler.tcp_socket:type_name -> k3sm.runtime.v1.TCPSocketAction
 	3,   // 35: k3sm.runtime.v1.PodStatus.phase:type_name -> k3sm.runtime.v1.PodPhase
-	101, // 36: k3sm.runtime.v1.PodStatus.start_time:type_name -> google.protobuf.Timestamp
+	102, // 36: k3sm.runtime.v1.PodStatus.start_time:type_name -> google.protobuf.Timestamp
 	30,  // 37: k3sm.runtime.v1.PodStatus.init_container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
 	30,  // 38: k3sm.runtime.v1.PodStatus.container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
 	30,  // 39: k3sm.runtime.v1.PodStatus.ephemeral_container_statuses:type_name -> k3sm.runtime.v1.ContainerStatus
@@ -7364,105 +7470,106 @@ var file_runtime_proto_depIdxs = []int32{
 	32,  // 42: k3sm.runtime.v1.ContainerState.waiting:type_name -> k3sm.runtime.v1.ContainerStateWaiting
 	33,  // 43: k3sm.runtime.v1.ContainerState.running:type_name -> k3sm.runtime.v1.ContainerStateRunning
 	34,  // 44: k3sm.runtime.v1.ContainerState.terminated:type_name -> k3sm.runtime.v1.ContainerStateTerminated
-	101, // 45: k3sm.runtime.v1.ContainerStateRunning.started_at:type_name -> google.protobuf.Timestamp
-	101, // 46: k3sm.runtime.v1.ContainerStateTerminated.started_at:type_name -> google.protobuf.Timestamp
-	101, // 47: k3sm.runtime.v1.ContainerStateTerminated.finished_at:type_name -> google.protobuf.Timestamp
+	102, // 45: k3sm.runtime.v1.ContainerStateRunning.started_at:type_name -> google.protobuf.Timestamp
+	102, // 46: k3sm.runtime.v1.ContainerStateTerminated.started_at:type_name -> google.protobuf.Timestamp
+	102, // 47: k3sm.runtime.v1.ContainerStateTerminated.finished_at:type_name -> google.protobuf.Timestamp
 	4,   // 48: k3sm.runtime.v1.PodEvent.type:type_name -> k3sm.runtime.v1.EventType
-	101, // 49: k3sm.runtime.v1.PodEvent.time:type_name -> google.protobuf.Timestamp
-	42,  // 50: k3sm.runtime.v1.SetPodNetworkPolicyRequest.policy:type_name -> k3sm.runtime.v1.PodNetworkPolicy
-	43,  // 51: k3sm.runtime.v1.PodNetworkPolicy.ingress:type_name -> k3sm.runtime.v1.NetworkPolicyDirection
-	43,  // 52: k3sm.runtime.v1.PodNetworkPolicy.egress:type_name -> k3sm.runtime.v1.NetworkPolicyDirection
-	44,  // 53: k3sm.runtime.v1.NetworkPolicyDirection.rules:type_name -> k3sm.runtime.v1.NetworkPolicyRule
-	45,  // 54: k3sm.runtime.v1.NetworkPolicyRule.peers:type_name -> k3sm.runtime.v1.NetworkPolicyPeer
-	46,  // 55: k3sm.runtime.v1.NetworkPolicyRule.ports:type_name -> k3sm.runtime.v1.NetworkPolicyPort
-	6,   // 56: k3sm.runtime.v1.CreatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
-	29,  // 57: k3sm.runtime.v1.CreatePodResponse.status:type_name -> k3sm.runtime.v1.PodStatus
-	6,   // 58: k3sm.runtime.v1.UpdatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
-	29,  // 59: k3sm.runtime.v1.UpdatePodResponse.status:type_name -> k3sm.runtime.v1.PodStatus
-	29,  // 60: k3sm.runtime.v1.GetPodStatusResponse.status:type_name -> k3sm.runtime.v1.PodStatus
-	29,  // 61: k3sm.runtime.v1.ListPodsResponse.pods:type_name -> k3sm.runtime.v1.PodStatus
-	6,   // 62: k3sm.runtime.v1.ListPodsResponse.specs:type_name -> k3sm.runtime.v1.PodSpec
-	5,   // 63: k3sm.runtime.v1.WatchPodStatusResponse.kind:type_name -> k3sm.runtime.v1.WatchPodStatusResponse.Kind
-	29,  // 64: k3sm.runtime.v1.WatchPodStatusResponse.status:type_name -> k3sm.runtime.v1.PodStatus
-	35,  // 65: k3sm.runtime.v1.WatchPodStatusResponse.event:type_name -> k3sm.runtime.v1.PodEvent
-	101, // 66: k3sm.runtime.v1.GetLogsRequest.since_time:type_name -> google.protobuf.Timestamp
-	61,  // 67: k3sm.runtime.v1.ExecStart.initial_size:type_name -> k3sm.runtime.v1.TerminalSize
-	62,  // 68: k3sm.runtime.v1.ExecRequest.start:type_name -> k3sm.runtime.v1.ExecStart
-	61,  // 69: k3sm.runtime.v1.ExecRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
-	64,  // 70: k3sm.runtime.v1.ExecResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
-	66,  // 71: k3sm.runtime.v1.AttachRequest.start:type_name -> k3sm.runtime.v1.AttachStart
-	61,  // 72: k3sm.runtime.v1.AttachRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
-	64,  // 73: k3sm.runtime.v1.AttachResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
-	69,  // 74: k3sm.runtime.v1.PortForwardRequest.start:type_name -> k3sm.runtime.v1.PortForwardStart
-	101, // 75: k3sm.runtime.v1.ContainerStats.timestamp:type_name -> google.protobuf.Timestamp
-	73,  // 76: k3sm.runtime.v1.PodStats.containers:type_name -> k3sm.runtime.v1.ContainerStats
-	74,  // 77: k3sm.runtime.v1.ListPodStatsResponse.pods:type_name -> k3sm.runtime.v1.PodStats
-	76,  // 78: k3sm.runtime.v1.ListImagesResponse.images:type_name -> k3sm.runtime.v1.Image
-	76,  // 79: k3sm.runtime.v1.PullImageResponse.image:type_name -> k3sm.runtime.v1.Image
-	76,  // 80: k3sm.runtime.v1.ImageProgress.image:type_name -> k3sm.runtime.v1.Image
-	76,  // 81: k3sm.runtime.v1.LoadImageResponse.images:type_name -> k3sm.runtime.v1.Image
-	76,  // 82: k3sm.runtime.v1.TagImageResponse.image:type_name -> k3sm.runtime.v1.Image
-	76,  // 83: k3sm.runtime.v1.InspectImageResponse.image:type_name -> k3sm.runtime.v1.Image
-	76,  // 84: k3sm.runtime.v1.PruneImagesResponse.removed:type_name -> k3sm.runtime.v1.Image
-	36,  // 85: k3sm.runtime.v1.Runtime.GetRuntimeInfo:input_type -> k3sm.runtime.v1.GetRuntimeInfoRequest
-	47,  // 86: k3sm.runtime.v1.Runtime.CreatePod:input_type -> k3sm.runtime.v1.CreatePodRequest
-	49,  // 87: k3sm.runtime.v1.Runtime.UpdatePod:input_type -> k3sm.runtime.v1.UpdatePodRequest
-	20,  // 88: k3sm.runtime.v1.Runtime.UpdatePodVolumes:input_type -> k3sm.runtime.v1.UpdatePodVolumesRequest
-	51,  // 89: k3sm.runtime.v1.Runtime.DeletePod:input_type -> k3sm.runtime.v1.DeletePodRequest
-	53,  // 90: k3sm.runtime.v1.Runtime.GetPodStatus:input_type -> k3sm.runtime.v1.GetPodStatusRequest
-	55,  // 91: k3sm.runtime.v1.Runtime.ListPods:input_type -> k3sm.runtime.v1.ListPodsRequest
-	57,  // 92: k3sm.runtime.v1.Runtime.WatchPodStatus:input_type -> k3sm.runtime.v1.WatchPodStatusRequest
-	59,  // 93: k3sm.runtime.v1.Runtime.GetLogs:input_type -> k3sm.runtime.v1.GetLogsRequest
-	63,  // 94: k3sm.runtime.v1.Runtime.Exec:input_type -> k3sm.runtime.v1.ExecRequest
-	67,  // 95: k3sm.runtime.v1.Runtime.Attach:input_type -> k3sm.runtime.v1.AttachRequest
-	70,  // 96: k3sm.runtime.v1.Runtime.PortForward:input_type -> k3sm.runtime.v1.PortForwardRequest
-	72,  // 97: k3sm.runtime.v1.Runtime.ListPodStats:input_type -> k3sm.runtime.v1.ListPodStatsRequest
-	38,  // 98: k3sm.runtime.v1.Runtime.UpdateRuntimeConfig:input_type -> k3sm.runtime.v1.UpdateRuntimeConfigRequest
-	40,  // 99: k3sm.runtime.v1.Runtime.SetPodNetworkPolicy:input_type -> k3sm.runtime.v1.SetPodNetworkPolicyRequest
-	77,  // 100: k3sm.runtime.v1.Images.ListImages:input_type -> k3sm.runtime.v1.ListImagesRequest
-	79,  // 101: k3sm.runtime.v1.Images.PullImage:input_type -> k3sm.runtime.v1.PullImageRequest
-	81,  // 102: k3sm.runtime.v1.Images.RemoveImage:input_type -> k3sm.runtime.v1.RemoveImageRequest
-	83,  // 103: k3sm.runtime.v1.Images.ImageFsInfo:input_type -> k3sm.runtime.v1.ImageFsInfoRequest
-	79,  // 104: k3sm.runtime.v1.Images.PullImageProgress:input_type -> k3sm.runtime.v1.PullImageRequest
-	86,  // 105: k3sm.runtime.v1.Images.LoadImage:input_type -> k3sm.runtime.v1.LoadImageRequest
-	88,  // 106: k3sm.runtime.v1.Images.SaveImage:input_type -> k3sm.runtime.v1.SaveImageRequest
-	90,  // 107: k3sm.runtime.v1.Images.PushImage:input_type -> k3sm.runtime.v1.PushImageRequest
-	91,  // 108: k3sm.runtime.v1.Images.TagImage:input_type -> k3sm.runtime.v1.TagImageRequest
-	93,  // 109: k3sm.runtime.v1.Images.UntagImage:input_type -> k3sm.runtime.v1.UntagImageRequest
-	95,  // 110: k3sm.runtime.v1.Images.InspectImage:input_type -> k3sm.runtime.v1.InspectImageRequest
-	97,  // 111: k3sm.runtime.v1.Images.PruneImages:input_type -> k3sm.runtime.v1.PruneImagesRequest
-	37,  // 112: k3sm.runtime.v1.Runtime.GetRuntimeInfo:output_type -> k3sm.runtime.v1.GetRuntimeInfoResponse
-	48,  // 113: k3sm.runtime.v1.Runtime.CreatePod:output_type -> k3sm.runtime.v1.CreatePodResponse
-	50,  // 114: k3sm.runtime.v1.Runtime.UpdatePod:output_type -> k3sm.runtime.v1.UpdatePodResponse
-	21,  // 115: k3sm.runtime.v1.Runtime.UpdatePodVolumes:output_type -> k3sm.runtime.v1.UpdatePodVolumesResponse
-	52,  // 116: k3sm.runtime.v1.Runtime.DeletePod:output_type -> k3sm.runtime.v1.DeletePodResponse
-	54,  // 117: k3sm.runtime.v1.Runtime.GetPodStatus:output_type -> k3sm.runtime.v1.GetPodStatusResponse
-	56,  // 118: k3sm.runtime.v1.Runtime.ListPods:output_type -> k3sm.runtime.v1.ListPodsResponse
-	58,  // 119: k3sm.runtime.v1.Runtime.WatchPodStatus:output_type -> k3sm.runtime.v1.WatchPodStatusResponse
-	60,  // 120: k3sm.runtime.v1.Runtime.GetLogs:output_type -> k3sm.runtime.v1.GetLogsResponse
-	65,  // 121: k3sm.runtime.v1.Runtime.Exec:output_type -> k3sm.runtime.v1.ExecResponse
-	68,  // 122: k3sm.runtime.v1.Runtime.Attach:output_type -> k3sm.runtime.v1.AttachResponse
-	71,  // 123: k3sm.runtime.v1.Runtime.PortForward:output_type -> k3sm.runtime.v1.PortForwardResponse
-	75,  // 124: k3sm.runtime.v1.Runtime.ListPodStats:output_type -> k3sm.runtime.v1.ListPodStatsResponse
-	39,  // 125: k3sm.runtime.v1.Runtime.UpdateRuntimeConfig:output_type -> k3sm.runtime.v1.UpdateRuntimeConfigResponse
-	41,  // 126: k3sm.runtime.v1.Runtime.SetPodNetworkPolicy:output_type -> k3sm.runtime.v1.SetPodNetworkPolicyResponse
-	78,  // 127: k3sm.runtime.v1.Images.ListImages:output_type -> k3sm.runtime.v1.ListImagesResponse
-	80,  // 128: k3sm.runtime.v1.Images.PullImage:output_type -> k3sm.runtime.v1.PullImageResponse
-	82,  // 129: k3sm.runtime.v1.Images.RemoveImage:output_type -> k3sm.runtime.v1.RemoveImageResponse
-	84,  // 130: k3sm.runtime.v1.Images.ImageFsInfo:output_type -> k3sm.runtime.v1.ImageFsInfoResponse
-	85,  // 131: k3sm.runtime.v1.Images.PullImageProgress:output_type -> k3sm.runtime.v1.ImageProgress
-	87,  // 132: k3sm.runtime.v1.Images.LoadImage:output_type -> k3sm.runtime.v1.LoadImageResponse
-	89,  // 133: k3sm.runtime.v1.Images.SaveImage:output_type -> k3sm.runtime.v1.SaveImageResponse
-	85,  // 134: k3sm.runtime.v1.Images.PushImage:output_type -> k3sm.runtime.v1.ImageProgress
-	92,  // 135: k3sm.runtime.v1.Images.TagImage:output_type -> k3sm.runtime.v1.TagImageResponse
-	94,  // 136: k3sm.runtime.v1.Images.UntagImage:output_type -> k3sm.runtime.v1.UntagImageResponse
-	96,  // 137: k3sm.runtime.v1.Images.InspectImage:output_type -> k3sm.runtime.v1.InspectImageResponse
-	98,  // 138: k3sm.runtime.v1.Images.PruneImages:output_type -> k3sm.runtime.v1.PruneImagesResponse
-	112, // [112:139] is the sub-list for method output_type
-	85,  // [85:112] is the sub-list for method input_type
-	85,  // [85:85] is the sub-list for extension type_name
-	85,  // [85:85] is the sub-list for extension extendee
-	0,   // [0:85] is the sub-list for field type_name
+	102, // 49: k3sm.runtime.v1.PodEvent.time:type_name -> google.protobuf.Timestamp
+	38,  // 50: k3sm.runtime.v1.GetRuntimeInfoResponse.resource_limits:type_name -> k3sm.runtime.v1.ResourceLimits
+	43,  // 51: k3sm.runtime.v1.SetPodNetworkPolicyRequest.policy:type_name -> k3sm.runtime.v1.PodNetworkPolicy
+	44,  // 52: k3sm.runtime.v1.PodNetworkPolicy.ingress:type_name -> k3sm.runtime.v1.NetworkPolicyDirection
+	44,  // 53: k3sm.runtime.v1.PodNetworkPolicy.egress:type_name -> k3sm.runtime.v1.NetworkPolicyDirection
+	45,  // 54: k3sm.runtime.v1.NetworkPolicyDirection.rules:type_name -> k3sm.runtime.v1.NetworkPolicyRule
+	46,  // 55: k3sm.runtime.v1.NetworkPolicyRule.peers:type_name -> k3sm.runtime.v1.NetworkPolicyPeer
+	47,  // 56: k3sm.runtime.v1.NetworkPolicyRule.ports:type_name -> k3sm.runtime.v1.NetworkPolicyPort
+	6,   // 57: k3sm.runtime.v1.CreatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
+	29,  // 58: k3sm.runtime.v1.CreatePodResponse.status:type_name -> k3sm.runtime.v1.PodStatus
+	6,   // 59: k3sm.runtime.v1.UpdatePodRequest.pod:type_name -> k3sm.runtime.v1.PodSpec
+	29,  // 60: k3sm.runtime.v1.UpdatePodResponse.status:type_name -> k3sm.runtime.v1.PodStatus
+	29,  // 61: k3sm.runtime.v1.GetPodStatusResponse.status:type_name -> k3sm.runtime.v1.PodStatus
+	29,  // 62: k3sm.runtime.v1.ListPodsResponse.pods:type_name -> k3sm.runtime.v1.PodStatus
+	6,   // 63: k3sm.runtime.v1.ListPodsResponse.specs:type_name -> k3sm.runtime.v1.PodSpec
+	5,   // 64: k3sm.runtime.v1.WatchPodStatusResponse.kind:type_name -> k3sm.runtime.v1.WatchPodStatusResponse.Kind
+	29,  // 65: k3sm.runtime.v1.WatchPodStatusResponse.status:type_name -> k3sm.runtime.v1.PodStatus
+	35,  // 66: k3sm.runtime.v1.WatchPodStatusResponse.event:type_name -> k3sm.runtime.v1.PodEvent
+	102, // 67: k3sm.runtime.v1.GetLogsRequest.since_time:type_name -> google.protobuf.Timestamp
+	62,  // 68: k3sm.runtime.v1.ExecStart.initial_size:type_name -> k3sm.runtime.v1.TerminalSize
+	63,  // 69: k3sm.runtime.v1.ExecRequest.start:type_name -> k3sm.runtime.v1.ExecStart
+	62,  // 70: k3sm.runtime.v1.ExecRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
+	65,  // 71: k3sm.runtime.v1.ExecResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
+	67,  // 72: k3sm.runtime.v1.AttachRequest.start:type_name -> k3sm.runtime.v1.AttachStart
+	62,  // 73: k3sm.runtime.v1.AttachRequest.resize:type_name -> k3sm.runtime.v1.TerminalSize
+	65,  // 74: k3sm.runtime.v1.AttachResponse.exit:type_name -> k3sm.runtime.v1.ExitStatus
+	70,  // 75: k3sm.runtime.v1.PortForwardRequest.start:type_name -> k3sm.runtime.v1.PortForwardStart
+	102, // 76: k3sm.runtime.v1.ContainerStats.timestamp:type_name -> google.protobuf.Timestamp
+	74,  // 77: k3sm.runtime.v1.PodStats.containers:type_name -> k3sm.runtime.v1.ContainerStats
+	75,  // 78: k3sm.runtime.v1.ListPodStatsResponse.pods:type_name -> k3sm.runtime.v1.PodStats
+	77,  // 79: k3sm.runtime.v1.ListImagesResponse.images:type_name -> k3sm.runtime.v1.Image
+	77,  // 80: k3sm.runtime.v1.PullImageResponse.image:type_name -> k3sm.runtime.v1.Image
+	77,  // 81: k3sm.runtime.v1.ImageProgress.image:type_name -> k3sm.runtime.v1.Image
+	77,  // 82: k3sm.runtime.v1.LoadImageResponse.images:type_name -> k3sm.runtime.v1.Image
+	77,  // 83: k3sm.runtime.v1.TagImageResponse.image:type_name -> k3sm.runtime.v1.Image
+	77,  // 84: k3sm.runtime.v1.InspectImageResponse.image:type_name -> k3sm.runtime.v1.Image
+	77,  // 85: k3sm.runtime.v1.PruneImagesResponse.removed:type_name -> k3sm.runtime.v1.Image
+	36,  // 86: k3sm.runtime.v1.Runtime.GetRuntimeInfo:input_type -> k3sm.runtime.v1.GetRuntimeInfoRequest
+	48,  // 87: k3sm.runtime.v1.Runtime.CreatePod:input_type -> k3sm.runtime.v1.CreatePodRequest
+	50,  // 88: k3sm.runtime.v1.Runtime.UpdatePod:input_type -> k3sm.runtime.v1.UpdatePodRequest
+	20,  // 89: k3sm.runtime.v1.Runtime.UpdatePodVolumes:input_type -> k3sm.runtime.v1.UpdatePodVolumesRequest
+	52,  // 90: k3sm.runtime.v1.Runtime.DeletePod:input_type -> k3sm.runtime.v1.DeletePodRequest
+	54,  // 91: k3sm.runtime.v1.Runtime.GetPodStatus:input_type -> k3sm.runtime.v1.GetPodStatusRequest
+	56,  // 92: k3sm.runtime.v1.Runtime.ListPods:input_type -> k3sm.runtime.v1.ListPodsRequest
+	58,  // 93: k3sm.runtime.v1.Runtime.WatchPodStatus:input_type -> k3sm.runtime.v1.WatchPodStatusRequest
+	60,  // 94: k3sm.runtime.v1.Runtime.GetLogs:input_type -> k3sm.runtime.v1.GetLogsRequest
+	64,  // 95: k3sm.runtime.v1.Runtime.Exec:input_type -> k3sm.runtime.v1.ExecRequest
+	68,  // 96: k3sm.runtime.v1.Runtime.Attach:input_type -> k3sm.runtime.v1.AttachRequest
+	71,  // 97: k3sm.runtime.v1.Runtime.PortForward:input_type -> k3sm.runtime.v1.PortForwardRequest
+	73,  // 98: k3sm.runtime.v1.Runtime.ListPodStats:input_type -> k3sm.runtime.v1.ListPodStatsRequest
+	39,  // 99: k3sm.runtime.v1.Runtime.UpdateRuntimeConfig:input_type -> k3sm.runtime.v1.UpdateRuntimeConfigRequest
+	41,  // 100: k3sm.runtime.v1.Runtime.SetPodNetworkPolicy:input_type -> k3sm.runtime.v1.SetPodNetworkPolicyRequest
+	78,  // 101: k3sm.runtime.v1.Images.ListImages:input_type -> k3sm.runtime.v1.ListImagesRequest
+	80,  // 102: k3sm.runtime.v1.Images.PullImage:input_type -> k3sm.runtime.v1.PullImageRequest
+	82,  // 103: k3sm.runtime.v1.Images.RemoveImage:input_type -> k3sm.runtime.v1.RemoveImageRequest
+	84,  // 104: k3sm.runtime.v1.Images.ImageFsInfo:input_type -> k3sm.runtime.v1.ImageFsInfoRequest
+	80,  // 105: k3sm.runtime.v1.Images.PullImageProgress:input_type -> k3sm.runtime.v1.PullImageRequest
+	87,  // 106: k3sm.runtime.v1.Images.LoadImage:input_type -> k3sm.runtime.v1.LoadImageRequest
+	89,  // 107: k3sm.runtime.v1.Images.SaveImage:input_type -> k3sm.runtime.v1.SaveImageRequest
+	91,  // 108: k3sm.runtime.v1.Images.PushImage:input_type -> k3sm.runtime.v1.PushImageRequest
+	92,  // 109: k3sm.runtime.v1.Images.TagImage:input_type -> k3sm.runtime.v1.TagImageRequest
+	94,  // 110: k3sm.runtime.v1.Images.UntagImage:input_type -> k3sm.runtime.v1.UntagImageRequest
+	96,  // 111: k3sm.runtime.v1.Images.InspectImage:input_type -> k3sm.runtime.v1.InspectImageRequest
+	98,  // 112: k3sm.runtime.v1.Images.PruneImages:input_type -> k3sm.runtime.v1.PruneImagesRequest
+	37,  // 113: k3sm.runtime.v1.Runtime.GetRuntimeInfo:output_type -> k3sm.runtime.v1.GetRuntimeInfoResponse
+	49,  // 114: k3sm.runtime.v1.Runtime.CreatePod:output_type -> k3sm.runtime.v1.CreatePodResponse
+	51,  // 115: k3sm.runtime.v1.Runtime.UpdatePod:output_type -> k3sm.runtime.v1.UpdatePodResponse
+	21,  // 116: k3sm.runtime.v1.Runtime.UpdatePodVolumes:output_type -> k3sm.runtime.v1.UpdatePodVolumesResponse
+	53,  // 117: k3sm.runtime.v1.Runtime.DeletePod:output_type -> k3sm.runtime.v1.DeletePodResponse
+	55,  // 118: k3sm.runtime.v1.Runtime.GetPodStatus:output_type -> k3sm.runtime.v1.GetPodStatusResponse
+	57,  // 119: k3sm.runtime.v1.Runtime.ListPods:output_type -> k3sm.runtime.v1.ListPodsResponse
+	59,  // 120: k3sm.runtime.v1.Runtime.WatchPodStatus:output_type -> k3sm.runtime.v1.WatchPodStatusResponse
+	61,  // 121: k3sm.runtime.v1.Runtime.GetLogs:output_type -> k3sm.runtime.v1.GetLogsResponse
+	66,  // 122: k3sm.runtime.v1.Runtime.Exec:output_type -> k3sm.runtime.v1.ExecResponse
+	69,  // 123: k3sm.runtime.v1.Runtime.Attach:output_type -> k3sm.runtime.v1.AttachResponse
+	72,  // 124: k3sm.runtime.v1.Runtime.PortForward:output_type -> k3sm.runtime.v1.PortForwardResponse
+	76,  // 125: k3sm.runtime.v1.Runtime.ListPodStats:output_type -> k3sm.runtime.v1.ListPodStatsResponse
+	40,  // 126: k3sm.runtime.v1.Runtime.UpdateRuntimeConfig:output_type -> k3sm.runtime.v1.UpdateRuntimeConfigResponse
+	42,  // 127: k3sm.runtime.v1.Runtime.SetPodNetworkPolicy:output_type -> k3sm.runtime.v1.SetPodNetworkPolicyResponse
+	79,  // 128: k3sm.runtime.v1.Images.ListImages:output_type -> k3sm.runtime.v1.ListImagesResponse
+	81,  // 129: k3sm.runtime.v1.Images.PullImage:output_type -> k3sm.runtime.v1.PullImageResponse
+	83,  // 130: k3sm.runtime.v1.Images.RemoveImage:output_type -> k3sm.runtime.v1.RemoveImageResponse
+	85,  // 131: k3sm.runtime.v1.Images.ImageFsInfo:output_type -> k3sm.runtime.v1.ImageFsInfoResponse
+	86,  // 132: k3sm.runtime.v1.Images.PullImageProgress:output_type -> k3sm.runtime.v1.ImageProgress
+	88,  // 133: k3sm.runtime.v1.Images.LoadImage:output_type -> k3sm.runtime.v1.LoadImageResponse
+	90,  // 134: k3sm.runtime.v1.Images.SaveImage:output_type -> k3sm.runtime.v1.SaveImageResponse
+	86,  // 135: k3sm.runtime.v1.Images.PushImage:output_type -> k3sm.runtime.v1.ImageProgress
+	93,  // 136: k3sm.runtime.v1.Images.TagImage:output_type -> k3sm.runtime.v1.TagImageResponse
+	95,  // 137: k3sm.runtime.v1.Images.UntagImage:output_type -> k3sm.runtime.v1.UntagImageResponse
+	97,  // 138: k3sm.runtime.v1.Images.InspectImage:output_type -> k3sm.runtime.v1.InspectImageResponse
+	99,  // 139: k3sm.runtime.v1.Images.PruneImages:output_type -> k3sm.runtime.v1.PruneImagesResponse
+	113, // [113:140] is the sub-list for method output_type
+	86,  // [86:113] is the sub-list for method input_type
+	86,  // [86:86] is the sub-list for extension type_name
+	86,  // [86:86] is the sub-list for extension extendee
+	0,   // [0:86] is the sub-list for field type_name
 }
 
 func init() { file_runtime_proto_init() }
@@ -7495,36 +7602,36 @@ func file_runtime_proto_init() {
 		(*ContainerState_Running)(nil),
 		(*ContainerState_Terminated)(nil),
 	}
-	file_runtime_proto_msgTypes[45].OneofWrappers = []any{}
-	file_runtime_proto_msgTypes[53].OneofWrappers = []any{}
-	file_runtime_proto_msgTypes[57].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[46].OneofWrappers = []any{}
+	file_runtime_proto_msgTypes[54].OneofWrappers = []any{}
+	file_runtime_proto_msgTypes[58].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_Resize)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 	}
-	file_runtime_proto_msgTypes[59].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[60].OneofWrappers = []any{
 		(*ExecResponse_Stdout)(nil),
 		(*ExecResponse_Stderr)(nil),
 		(*ExecResponse_Exit)(nil),
 	}
-	file_runtime_proto_msgTypes[61].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[62].OneofWrappers = []any{
 		(*AttachRequest_Start)(nil),
 		(*AttachRequest_Stdin)(nil),
 		(*AttachRequest_Resize)(nil),
 		(*AttachRequest_CloseStdin)(nil),
 	}
-	file_runtime_proto_msgTypes[62].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[63].OneofWrappers = []any{
 		(*AttachResponse_Stdout)(nil),
 		(*AttachResponse_Stderr)(nil),
 		(*AttachResponse_Exit)(nil),
 	}
-	file_runtime_proto_msgTypes[64].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[65].OneofWrappers = []any{
 		(*PortForwardRequest_Start)(nil),
 		(*PortForwardRequest_Data)(nil),
 		(*PortForwardRequest_CloseWrite)(nil),
 	}
-	file_runtime_proto_msgTypes[65].OneofWrappers = []any{
+	file_runtime_proto_msgTypes[66].OneofWrappers = []any{
 		(*PortForwardResponse_Data)(nil),
 		(*PortForwardResponse_Error)(nil),
 	}
@@ -7534,7 +7641,7 @@ func file_runtime_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_runtime_proto_rawDesc), len(file_runtime_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   95,
+			NumMessages:   96,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -116,9 +116,18 @@ type Manager struct {
 	// hierarchy (all the same directory on v2).
 	dirs map[string]string
 	// missing: controllers wanted but not available, and why.
-	missing   []string
-	reason    string // why None
-	pidsLimit int64
+	missing []string
+	reason  string // why None
+	// cause and fix: the first obstacle met (a Cause), what removes it.
+	cause, fix string
+	pidsLimit  int64
+}
+
+// note records the first obstacle to a controller and its fix.
+func (m *Manager) note(cause, fix string) {
+	if m.cause == "" {
+		m.cause, m.fix = cause, fix
+	}
 }
 
 // Version is the setup in force (None for a nil Manager).
@@ -136,6 +145,84 @@ func (m *Manager) Has(controller string) bool {
 	}
 	_, ok := m.dirs[controller]
 	return ok && m.version != None
+}
+
+// Causes of a limit the kernel does not enforce (Support.Cause).
+const (
+	// CauseDisabled: Options.Disable.
+	CauseDisabled = "disabled"
+	// CauseNotLinux: cgroups are a Linux feature.
+	CauseNotLinux = "not-linux"
+	// CauseNotMounted: no cgroup hierarchy is visible in the runtime's
+	// mount namespace (/sys remounted, as `ip netns exec` does, or a
+	// mount hiding /sys/fs/cgroup).
+	CauseNotMounted = "not-mounted"
+	// CauseNotPermitted: the hierarchy is there, but the runtime may not
+	// create cgroups in it (not root and not delegated, or read-only).
+	CauseNotPermitted = "not-permitted"
+	// CauseNoController: the kernel, or the cgroup the runtime is in, does
+	// not offer the controller.
+	CauseNoController = "no-controller"
+)
+
+// Support is which pod limits the kernel enforces through the runtime's
+// cgroups: what New set up (Manager.Support) or, where no runtime runs,
+// what one would set up (Detect). The running daemon reports it in
+// GetRuntimeInfo; doctor and status show it. Where a limit is missing the
+// sampler stands in: memory checked about once a second, CPU only as a
+// nice priority, no pids limit.
+type Support struct {
+	Version Version
+	// Enforced are the limits pods get, of CPU, Memory and Pids, sorted.
+	Enforced []string
+	// Cause (one of the Cause constants), Reason and Fix say why a limit
+	// is not enforced and what to do; empty when all are, Fix also when
+	// nothing can be done (CauseNotLinux).
+	Cause, Reason, Fix string
+}
+
+// Enforces reports whether the kernel holds pods to controller's limits.
+func (s Support) Enforces(controller string) bool { return slices.Contains(s.Enforced, controller) }
+
+// Describe is one line: the version and what is enforced, or why not.
+func (s Support) Describe() string {
+	if s.Version == None {
+		return "no cgroups: " + s.Reason
+	}
+	d := fmt.Sprintf("cgroup %s: %s limits enforced", s.Version, strings.Join(s.Enforced, ", "))
+	if s.Reason != "" {
+		d += "; " + s.Reason
+	}
+	return d
+}
+
+// Support says which limits the Manager enforces and, where one is
+// missing, why.
+func (m *Manager) Support() Support {
+	if m == nil {
+		return Support{Cause: CauseDisabled, Reason: "the runtime runs without a cgroup manager"}
+	}
+	s := Support{Version: m.version, Cause: m.cause, Fix: m.fix}
+	if m.version == None {
+		s.Reason = m.reason
+		if s.Cause == "" {
+			s.Cause = CauseNoController
+		}
+		return s
+	}
+	for _, c := range []string{CPU, Memory, Pids} {
+		if m.Has(c) {
+			s.Enforced = append(s.Enforced, c)
+		}
+	}
+	if len(s.Enforced) == 3 {
+		return Support{Version: m.version, Enforced: s.Enforced}
+	}
+	s.Reason = "not available: " + strings.Join(m.missing, "; ")
+	if s.Cause == "" {
+		s.Cause = CauseNoController
+	}
+	return s
 }
 
 // Describe says what is in force, for the daemon's log.

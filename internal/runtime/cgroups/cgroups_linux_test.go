@@ -3,10 +3,12 @@
 package cgroups
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -19,11 +21,36 @@ import (
 // what the variable says.
 const childEnv = "K3SM_CGROUPS_TEST_CHILD"
 
+// remountSysEnv makes the test binary report Detect and New as JSON from
+// a mount namespace where /sys was remounted (TestDetectUnderRemountedSys).
+const remountSysEnv = "K3SM_CGROUPS_TEST_REMOUNT_SYS"
+
 func TestMain(m *testing.M) {
 	if op := os.Getenv(childEnv); op != "" {
 		os.Exit(child(op))
 	}
+	if os.Getenv(remountSysEnv) != "" {
+		os.Exit(underRemountedSys())
+	}
 	os.Exit(m.Run())
+}
+
+// underRemountedSys does what `ip netns exec` does to the mount namespace
+// it was started in (by the parent: unshare CLONE_NEWNS, / made private):
+// a fresh sysfs over /sys, without the cgroup mounts below it. Then it
+// prints what Detect and New find.
+func underRemountedSys() int {
+	if err := syscall.Unmount("/sys", syscall.MNT_DETACH); err != nil {
+		fmt.Fprintln(os.Stderr, "umount /sys:", err)
+		return 1
+	}
+	if err := syscall.Mount("sysfs", "/sys", "sysfs", 0, ""); err != nil {
+		fmt.Fprintln(os.Stderr, "mount sysfs:", err)
+		return 1
+	}
+	opts := Options{Name: fmt.Sprintf("k3sm-test-%d", os.Getpid())}
+	json.NewEncoder(os.Stdout).Encode([]Support{Detect(opts), New(opts).Support()})
+	return 0
 }
 
 func child(op string) int {
@@ -67,7 +94,12 @@ func realManager(t *testing.T, opts Options) *Manager {
 	opts.Name = fmt.Sprintf("k3sm-test-%d-%d", os.Getpid(), time.Now().UnixNano()%1e6)
 	m := New(opts)
 	if m.Version() == None {
-		t.Skipf("no cgroups: %s", m.Describe())
+		// Only a mount namespace without cgroup hierarchies excuses root:
+		// anything else is the detection failing on a host that has them.
+		if m.Support().Cause == CauseNotMounted {
+			t.Skipf("no cgroup hierarchy in this test's mount namespace: %s", m.Describe())
+		}
+		t.Fatalf("root on a host with cgroup hierarchies, but no cgroups: %s", m.Describe())
 	}
 	t.Logf("%s", m.Describe())
 	t.Cleanup(func() {
@@ -81,6 +113,49 @@ func realManager(t *testing.T, opts Options) *Manager {
 		}
 	})
 	return m
+}
+
+// The runtime started under `ip netns exec` (a 100m pod was seen using
+// 391m there): Detect and New both find no cgroup hierarchy, and say why
+// and how to fix it, instead of falling back silently.
+func TestDetectUnderRemountedSys(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a mount namespace of its own needs root")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), remountSysEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("child under a remounted /sys: %v\n%s", err, out)
+	}
+	var got []Support
+	if err := json.Unmarshal(out, &got); err != nil || len(got) != 2 {
+		t.Fatalf("child said %q: %v", out, err)
+	}
+	for i, s := range got {
+		what := []string{"Detect", "New"}[i]
+		if s.Version != None || s.Cause != CauseNotMounted || len(s.Enforced) != 0 {
+			t.Errorf("%s: %+v, want no cgroups, cause %s", what, s, CauseNotMounted)
+		}
+		if !strings.Contains(s.Reason, "/sys/fs/cgroup is empty") || !strings.Contains(s.Fix, "ip netns exec") || !strings.Contains(s.Fix, "mount -t cgroup2") {
+			t.Errorf("%s: reason %q, fix %q: want the empty /sys/fs/cgroup named, and ip netns exec and mounting cgroup2 in the fix", what, s.Reason, s.Fix)
+		}
+	}
+	t.Logf("%s; fix: %s", got[0].Describe(), got[0].Fix)
+}
+
+// Detect, the dry run doctor and status use, finds what New sets up.
+func TestDetectAgreesWithNew(t *testing.T) {
+	m := realManager(t, Options{})
+	d, n := Detect(Options{}), m.Support()
+	if d.Version != n.Version || !slices.Equal(d.Enforced, n.Enforced) || d.Cause != n.Cause {
+		t.Errorf("Detect %+v, New %+v", d, n)
+	}
+	if d.Version == V1 && len(d.Enforced) != 3 {
+		t.Errorf("v1 as root: %+v, want cpu, memory and pids", d)
+	}
 }
 
 type proc struct {
@@ -394,8 +469,17 @@ func fakeV2Tree(t *testing.T, controllers string) (root, own string) {
 func TestV2SetupPlaces(t *testing.T) {
 	// Root, in a cgroup nobody delegated: a subtree below the root.
 	root, own := fakeV2Tree(t, "cpuset cpu io memory pids")
+	// The dry run (Detect) makes the same choice and writes nothing.
+	dry := &Manager{dirs: map[string]string{}}
+	dry.setupV2(hierarchy{mount: root, own: own, rel: "/system.slice/k3sm.service"}, "k3sm", 0, true)
+	if s := dry.Support(); s.Version != V2 || dry.dirs[CPU] != filepath.Join(root, "k3sm") || len(s.Enforced) != 3 || s.Reason != "" {
+		t.Fatalf("dry run, root, not delegated: %+v (dirs %v)", s, dry.dirs)
+	}
+	if got := read(t, filepath.Join(root, "cgroup.subtree_control")); got != "" {
+		t.Errorf("the dry run wrote %q to subtree_control", got)
+	}
 	m := &Manager{dirs: map[string]string{}}
-	m.setupV2(hierarchy{mount: root, own: own, rel: "/system.slice/k3sm.service"}, "k3sm", 0)
+	m.setupV2(hierarchy{mount: root, own: own, rel: "/system.slice/k3sm.service"}, "k3sm", 0, false)
 	if m.version != V2 || m.dirs[Memory] != filepath.Join(root, "k3sm") || m.dirs[CPU] != m.dirs[Memory] || m.dirs[Pids] != m.dirs[Memory] || len(m.missing) != 0 {
 		t.Fatalf("root, not delegated: %s (dirs %v)", m.Describe(), m.dirs)
 	}
@@ -413,7 +497,7 @@ func TestV2SetupPlaces(t *testing.T) {
 		t.Skipf("no trusted xattrs on %s: %v", own, err)
 	}
 	m = &Manager{dirs: map[string]string{}}
-	m.setupV2(hierarchy{mount: root, own: own, rel: "/system.slice/k3sm.service"}, "k3sm", 1000)
+	m.setupV2(hierarchy{mount: root, own: own, rel: "/system.slice/k3sm.service"}, "k3sm", 1000, false)
 	if m.dirs[Memory] != filepath.Join(own, "k3sm") || m.Has(CPU) || len(m.missing) != 1 || !strings.Contains(m.missing[0], "cpu") {
 		t.Errorf("delegated, no cpu controller: %s (dirs %v)", m.Describe(), m.dirs)
 	}
@@ -422,7 +506,7 @@ func TestV2SetupPlaces(t *testing.T) {
 	leaf := filepath.Join(own, LeafName)
 	os.Mkdir(leaf, 0o755)
 	m = &Manager{dirs: map[string]string{}}
-	m.setupV2(hierarchy{mount: root, own: leaf, rel: "/system.slice/k3sm.service/" + LeafName}, "k3sm", 0)
+	m.setupV2(hierarchy{mount: root, own: leaf, rel: "/system.slice/k3sm.service/" + LeafName}, "k3sm", 0, false)
 	if m.dirs[Memory] != filepath.Join(own, "k3sm") {
 		t.Errorf("in the leaf: %s (dirs %v)", m.Describe(), m.dirs)
 	}

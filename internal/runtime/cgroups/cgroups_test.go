@@ -100,6 +100,39 @@ func TestReadLayout(t *testing.T) {
 	}
 }
 
+// The setup against a host with no cgroup hierarchy in its mount
+// namespace, and one whose hierarchies a later mount hides: no cgroups,
+// the cause named, the fix given; creating nothing (New as Detect).
+func TestSetupWithoutHierarchy(t *testing.T) {
+	root := t.TempDir()
+	self := writeTemp(t, "cgroup", "8:pids:/\n4:memory:/\n2:cpuacct:/\n1:cpu:/\n0::/\n")
+	noCgroups := writeTemp(t, "mountinfo", "22 1 0:21 / /sys rw,nosuid - sysfs sysfs rw\n")
+	for _, dry := range []bool{true, false} {
+		s := setup(Options{}, host{mountinfo: noCgroups, self: self, cgroupRoot: root, euid: 0, visible: func(string) bool { return true }}, dry).Support()
+		if s.Version != None || s.Cause != CauseNotMounted || !strings.Contains(s.Reason, root+" is empty") || !strings.Contains(s.Fix, "ip netns exec") {
+			t.Errorf("dry %v, nothing mounted: %+v", dry, s)
+		}
+	}
+	os.Remove(root)
+	s := setup(Options{}, host{mountinfo: noCgroups, self: self, cgroupRoot: root, visible: func(string) bool { return true }}, true).Support()
+	if !strings.Contains(s.Reason, root+" does not exist") {
+		t.Errorf("no %s: %+v", root, s)
+	}
+
+	hidden := writeTemp(t, "mountinfo", `31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+90 31 0:50 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw
+`)
+	s = setup(Options{}, host{mountinfo: hidden, self: self, cgroupRoot: "/sys/fs/cgroup", visible: func(string) bool { return false }}, false).Support()
+	if s.Version != None || s.Cause != CauseNotMounted || !strings.Contains(s.Reason, "/sys/fs/cgroup/cpu, /sys/fs/cgroup/memory are hidden") {
+		t.Errorf("hidden hierarchies: %+v", s)
+	}
+	if d := s.Describe(); !strings.HasPrefix(d, "no cgroups: ") {
+		t.Errorf("Describe: %q", d)
+	}
+}
+
 // fakeV2 lays out the interface files of a v2 cgroup in a temp directory,
 // so the v2 setters and readers can be checked on a machine whose
 // controllers are all on v1. Files are ordinary files here: what is

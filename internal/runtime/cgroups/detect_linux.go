@@ -32,9 +32,37 @@ const LeafName = "supervisor"
 //   - v1 (controllers on their own hierarchies): <hierarchy>/<own>/<Name>
 //     in the memory, cpu, cpuacct and pids hierarchies.
 //
-// It never fails: a Manager of Version None carries the reason (Describe),
-// and the daemon falls back to its sampler.
-func New(opts Options) *Manager {
+// It never fails: a Manager of Version None carries the reason (Describe,
+// Support), and the daemon falls back to its sampler.
+func New(opts Options) *Manager { return setup(opts, thisHost(), false) }
+
+// Detect is what New would find here, without creating or moving
+// anything: the same choices, with permission checks in place of the
+// writes. doctor and status use it when no runtime runs to ask.
+func Detect(opts Options) Support { return setup(opts, thisHost(), true).Support() }
+
+// host is where the setup looks: this process's view, or a test's.
+type host struct {
+	mountinfo, self string
+	// cgroupRoot is where hierarchies are mounted by convention, looked at
+	// to say why none is.
+	cgroupRoot string
+	euid       int
+	// visible reports whether a mount point shows a cgroup filesystem (a
+	// later mount over it hides it, but mountinfo still lists it).
+	visible func(point string) bool
+}
+
+func thisHost() host {
+	return host{mountinfo: "/proc/self/mountinfo", self: "/proc/self/cgroup", cgroupRoot: "/sys/fs/cgroup", euid: os.Geteuid(),
+		visible: func(point string) bool {
+			var st unix.Statfs_t
+			return unix.Statfs(point, &st) == nil && (st.Type == unix.CGROUP_SUPER_MAGIC || st.Type == unix.CGROUP2_SUPER_MAGIC)
+		}}
+}
+
+// setup is New (dry false) and Detect (dry true).
+func setup(opts Options, h host, dry bool) *Manager {
 	m := &Manager{pidsLimit: opts.PodPidsLimit, dirs: map[string]string{}}
 	if m.pidsLimit == 0 {
 		m.pidsLimit = DefaultPodPidsLimit
@@ -44,6 +72,7 @@ func New(opts Options) *Manager {
 	}
 	if opts.Disable {
 		m.reason = "disabled in the daemon's configuration"
+		m.note(CauseDisabled, "")
 		return m
 	}
 	name := opts.Name
@@ -52,30 +81,75 @@ func New(opts Options) *Manager {
 	}
 	if err := checkName("Options.Name", name); err != nil {
 		m.reason = err.Error()
+		m.note(CauseDisabled, "")
 		return m
 	}
-	l, err := readLayout("/proc/self/mountinfo", "/proc/self/cgroup")
+	l, err := readLayout(h.mountinfo, h.self)
 	if err != nil {
 		m.reason = err.Error()
+		m.note(CauseNotMounted, "mount /proc in the runtime's mount namespace")
 		return m
 	}
+	hidden := hide(&l, h.visible)
 	switch {
 	case len(l.v1) > 0 && l.v1[Memory].mount != "":
-		m.setupV1(l, name)
+		m.setupV1(l, name, h.euid, dry)
 	case l.v2.mount != "":
-		m.setupV2(l.v2, name, os.Geteuid())
+		m.setupV2(l.v2, name, h.euid, dry)
 	case len(l.v1) > 0:
-		m.setupV1(l, name)
+		m.setupV1(l, name, h.euid, dry)
+	case len(hidden) > 0:
+		m.reason = "the cgroup hierarchies mounted at " + strings.Join(hidden, ", ") + " are hidden by a mount over them, in the runtime's mount namespace"
+		m.note(CauseNotMounted, "unmount what covers "+h.cgroupRoot+" in the runtime's mount namespace, or start the server where the host's cgroup mounts are visible")
 	default:
-		m.reason = "no cgroup hierarchy is mounted"
+		m.reason = "no cgroup hierarchy is mounted in the runtime's mount namespace (" + h.cgroupRoot + " " + emptiness(h.cgroupRoot) + ")"
+		m.note(CauseNotMounted, "if the server was started under `ip netns exec`, which remounts /sys without the cgroup mounts, start it without (`nsenter --net=/run/netns/NAME` keeps the mounts); otherwise mount cgroup2: `mount -t cgroup2 cgroup2 "+h.cgroupRoot+"`")
 	}
 	if m.version != None && len(m.dirs) == 0 {
-		if m.reason == "" { // setupV2 may have said why, with the fix
+		if m.reason == "" { // setupV2 may have said why
 			m.reason = fmt.Sprintf("cgroup %s: no usable controller (%s)", m.version, strings.Join(m.missing, "; "))
 		}
 		m.version = None
 	}
 	return m
+}
+
+// hide drops the hierarchies whose mount point does not show them and
+// returns those mount points.
+func hide(l *layout, visible func(string) bool) []string {
+	if visible == nil {
+		return nil
+	}
+	var hidden []string
+	if l.v2.mount != "" && !visible(l.v2.mount) {
+		hidden = append(hidden, l.v2.mount)
+		l.v2 = hierarchy{}
+	}
+	for c, h := range l.v1 {
+		if !visible(h.mount) {
+			if !slices.Contains(hidden, h.mount) {
+				hidden = append(hidden, h.mount)
+			}
+			delete(l.v1, c)
+		}
+	}
+	slices.Sort(hidden)
+	return hidden
+}
+
+// emptiness says what is at the conventional mount point when nothing is
+// mounted there.
+func emptiness(dir string) string {
+	ents, err := os.ReadDir(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return "does not exist"
+	case err != nil:
+		return "cannot be read: " + err.Error()
+	case len(ents) == 0:
+		return "is empty"
+	}
+	return "holds no cgroup filesystem"
 }
 
 // hierarchy is one mounted cgroup hierarchy and the daemon's cgroup in it
@@ -207,28 +281,59 @@ func unescape(s string) string {
 	return b.String()
 }
 
-func (m *Manager) setupV1(l layout, name string) {
+func (m *Manager) setupV1(l layout, name string, euid int, dry bool) {
 	m.version = V1
 	for _, c := range []string{Memory, CPU, CPUAcct, Pids} {
 		h, ok := l.v1[c]
 		if !ok || h.mount == "" {
 			m.missing = append(m.missing, c+": no v1 hierarchy mounted")
+			m.note(CauseNoController, "mount the v1 "+c+" hierarchy, or boot with cgroup v2 (systemd.unified_cgroup_hierarchy=1)")
 			continue
 		}
 		d := filepath.Join(h.own, name)
+		if dry {
+			if err := mayCreate(d); err != nil {
+				m.missing = append(m.missing, fmt.Sprintf("%s: %v", c, err))
+				m.note(CauseNotPermitted, v1Fix)
+				continue
+			}
+			m.dirs[c] = d
+			continue
+		}
 		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			m.missing = append(m.missing, fmt.Sprintf("%s: create %s: %v", c, d, err))
+			m.note(CauseNotPermitted, v1Fix)
 			continue
 		}
 		if unix.Access(filepath.Join(d, "cgroup.procs"), unix.W_OK) != nil {
-			m.missing = append(m.missing, fmt.Sprintf("%s: %s is not writable by uid %d", c, d, os.Geteuid()))
+			m.missing = append(m.missing, fmt.Sprintf("%s: %s is not writable by uid %d", c, d, euid))
+			m.note(CauseNotPermitted, v1Fix)
 			continue
 		}
 		m.dirs[c] = d
 	}
 }
 
-func (m *Manager) setupV2(h hierarchy, name string, euid int) {
+// v1Fix: cgroup v1 hands no subtree to a user.
+const v1Fix = "run the runtime as root (cgroup v1 delegates nothing to a user), or boot with cgroup v2 (systemd.unified_cgroup_hierarchy=1) and run it under systemd with Delegate=yes"
+
+// v2Fix: the ways to a cgroup v2 subtree of one's own.
+const v2Fix = "run the runtime as root, or under systemd with Delegate=yes (`k3sm install` writes such a unit; unprivileged: `systemd-run --user -p Delegate=yes k3sm server`)"
+
+// mayCreate is a dry run of creating cgroup d (or of using it, when it
+// exists): what New would be refused.
+func mayCreate(d string) error {
+	target := filepath.Join(d, "cgroup.procs")
+	if _, err := os.Stat(d); errors.Is(err, os.ErrNotExist) {
+		target = filepath.Dir(d)
+	}
+	if err := unix.Access(target, unix.W_OK); err != nil {
+		return fmt.Errorf("%s is not writable by uid %d: %w", target, os.Geteuid(), err)
+	}
+	return nil
+}
+
+func (m *Manager) setupV2(h hierarchy, name string, euid int, dry bool) {
 	m.version = V2
 	if filepath.Base(h.own) == LeafName && h.rel != "/" && delegatedV2(filepath.Dir(h.own)) {
 		// Already in the leaf of a delegated cgroup (a previous daemon
@@ -249,34 +354,64 @@ func (m *Manager) setupV2(h hierarchy, name string, euid int) {
 			want = append(want, c)
 		} else {
 			m.missing = append(m.missing, fmt.Sprintf("%s: not in %s", c, filepath.Join(parent, "cgroup.controllers")))
+			m.note(CauseNoController, "enable the controller for "+parent+" (its parent's cgroup.subtree_control; systemd's Delegate=yes does) and check the kernel command line for cgroup_disable=")
 		}
 	}
 	if len(want) == 0 {
 		return
 	}
-	err := enableV2(parent, want)
-	if errors.Is(err, syscall.EBUSY) && parent == h.own && (delegated || h.rel == "/") {
-		if err = evacuate(parent); err == nil {
-			err = enableV2(parent, want)
+	var err error
+	if dry {
+		err = mayEnableV2(parent, want)
+	} else {
+		err = enableV2(parent, want)
+		if errors.Is(err, syscall.EBUSY) && parent == h.own && (delegated || h.rel == "/") {
+			if err = evacuate(parent); err == nil {
+				err = enableV2(parent, want)
+			}
 		}
 	}
 	if err != nil {
-		m.reason = fmt.Sprintf("cgroup v2: %v: run the daemon as root or under systemd with Delegate=yes (k3sm install writes such a unit)", err)
+		m.reason = fmt.Sprintf("cgroup v2: %v", err)
 		m.missing = append(m.missing, err.Error())
+		m.note(CauseNotPermitted, v2Fix)
 		return
 	}
 	d := filepath.Join(parent, name)
-	if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		m.missing = append(m.missing, fmt.Sprintf("create %s: %v", d, err))
-		return
-	}
-	if err := enableV2(d, want); err != nil {
-		m.missing = append(m.missing, err.Error())
-		return
+	if dry {
+		if err := mayCreate(d); err != nil {
+			m.missing = append(m.missing, err.Error())
+			m.note(CauseNotPermitted, v2Fix)
+			return
+		}
+	} else {
+		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			m.missing = append(m.missing, fmt.Sprintf("create %s: %v", d, err))
+			m.note(CauseNotPermitted, v2Fix)
+			return
+		}
+		if err := enableV2(d, want); err != nil {
+			m.missing = append(m.missing, err.Error())
+			m.note(CauseNotPermitted, v2Fix)
+			return
+		}
 	}
 	for _, c := range want {
 		m.dirs[c] = d
 	}
+}
+
+// mayEnableV2 is a dry run of enableV2: the controllers are enabled
+// already, or cgroup.subtree_control may be written.
+func mayEnableV2(d string, cs []string) error {
+	on := strings.Fields(readString(filepath.Join(d, "cgroup.subtree_control")))
+	if !slices.ContainsFunc(cs, func(c string) bool { return !slices.Contains(on, c) }) {
+		return nil
+	}
+	if err := unix.Access(filepath.Join(d, "cgroup.subtree_control"), unix.W_OK); err != nil {
+		return fmt.Errorf("cgroups: enable %s below %s: %w", strings.Join(cs, ", "), d, err)
+	}
+	return nil
 }
 
 // delegatedV2: systemd marks a cgroup it delegated (Delegate=yes) with

@@ -206,10 +206,15 @@ func Run(ctx context.Context, cfg Config) error {
 		network = netd
 	}
 	cg := cgroups.New(cfg.Cgroups)
-	if cg.Version() == cgroups.None {
-		log.Info("resources: limits enforced by the sampler (memory checked every second, CPU as a nice priority, no pids limit)", "cgroups", cg.Describe())
+	if sup := cg.Support(); cg.Version() == cgroups.None {
+		// GetRuntimeInfo reports it too, for doctor and status; pods with
+		// a limit get a LimitNotEnforced event.
+		log.Warn("resources: no cgroups; limits enforced by the sampler (memory checked every second, CPU only as a nice priority, no pids limit)", "reason", sup.Reason, "fix", sup.Fix)
 	} else {
 		log.Info("resources: cgroups", "cgroups", cg.Describe(), "podPidsLimit", cg.PodPidsLimit())
+		if sup.Reason != "" {
+			log.Warn("resources: some limits are not enforced by cgroups", "enforced", sup.Enforced, "reason", sup.Reason, "fix", sup.Fix)
+		}
 		favorDynMods(cfg.KeepCgroupAttachMode, log)
 	}
 	mgr, err := pod.NewManager(pod.Config{DataDir: dataDir, Images: store, Starter: starter, Network: network, Cgroups: cg, ShimPath: cfg.ShimPath, DisableSandbox: cfg.DisableSandbox,

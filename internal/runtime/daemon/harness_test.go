@@ -70,6 +70,12 @@ func testConfig(dir string) Config {
 }
 
 func subprocessDaemon(dir string) int {
+	if os.Getenv(remountSysEnv) != "" {
+		if err := remountSys(); err != nil {
+			fmt.Fprintln(os.Stderr, "daemon:", err)
+			return 1
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	cfg := testConfig(dir)
@@ -92,6 +98,9 @@ type env struct {
 	// The last subprocess daemon's log file and exit (startSubprocess).
 	daemonLog    string
 	daemonExited chan error
+	// remountSys: the subprocess daemon runs as under `ip netns exec`
+	// (remountSys), without cgroups.
+	remountSys bool
 }
 
 func integration(t *testing.T) {
@@ -206,6 +215,10 @@ func (e *env) startSubprocess() *exec.Cmd { return e.startSubprocessShim(shimBin
 func (e *env) startSubprocessShim(shim string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), subprocessEnv+"="+e.dir, "K3SM_TEST_SHIM="+shim)
+	if e.remountSys {
+		cmd.Env = append(cmd.Env, remountSysEnv+"=1")
+		cmd.SysProcAttr = ownMountNamespace()
+	}
 	// Its log, shown when it does not come up.
 	logf, err := os.CreateTemp(e.t.TempDir(), "daemon-*.log")
 	if err != nil {

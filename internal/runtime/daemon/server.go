@@ -23,6 +23,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
 	"github.com/k3sm-dev/k3sm/internal/runtime/criolog"
 	"github.com/k3sm-dev/k3sm/internal/runtime/image"
+	"github.com/k3sm-dev/k3sm/internal/runtime/limits"
 	"github.com/k3sm-dev/k3sm/internal/runtime/pod"
 	"github.com/k3sm-dev/k3sm/internal/runtime/stats"
 )
@@ -74,7 +75,7 @@ func (s *server) GetRuntimeInfo(ctx context.Context, _ *runtimev1.GetRuntimeInfo
 	return &runtimev1.GetRuntimeInfoResponse{RuntimeName: "k3sm-runtimed", RuntimeVersion: v, ApiVersion: APIVersion,
 		Os: runtime.GOOS, Arch: runtime.GOARCH, KernelVersion: kernel, CpuCores: int64(runtime.NumCPU()),
 		MemoryBytes: int64(memTotal()), MaxPods: s.cfg.MaxPods, BootId: s.mgr.BootID(), CloneMethod: s.cloneMethod,
-		PodNetwork: podNetwork, PodNetworkDetail: detail}, nil
+		PodNetwork: podNetwork, PodNetworkDetail: detail, ResourceLimits: limits.Proto(s.cgroups.Support())}, nil
 }
 
 // UpdateRuntimeConfig passes the node's pod range on to k3sm-netd.

@@ -756,6 +756,9 @@ type container struct {
 	// provider updates the pod again.
 	nextEnv    []*runtimev1.EnvVar
 	envPending bool
+	// limitsNoted: whether its limits the kernel does not enforce were
+	// told (LimitNotEnforced, once per daemon; under the pod's mu).
+	limitsNoted bool
 
 	proc Process
 	wake chan struct{}

@@ -3,6 +3,8 @@ package pod
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -160,6 +162,7 @@ func niceFor(qos string) int {
 // Without cgroups it returns none.
 func (p *managedPod) containerCgroups(spec *runtimev1.PodSpec, c *container, cspec *runtimev1.ContainerSpec) ([]string, error) {
 	cg := p.m.cfg.Cgroups
+	p.noteUnenforced(c, cspec)
 	if cg.Version() == cgroups.None {
 		return nil, nil
 	}
@@ -167,6 +170,60 @@ func (p *managedPod) containerCgroups(spec *runtimev1.PodSpec, c *container, csp
 		return nil, err
 	}
 	return cg.NewContainer(p.uid, c.name, containerResources(cspec))
+}
+
+// limitNotEnforcedReason is the Warning event of a container whose CPU or
+// memory limit the kernel does not hold it to: without it the fallback
+// is silent (a 100m pod was seen using 391m).
+const limitNotEnforcedReason = "LimitNotEnforced"
+
+// noteUnenforced emits limitNotEnforcedReason once per container and
+// daemon (not per restart: the cause is the node's, and lasts).
+func (p *managedPod) noteUnenforced(c *container, cspec *runtimev1.ContainerSpec) {
+	p.mu.Lock()
+	noted := c.limitsNoted
+	c.limitsNoted = true
+	p.mu.Unlock()
+	if noted {
+		return
+	}
+	if msg := unenforcedLimits(cspec.GetResources(), p.m.cfg.Cgroups.Support()); msg != "" {
+		p.event(warning, limitNotEnforcedReason, c.name, msg)
+	}
+}
+
+// unenforcedLimits says which of r's limits the kernel does not enforce
+// under s, and why; "" when it enforces them all.
+func unenforcedLimits(r *runtimev1.Resources, s cgroups.Support) string {
+	var what []string
+	if l := r.GetCpuLimitMillis(); l > 0 && !s.Enforces(cgroups.CPU) {
+		what = append(what, fmt.Sprintf("CPU limit %dm is not enforced (CPU time is only weighted by a nice priority)", l))
+	}
+	if l := r.GetMemoryLimitBytes(); l > 0 && !s.Enforces(cgroups.Memory) {
+		what = append(what, fmt.Sprintf("memory limit %s is not held by the kernel (the runtime checks it about once a second)", binaryQuantity(l)))
+	}
+	if len(what) == 0 {
+		return ""
+	}
+	msg := strings.Join(what, "; ") + ": " + s.Reason
+	if s.Fix != "" {
+		msg += " (`k3sm doctor` on the node says how to fix it)"
+	}
+	return msg
+}
+
+// binaryQuantity writes bytes as a Kubernetes quantity: 64Mi, 1Gi, or a
+// plain number when no binary suffix is exact.
+func binaryQuantity(b int64) string {
+	for _, u := range []struct {
+		suffix string
+		size   int64
+	}{{"Ti", 1 << 40}, {"Gi", 1 << 30}, {"Mi", 1 << 20}, {"Ki", 1 << 10}} {
+		if b%u.size == 0 {
+			return strconv.FormatInt(b/u.size, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(b, 10)
 }
 
 // noteOOM turns the termination of an attempt the kernel (its cgroup's

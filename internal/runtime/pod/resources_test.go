@@ -207,3 +207,45 @@ func TestPodTotal(t *testing.T) {
 		}
 	}
 }
+
+// The LimitNotEnforced message names each limit the kernel does not hold
+// the container to, and why; nothing when it holds them all.
+func TestUnenforcedLimits(t *testing.T) {
+	const mi = 1 << 20
+	none := cgroups.Support{Cause: cgroups.CauseNotMounted, Reason: "no cgroup hierarchy is mounted", Fix: "mount cgroup2"}
+	memOnly := cgroups.Support{Version: cgroups.V1, Enforced: []string{cgroups.Memory, cgroups.Pids}, Cause: cgroups.CauseNoController, Reason: "not available: cpu"}
+	all := cgroups.Support{Version: cgroups.V2, Enforced: []string{cgroups.CPU, cgroups.Memory, cgroups.Pids}}
+	for _, c := range []struct {
+		r       *runtimev1.Resources
+		s       cgroups.Support
+		want    []string
+		without []string
+	}{
+		{ctr("a", 100, 100, 0, 64*mi).Resources, none, []string{"CPU limit 100m is not enforced", "memory limit 64Mi is not held by the kernel", ": no cgroup hierarchy is mounted", "k3sm doctor"}, nil},
+		{ctr("a", 0, 1500, 0, 0).Resources, memOnly, []string{"CPU limit 1500m is not enforced", "): not available: cpu"}, []string{"memory", "k3sm doctor"}},
+		{ctr("a", 0, 0, 0, 100_000_000).Resources, memOnly, nil, nil},
+		{ctr("a", 0, 0, 0, 100_000_000).Resources, none, []string{"memory limit 100000000 is"}, []string{"CPU"}},
+		{ctr("a", 100, 200, 0, 64*mi).Resources, all, nil, nil},
+		{ctr("a", 100, 0, 0, 0).Resources, none, nil, nil}, // a request is not a limit
+	} {
+		got := unenforcedLimits(c.r, c.s)
+		if (got == "") != (len(c.want) == 0) {
+			t.Errorf("%v under %+v: %q", c.r, c.s, got)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(got, w) {
+				t.Errorf("%v under %+v: %q lacks %q", c.r, c.s, got, w)
+			}
+		}
+		for _, w := range c.without {
+			if strings.Contains(got, w) {
+				t.Errorf("%v under %+v: %q has %q", c.r, c.s, got, w)
+			}
+		}
+	}
+	for b, want := range map[int64]string{64 << 20: "64Mi", 1 << 30: "1Gi", 1536: "1536", 3 << 10: "3Ki", 1000: "1000"} {
+		if got := binaryQuantity(b); got != want {
+			t.Errorf("binaryQuantity(%d) = %s, want %s", b, got, want)
+		}
+	}
+}

@@ -86,7 +86,7 @@ func Run(o Options) *Report {
 	}
 	r := &Report{DataDir: o.DataDir, OS: osName()}
 	r.Checks = append(r.Checks, privilege(os.Geteuid()))
-	r.Checks = append(r.Checks, kernelChecks(existingParent(o.DataDir))...)
+	r.Checks = append(r.Checks, kernelChecks(existingParent(o.DataDir), o.DataDir)...)
 	running, pid, lockErr := controlplane.ServerHoldsLock(o.DataDir)
 	if lockErr != nil {
 		running = false

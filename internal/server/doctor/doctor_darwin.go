@@ -8,7 +8,7 @@ func osName() string { return "darwin" }
 
 // kernelChecks: the Linux kernel features have no macOS counterpart to
 // check; what the runtime uses there is clonefile on APFS.
-func kernelChecks(dir string) []Check {
+func kernelChecks(dir, _ string) []Check {
 	fstype, err := fsType(dir)
 	return []Check{apfsVerdict(dir, fstype, err)}
 }

@@ -1,26 +1,32 @@
 package doctor
 
 import (
+	"context"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 
+	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
+	"github.com/k3sm-dev/k3sm/internal/runtime/limits"
 	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
 )
 
 func osName() string { return "linux" }
 
-func kernelChecks(string) []Check {
+func kernelChecks(_, dataDir string) []Check {
 	euid := os.Geteuid()
 	maxNS, _ := strconv.Atoi(readTrim("/proc/sys/user/max_user_namespaces"))
 	fs, _ := os.ReadFile("/proc/filesystems")
 	abi, err := sandbox.LandlockVersion()
-	v2, own, writable, controllers := cgroupState()
+	socket := datadir.New(dataDir).RuntimeSocket()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	lim := limits.Ask(ctx, socket)
+	cancel()
 	tables, nerr := nftTables()
 	mode, merr := cgroups.ReadAttachMode("/proc/self/mountinfo")
 	why := ""
@@ -32,7 +38,7 @@ func kernelChecks(string) []Check {
 		overlayVerdict(string(fs)),
 		landlockVerdict(abi, err),
 		podIDsVerdict(euid, why),
-		cgroupVerdict(v2, own, writable, controllers),
+		cgroupVerdict(lim, socket, euid),
 		attachVerdict(mode, merr, euid),
 		nftVerdict(tables, nerr, euid),
 	}
@@ -42,26 +48,6 @@ func kernelChecks(string) []Check {
 func readTrim(path string) string {
 	b, _ := os.ReadFile(path)
 	return strings.TrimSpace(string(b))
-}
-
-// cgroupState: whether /sys/fs/cgroup is cgroup v2, this process's cgroup,
-// and whether this process may create cgroups below it.
-func cgroupState() (v2 bool, own string, writable bool, controllers string) {
-	var st unix.Statfs_t
-	if err := unix.Statfs("/sys/fs/cgroup", &st); err != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
-		return false, "", false, ""
-	}
-	raw, _ := os.ReadFile("/proc/self/cgroup")
-	for _, line := range strings.Split(string(raw), "\n") {
-		if p, ok := strings.CutPrefix(line, "0::"); ok {
-			own = filepath.Join("/sys/fs/cgroup", p)
-		}
-	}
-	if own == "" {
-		return true, "(unknown)", false, ""
-	}
-	writable = unix.Access(own, unix.W_OK) == nil && unix.Access(filepath.Join(own, "cgroup.procs"), unix.W_OK) == nil
-	return true, own, writable, readTrim(filepath.Join(own, "cgroup.controllers"))
 }
 
 // nftTables lists the nftables tables over netlink (needs CAP_NET_ADMIN).

@@ -7,7 +7,7 @@ import "errors"
 func osName() string { return "other" }
 
 // kernelChecks: k3sm runs on Linux and macOS only.
-func kernelChecks(string) []Check {
+func kernelChecks(string, string) []Check {
 	return []Check{{Name: "os", Status: Fail, Detail: "k3sm runs on Linux and macOS only", Fix: "run k3sm on Linux or macOS"}}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
 	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
+	"github.com/k3sm-dev/k3sm/internal/runtime/limits"
 	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
 	"github.com/k3sm-dev/k3sm/internal/server/certs"
 )
@@ -124,7 +125,7 @@ func TestLandlockVerdict(t *testing.T) {
 // On this machine the check reports the ABI the sandbox applies.
 func TestLandlockCheckMatchesSandbox(t *testing.T) {
 	var got *Check
-	for _, c := range kernelChecks(t.TempDir()) {
+	for _, c := range kernelChecks(t.TempDir(), t.TempDir()) {
 		if c.Name == "landlock" {
 			got = &c
 		}
@@ -149,13 +150,34 @@ func TestLandlockCheckMatchesSandbox(t *testing.T) {
 }
 
 func TestCgroupVerdict(t *testing.T) {
-	want(t, cgroupVerdict(false, "", false, ""), Warn, "cgroup v1")
+	const sock = "/d/run/runtime.sock"
+	all := []string{cgroups.CPU, cgroups.Memory, cgroups.Pids}
+	netns := cgroups.Support{Cause: cgroups.CauseNotMounted, Reason: "no cgroup hierarchy is mounted in the runtime's mount namespace (/sys/fs/cgroup is empty)", Fix: "start it without `ip netns exec`"}
+	c := cgroupVerdict(limits.Report{Support: netns, OS: "linux", FromRuntime: true}, sock, 0)
+	want(t, c, Fail, "the running runtime reports no cgroups: no cgroup hierarchy is mounted")
+	want(t, c, Fail, "pods' CPU and memory limits are not enforced by the kernel")
+	if c.Fix != netns.Fix {
+		t.Errorf("fix %q, want the detection's", c.Fix)
+	}
+	want(t, cgroupVerdict(limits.Report{Support: netns, OS: "linux"}, sock, 0), Fail, "no runtime runs at "+sock)
+	rootless := cgroups.Support{Cause: cgroups.CauseNotPermitted, Reason: "cgroup v2: permission denied", Fix: "Delegate=yes"}
+	want(t, cgroupVerdict(limits.Report{Support: rootless, OS: "linux"}, sock, 1000), Warn, "CPU and memory limits are not enforced")
+	noCPU := cgroups.Support{Version: cgroups.V1, Enforced: []string{cgroups.Memory, cgroups.Pids}, Cause: cgroups.CauseNoController, Reason: "not available: cpu: no v1 hierarchy mounted", Fix: "mount it"}
+	want(t, cgroupVerdict(limits.Report{Support: noCPU, OS: "linux", FromRuntime: true}, sock, 0), Fail, "pods' CPU limits are not enforced")
+	noPids := cgroups.Support{Version: cgroups.V2, Enforced: []string{cgroups.CPU, cgroups.Memory}, Cause: cgroups.CauseNoController, Reason: "not available: pids", Fix: "enable it"}
+	want(t, cgroupVerdict(limits.Report{Support: noPids, OS: "linux", FromRuntime: true}, sock, 0), Warn, "pids limit (4096) is not enforced")
+	want(t, cgroupVerdict(limits.Report{Support: cgroups.Support{Version: cgroups.V1, Enforced: all}, OS: "linux"}, sock, 0), Warn, "cgroup v1: cpu, memory, pids limits enforced")
+	want(t, cgroupVerdict(limits.Report{Support: cgroups.Support{Version: cgroups.V2, Enforced: all}, OS: "linux", FromRuntime: true}, sock, 0), Pass, "the running runtime reports cgroup v2: cpu, memory, pids limits enforced")
+	// A runtime doctor cannot ask: what doctor finds itself, never a PASS.
+	c = cgroupVerdict(limits.Report{Support: cgroups.Support{Version: cgroups.V2, Enforced: all}, OS: "linux", AskErr: syscall.EACCES}, sock, 1000)
+	want(t, c, Warn, "could not be asked (permission denied); doctor, as uid 1000, finds cgroup v2")
+	if !strings.Contains(c.Fix, "sudo k3sm doctor") {
+		t.Errorf("fix %q", c.Fix)
+	}
 	want(t, attachVerdict(cgroups.AttachMode{Mount: "/sys/fs/cgroup", Options: []string{"nsdelegate", "favordynmods"}, Favored: true}, nil, 0), Pass, "favordynmods is set")
 	want(t, attachVerdict(cgroups.AttachMode{Mount: "/sys/fs/cgroup/unified", Options: []string{"nsdelegate"}}, nil, 0), Warn, "sets it when its runtime starts")
 	want(t, attachVerdict(cgroups.AttachMode{Mount: "/sys/fs/cgroup"}, nil, 1000), Warn, "not root cannot set it")
 	want(t, attachVerdict(cgroups.AttachMode{}, nil, 0), Warn, "no cgroup2 hierarchy")
-	want(t, cgroupVerdict(true, "/sys/fs/cgroup/user.slice", false, ""), Warn, "not delegated")
-	want(t, cgroupVerdict(true, "/sys/fs/cgroup/system.slice/k3sm.service", true, "cpu memory pids\n"), Pass, "delegated (controllers: cpu memory pids)")
 }
 
 func TestNftVerdict(t *testing.T) {

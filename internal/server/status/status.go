@@ -16,11 +16,13 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
+	"github.com/k3sm-dev/k3sm/internal/runtime/limits"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	corev1 "k8s.io/api/core/v1"
@@ -59,7 +61,17 @@ const (
 	Unhealthy = "unhealthy" // running but its health check fails
 	Down      = "down"      // no process (exited; the supervisor restarts it)
 	Off       = "off"       // not run by this server's configuration
+	// Impaired: running and answering, but it cannot do all of its job:
+	// runtimed on Linux whose cgroups do not hold pods to their CPU or
+	// memory limits (the state is degraded).
+	Impaired = "impaired"
 )
+
+// impaired is a probe's answer for a component that serves, but not all
+// it should.
+type impaired struct{ detail string }
+
+func (i impaired) Error() string { return i.detail }
 
 // Report is the -o json schema of `k3sm status` (docs/operations.md).
 type Report struct {
@@ -172,7 +184,7 @@ func (r *Report) checkRunning(ctx context.Context, l datadir.Layout, pid int, ti
 		{roleconfig.APIServer, p.apiserver},
 		{roleconfig.Scheduler, p.healthz(ri.SchedulerPort)},
 		{roleconfig.ControllerManager, p.healthz(ri.ControllerManagerPort)},
-		{roleconfig.Runtime, p.unix(l.RuntimeSocket(), "")},
+		{roleconfig.Runtime, p.runtime(l.RuntimeSocket())},
 		{roleconfig.Netd, p.unix(netdSocket(l, ri), "")},
 		{roleconfig.Node, p.node},
 	}
@@ -212,7 +224,10 @@ func (r *Report) checkRunning(ctx context.Context, l datadir.Layout, pid int, ti
 			pctx, cancel := context.WithTimeout(ctx, timeout)
 			detail, err := pr.probe(pctx)
 			cancel()
-			if err != nil {
+			var imp impaired
+			if errors.As(err, &imp) {
+				c.Health, c.Detail = Impaired, imp.detail
+			} else if err != nil {
 				c.Health, c.Detail = Unhealthy, err.Error()+": see "+l.LogDir()+"/"+child+".log"
 			} else {
 				c.Health, c.Detail = OK, detail
@@ -252,15 +267,25 @@ func (r *Report) checkRunning(ctx context.Context, l datadir.Layout, pid int, ti
 		}
 		r.Components = append(r.Components, c)
 	}
-	var bad []string
+	var bad, weak []string
 	for _, c := range r.Components {
-		if c.Health == Unhealthy || c.Health == Down {
+		switch c.Health {
+		case Unhealthy, Down:
 			bad = append(bad, c.Name)
+		case Impaired:
+			weak = append(weak, c.Name)
 		}
 	}
+	var hints []string
 	if len(bad) > 0 {
+		hints = append(hints, fmt.Sprintf("unhealthy: %v; the supervisor restarts components that exit; see their logs in %s and %s", bad, l.LogDir(), l.ServerLog()))
+	}
+	if len(weak) > 0 {
+		hints = append(hints, fmt.Sprintf("impaired: %v; `k3sm doctor` says how to fix it", weak))
+	}
+	if len(hints) > 0 {
 		r.State = Degraded
-		r.Hint = fmt.Sprintf("unhealthy: %v; the supervisor restarts components that exit; see their logs in %s and %s", bad, l.LogDir(), l.ServerLog())
+		r.Hint = strings.Join(hints, "; ")
 	}
 }
 
@@ -298,6 +323,28 @@ func (p prober) unix(path, detail string) func(context.Context) (string, error) 
 		}
 		c.Close()
 		return join(detail, "serves "+path), nil
+	}
+}
+
+// runtime asks runtimed what it reported at its start: which pod limits
+// the kernel enforces (the same answer `k3sm doctor` shows).
+func (p prober) runtime(socket string) func(context.Context) (string, error) {
+	return func(ctx context.Context) (string, error) {
+		s, goos, err := limits.FromRuntime(ctx, socket)
+		switch {
+		case err != nil && goos != "":
+			// Answers, but too old to say: what it answers is its health.
+			return join("serves "+socket, err.Error()), nil
+		case err != nil:
+			return "", err
+		case limits.Impaired(goos, s):
+			d := fmt.Sprintf("serves %s, but pods' %s are not enforced by the kernel: %s", socket, limits.Unenforced(s), s.Describe())
+			if s.Fix != "" {
+				d += "; fix: " + s.Fix
+			}
+			return "", impaired{d}
+		}
+		return "serves " + socket + "; " + s.Describe(), nil
 	}
 }
 
