@@ -204,7 +204,12 @@ func TestRootlessServerPodNetwork(t *testing.T) {
 	if len(s.netdPids()) != 0 {
 		t.Errorf("the server started a k3sm-netd of its own: %v", s.netdPids())
 	}
-	if st, code := runExit(t, "status", "--data-dir", s.dataDir); code != 0 || !strings.Contains(st, "run apart from the server (--netd-socket)") {
+	// A rootless runtime on a host that delegates it no cgroups (cgroup
+	// v1, as on this build machine) cannot enforce pods' limits: status
+	// says so (degraded, runtimed impaired, with the fix), never healthy.
+	st, code := runExit(t, "status", "--data-dir", s.dataDir)
+	healthy := code == 0 || (code == 4 && strings.Contains(st, "impaired: [runtimed]") && strings.Contains(st, "not enforced by the kernel"))
+	if !healthy || !strings.Contains(st, "run apart from the server (--netd-socket)") {
 		t.Errorf("k3sm status (exit %d):\n%s", code, st)
 	}
 }
