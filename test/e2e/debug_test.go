@@ -8,9 +8,12 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+
+	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 )
 
 // ephemeralStatus returns the pod's status of ephemeral container name.
@@ -24,10 +27,10 @@ func ephemeralStatus(p *corev1.Pod, name string) *corev1.ContainerStatus {
 }
 
 // TestKubectlDebug runs `kubectl debug` against a running pod: the
-// ephemeral container starts (once), runs in the target container's mount
-// namespace so it sees the target's volume, and reports its output, exit
-// code and events; `kubectl debug -i` attaches to its stdin, `-it` to its
-// terminal.
+// ephemeral container starts (once), shares the target container's pid
+// namespace so it reads the target's volume through /proc/1/root, and
+// reports its output, exit code and events; `kubectl debug -i` attaches to
+// its stdin, `-it` to its terminal.
 func TestKubectlDebug(t *testing.T) {
 	imgs := buildImages(t)
 	s := newServer(t)
@@ -36,7 +39,7 @@ func TestKubectlDebug(t *testing.T) {
 	s.deletePodsAtCleanup(t)
 
 	// The target writes into an emptyDir that only its own mount namespace
-	// shows at /data.
+	// shows at /data; the debugger reaches it through the target's root.
 	web := nativePod("web", imgs.prog, "append:/data/note:written-by-target", "forever")
 	web.Spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
 	web.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}
@@ -45,7 +48,7 @@ func TestKubectlDebug(t *testing.T) {
 
 	t.Run("non-interactive with --target", func(t *testing.T) {
 		out, err := s.kubectl("debug", "web", "--image="+imgs.prog, "--target=main", "-c", "debugger", "--",
-			"sh", "-c", "echo debugger-ran; cat /data/note; exit 3")
+			"sh", "-c", "echo debugger-ran; cat /proc/1/root/data/note; exit 3")
 		if err != nil {
 			t.Fatalf("kubectl debug: %v\n%s", err, out)
 		}
@@ -63,7 +66,7 @@ func TestKubectlDebug(t *testing.T) {
 		}
 		logs, err := s.kubectl("logs", "web", "-c", "debugger")
 		if err != nil || logs != "debugger-ran\nwritten-by-target\n" {
-			t.Fatalf("kubectl logs -c debugger: %v %q (want the target's /data/note)", err, logs)
+			t.Fatalf("kubectl logs -c debugger: %v %q (want the target's /data/note through /proc/1/root)", err, logs)
 		}
 		// The pod is unaffected: still Running and Ready, nothing restarted.
 		time.Sleep(2 * time.Second)
@@ -99,7 +102,7 @@ func TestKubectlDebug(t *testing.T) {
 
 	t.Run("interactive -i", func(t *testing.T) {
 		cmd := s.kubectlCmd("debug", "-i", "web", "--image="+imgs.prog, "--target=main", "-c", "interactive", "--",
-			"sh", "-c", `read line; echo "got:$line"; cat /data/note`)
+			"sh", "-c", `read line; echo "got:$line"; cat /proc/1/root/data/note`)
 		cmd.Stdin = strings.NewReader("typed-in\n")
 		out := &outBuf{}
 		cmd.Stdout, cmd.Stderr = out, out
@@ -139,7 +142,7 @@ func TestKubectlDebug(t *testing.T) {
 		cmd.Env = append(os.Environ(), "TERM=xterm")
 		term, out, done := startInPty(t, cmd, 24, 80)
 		out.waitFor(t, "If you don't see a command prompt", 2*time.Minute)
-		io.WriteString(term, "test -t 0 && echo IS-$((6*7))-TTY; cat /data/note; exit 4\r")
+		io.WriteString(term, "test -t 0 && echo IS-$((6*7))-TTY; cat /proc/1/root/data/note; exit 4\r")
 		out.waitFor(t, "IS-42-TTY", 30*time.Second)
 		out.waitFor(t, "written-by-target", 10*time.Second)
 		select {
@@ -154,4 +157,73 @@ func TestKubectlDebug(t *testing.T) {
 			return nil
 		})
 	})
+}
+
+// TestKubectlDebugTargetWithoutShell is issue 37's case: `kubectl debug
+// --target` with a busybox image on a pod whose image has no shell. The
+// debugger runs busybox's shell from its own image as "/", sees the
+// target's process as pid 1 of the namespace it shares, and reads the
+// target's files (its root and its emptyDir) through /proc/1/root; its
+// own view has none of the target's mounts.
+func TestKubectlDebugTargetWithoutShell(t *testing.T) {
+	imagetest.RequireBusybox(t)
+	bin, err := imagetest.BuildProg(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := imagetest.StartRegistry(t, "", "")
+	push := func(ref string, build func() (v1.Image, error)) string {
+		img, err := build()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return reg.Push(t, ref, img)
+	}
+	noShell := push("noshell:v1", func() (v1.Image, error) { return imagetest.ImageWithoutShell(bin) })
+	busybox := push("busybox:v1", func() (v1.Image, error) { return imagetest.Image(bin, v1.Platform{}) })
+	s := newServer(t)
+	s.start()
+	c := s.client()
+	s.deletePodsAtCleanup(t)
+
+	pod := nativePod("distroless", noShell, "append:/tmp/secret:in-target-root", "append:/data/note:in-target-volume", "echo:ready", "forever")
+	pod.Spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}
+	s.createPod(t, pod)
+	waitPod(t, c, "distroless", 2*time.Minute, running)
+	waitFor(t, time.Minute, "the target's files", func() error {
+		if out, _ := s.kubectl("logs", "distroless"); out != "ready\n" {
+			return fmt.Errorf("log %q", out)
+		}
+		return nil
+	})
+	if out, err := s.kubectl("exec", "distroless", "--", "sh", "-c", "true"); err == nil {
+		t.Fatalf("the target's image has a shell: %s", out)
+	}
+
+	out, err := s.kubectl("debug", "distroless", "--image="+busybox, "--target=main", "-c", "debugger", "--", "sh", "-c",
+		`[ -x /bin/sh ] && echo own-root-has-a-shell
+[ -e /proc/1/root/bin/sh ] || echo target-root-has-none
+ps -o pid,args | grep -v grep | grep '/app/prog append'
+cat /proc/1/root/tmp/secret /proc/1/root/data/note
+[ -e /data ] || echo not-the-target-mounts`)
+	if err != nil {
+		t.Fatalf("kubectl debug: %v\n%s", err, out)
+	}
+	got := waitPod(t, c, "distroless", 2*time.Minute, func(p *corev1.Pod) error {
+		if cs := ephemeralStatus(p, "debugger"); cs == nil || cs.State.Terminated == nil {
+			return fmt.Errorf("ephemeral statuses %+v", p.Status.EphemeralContainerStatuses)
+		}
+		return nil
+	})
+	logs, err := s.kubectl("logs", "distroless", "-c", "debugger")
+	want := "own-root-has-a-shell\ntarget-root-has-none\n" +
+		"    1 /app/prog append:/tmp/secret:in-target-root append:/data/note:in-target-volume echo:ready forever\n" +
+		"in-target-root\nin-target-volume\nnot-the-target-mounts\n"
+	if cs := ephemeralStatus(got, "debugger"); err != nil || logs != want || cs.State.Terminated.ExitCode != 0 {
+		t.Fatalf("debugger: %+v\nlog %q (%v)\nwant %q", cs.State.Terminated, logs, err, want)
+	}
+	if st := got.Status.ContainerStatuses[0]; got.Status.Phase != corev1.PodRunning || st.RestartCount != 0 || st.State.Running == nil {
+		t.Fatalf("the target after kubectl debug: %s %+v", got.Status.Phase, st)
+	}
 }

@@ -116,6 +116,20 @@ func TestIntegrationRootlessSandbox(t *testing.T) {
 		if st := fi.Sys().(*syscall.Stat_t); st.Uid != rootlessSubStart+999 || st.Gid != rootlessSubStart+3999 {
 			t.Errorf("a file the pod wrote: %d:%d, want %d:%d", st.Uid, st.Gid, rootlessSubStart+999, rootlessSubStart+3999)
 		}
+
+		// kubectl debug --target: a rootless shim cannot join a user
+		// namespace, so the debugger's starts in the target's; its init
+		// is born in the target's pid namespace, with its own root.
+		target := e.podSpec("debugme", "append:/tmp/secret:in-target-root", "echo:ready", "forever")
+		e.create(target)
+		e.waitLog(target.Uid, "ready\n")
+		e.addEphemeral(target, &runtimev1.EphemeralContainerSpec{TargetContainerName: "main", Container: &runtimev1.ContainerSpec{
+			Name: "dbg", Image: e.image, Command: []string{"sh", "-c", `tr '\0' ' ' </proc/1/cmdline; echo; cat /proc/1/root/tmp/secret; [ -e /tmp/secret ] || echo own-root`}}})
+		cs := e.waitEphemeralExit(target.Uid, "dbg")
+		logs, _ := e.logs(&runtimev1.GetLogsRequest{PodUid: target.Uid, Container: "dbg"})
+		if want := "/app/prog append:/tmp/secret:in-target-root echo:ready forever \nin-target-root\nown-root\n"; logs != want || cs.GetState().GetTerminated().GetExitCode() != 0 {
+			t.Errorf("rootless debugger: %v\nlog %q\nwant %q", cs.GetState().GetTerminated(), logs, want)
+		}
 	})
 
 	t.Run("without a range: only the pod's root", func(t *testing.T) {

@@ -350,8 +350,19 @@ func BuildProg(dir string) (string, error) {
 }
 
 // Image packs the binary at bin as /app/prog with Entrypoint ["/app/prog"],
-// for the given platform (empty: the host's).
+// for the given platform (empty: the host's), with the small system of
+// addSystem (busybox as its shell and tools, when installed).
 func Image(bin string, platform v1.Platform) (v1.Image, error) {
+	return progImage(bin, platform, true)
+}
+
+// ImageWithoutShell is Image for the host's platform without busybox: no
+// shell and no tools, as a distroless image (kubectl debug's use case).
+func ImageWithoutShell(bin string) (v1.Image, error) {
+	return progImage(bin, v1.Platform{}, false)
+}
+
+func progImage(bin string, platform v1.Platform, tools bool) (v1.Image, error) {
 	data, err := os.ReadFile(bin)
 	if err != nil {
 		return nil, err
@@ -366,7 +377,7 @@ func Image(bin string, platform v1.Platform) (v1.Image, error) {
 	msg := []byte("data shipped in the image\n")
 	tw.WriteHeader(&tar.Header{Name: "app/data/msg.txt", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(msg)), ModTime: now})
 	tw.Write(msg)
-	if err := addSystem(tw, now); err != nil {
+	if err := addSystem(tw, now, tools); err != nil {
 		return nil, err
 	}
 	tw.Close()

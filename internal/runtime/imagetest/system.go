@@ -39,11 +39,11 @@ func RequireBusybox(t testing.TB) {
 	}
 }
 
-// addSystem writes the small system a test image has: busybox and a link
-// for each of its applets in /bin (when installed), /etc/passwd and /etc/group with root
-// and an "app" user (1000:1000, a member of group "extra" 3000) whose home
-// holds a fifo (/home/app/fifo, 0600), and /tmp.
-func addSystem(tw *tar.Writer, now time.Time) error {
+// addSystem writes the small system a test image has: with tools, busybox
+// and a link for each of its applets in /bin (when installed); /etc/passwd
+// and /etc/group with root and an "app" user (1000:1000, a member of group
+// "extra" 3000) whose home holds a fifo (/home/app/fifo, 0600), and /tmp.
+func addSystem(tw *tar.Writer, now time.Time, tools bool) error {
 	dir := func(name string, mode int64) {
 		tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeDir, Mode: mode, ModTime: now})
 	}
@@ -59,7 +59,7 @@ func addSystem(tw *tar.Writer, now time.Time) error {
 	tw.WriteHeader(&tar.Header{Name: "home/app/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: now, Uid: 1000, Gid: 1000})
 	tw.WriteHeader(&tar.Header{Name: "home/app/fifo", Typeflag: tar.TypeFifo, Mode: 0o600, ModTime: now, Uid: 1000, Gid: 1000})
 	dir("tmp/", 0o1777)
-	if !HasBusybox() {
+	if !tools || !HasBusybox() {
 		return nil
 	}
 	data, err := os.ReadFile(BusyboxPath)

@@ -38,7 +38,8 @@ type ProcessSpec struct {
 	// process starts in; empty: the node's network.
 	NetNS string
 	// UserNS owns NetNS when the runtime is not root: the shim runs in
-	// both (sandbox.EnterPodArgv).
+	// both (sandbox.EnterPodArgv). Without a pod network, a rootless
+	// debug container's shim runs in its target's (NetNS empty).
 	UserNS string
 	// Sandbox is the container's boundary (nil: none, as on a node
 	// without one). See package sandbox.

@@ -174,42 +174,44 @@ func (p *managedPod) startEphemeral() {
 	}
 }
 
-// targetSandboxed reports whether ephemeral container c's target runs in
-// the sandbox.
-func (p *managedPod) targetSandboxed(c *container) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, t := range append(append([]*container{}, p.init...), p.main...) {
-		if t.name == c.target {
-			return t.sandboxed
-		}
-	}
-	return false
+// targetProc is the running workload of an ephemeral container's target
+// (kubectl debug --target).
+type targetProc struct {
+	sandboxed bool
+	// Join names it for the debugger's init (sandboxed only); native: its
+	// root is the host's view (`image: native`).
+	join   sandbox.Join
+	native bool
 }
 
-// enterTarget makes an ephemeral container's command run in the mount
-// namespace of its target container (kubectl debug --target), the way exec
-// enters a container. It reports whether it did: then the ephemeral
-// container's own volume mounts are not applied.
-func (p *managedPod) enterTarget(c *container, argv []string, dir string) ([]string, string, bool, error) {
+// target finds the running workload of ephemeral container c's target:
+// the debugger joins its namespaces, as upstream's joins the target's.
+func (p *managedPod) target(c *container) (targetProc, error) {
+	notRunning := fmt.Errorf("target container %q is not running", c.target)
 	p.mu.Lock()
-	pid := 0
-	boxed, stateDir := false, ""
-	for _, t := range append(append([]*container{}, p.init...), p.main...) {
-		if t.name == c.target && t.proc != nil && t.state.Running != nil {
-			pid = t.proc.Pid()
-			boxed, stateDir = t.sandboxed, t.stateDir
+	var t targetProc
+	pid, dir := 0, ""
+	for _, x := range append(append([]*container{}, p.init...), p.main...) {
+		if x.name == c.target && x.proc != nil && x.state.Running != nil {
+			pid, dir, t.sandboxed = x.proc.Pid(), x.stateDir, x.sandboxed
 		}
 	}
 	p.mu.Unlock()
 	if pid == 0 {
-		return nil, "", false, fmt.Errorf("target container %q is not running", c.target)
+		return t, notRunning
 	}
-	wrapped, wdir, err := p.m.enter(boxed, stateDir, pid, dir, argv, "")
-	if err != nil {
-		return nil, "", false, err
+	if !t.sandboxed {
+		return t, nil
 	}
-	return wrapped, wdir, len(wrapped) != len(argv), nil
+	// Its shim's record: the start time tells the process from a later
+	// one given the same pid.
+	att, err := sandbox.ReadAttempt(dir, true)
+	if err != nil || att.Sandbox == nil || att.Pid != pid {
+		return t, notRunning
+	}
+	t.join = sandbox.Join{Pid: pid, StartTicks: att.StartTicks}
+	t.native = att.Sandbox.Lower == ""
+	return t, nil
 }
 
 // loop runs c's attempts under policy until it stops for good.
@@ -372,8 +374,7 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 	c.state = containerState{Waiting: &waiting{Reason: "ContainerCreating"}}
 	// Whether this attempt runs in the sandbox (probes and exec enter it),
 	// recorded with this update rather than one more before the start.
-	sandboxOn := !p.m.cfg.DisableSandbox && sandboxed()
-	boxed := sandboxOn && c.target == ""
+	boxed := !p.m.cfg.DisableSandbox && sandboxed()
 	c.sandboxed = boxed
 	if img != nil {
 		c.imageID, c.imageDigest = repoDigestFor(img, c.spec.GetImage()), img.ID
@@ -424,7 +425,7 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 	// is copied; each attempt starts from the image, as a new container
 	// does). Otherwise the container's root is a copy-on-write clone of
 	// the image, kept across restarts of the same image.
-	if sandboxOn {
+	if boxed {
 		if msg := refusal(spec, cspec); msg != "" {
 			return p.refuse(ctx, c, msg)
 		}
@@ -473,42 +474,55 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 		p.update(func() { c.rootImage = img.ID })
 	}
 
-	resolveRoot, inRoot := root, boxed
-	if c.target != "" && p.targetSandboxed(c) {
-		// It runs in the target's sandbox (kubectl debug --target), so its
-		// paths are the target's view.
-		inRoot = true
-	}
-	if inRoot && img == nil {
+	resolveRoot := root
+	if boxed && img == nil {
 		resolveRoot = nativeRoot
 	}
-	res, err := resolveProcess(spec, cspec, img, resolveRoot, inRoot)
+	res, err := resolveProcess(spec, cspec, img, resolveRoot, boxed)
 	if err != nil {
 		return fail(err.Error())
 	}
 	if boxed && !hasEnv(res.Env, "HOME") {
 		res.Env = append(res.Env, "HOME="+box.Identity.Home)
 	}
-	entered := false
+	// kubectl debug --target: the debugger is a container of its own (its
+	// image as "/", its volume mounts) in the target's user, pid, UTS and
+	// IPC namespaces. Outside the sandbox there are none to join: it sees
+	// the target's processes as the node does.
+	var join *sandbox.Join
+	keepLandlock := true
 	if c.target != "" {
-		if res.Argv, res.Dir, entered, err = p.enterTarget(c, res.Argv, res.Dir); err != nil {
-			return fail(err.Error())
-		}
-	}
-	var ms []mounts.Mount
-	if !entered {
-		if ms, err = p.containerMounts(cspec, root, res.Env); err != nil {
-			return fail(err.Error())
-		}
-		m, env, err := p.resolvConf(spec)
+		t, err := p.target(c)
 		if err != nil {
 			return fail(err.Error())
 		}
-		if m != nil {
-			ms = append(ms, *m) // last: over whatever a volume put at /etc
+		if boxed {
+			if !t.sandboxed {
+				return fail(fmt.Sprintf("target container %q runs outside the sandbox (started before it was enabled): its namespaces cannot be joined; restart the pod", c.target))
+			}
+			join = &t.join
+			// Landlock lets a process reach /proc/<pid>/root only of
+			// processes in its own domain, which a debugger, started after
+			// the target, cannot share. With both roots images, the
+			// debugger goes without: through the target's root it reaches
+			// what the target reaches, under the target's mount flags.
+			// Either on the host's view keeps it: that view is bounded by
+			// Landlock alone.
+			keepLandlock = img == nil || t.native
 		}
-		res.Env = append(res.Env, env...)
 	}
+	ms, err := p.containerMounts(cspec, root, res.Env)
+	if err != nil {
+		return fail(err.Error())
+	}
+	m, env, err := p.resolvConf(spec)
+	if err != nil {
+		return fail(err.Error())
+	}
+	if m != nil {
+		ms = append(ms, *m) // last: over whatever a volume put at /etc
+	}
+	res.Env = append(res.Env, env...)
 	if boxed {
 		// The volumes exist now (containerMounts sets them up).
 		if err := p.ownVolumes(spec); err != nil {
@@ -544,6 +558,12 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 	}
 
 	res.fillPodIP(podIP)
+	if join != nil && sandbox.Rootless() && userns == "" {
+		// A rootless shim cannot join a user namespace: it starts in the
+		// target's (each container has its own without a pod network),
+		// where it is root. The shim checks it is the target's.
+		userns = fmt.Sprintf("/proc/%d/ns/user", join.Pid)
+	}
 	var sb *sandbox.Spec
 	if boxed {
 		box.PodUserNS = userns
@@ -562,8 +582,12 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 		if sandbox.Rootless() {
 			sb.Own = p.rootlessOwners(spec)
 		}
+		sb.Join = join
+		if !keepLandlock {
+			sb.Landlock = nil
+		}
 	}
-	if !boxed && !entered {
+	if !boxed {
 		// Where the boundary is a wrapper (darwin's Seatbelt).
 		in := sandboxInput{Pod: spec, Container: cspec, PodDir: p.dir, Root: root, Native: img == nil}
 		in.addMounts(ms)

@@ -18,7 +18,8 @@ import (
 )
 
 // InitMain is the container's init: the shim re-executed with InitArg in
-// the pod's new user, pid, UTS and IPC namespaces (see Start). Once the
+// the pod's new user, pid, UTS and IPC namespaces, or a target's (see
+// Start). Once the
 // shim built the root it takes a mount namespace of its own, mounts /proc
 // for its pid namespace and a devpts instance, masks what /proc must not
 // show, pivots into the root, sets the hostname and execs the workload
@@ -53,6 +54,9 @@ func InitMain() int {
 	if err := json.Unmarshal(buf[:n], &cfg); err != nil {
 		return fail(fmt.Errorf("init config: %w", err))
 	}
+	if cfg.Spec.Join != nil {
+		syscall.CloseOnExec(userNSFD) // nsenter's, if it had it
+	}
 	n, rootFD, err := recvFD(initFD, buf)
 	if err != nil || n == 0 {
 		return 1 // the shim gave up (and said why)
@@ -79,7 +83,8 @@ func InitMain() int {
 			return fail(err)
 		}
 	}
-	if h := cfg.Spec.Hostname; h != "" {
+	// A joined UTS namespace is the target's, named already.
+	if h := cfg.Spec.Hostname; h != "" && cfg.Spec.Join == nil {
 		if err := unix.Sethostname([]byte(h)); err != nil {
 			return fail(fmt.Errorf("set the hostname: %w", err))
 		}
@@ -100,7 +105,7 @@ func buildRootless(cfg *initConfig) (int, error) {
 	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 		return -1, fmt.Errorf("new mount namespace: %w", err)
 	}
-	if err := prepare(cfg.Spec, cfg.Mounts, cfg.Stage, cfg.Scratch, 0); err != nil {
+	if err := prepare(cfg.Spec, cfg.Mounts, cfg.Stage, cfg.Scratch, ""); err != nil {
 		return -1, err
 	}
 	if cfg.Stage == "" {

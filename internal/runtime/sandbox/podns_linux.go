@@ -82,9 +82,9 @@ func HoldMain() int {
 }
 
 // EnterPodArgv is argv run inside the pod's user and network namespaces
-// (pinned at userns and netns), with a mount namespace of its own (private
-// below, so the shim's mounts stay its own) and the caller's uid, which is
-// the pod's root there.
+// (pinned at userns and netns; netns "" keeps the caller's), with a mount
+// namespace of its own (private below, so the shim's mounts stay its own)
+// and the caller's uid, which is the pod's root there.
 func EnterPodArgv(userns, netns string, argv []string) ([]string, error) {
 	nsenter, err := lookTool("nsenter")
 	if err != nil {
@@ -94,8 +94,12 @@ func EnterPodArgv(userns, netns string, argv []string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return append([]string{nsenter, "--user=" + userns, "--net=" + netns, "--preserve-credentials", "--",
-		unshare, "--mount", "--propagation", "slave", "--"}, argv...), nil
+	out := []string{nsenter, "--user=" + userns}
+	if netns != "" {
+		out = append(out, "--net="+netns)
+	}
+	out = append(out, "--preserve-credentials", "--", unshare, "--mount", "--propagation", "slave", "--")
+	return append(out, argv...), nil
 }
 
 // DialIn connects to addr from inside the pod's network namespace

@@ -73,6 +73,21 @@ type Spec struct {
 	// it builds the root (a runtime that is not root cannot give files to
 	// its subordinate ids; as root the runtime does it itself).
 	Own []Own `json:"own,omitempty"`
+
+	// Join is the running workload of the container an ephemeral
+	// container targets (kubectl debug --target): the init joins its
+	// user, pid, UTS and IPC namespaces instead of making its own, so the
+	// debugger sees the target's processes and reaches the target's files
+	// through /proc/<pid>/root from a root of its own. Nil: new ones.
+	Join *Join `json:"join,omitempty"`
+}
+
+// Join names a running process by its pid and its start time in clock
+// ticks after boot (/proc/<pid>/stat): a pid the kernel has since given to
+// another process is not joined.
+type Join struct {
+	Pid        int    `json:"pid"`
+	StartTicks uint64 `json:"startTicks"`
 }
 
 // Own gives the volume directory Path (a host path) to group GID of the
@@ -116,16 +131,17 @@ func JoinCgroups(dirs []string, pid int) error {
 
 // Attempt is what a container attempt's shim files say of its boundary:
 // config.json (shim.Config: sandbox, cgroups) and shim.json (the
-// workload's pid). This package cannot import the shim's, which imports
-// it; the field names are the shim's.
+// workload's pid and start time). This package cannot import the shim's,
+// which imports it; the field names are the shim's.
 type Attempt struct {
-	Sandbox *Spec    `json:"sandbox"`
-	Cgroups []string `json:"cgroups"`
-	Pid     int      `json:"pid"`
+	Sandbox    *Spec    `json:"sandbox"`
+	Cgroups    []string `json:"cgroups"`
+	Pid        int      `json:"pid"`
+	StartTicks uint64   `json:"startTicks"`
 }
 
 // ReadAttempt reads the attempt in dir: its config, and with running its
-// pid too (an error when the shim has not recorded one).
+// pid and start time too (an error when the shim has not recorded them).
 func ReadAttempt(dir string, running bool) (Attempt, error) {
 	var a Attempt
 	files := []string{"config.json"}

@@ -50,7 +50,8 @@ const InitArg = "init"
 
 // Start starts argv as the container's process under spec: the shim's
 // own executable re-executed as the init, in new user, pid, UTS and IPC
-// namespaces (and the caller's network namespace), with stdio and attrs
+// namespaces, or with spec.Join those of the target (verified to be the
+// process it was), and the caller's network namespace, with stdio and attrs
 // (process group or session) as given. Before the init may go on, the
 // shim (the caller, root in a mount namespace of its own) places it in
 // cgroups, builds the root at stage (see prepare) and the volumes (ms,
@@ -60,6 +61,30 @@ const InitArg = "init"
 // Start returns once the workload runs, or the error that kept it from
 // running.
 func Start(spec *Spec, ms []mounts.Mount, stage, scratch string, cgroups []string, argv, env []string, dir string, stdin, stdout, stderr *os.File, attrs *syscall.SysProcAttr) (*exec.Cmd, error) {
+	rootless := Rootless()
+	var tgt *target
+	path, args := fdPath(exeFD), []string{"k3sm-shim", InitArg}
+	if spec.Join != nil {
+		var err error
+		if tgt, err = openTarget(spec.Join); err != nil {
+			return nil, err
+		}
+		defer tgt.Close()
+		if !tgt.ownUser {
+			// A Go program, being multi-threaded, cannot join a user
+			// namespace: nsenter joins the target's, then runs the init.
+			// Unprivileged, the shim could not; the runtime starts it
+			// inside the target's user namespace.
+			if rootless {
+				return nil, errors.New("the shim does not run in the target container's user namespace")
+			}
+			nsenter, err := lookTool("nsenter")
+			if err != nil {
+				return nil, err
+			}
+			path, args = nsenter, []string{"nsenter", "--user=" + fdPath(userNSFD), "--", fdPath(exeFD), InitArg}
+		}
+	}
 	// The init is the shim's own binary, run through a descriptor: the
 	// pod's ids may not be allowed to reach its directory.
 	self, err := os.Open("/proc/self/exe")
@@ -81,15 +106,23 @@ func Start(spec *Spec, ms []mounts.Mount, stage, scratch string, cgroups []strin
 		return nil, err
 	}
 	defer resR.Close()
-	rootless := Rootless()
 	// Maps other than the runtime's own id are written by newuidmap and
 	// newgidmap once the init runs (rootless with a subordinate range).
-	remap := rootless && !(ownOnly(spec.UIDMap, uint32(os.Geteuid())) && ownOnly(spec.GIDMap, uint32(os.Getegid())))
+	remap := tgt == nil && rootless && !(ownOnly(spec.UIDMap, uint32(os.Geteuid())) && ownOnly(spec.GIDMap, uint32(os.Getegid())))
 	a := *attrs
-	a.Cloneflags |= syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC
 	env0 := []string{"GOMAXPROCS=1"}
+	extra := []*os.File{cfgR, resW, self}
+	if tgt != nil {
+		// Born in the target's namespaces (tgt.start), joining its user
+		// namespace through nsenter unless it is the shim's own.
+		if !tgt.ownUser {
+			extra = append(extra, tgt.user) // userNSFD
+		}
+	} else {
+		a.Cloneflags |= syscall.CLONE_NEWPID | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC
+	}
 	switch {
-	case len(spec.UIDMap) == 0:
+	case tgt != nil, len(spec.UIDMap) == 0:
 	case remap:
 		a.Cloneflags |= syscall.CLONE_NEWUSER
 		env0 = append(env0, remapEnv+"=1")
@@ -105,12 +138,16 @@ func Start(spec *Spec, ms []mounts.Mount, stage, scratch string, cgroups []strin
 		a.Credential = &syscall.Credential{Uid: 0, Gid: 0, NoSetGroups: true}
 	}
 	cmd := &exec.Cmd{
-		Path: fdPath(exeFD), Args: []string{"k3sm-shim", InitArg}, Dir: "/", Env: env0,
+		Path: path, Args: args, Dir: "/", Env: env0,
 		Stdin: stdin, Stdout: stdout, Stderr: stderr,
-		ExtraFiles:  []*os.File{cfgR, resW, self},
+		ExtraFiles:  extra,
 		SysProcAttr: &a,
 	}
-	err = cmd.Start()
+	if tgt != nil {
+		err = tgt.start(cmd)
+	} else {
+		err = cmd.Start()
+	}
 	cfgR.Close()
 	resW.Close()
 	if err != nil {
@@ -148,7 +185,17 @@ func Start(spec *Spec, ms []mounts.Mount, stage, scratch string, cgroups []strin
 				return fail(fmt.Errorf("give volume %s to fsGroup %d: %w", o.Path, o.GID, err))
 			}
 		}
-		if err := prepare(spec, ms, stage, scratch, cmd.Process.Pid); err != nil {
+		// The init's user namespace, for idmapped mounts (the target's,
+		// opened here: nsenter may not have joined it yet).
+		userns := ""
+		switch {
+		case len(spec.UIDMap) == 0:
+		case tgt != nil:
+			userns = fdPath(int(tgt.user.Fd()))
+		default:
+			userns = fmt.Sprintf("/proc/%d/ns/user", cmd.Process.Pid)
+		}
+		if err := prepare(spec, ms, stage, scratch, userns); err != nil {
 			return fail(err)
 		}
 	}
@@ -193,19 +240,14 @@ func hostRoot(ms []IDMap) (uint32, bool) {
 
 // prepare builds the container's root at stage in the shim's mount
 // namespace, which the init then enters and pivots into: the image
-// (Lower) through an idmapped mount of the init's user namespace (its
+// (Lower) through an idmapped mount of the init's user namespace (ns: its
 // files owned by the container's ids, though shared on disk by every pod
 // of the image), an overlay with the container's own upper directory, a
-// minimal /dev, a read-only /sys, and the mounts.
-func prepare(spec *Spec, ms []mounts.Mount, stage, scratch string, initPid int) error {
+// minimal /dev, a read-only /sys, and the mounts. ns is "" when the init
+// builds its root itself (rootless), inside its user namespace.
+func prepare(spec *Spec, ms []mounts.Mount, stage, scratch string, ns string) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
 		return fmt.Errorf("make the shim's mounts private: %w", err)
-	}
-	// The init's user namespace, for idmapped mounts; none when the init
-	// builds its root itself (rootless: initPid 0), inside it.
-	ns := ""
-	if len(spec.UIDMap) > 0 && initPid > 0 {
-		ns = fmt.Sprintf("/proc/%d/ns/user", initPid)
 	}
 	if spec.Lower == "" {
 		// The host's view, which the init shares until the go-ahead: the
