@@ -2,15 +2,10 @@ package dataplane
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // adoptNetNS pins only namespaces an unprivileged runtime made for itself:
@@ -21,25 +16,8 @@ func TestAdoptNetNS(t *testing.T) {
 		t.Skip("needs root: it pins namespaces, as netd does")
 	}
 	const runtimeUID, otherUID = 64991, 64992
-	start := func(uid int, args ...string) int {
-		cmd := exec.Command(args[0], args[1:]...)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		// Until unshare has made its namespaces and exec'd sleep.
-		deadline := time.Now().Add(10 * time.Second)
-		for time.Now().Before(deadline) {
-			if b, _ := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/comm"); strings.TrimSpace(string(b)) == "sleep" {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		return cmd.Process.Pid
-	}
-	own := start(runtimeUID, "unshare", "--user", "--net", "--map-root-user", "sleep", "60")
-	plain := start(runtimeUID, "sleep", "60")
+	own := startIn(t, runtimeUID, "unshare", "--user", "--net", "--map-root-user", "sleep", "60")
+	plain := startIn(t, runtimeUID, "sleep", "60")
 	dir := filepath.Join(t.TempDir(), "netns")
 	pin := func(name string) (string, string) {
 		p := filepath.Join(dir, name)
@@ -58,10 +36,7 @@ func TestAdoptNetNS(t *testing.T) {
 	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o711 {
 		t.Errorf("namespace directory %v %v, want 0711: the runtime enters the files", fi, err)
 	}
-	var pinned, live unix.Stat_t
-	unix.Stat(netPath, &pinned)
-	unix.Stat("/proc/"+strconv.Itoa(own)+"/ns/net", &live)
-	if pinned.Ino != live.Ino {
+	if !sameNS(t, netPath, "/proc/"+strconv.Itoa(own)+"/ns/net") {
 		t.Error("the pinned network namespace is not the process's")
 	}
 	for _, p := range []string{netPath, userPath} {
