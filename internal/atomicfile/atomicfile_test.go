@@ -42,3 +42,22 @@ func TestWriteFileFailureKeepsOld(t *testing.T) {
 		t.Fatalf("old file changed: %q", got)
 	}
 }
+
+func TestWriteFileNoSyncReplaces(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "state.json")
+	for _, v := range []string{"one", "two"} {
+		if err := WriteFileNoSync(p, []byte(v), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := os.ReadFile(p); string(got) != v {
+			t.Fatalf("read %q, want %q", got, v)
+		}
+	}
+	if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v", fi.Mode())
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Fatalf("temp files left: %v", entries)
+	}
+}
