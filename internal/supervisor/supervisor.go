@@ -65,6 +65,27 @@ type Backoff struct {
 // within a second) and caps the delay so a broken child does not spin.
 var DefaultBackoff = Backoff{Initial: 250 * time.Millisecond, Max: 30 * time.Second, Reset: time.Minute}
 
+// RestartMaxDelayEnv sets another Backoff.Max (a Go duration, at least
+// Initial), e.g. for a test or a drill that kills a component many times
+// in a row and should not wait 30 s for each restart.
+const RestartMaxDelayEnv = "K3SM_RESTART_MAX_DELAY"
+
+// backoffFromEnv is DefaultBackoff with RestartMaxDelayEnv applied.
+func backoffFromEnv() (Backoff, error) {
+	b := DefaultBackoff
+	v := os.Getenv(RestartMaxDelayEnv)
+	if v == "" {
+		return b, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < b.Initial {
+		return b, fmt.Errorf("%s=%q: want a duration of at least %s (e.g. 5s), or unset it for the default %s",
+			RestartMaxDelayEnv, v, b.Initial, DefaultBackoff.Max)
+	}
+	b.Max = d
+	return b, nil
+}
+
 // ParentFDEnv tells a child which inherited descriptor is its parent-death pipe.
 const ParentFDEnv = "K3SM_PARENT_FD"
 
@@ -101,11 +122,15 @@ func New(logDir string, log *slog.Logger) (*Supervisor, error) {
 	if err := os.MkdirAll(logDir, 0o700); err != nil {
 		return nil, err
 	}
+	backoff, err := backoffFromEnv()
+	if err != nil {
+		return nil, err
+	}
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
-	return &Supervisor{LogDir: logDir, Log: log, Backoff: DefaultBackoff, StopTimeout: 15 * time.Second, pipeR: r, pipeW: w,
+	return &Supervisor{LogDir: logDir, Log: log, Backoff: backoff, StopTimeout: 15 * time.Second, pipeR: r, pipeW: w,
 		LogMaxSizeMB: DefaultLogMaxSizeMB, LogMaxBackups: DefaultLogMaxBackups}, nil
 }
 

@@ -361,3 +361,20 @@ func TestSettleNeverKillsARestartedChild(t *testing.T) {
 		t.Errorf("%d restarts for %d kills; log:\n%s", r, kills, logs.String())
 	}
 }
+
+func TestRestartMaxDelayEnv(t *testing.T) {
+	t.Setenv(RestartMaxDelayEnv, "2s")
+	s, err := New(t.TempDir(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Backoff.Max != 2*time.Second || s.Backoff.Initial != DefaultBackoff.Initial {
+		t.Fatalf("backoff %+v, want Max 2s", s.Backoff)
+	}
+	for _, bad := range []string{"soon", "100ms"} {
+		t.Setenv(RestartMaxDelayEnv, bad)
+		if _, err := New(t.TempDir(), slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), RestartMaxDelayEnv) {
+			t.Errorf("%s=%s: %v, want an error naming the variable", RestartMaxDelayEnv, bad, err)
+		}
+	}
+}
