@@ -15,6 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+
+	"github.com/k3sm-dev/k3sm/internal/supervisor"
 )
 
 // eventCounts counts the Events of the default namespace per pod and reason
@@ -167,6 +169,85 @@ func TestFaultNodeKilled(t *testing.T) {
 	after := settledEvents(t, c)
 	if d := diffEvents(before, after); len(d) != 0 {
 		t.Fatalf("Events changed after the node restarted:\n%s", strings.Join(d, "\n"))
+	}
+}
+
+// TestFaultNodeKilledRepeatedly: 20 kill -9 in a row of the node in a
+// running (settled) server, each once the new process is ready, when the
+// supervisor tells it it settled: the moment its signal used to kill a
+// child before it had a handler. Every restart is of one of the test's
+// kills, none of a signal of the supervisor's, and the node then serves
+// its pod as before.
+func TestFaultNodeKilledRepeatedly(t *testing.T) {
+	imgs := buildImages(t)
+	s := newServer(t)
+	// 20 kills in a row would otherwise wait up to 30 s for each restart.
+	s.env = append(s.env, supervisor.RestartMaxDelayEnv+"=1s")
+	s.start()
+	c := s.client()
+	s.createPod(t, nativePod("long", imgs.prog))
+	waitPod(t, c, "long", 2*time.Minute, running)
+	states := filepath.Join(s.dataDir, "run", "components.json")
+	nodeState := func() supervisor.ChildState {
+		st, _ := supervisor.ReadState(states)
+		for _, ch := range st.Children {
+			if ch.Name == "node" {
+				return ch
+			}
+		}
+		return supervisor.ChildState{}
+	}
+	const kills = 20
+	node := s.oneChild(t, "node")
+	var logged int // the node log's length before the last kill
+	for i := 0; i < kills; i++ {
+		logged = len(s.nodeLog(t))
+		if err := syscall.Kill(node, syscall.SIGKILL); err != nil {
+			t.Fatalf("kill %d: %v", i+1, err)
+		}
+		node = s.waitRestarted(t, "node", node)
+		waitFor(t, time.Minute, fmt.Sprintf("the node ready after kill %d", i+1), func() error {
+			if st := nodeState(); st.Pid != node || !st.Live {
+				return fmt.Errorf("node state %+v (pid %d)", st, node)
+			}
+			return nil
+		})
+		// The settle byte is written as the child turns ready; a killed
+		// child would be gone (and replaced) within this pause.
+		time.Sleep(300 * time.Millisecond)
+		if syscall.Kill(node, 0) != nil {
+			t.Fatalf("the node (pid %d) died on its own after kill %d; supervisor log:\n%s", node, i+1, s.output())
+		}
+	}
+	if st := nodeState(); st.Restarts != kills || st.LastExit != "killed by signal killed" {
+		t.Errorf("node state after %d kills: %+v", kills, st)
+	}
+	var exits []string
+	for _, line := range strings.Split(s.output(), "\n") {
+		if strings.Contains(line, "component exited; restarting") && strings.Contains(line, "component=node") {
+			exits = append(exits, line)
+			if !strings.Contains(line, `status="killed by signal killed"`) {
+				t.Errorf("a node exit not of the test's SIGKILL: %s", line)
+			}
+		}
+	}
+	if len(exits) != kills {
+		t.Errorf("%d node exits logged, want %d:\n%s", len(exits), kills, strings.Join(exits, "\n"))
+	}
+	// A process killed once ready may not have registered yet: the last
+	// one must.
+	waitFor(t, time.Minute, "the node registered again", func() error {
+		if !strings.Contains(s.nodeLog(t)[logged:], "node registered") {
+			return fmt.Errorf("no \"node registered\" in the node log since the last kill")
+		}
+		return nil
+	})
+	p := waitPod(t, c, "long", 30*time.Second, running)
+	if rc := p.Status.ContainerStatuses[0].RestartCount; rc != 0 {
+		t.Errorf("restartCount %d after %d kills of the node", rc, kills)
+	}
+	if out, err := s.kubectl("exec", "long", "--", "prog", "echo:alive"); err != nil || !strings.Contains(out, "alive") {
+		t.Errorf("kubectl exec after the kills: %v: %q", err, out)
 	}
 }
 

@@ -184,6 +184,34 @@ func TestPodNetwork(t *testing.T) {
 		}
 	})
 
+	t.Run("Debian's nginx binds port 80 as the pod's root", func(t *testing.T) {
+		s.createPod(t, nginxPod(t, "nginx"))
+		p := waitPod(t, c, "nginx", 2*time.Minute, func(p *corev1.Pod) error {
+			if err := hasIP(p); err != nil {
+				return err
+			}
+			if podCondition(p, corev1.PodReady) != corev1.ConditionTrue {
+				return fmt.Errorf("not ready: %+v", p.Status.ContainerStatuses)
+			}
+			return nil
+		})
+		if err := getNginx(p.Status.PodIP); err != nil {
+			logs, _ := s.kubectl("logs", "nginx")
+			t.Fatalf("%v; its log:\n%s", err, logs)
+		}
+		if rc := p.Status.ContainerStatuses[0].RestartCount; rc != 0 {
+			t.Errorf("nginx restarted %d times", rc)
+		}
+		// The tests below count the node's addresses: only net-a's and net-b's.
+		s.deletePod(t, "nginx", 0)
+		waitFor(t, time.Minute, "nginx's address released", func() error {
+			if got := s.netdAllocations(t); len(got) != 2 {
+				return fmt.Errorf("netd holds %v", got)
+			}
+			return nil
+		})
+	})
+
 	t.Run("the node reaches every pod", func(t *testing.T) {
 		for _, ip := range []string{aIP, bIP} {
 			out, err := dialRead(net.JoinHostPort(ip, "8080"))

@@ -193,6 +193,22 @@ func TestRootlessServerPodNetwork(t *testing.T) {
 	if out, err := inB("ids"); err != nil || !strings.Contains(out, "uid=1000") {
 		t.Errorf("kubectl exec: %v: %q", err, out)
 	}
+	// Debian's nginx as it comes: its master binds port 80 as the pod's
+	// root, which is the account's subordinate id here.
+	s.createPod(t, nginxPod(t, "nginx"))
+	ngx := waitPod(t, c, "nginx", 2*time.Minute, func(p *corev1.Pod) error {
+		if err := hasIP(p); err != nil {
+			return err
+		}
+		if podCondition(p, corev1.PodReady) != corev1.ConditionTrue {
+			return fmt.Errorf("not ready: %+v", p.Status.ContainerStatuses)
+		}
+		return nil
+	})
+	if err := getNginx(ngx.Status.PodIP); err != nil {
+		logs, _ := s.kubectl("logs", "nginx")
+		t.Errorf("rootless: %v; its log:\n%s", err, logs)
+	}
 	// netd is root; the server and all it starts are the account.
 	for _, role := range []string{"kube-apiserver", "runtimed", "node"} {
 		for _, pid := range s.childPids(role) {
