@@ -1,5 +1,7 @@
 // Package k3smcmd owns the user-facing command line of the k3sm binary:
-// `server`, `kubeconfig`, `kubectl` and `version`. Hidden component roles are
+// `server`, `kubeconfig`, `kubectl` and `version`, and the operations
+// (ops.go): `snapshot`, `secrets-encrypt`, `certificate`, `status`,
+// `doctor`, `image`, `install` and `uninstall`. Hidden component roles are
 // dispatched before this, by cmd/k3sm.
 package k3smcmd
 

@@ -328,7 +328,21 @@ func TestDeleteCancelsRetry(t *testing.T) {
 	}
 	// A late create from Virtual Kubelet's queue, too.
 	_ = p.CreatePod(context.Background(), pod)
-	time.Sleep(500 * time.Millisecond)
+	// A pod that is not deleted, whose retry is scheduled after every
+	// retry u1 could have (same delay): once its retry has created it,
+	// u1's would have fired too; its pod lock, held by a retry while it
+	// runs, is then free only once such a retry has finished.
+	other := cmPod("u2")
+	other.Name = "q"
+	other.Spec.Volumes[0].ConfigMap.Name = "cm2"
+	if err := p.CreatePod(context.Background(), other); err != nil {
+		t.Fatal(err)
+	}
+	src.mu.Lock()
+	src.cms["cm2"] = &corev1.ConfigMap{Data: map[string]string{"k": "v"}}
+	src.mu.Unlock()
+	waitUntil(t, 20*time.Second, "the pod not deleted created by its retry", func() bool { return rt.isLive("u2") })
+	p.podLocks.lock(pod.UID)()
 	if rt.isLive("u1") {
 		t.Fatal("a deleted pod was created")
 	}

@@ -9,8 +9,9 @@
 // executes the workload. Exec enters the same namespaces (EnterArgv) and
 // applies the same restrictions.
 //
-// It links only the standard library and x/sys (and go-landlock), because
-// the shim imports it.
+// It links only the standard library, x/sys (Landlock is its raw
+// syscalls, landlock_linux.go) and the runtime's small mounts and
+// procgroup packages, because the shim imports it.
 package sandbox
 
 import (

@@ -26,15 +26,7 @@ func TestCheckHostPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	var block string
-	for _, p := range []string{"/dev/loop0", "/dev/vda", "/dev/sda", "/dev/nvme0n1", "/dev/disk0"} {
-		if fi, err := os.Stat(p); err == nil && fi.Mode()&os.ModeDevice != 0 && fi.Mode()&os.ModeCharDevice == 0 {
-			block = p
-			break
-		}
-	}
 
-	type tc struct{ path, typ, err string }
 	cases := []tc{
 		{missing, "", ""},
 		{"relative/is/fine/unchecked", "", ""},
@@ -61,11 +53,16 @@ func TestCheckHostPath(t *testing.T) {
 		{"rel", "Directory", "rel is not an absolute path"},
 		{filepath.Join(missing, "deep", "file"), "FileOrCreate", "no such file or directory"}, // parent is not created
 	}
-	if block != "" {
-		cases = append(cases, tc{block, "BlockDevice", ""}, tc{block, "CharDevice", "is not a character device"})
-	} else {
-		t.Log("no block device found; BlockDevice success case skipped")
+	checkCases(t, cases)
+	if _, err := os.Stat(missing); !os.IsNotExist(err) {
+		t.Fatalf("a failed check created %s", missing)
 	}
+}
+
+type tc struct{ path, typ, err string }
+
+func checkCases(t *testing.T, cases []tc) {
+	t.Helper()
 	for _, c := range cases {
 		err := CheckHostPath(c.path, c.typ)
 		switch {
@@ -75,9 +72,26 @@ func TestCheckHostPath(t *testing.T) {
 			t.Errorf("CheckHostPath(%s, %q) = %v, want error containing %q", c.path, c.typ, err, c.err)
 		}
 	}
-	if _, err := os.Stat(missing); !os.IsNotExist(err) {
-		t.Fatalf("a failed check created %s", missing)
+}
+
+// A block device passes BlockDevice and fails CharDevice: one of the
+// host's, or one made in a temp dir (root may mknod).
+func TestCheckHostPathBlockDevice(t *testing.T) {
+	var block string
+	for _, p := range []string{"/dev/loop0", "/dev/vda", "/dev/sda", "/dev/nvme0n1", "/dev/disk0"} {
+		if fi, err := os.Stat(p); err == nil && fi.Mode()&os.ModeDevice != 0 && fi.Mode()&os.ModeCharDevice == 0 {
+			block = p
+			break
+		}
 	}
+	if block == "" {
+		p := filepath.Join(t.TempDir(), "block")
+		if err := syscall.Mknod(p, syscall.S_IFBLK|0o600, 0); err != nil {
+			t.Skipf("no block device on this host, and none can be made (%v): the BlockDevice success case needs one", err)
+		}
+		block = p
+	}
+	checkCases(t, []tc{{block, "BlockDevice", ""}, {block, "CharDevice", "is not a character device"}})
 }
 
 func TestCheckHostPathCreate(t *testing.T) {
