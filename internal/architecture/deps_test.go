@@ -120,7 +120,7 @@ func TestShimStaysSmall(t *testing.T) {
 	if shim.ImportPath == "" {
 		t.Fatal("cmd/k3sm-shim not listed")
 	}
-	allowed := []string{"internal/runtime/shim", "internal/runtime/criolog", "internal/runtime/mounts", "internal/runtime/procgroup", "internal/datadir", "internal/runtime/sandbox"}
+	allowed := []string{"internal/runtime/shim", "internal/runtime/criolog", "internal/runtime/mounts", "internal/runtime/procgroup", "internal/datadir", "internal/runtime/sandbox", "internal/atomicfile"}
 	for _, d := range shim.Deps {
 		switch {
 		case strings.HasPrefix(d, module+"internal/runtime/sandbox/"):
