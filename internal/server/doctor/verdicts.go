@@ -14,6 +14,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
 	"github.com/k3sm-dev/k3sm/internal/runtime/limits"
 	"github.com/k3sm-dev/k3sm/internal/server/certs"
+	"github.com/k3sm-dev/k3sm/internal/units"
 )
 
 // privilege: root decides the pod network mode (--pod-network auto).
@@ -72,9 +73,9 @@ func diskVerdict(dir, probed string, werr error, u DiskUsage, th []diskpolicy.Th
 		}
 		return c
 	}
-	free := fmt.Sprintf("%s free of %s", bytes(u.Avail), bytes(u.Total))
+	free := fmt.Sprintf("%s free of %s", units.Bytes(int64(u.Avail)), units.Bytes(int64(u.Total)))
 	if u.Avail < MinFreeBytes {
-		c.Status, c.Detail = Fail, fmt.Sprintf("%s: only %s (k3sm needs at least %s for the datastore and images)", where, free, bytes(MinFreeBytes))
+		c.Status, c.Detail = Fail, fmt.Sprintf("%s: only %s (k3sm needs at least %s for the datastore and images)", where, free, units.Bytes(MinFreeBytes))
 		c.Fix = "free space on that filesystem or pass --data-dir on a larger one"
 		return c
 	}
@@ -111,16 +112,6 @@ func thresholdString(t diskpolicy.Threshold) string {
 		return "<" + strconv.FormatFloat(t.Percent, 'f', -1, 64) + "%"
 	}
 	return "<" + strconv.FormatInt(t.Value, 10)
-}
-
-func bytes(n uint64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	}
-	return fmt.Sprintf("%d KiB", n>>10)
 }
 
 // clockVerdict: certificates and tokens are checked against the clock, so a
