@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,6 +13,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
 	"github.com/k3sm-dev/k3sm/internal/runtime/limits"
 	"github.com/k3sm-dev/k3sm/internal/server/certs"
+	"github.com/k3sm-dev/k3sm/internal/syserr"
 	"github.com/k3sm-dev/k3sm/internal/units"
 )
 
@@ -34,11 +34,7 @@ func portVerdict(p Port, err error) Check {
 		c.Status, c.Detail = Pass, addr+" is free (--"+p.Flag+")"
 		return c
 	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Err != nil {
-		err = op.Err
-	}
-	c.Status, c.Detail = Fail, fmt.Sprintf("cannot listen on %s (--%s): %v", addr, p.Flag, err)
+	c.Status, c.Detail = Fail, fmt.Sprintf("cannot listen on %s (--%s): %v", addr, p.Flag, syserr.Cause(err))
 	c.Fix = "stop what listens there (e.g. `ss -ltnp 'sport = :" + strconv.Itoa(p.Port) + "'`) or start k3sm with another --" + p.Flag
 	return c
 }
@@ -58,10 +54,7 @@ func diskVerdict(dir, probed string, werr error, u DiskUsage, th []diskpolicy.Th
 		where = dir + " (does not exist yet; checked " + probed + ")"
 	}
 	if werr != nil {
-		var pe *os.PathError
-		if errors.As(werr, &pe) {
-			werr = pe.Err
-		}
+		werr = syserr.Cause(werr)
 		c.Status, c.Detail = Fail, where+" is not writable: "+werr.Error()
 		switch {
 		case errors.Is(werr, syscall.EROFS):
