@@ -14,6 +14,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
 )
 
 // machine describes where and on what the benchmark ran.
@@ -410,21 +412,5 @@ func writeSection(path, body string) error {
 	default:
 		out = strings.TrimRight(s, "\n") + "\n\n" + section
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".results-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.WriteString(out); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	return atomicfile.WriteFileNoSync(path, []byte(out), 0o644)
 }

@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
 )
 
 // machine describes where and on what the benchmark ran.
@@ -725,23 +727,7 @@ func writeSection(path, body string) error {
 	default:
 		out = strings.TrimRight(s, "\n") + "\n\n" + section
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".results-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.WriteString(out); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	return atomicfile.WriteFileNoSync(path, []byte(out), 0o644)
 }
 
 // renderRates compares the Deployment on the floor with k3sm's client rates

@@ -17,7 +17,7 @@ var (
 	serverSide = []string{"internal/server", "internal/upstream"}
 	agentSide  = []string{"internal/agent", "internal/runtime", "internal/netd"}
 	shared     = []string{"internal/datadir", "internal/roleconfig", "internal/supervisor", "internal/pki",
-		"internal/atomicfile", "internal/kubeconfig", "internal/version", "internal/diskpolicy", "api/runtime/v1"}
+		"internal/atomicfile", "internal/kubeconfig", "internal/version", "internal/diskpolicy", "internal/units", "internal/syserr", "api/runtime/v1"}
 )
 
 type pkg struct {
@@ -120,7 +120,7 @@ func TestShimStaysSmall(t *testing.T) {
 	if shim.ImportPath == "" {
 		t.Fatal("cmd/k3sm-shim not listed")
 	}
-	allowed := []string{"internal/runtime/shim", "internal/runtime/criolog", "internal/runtime/mounts", "internal/runtime/procgroup", "internal/datadir", "internal/runtime/sandbox"}
+	allowed := []string{"internal/runtime/shim", "internal/runtime/criolog", "internal/runtime/mounts", "internal/runtime/procgroup", "internal/datadir", "internal/runtime/sandbox", "internal/atomicfile"}
 	for _, d := range shim.Deps {
 		switch {
 		case strings.HasPrefix(d, module+"internal/runtime/sandbox/"):

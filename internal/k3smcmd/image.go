@@ -24,6 +24,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/runtime/client"
 	"github.com/k3sm-dev/k3sm/internal/runtime/daemon"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/units"
 )
 
 // imageConn reaches the data dir's image store: the running runtime
@@ -160,7 +161,7 @@ func imageLs(with runner) *cobra.Command {
 				}
 				for _, t := range tags {
 					repo, tag := splitTag(t)
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", repo, tag, shortID(r.ID), humanBytes(uint64(r.Size)), r.Platform, used)
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", repo, tag, shortID(r.ID), units.Bytes(r.Size), r.Platform, used)
 				}
 			}
 			return tw.Flush()
@@ -177,19 +178,6 @@ func splitTag(t string) (string, string) {
 		return t, "<none>"
 	}
 	return t[:i], t[i+1:]
-}
-
-func humanBytes(n uint64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := uint64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 type dfReport struct {
@@ -237,8 +225,8 @@ func imageDf(with runner) *cobra.Command {
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "IMAGES\tIN USE\tSTORE SIZE\tRECLAIMABLE\tFS AVAILABLE\tPATH")
-			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s of %s\t%s\n", r.Images, r.InUse, humanBytes(r.UsedBytes), humanBytes(r.Reclaimable),
-				humanBytes(r.Available), humanBytes(r.Capacity), r.Path)
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s of %s\t%s\n", r.Images, r.InUse, units.Bytes(int64(r.UsedBytes)), units.Bytes(int64(r.Reclaimable)),
+				units.Bytes(int64(r.Available)), units.Bytes(int64(r.Capacity)), r.Path)
 			return tw.Flush()
 		}),
 	}
@@ -277,10 +265,10 @@ func (p *progressBar) update(done, total int64, final bool) {
 		return
 	}
 	p.last, p.shown = now, true
-	amount := humanBytes(uint64(done))
+	amount := units.Bytes(done)
 	pct := ""
 	if total > 0 {
-		amount += " / " + humanBytes(uint64(total))
+		amount += " / " + units.Bytes(total)
 		pct = fmt.Sprintf(" %3d%%", done*100/total)
 	}
 	if !p.tty {
@@ -625,7 +613,7 @@ func imagePrune(with runner) *cobra.Command {
 			for _, i := range resp.GetRemoved() {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s: %s %s\n", verb, shortID(i.GetId()), strings.Join(i.GetRepoTags(), ", "))
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "Total reclaimed space: %s\n", humanBytes(resp.GetFreedBytes()))
+			fmt.Fprintf(cmd.OutOrStdout(), "Total reclaimed space: %s\n", units.Bytes(int64(resp.GetFreedBytes())))
 			return nil
 		}),
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
 	"github.com/k3sm-dev/k3sm/internal/server/snapshot"
+	"github.com/k3sm-dev/k3sm/internal/units"
 	"github.com/spf13/cobra"
 )
 
@@ -38,7 +39,7 @@ func newSnapshot() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "saved snapshot %s in %s (datastore %s, %d files)\n", m.Name, d, size(m.DBBytes), len(m.Files))
+			fmt.Fprintf(cmd.OutOrStdout(), "saved snapshot %s in %s (datastore %s, %d files)\n", m.Name, d, units.Bytes(m.DBBytes), len(m.Files))
 			if len(pruned) > 0 {
 				fmt.Fprintf(cmd.OutOrStdout(), "removed the oldest %s-* snapshots (--keep %d): %s\n", name, keep, strings.Join(pruned, ", "))
 			}
@@ -79,7 +80,7 @@ func newSnapshot() *cobra.Command {
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tCREATED\tSIZE\tK3SM\tSERVER CA")
 			for _, m := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.Name, m.Created.Format("2006-01-02 15:04:05Z"), size(m.DBBytes), m.K3smVersion, short(m.ServerCAFingerprint))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.Name, m.Created.Format("2006-01-02 15:04:05Z"), units.Bytes(m.DBBytes), m.K3smVersion, short(m.ServerCAFingerprint))
 			}
 			return tw.Flush()
 		},
@@ -134,18 +135,6 @@ func newSnapshot() *cobra.Command {
 func dirFlagUnset(cmd *cobra.Command) bool {
 	f := cmd.Flags().Lookup("dir")
 	return f == nil || !f.Changed
-}
-
-func size(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
 }
 
 func short(fp string) string {

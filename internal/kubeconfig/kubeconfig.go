@@ -213,15 +213,12 @@ func update(path string, noBackup bool, backup *string, fn func(doc *yaml.Node) 
 		return nil
 	}
 	if exists && !noBackup {
-		if err := writeAtomic(BackupPath(path), old, 0o600); err != nil {
+		if err := atomicfile.WriteFile(BackupPath(path), old, 0o600); err != nil {
 			return fmt.Errorf("backup %s: %w", path, err)
 		}
 		*backup = BackupPath(path)
 	}
-	return writeAtomic(path, out, 0o600)
-}
-func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	return atomicfile.WriteFile(path, data, mode)
+	return atomicfile.WriteFile(path, out, 0o600)
 }
 
 func newDoc() *yaml.Node {

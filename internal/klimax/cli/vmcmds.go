@@ -12,8 +12,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
 	"github.com/k3sm-dev/k3sm/internal/klimax/cluster"
-	"github.com/k3sm-dev/k3sm/internal/klimax/config"
 	"github.com/k3sm-dev/k3sm/internal/klimax/platform"
 	"github.com/k3sm-dev/k3sm/internal/klimax/ui"
 	"github.com/k3sm-dev/k3sm/internal/kubeconfig"
@@ -207,7 +207,7 @@ func (app *App) stopClustersForDown(cmd *cobra.Command) error {
 		if err := os.MkdirAll(app.klimaxHome(), 0o700); err != nil {
 			return err
 		}
-		if err := config.WriteFileAtomic(app.downedFile(), []byte(strings.Join(all, "\n")+"\n"), 0o600); err != nil {
+		if err := atomicfile.WriteFile(app.downedFile(), []byte(strings.Join(all, "\n")+"\n"), 0o600); err != nil {
 			return err
 		}
 	}
@@ -254,7 +254,7 @@ func (app *App) restartDownedClusters(cmd *cobra.Command) error {
 		if err := os.Remove(app.downedFile()); err != nil && !os.IsNotExist(err) {
 			return err
 		}
-	} else if err := config.WriteFileAtomic(app.downedFile(), []byte(strings.Join(left, "\n")+"\n"), 0o600); err != nil {
+	} else if err := atomicfile.WriteFile(app.downedFile(), []byte(strings.Join(left, "\n")+"\n"), 0o600); err != nil {
 		return err
 	}
 	if len(started) > 0 {

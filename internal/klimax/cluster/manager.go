@@ -16,6 +16,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
 	"github.com/k3sm-dev/k3sm/internal/klimax/config"
 	"github.com/k3sm-dev/k3sm/internal/klimax/slot"
 	"github.com/k3sm-dev/k3sm/internal/klimax/vm"
@@ -481,7 +482,7 @@ func (m *Manager) fetchKubeconfig(ctx context.Context, name, apiHost string, s s
 	if err := os.MkdirAll(m.KubeDir, 0o700); err != nil {
 		return nil, err
 	}
-	if err := config.WriteFileAtomic(m.KubeconfigPath(name), kc, 0o600); err != nil {
+	if err := atomicfile.WriteFile(m.KubeconfigPath(name), kc, 0o600); err != nil {
 		return nil, err
 	}
 	return kc, nil

@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
-	"github.com/k3sm-dev/k3sm/internal/klimax/config"
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
 	"github.com/k3sm-dev/k3sm/internal/klimax/slot"
 )
 
@@ -91,7 +91,7 @@ func (m *Manifests) Seed(version string, data []byte) (bool, error) {
 	if _, err := os.Stat(cache); err == nil {
 		return false, nil
 	}
-	return true, config.WriteFileAtomic(cache, data, 0o644)
+	return true, atomicfile.WriteFile(cache, data, 0o644)
 }
 
 func (m *Manifests) get(ctx context.Context, what, urlFmt, def, version string) ([]*unstructured.Unstructured, error) {
@@ -113,7 +113,7 @@ func (m *Manifests) get(ctx context.Context, what, urlFmt, def, version string) 
 			return nil, fmt.Errorf("%s %s manifest is not a Kubernetes manifest: %v", what, version, perr)
 		}
 		// Atomic: parallel fleet creates may download and read it at once.
-		_ = config.WriteFileAtomic(cache, data, 0o644)
+		_ = atomicfile.WriteFile(cache, data, 0o644)
 		return objs, nil
 	}
 	return ParseManifest(data)

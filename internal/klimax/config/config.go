@@ -167,9 +167,6 @@ func Home() string {
 	return filepath.Join(home, ".klimax")
 }
 
-// DefaultPath is ~/.klimax/config.yaml.
-func DefaultPath() string { return filepath.Join(Home(), "config.yaml") }
-
 // Load reads path strictly and validates it. A missing file yields Default().
 func Load(path string) (*Config, error) {
 	data, err := os.ReadFile(path)

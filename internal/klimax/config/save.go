@@ -43,12 +43,7 @@ func Save(path string, c *Config) error {
 	if err != nil {
 		return err
 	}
-	return WriteFileAtomic(path, data, 0o600)
-}
-
-// WriteFileAtomic writes data atomically (see internal/atomicfile).
-func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
-	return atomicfile.WriteFile(path, data, mode)
+	return atomicfile.WriteFile(path, data, 0o600)
 }
 
 // EditFunc opens path in an editor and returns when the user is done.
@@ -127,7 +122,7 @@ func Edit(ctx context.Context, path string, edit EditFunc, opts EditOptions) (*C
 		}
 		c, perr := Parse(edited)
 		if perr == nil {
-			if err := WriteFileAtomic(path, edited, 0o600); err != nil {
+			if err := atomicfile.WriteFile(path, edited, 0o600); err != nil {
 				return nil, fmt.Errorf("save %s: %w (your edits are in %s)", path, err, tmp)
 			}
 			os.Remove(tmp)

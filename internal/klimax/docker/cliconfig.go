@@ -88,7 +88,7 @@ func (s ContextStore) Set(name, dockerHost, description string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	if err := writeAtomic(filepath.Join(dir, "meta.json"), data, 0o644); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(dir, "meta.json"), data, 0o644); err != nil {
 		return err
 	}
 	return s.setCurrent(func(cur string) (string, bool) { return name, cur != name })
@@ -185,8 +185,5 @@ func (s ContextStore) setCurrent(decide func(cur string) (next string, change bo
 	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
 		return err
 	}
-	return writeAtomic(filepath.Join(s.Dir, "config.json"), append(data, '\n'), 0o600)
-}
-func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	return atomicfile.WriteFile(path, data, mode)
+	return atomicfile.WriteFile(filepath.Join(s.Dir, "config.json"), append(data, '\n'), 0o600)
 }

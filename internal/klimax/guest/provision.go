@@ -2,7 +2,7 @@
 // hosts Docker: the idempotent, version-pinned provisioning script (sysctls,
 // packages, Docker, kind, kubectl) rendered from templates with validated,
 // typed inputs, and the validators for every value that reaches a root
-// shell (cluster names, domains, CIDRs, ports, paths, versions).
+// shell (CIDRs, paths, versions, digests).
 package guest
 
 import (

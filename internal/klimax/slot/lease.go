@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
 )
 
 // LeaseMaxAge bounds how long a claim counts even when its process looks
@@ -122,11 +124,7 @@ func (ls *Leases) Claim(ctx context.Context, o ClaimOptions) (*Lease, []string, 
 	}
 	data, _ := json.Marshal(claim{Cluster: o.Cluster, PID: os.Getpid(), Since: ls.clock()})
 	path := filepath.Join(ls.Dir, strconv.Itoa(int(s))+".json")
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return nil, skipped, fmt.Errorf("slot leases: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := atomicfile.WriteFileNoSync(path, data, 0o600); err != nil {
 		return nil, skipped, fmt.Errorf("slot leases: %w", err)
 	}
 	return &Lease{Slot: s, path: path}, skipped, nil

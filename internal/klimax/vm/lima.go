@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/k3sm-dev/k3sm/internal/units"
 )
 
 // LimaSpec is everything the lima driver needs to render the instance.
@@ -269,19 +271,11 @@ func (l *Lima) Status(ctx context.Context) (State, error) {
 	default:
 		st.Phase = PhaseBroken
 	}
-	st.Detail = fmt.Sprintf("%s %s, %d CPUs, %s memory, dir %s", in.VMType, in.Arch, in.CPUs, humanBytes(in.Memory), in.Dir)
+	st.Detail = fmt.Sprintf("%s %s, %d CPUs, %s memory, dir %s", in.VMType, in.Arch, in.CPUs, units.Bytes(in.Memory), in.Dir)
 	if len(in.Errors) > 0 {
 		st.Detail += "; errors: " + strings.Join(in.Errors, "; ")
 	}
 	return st, nil
-}
-
-func humanBytes(n int64) string {
-	const gib = 1 << 30
-	if n%gib == 0 {
-		return fmt.Sprintf("%dGiB", n/gib)
-	}
-	return fmt.Sprintf("%dMiB", n>>20)
 }
 
 // YAMLPath is where the rendered instance definition is written.

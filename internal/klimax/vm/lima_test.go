@@ -142,7 +142,7 @@ func TestLimaLifecycleCommandSequence(t *testing.T) {
 	expectCalls(t, "up twice", calls(), "list --json")
 
 	st, err := l.Status(ctx)
-	if err != nil || st.Phase != PhaseRunning || !strings.Contains(st.Detail, "vz aarch64, 4 CPUs, 10GiB") {
+	if err != nil || st.Phase != PhaseRunning || !strings.Contains(st.Detail, "vz aarch64, 4 CPUs, 10.0 GiB") {
 		t.Fatalf("status = %+v, %v", st, err)
 	}
 	expectCalls(t, "status", calls(), "list --json")

@@ -41,9 +41,6 @@ func IsNotFound(err error) bool { return hasCode(err, wire.CodeNotFound) }
 // IsNotConfigured reports whether err is SetupPod before Configure.
 func IsNotConfigured(err error) bool { return hasCode(err, wire.CodeNotConfigured) }
 
-// IsUnsupported reports whether err is netd saying this OS cannot do it.
-func IsUnsupported(err error) bool { return hasCode(err, wire.CodeUnsupported) }
-
 func hasCode(err error, code string) bool {
 	var e *Error
 	return errors.As(err, &e) && e.Code == code
@@ -98,7 +95,8 @@ func (c *Client) TeardownPod(ctx context.Context, uid string) error {
 }
 
 // SetPolicy replaces the pod's NetworkPolicy; IsNotFound(err) when netd
-// has no network for it, IsUnsupported(err) where it cannot be enforced.
+// has no network for it, an *Error with wire.CodeUnsupported where it
+// cannot be enforced.
 func (c *Client) SetPolicy(ctx context.Context, a wire.SetPolicyArgs) error {
 	_, err := c.do(ctx, &wire.Request{Verb: wire.VerbSetPolicy, SetPolicy: &a})
 	return err

@@ -48,19 +48,14 @@ func checkNode(n Node) error {
 // checkPodIP refuses an address outside the node's range, or one that is
 // the network, the gateway or the broadcast address.
 func checkPodIP(n Node, ip netip.Addr) error {
-	if !ip.Is4() || !n.CIDR.Contains(ip) || ip == n.CIDR.Addr() || ip == n.Gateway || ip == broadcast(n.CIDR) {
+	if !ip.Is4() || !n.CIDR.Contains(ip) || ip == n.CIDR.Addr() || ip == n.Gateway || ip == Broadcast(n.CIDR) {
 		return fmt.Errorf("dataplane: pod address %v is not a free host address of %v", ip, n.CIDR)
 	}
 	return nil
 }
 
-// broadcast is the last address of an IPv4 prefix.
-func broadcast(p netip.Prefix) netip.Addr {
-	a := p.Masked().Addr().As4()
-	host := uint32(1)<<(32-p.Bits()) - 1
-	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3]) | host
-	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
-}
+// Broadcast is the last address of an IPv4 prefix.
+func Broadcast(p netip.Prefix) netip.Addr { return numAddr(prefixRange(p).hi) }
 
 // isIfName accepts the characters k3sm puts in interface names; anything
 // else (slashes, spaces, dots) is refused rather than passed to the kernel.

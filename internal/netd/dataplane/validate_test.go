@@ -38,6 +38,14 @@ func TestCheckNode(t *testing.T) {
 	}
 }
 
+func TestBroadcast(t *testing.T) {
+	for p, want := range map[string]string{"10.42.0.0/16": "10.42.255.255", "100.64.7.0/24": "100.64.7.255", "10.0.0.5/30": "10.0.0.7"} {
+		if b := Broadcast(netip.MustParsePrefix(p)); b.String() != want {
+			t.Errorf("Broadcast(%s) = %s, want %s", p, b, want)
+		}
+	}
+}
+
 func TestPeerRanges(t *testing.T) {
 	r := func(lo, hi string) addrRange {
 		return addrRange{addrNum(netip.MustParseAddr(lo)), addrNum(netip.MustParseAddr(hi))}

@@ -72,7 +72,7 @@ func (f *fakeDP) AddPod(n dataplane.Node, p dataplane.Pod) error {
 	switch {
 	case f.node == nil || *f.node != n:
 		return errors.New("AddPod before EnsureNode of its node")
-	case !n.CIDR.Contains(p.IP) || p.IP == n.CIDR.Addr() || p.IP == n.Gateway || p.IP == broadcast(n.CIDR):
+	case !n.CIDR.Contains(p.IP) || p.IP == n.CIDR.Addr() || p.IP == n.Gateway || p.IP == dataplane.Broadcast(n.CIDR):
 		return fmt.Errorf("address %s is not a pod address of %s", p.IP, n.CIDR)
 	case p.HostIf != dataplane.HostIfName(p.UID):
 		return fmt.Errorf("host interface %q is not %s's", p.HostIf, p.UID)

@@ -10,6 +10,7 @@ import (
 	"os"
 
 	"github.com/k3sm-dev/k3sm/internal/atomicfile"
+	"github.com/k3sm-dev/k3sm/internal/netd/dataplane"
 	"github.com/k3sm-dev/k3sm/internal/netd/wire"
 )
 
@@ -142,25 +143,17 @@ type ranges struct{ svc, cluster netip.Prefix }
 
 func gateway(cidr netip.Prefix) netip.Addr { return cidr.Addr().Next() }
 
-// broadcast is cidr's last address.
-func broadcast(cidr netip.Prefix) netip.Addr {
-	a := cidr.Addr().As4()
-	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
-	v |= 1<<(32-cidr.Bits()) - 1
-	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
-}
-
 // usable reports whether ip may be a pod's: in cidr, and not the network,
 // the gateway or the broadcast address.
 func usable(cidr netip.Prefix, ip netip.Addr) bool {
-	return cidr.Contains(ip) && ip != cidr.Addr() && ip != gateway(cidr) && ip != broadcast(cidr)
+	return cidr.Contains(ip) && ip != cidr.Addr() && ip != gateway(cidr) && ip != dataplane.Broadcast(cidr)
 }
 
 // allocate returns the next free pod address after last, wrapping: an
 // address just released is the last to be handed out again, so a stale
 // client still talking to the old pod does not reach a new one.
 func allocate(cidr netip.Prefix, last netip.Addr, used func(netip.Addr) bool) (netip.Addr, bool) {
-	first, end := gateway(cidr).Next(), broadcast(cidr) // end is exclusive
+	first, end := gateway(cidr).Next(), dataplane.Broadcast(cidr) // end is exclusive
 	ip := last
 	if !usable(cidr, ip) {
 		ip = end.Prev()

@@ -53,17 +53,6 @@ func Tree(src, dst string) (Method, error) {
 	})
 }
 
-// TreeCopy is Tree with copy-on-write disabled: the fallback path, exported
-// so tests (and filesystems known to misbehave) can force it.
-func TreeCopy(src, dst string) (Method, error) {
-	if _, err := os.Lstat(dst); err == nil {
-		return "", fmt.Errorf("clone: destination %s already exists", dst)
-	}
-	return walk(src, dst, func(s, d string, mode fs.FileMode) (Method, error) {
-		return Copy, copyFile(s, d, mode)
-	})
-}
-
 // walk recreates the tree, calling file for each regular file. Directories
 // and symlinks are recreated; hard links become independent files; device
 // nodes, fifos and sockets are skipped (pods run unprivileged).

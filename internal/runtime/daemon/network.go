@@ -49,8 +49,7 @@ func (n *netdNetwork) Setup(ctx context.Context, uid, namespace, name string) (p
 	}
 	r, err := n.c.SetupPodFrom(ctx, uid, namespace, name, pid)
 	if err != nil {
-		var e *netdclient.Error
-		if errors.As(err, &e) && e.Code == "not-configured" {
+		if netdclient.IsNotConfigured(err) {
 			return pod.PodNetwork{}, pod.ErrNetworkNotReady
 		}
 		return pod.PodNetwork{}, err

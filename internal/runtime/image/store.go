@@ -27,6 +27,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
 )
 
 // Image is an image present in the store.
@@ -165,11 +167,7 @@ func (s *Store) saveLocked() error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(s.root, indexFile+".tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(s.root, indexFile))
+	return atomicfile.WriteFileNoSync(filepath.Join(s.root, indexFile), b, 0o600)
 }
 
 // ParseRef parses an image reference the way the store does.

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"runtime"
 	"strings"
 	"syscall"
@@ -19,6 +18,7 @@ import (
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
 	"github.com/k3sm-dev/k3sm/internal/runtime/client"
+	"github.com/k3sm-dev/k3sm/internal/syserr"
 )
 
 // Report is what the kernel holds pods to, and where that was learnt.
@@ -57,9 +57,9 @@ func FromRuntime(ctx context.Context, socket string) (cgroups.Support, string, e
 	conn, err := (&net.Dialer{}).DialContext(ctx, "unix", socket)
 	if err != nil {
 		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
-			return cgroups.Support{}, "", fmt.Errorf("%w (%s: %v)", ErrNotRunning, socket, unwrap(err))
+			return cgroups.Support{}, "", fmt.Errorf("%w (%s: %v)", ErrNotRunning, socket, syserr.Cause(err))
 		}
-		return cgroups.Support{}, "", fmt.Errorf("socket %s: %w", socket, unwrap(err))
+		return cgroups.Support{}, "", fmt.Errorf("socket %s: %w", socket, syserr.Cause(err))
 	}
 	conn.Close()
 	c, err := client.Dial(socket)
@@ -114,16 +114,4 @@ func Unenforced(s cgroups.Support) string {
 		return ""
 	}
 	return strings.Join(out, " and ") + " limits"
-}
-
-func unwrap(err error) error {
-	var op *net.OpError
-	if errors.As(err, &op) && op.Err != nil {
-		err = op.Err
-	}
-	var se *os.SyscallError
-	if errors.As(err, &se) {
-		return se.Err
-	}
-	return err
 }

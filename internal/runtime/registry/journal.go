@@ -13,6 +13,8 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
 )
 
 // journal keeps on disk the manifests pushed to the registry that are no
@@ -66,7 +68,7 @@ func (j *journal) put(repo, reference, digest, mediaType string, raw []byte) err
 	defer j.mu.Unlock()
 	p := j.manifestPath(digest)
 	if _, err := os.Stat(p); err != nil {
-		if err := writeFile(p, raw); err != nil {
+		if err := atomicfile.WriteFileNoSync(p, raw, 0o600); err != nil {
 			return err
 		}
 	}
@@ -99,7 +101,7 @@ func (j *journal) saveLocked() error {
 	if err != nil {
 		return err
 	}
-	if err := writeFile(filepath.Join(j.dir, refsFile), b); err != nil {
+	if err := atomicfile.WriteFileNoSync(filepath.Join(j.dir, refsFile), b, 0o600); err != nil {
 		return err
 	}
 	used := map[string]bool{}
@@ -191,12 +193,4 @@ func (j *journal) entries() []entry {
 		return out[a].repo+"@"+out[a].reference < out[b].repo+"@"+out[b].reference
 	})
 	return out
-}
-
-func writeFile(p string, b []byte) error {
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, p)
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/creack/pty"
 
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
 	"github.com/k3sm-dev/k3sm/internal/runtime/criolog"
 	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
 	"github.com/k3sm-dev/k3sm/internal/runtime/procgroup"
@@ -328,7 +329,7 @@ func start(dir string) (*server, error) {
 	st, _ := json.Marshal(Response{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt, StartTicks: s.startTicks, Running: true})
 	// Atomic, not fsynced: it describes processes that cannot outlive a
 	// crash of the machine, and it is on every container's start path.
-	if err := writeFile(dir, PidFile, st, false); err != nil {
+	if err := atomicfile.WriteFileNoSync(filepath.Join(dir, PidFile), st, 0o600); err != nil {
 		fmt.Fprintln(os.Stderr, "k3sm-shim: write", PidFile+":", err)
 	}
 
@@ -549,43 +550,7 @@ func writeExit(dir string, es *ExitStatus) error {
 	if err != nil {
 		return err
 	}
-	return writeFile(dir, ExitFile, b, true)
-}
-
-// writeFile replaces dir/name with b through a temp file and a rename; with
-// durable, the temp file is fsynced before the rename and the directory
-// after.
-func writeFile(dir, name string, b []byte, durable bool) error {
-	tmp := filepath.Join(dir, name+".tmp")
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if durable {
-		if err := f.Sync(); err != nil {
-			f.Close()
-			return err
-		}
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
-		return err
-	}
-	if !durable {
-		return nil
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return atomicfile.WriteFile(filepath.Join(dir, ExitFile), b, 0o600)
 }
 
 // ReadExit returns the exit status recorded in dir, or an error wrapping

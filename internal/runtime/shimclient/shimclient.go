@@ -23,6 +23,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
 	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
 	"github.com/k3sm-dev/k3sm/internal/runtime/pod"
 	"github.com/k3sm-dev/k3sm/internal/runtime/podnet"
@@ -67,7 +68,7 @@ func (s *Starter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process,
 	b, _ := json.Marshal(cfg)
 	// Atomically (a restarted daemon finds the shim by it), not fsynced:
 	// the shim it describes cannot outlive a crash of the machine.
-	if err := writeAtomic(spec.StateDir, shim.ConfigFile, b); err != nil {
+	if err := atomicfile.WriteFileNoSync(filepath.Join(spec.StateDir, shim.ConfigFile), b, 0o600); err != nil {
 		return nil, err
 	}
 	os.Remove(filepath.Join(spec.StateDir, shim.ExitFile))
@@ -123,7 +124,7 @@ func (s *Starter) Start(ctx context.Context, spec pod.ProcessSpec) (pod.Process,
 	rw.Close()
 	// Tell a daemon that restarts before the shim reports (see Attach)
 	// that this attempt's shim was spawned, and which process it is.
-	writeAtomic(spec.StateDir, spawnFile, []byte(strconv.Itoa(cmd.Process.Pid)))
+	atomicfile.WriteFileNoSync(filepath.Join(spec.StateDir, spawnFile), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600)
 	// Reap the shim while this daemon lives; after a daemon restart the
 	// shim is no longer our child and init reaps it.
 	go cmd.Wait()
@@ -208,7 +209,7 @@ func (s *Starter) Attach(stateDir string) (pod.Process, bool, error) {
 			// The daemon may have died between spawning the shim and
 			// recording it: a live process of this attempt is its shim.
 			if pid := findShim(stateDir); pid > 0 {
-				writeAtomic(stateDir, spawnFile, []byte(strconv.Itoa(pid)))
+				atomicfile.WriteFileNoSync(filepath.Join(stateDir, spawnFile), []byte(strconv.Itoa(pid)), 0o600)
 				continue
 			}
 		}
@@ -406,19 +407,6 @@ func findShim(stateDir string) int {
 		return pid
 	}
 	return 0
-}
-
-// writeAtomic replaces dir/name with b through a temp file and a rename.
-func writeAtomic(dir, name string, b []byte) error {
-	tmp := filepath.Join(dir, name+".tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return nil
 }
 
 func convert(es *shim.ExitStatus) pod.ExitStatus {

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/k3sm-dev/k3sm/internal/datadir"
+	"github.com/k3sm-dev/k3sm/internal/syserr"
 )
 
 // Preflight checks what needs the system (directories, ports, the data-dir
@@ -52,7 +53,7 @@ func Preflight(cfg *Config) (release func(), err error) {
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			release()
-			return nil, &FieldError{Flag: p.flag, Value: strconv.Itoa(p.port), Problem: fmt.Sprintf("cannot listen on %s: %v", addr, unwrapOpError(err)),
+			return nil, &FieldError{Flag: p.flag, Value: strconv.Itoa(p.port), Problem: fmt.Sprintf("cannot listen on %s: %v", addr, syserr.Cause(err)),
 				Fix: "stop what uses it or choose another port with --" + p.flag}
 		}
 		ln.Close()
@@ -62,22 +63,12 @@ func Preflight(cfg *Config) (release func(), err error) {
 
 func ensureWritableDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return unwrapOpError(err)
+		return syserr.Cause(err)
 	}
 	f, err := os.CreateTemp(dir, ".write-test-*")
 	if err != nil {
-		return unwrapOpError(err)
+		return syserr.Cause(err)
 	}
 	f.Close()
 	return os.Remove(f.Name())
-}
-
-func unwrapOpError(err error) error {
-	switch e := err.(type) {
-	case *net.OpError:
-		return e.Err
-	case *os.PathError:
-		return e.Err
-	}
-	return err
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,6 +13,8 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
 	"github.com/k3sm-dev/k3sm/internal/runtime/limits"
 	"github.com/k3sm-dev/k3sm/internal/server/certs"
+	"github.com/k3sm-dev/k3sm/internal/syserr"
+	"github.com/k3sm-dev/k3sm/internal/units"
 )
 
 // privilege: root decides the pod network mode (--pod-network auto).
@@ -33,11 +34,7 @@ func portVerdict(p Port, err error) Check {
 		c.Status, c.Detail = Pass, addr+" is free (--"+p.Flag+")"
 		return c
 	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Err != nil {
-		err = op.Err
-	}
-	c.Status, c.Detail = Fail, fmt.Sprintf("cannot listen on %s (--%s): %v", addr, p.Flag, err)
+	c.Status, c.Detail = Fail, fmt.Sprintf("cannot listen on %s (--%s): %v", addr, p.Flag, syserr.Cause(err))
 	c.Fix = "stop what listens there (e.g. `ss -ltnp 'sport = :" + strconv.Itoa(p.Port) + "'`) or start k3sm with another --" + p.Flag
 	return c
 }
@@ -57,10 +54,7 @@ func diskVerdict(dir, probed string, werr error, u DiskUsage, th []diskpolicy.Th
 		where = dir + " (does not exist yet; checked " + probed + ")"
 	}
 	if werr != nil {
-		var pe *os.PathError
-		if errors.As(werr, &pe) {
-			werr = pe.Err
-		}
+		werr = syserr.Cause(werr)
 		c.Status, c.Detail = Fail, where+" is not writable: "+werr.Error()
 		switch {
 		case errors.Is(werr, syscall.EROFS):
@@ -72,9 +66,9 @@ func diskVerdict(dir, probed string, werr error, u DiskUsage, th []diskpolicy.Th
 		}
 		return c
 	}
-	free := fmt.Sprintf("%s free of %s", bytes(u.Avail), bytes(u.Total))
+	free := fmt.Sprintf("%s free of %s", units.Bytes(int64(u.Avail)), units.Bytes(int64(u.Total)))
 	if u.Avail < MinFreeBytes {
-		c.Status, c.Detail = Fail, fmt.Sprintf("%s: only %s (k3sm needs at least %s for the datastore and images)", where, free, bytes(MinFreeBytes))
+		c.Status, c.Detail = Fail, fmt.Sprintf("%s: only %s (k3sm needs at least %s for the datastore and images)", where, free, units.Bytes(MinFreeBytes))
 		c.Fix = "free space on that filesystem or pass --data-dir on a larger one"
 		return c
 	}
@@ -111,16 +105,6 @@ func thresholdString(t diskpolicy.Threshold) string {
 		return "<" + strconv.FormatFloat(t.Percent, 'f', -1, 64) + "%"
 	}
 	return "<" + strconv.FormatInt(t.Value, 10)
-}
-
-func bytes(n uint64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	}
-	return fmt.Sprintf("%d KiB", n>>10)
 }
 
 // clockVerdict: certificates and tokens are checked against the clock, so a

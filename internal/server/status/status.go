@@ -25,6 +25,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/runtime/limits"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
+	"github.com/k3sm-dev/k3sm/internal/syserr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -319,7 +320,7 @@ func (p prober) unix(path, detail string) func(context.Context) (string, error) 
 	return func(ctx context.Context) (string, error) {
 		c, err := (&net.Dialer{}).DialContext(ctx, "unix", path)
 		if err != nil {
-			return "", fmt.Errorf("socket %s: %w", path, unwrap(err))
+			return "", fmt.Errorf("socket %s: %w", path, syserr.Cause(err))
 		}
 		c.Close()
 		return join(detail, "serves "+path), nil
@@ -390,7 +391,7 @@ func (p prober) healthz(port int) func(context.Context) (string, error) {
 			if ctx.Err() != nil {
 				return "", fmt.Errorf("%s: no answer within %s", url, p.timeout)
 			}
-			return "", fmt.Errorf("%s: %w", url, unwrap(err))
+			return "", fmt.Errorf("%s: %w", url, syserr.Cause(err))
 		}
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
@@ -430,7 +431,7 @@ func (p prober) proxy(ctx context.Context) (string, error) {
 	addr := net.JoinHostPort(ip.String(), "443")
 	c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return "", fmt.Errorf("Service kubernetes at %s: %w", addr, unwrap(err))
+		return "", fmt.Errorf("Service kubernetes at %s: %w", addr, syserr.Cause(err))
 	}
 	c.Close()
 	mode := ""
@@ -455,18 +456,6 @@ func (p prober) dns(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("%s at %s: %w", name, server, err)
 	}
 	return fmt.Sprintf("%s -> %v at %s", name, addrs, server), nil
-}
-
-func unwrap(err error) error {
-	var op *net.OpError
-	if errors.As(err, &op) && op.Err != nil {
-		err = op.Err
-	}
-	var se *os.SyscallError
-	if errors.As(err, &se) {
-		return se.Err
-	}
-	return err
 }
 
 // netdSocket is where the server's k3sm-netd serves: its own child's, or

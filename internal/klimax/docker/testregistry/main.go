@@ -35,6 +35,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
 )
 
 func main() {
@@ -276,11 +278,7 @@ func (p *proxy) writeLink(repo, ref string, l tagLink) error {
 		return err
 	}
 	data, _ := json.Marshal(l)
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.WriteFileNoSync(path, data, 0o644)
 }
 
 func (p *proxy) serveFile(w http.ResponseWriter, r *http.Request, digest, mediaType string) {

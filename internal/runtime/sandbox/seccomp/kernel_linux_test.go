@@ -526,7 +526,7 @@ func TestLocalhostProfileInKernel(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "profiles", "deny.json"), []byte(localhostProfile), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	f, err := ForProfile("Localhost/profiles/deny.json", dir)
+	f, err := ForContainer("Localhost/profiles/deny.json", dir, DefaultCapabilities)
 	if err != nil {
 		t.Fatal(err)
 	}

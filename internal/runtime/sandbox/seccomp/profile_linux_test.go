@@ -12,20 +12,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func TestForProfileKinds(t *testing.T) {
+func TestForContainerKinds(t *testing.T) {
 	def, err := RuntimeDefault()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []string{"", "RuntimeDefault", "runtime/default"} {
-		f, err := ForProfile(p, "")
+		f, err := ForContainer(p, "", DefaultCapabilities)
 		if err != nil || !slices.Equal(f, def) {
-			t.Errorf("ForProfile(%q): %d instructions, %v; want the runtime default", p, len(f), err)
+			t.Errorf("ForContainer(%q): %d instructions, %v; want the runtime default", p, len(f), err)
 		}
 	}
-	f, err := ForProfile("Unconfined", "")
+	f, err := ForContainer("Unconfined", "", DefaultCapabilities)
 	if err != nil || f != nil {
-		t.Errorf("ForProfile(Unconfined) = %v, %v; want nil, nil", f, err)
+		t.Errorf("ForContainer(Unconfined) = %v, %v; want nil, nil", f, err)
 	}
 	// The cache hands out copies.
 	def[0].K = 12345
@@ -46,7 +46,7 @@ func TestLocalhostDockerFormat(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "docker.json"), b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	f, err := ForProfile("localhost/docker.json", dir)
+	f, err := ForContainer("localhost/docker.json", dir, DefaultCapabilities)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestLocalhostDockerFormat(t *testing.T) {
 	}
 }
 
-func TestForProfileBadInput(t *testing.T) {
+func TestForContainerBadInput(t *testing.T) {
 	dir := t.TempDir()
 	outside := t.TempDir()
 	write := func(name, body string) {
@@ -107,10 +107,10 @@ func TestForProfileBadInput(t *testing.T) {
 		{"Localhost/notify.json", dir, "seccomp agent"},
 		{"Localhost/s390.json", dir, "do not include"},
 	} {
-		_, err := ForProfile(c.profile, c.dir)
+		_, err := ForContainer(c.profile, c.dir, DefaultCapabilities)
 		t.Logf("%s: %v", c.profile, err)
 		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.HasPrefix(err.Error(), "securityContext.seccompProfile: ") {
-			t.Errorf("ForProfile(%q) = %v, want an error on securityContext.seccompProfile with %q", c.profile, err, c.want)
+			t.Errorf("ForContainer(%q) = %v, want an error on securityContext.seccompProfile with %q", c.profile, err, c.want)
 		}
 	}
 }

@@ -41,20 +41,14 @@ func RuntimeDefault() ([]sandbox.SockFilter, error) {
 	return RuntimeDefaultFor(DefaultCapabilities)
 }
 
-// ForProfile resolves a container's seccomp profile: "" or
-// "RuntimeDefault" is RuntimeDefault, "Unconfined" is nil (no filter), and
-// "Localhost/<path>" compiles the OCI/Docker-format JSON profile at
-// <localhostDir>/<path>, which must stay inside localhostDir (no "..",
-// no absolute path, no symlink out of it). It assumes DefaultCapabilities;
-// ForContainer takes the container's own.
-func ForProfile(profile string, localhostDir string) ([]sandbox.SockFilter, error) {
-	return ForContainer(profile, localhostDir, DefaultCapabilities)
-}
-
-// ForContainer is ForProfile for a container whose bounding set is
-// capabilities: the moby profile allows some calls only with a capability
-// (ptrace with CAP_SYS_PTRACE, mount with CAP_SYS_ADMIN, ...), and a
-// Docker-format Localhost profile's includes/excludes name capabilities.
+// ForContainer resolves the seccomp profile of a container whose bounding
+// set is capabilities: "" or "RuntimeDefault" is RuntimeDefault, "Unconfined"
+// is nil (no filter), and "Localhost/<path>" compiles the OCI/Docker-format
+// JSON profile at <localhostDir>/<path>, which must stay inside
+// localhostDir (no "..", no absolute path, no symlink out of it). The
+// capabilities matter: the moby profile allows some calls only with a
+// capability (ptrace with CAP_SYS_PTRACE, mount with CAP_SYS_ADMIN, ...),
+// and a Docker-format Localhost profile's includes/excludes name them.
 func ForContainer(profile, localhostDir string, capabilities []string) ([]sandbox.SockFilter, error) {
 	switch profile {
 	case "", "RuntimeDefault", "runtime/default", "docker/default":

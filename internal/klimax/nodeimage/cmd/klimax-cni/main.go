@@ -31,6 +31,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
 )
 
 func main() {
@@ -129,11 +131,7 @@ func writeConfig(dir, podCIDR string) (bool, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return false, err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, want, 0o644); err != nil {
-		return false, err
-	}
-	return true, os.Rename(tmp, path)
+	return true, atomicfile.WriteFileNoSync(path, want, 0o644)
 }
 
 func routeTo(n *corev1.Node) error {
