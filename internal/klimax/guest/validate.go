@@ -17,40 +17,12 @@ func (e *FieldError) Error() string {
 }
 
 var (
-	clusterNameRe = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
-	labelRe       = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 	versionRe     = regexp.MustCompile(`^v[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$`)
 	pathRe        = regexp.MustCompile(`^(/[A-Za-z0-9._-]+)+$`)
 	debVersionRe  = regexp.MustCompile(`^[0-9]+:[0-9A-Za-z.+~-]+$`)
 	sha256Re      = regexp.MustCompile(`^[a-f0-9]{64}$`)
 	fingerprintRe = regexp.MustCompile(`^[A-F0-9]{40}$`)
 )
-
-// ValidateClusterName accepts kind cluster names that are safe as container
-// name prefixes, DNS labels, file names and shell words: 1-40 lower-case
-// letters, digits and '-'.
-func ValidateClusterName(field, name string) error {
-	if len(name) == 0 || len(name) > 40 || !clusterNameRe.MatchString(name) {
-		return &FieldError{field, name, "is not a valid cluster name", "use 1-40 lower-case letters, digits and '-', starting and ending with a letter or digit, e.g. dev"}
-	}
-	return nil
-}
-
-// ValidateDomain accepts a lower-case DNS domain (e.g. runlocal.dev).
-func ValidateDomain(field, domain string) error {
-	d := strings.TrimSuffix(domain, ".")
-	bad := d == "" || len(d) > 253
-	for _, l := range strings.Split(d, ".") {
-		if bad || len(l) > 63 || !labelRe.MatchString(l) {
-			bad = true
-			break
-		}
-	}
-	if bad {
-		return &FieldError{field, domain, "is not a DNS domain", "use lower-case labels of letters, digits and '-' separated by dots, e.g. runlocal.dev"}
-	}
-	return nil
-}
 
 // ValidateCIDR parses an IPv4 network address in CIDR form (host bits zero).
 func ValidateCIDR(field, cidr string) (netip.Prefix, error) {
