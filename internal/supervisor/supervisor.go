@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/atomicfile"
+	"github.com/k3sm-dev/k3sm/internal/backoff"
 	"gopkg.in/natefinch/lumberjack.v2"
 )
 
@@ -411,7 +412,7 @@ func (ch *Child) sleep(d time.Duration) bool {
 func (ch *Child) supervise() {
 	defer close(ch.done)
 	defer ch.logw.Close()
-	delay := ch.s.Backoff.Initial
+	delay := backoff.Backoff{Initial: ch.s.Backoff.Initial, Max: ch.s.Backoff.Max}
 	for {
 		ch.mu.Lock()
 		cmd, exited := ch.cmd, ch.exited
@@ -433,24 +434,24 @@ func (ch *Child) supervise() {
 		ch.s.writeState()
 		ran := time.Since(started)
 		if ran > ch.s.Backoff.Reset {
-			delay = ch.s.Backoff.Initial
+			delay.Reset()
 		}
+		d := delay.Next()
 		ch.s.Log.Warn("component exited; restarting", "component", ch.c.Name(), "pid", cmd.Process.Pid,
-			"status", exitReason(err), "ran", ran.Round(time.Millisecond).String(), "restartIn", delay.String(), "log", ch.LogPath())
-		if ch.sleep(delay) {
+			"status", exitReason(err), "ran", ran.Round(time.Millisecond).String(), "restartIn", d.String(), "log", ch.LogPath())
+		if ch.sleep(d) {
 			return
 		}
-		delay = min(delay*2, ch.s.Backoff.Max)
 		for {
 			err := ch.spawn()
 			if err == nil {
 				break
 			}
-			ch.s.Log.Error("restart failed", "component", ch.c.Name(), "err", err, "retryIn", delay.String())
-			if ch.sleep(delay) {
+			d := delay.Next()
+			ch.s.Log.Error("restart failed", "component", ch.c.Name(), "err", err, "retryIn", d.String())
+			if ch.sleep(d) {
 				return
 			}
-			delay = min(delay*2, ch.s.Backoff.Max)
 		}
 		ch.mu.Lock()
 		ch.restarts++

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 // The test binary doubles as the child: with K3SM_TEST_CHILD set it listens
@@ -100,18 +102,11 @@ func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
 
 func waitGone(t *testing.T, pid int) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
+	poll.Until(t, 5*time.Second, fmt.Sprintf("process %d to end", pid), func() bool {
 		// A zombie still answers kill(0); reap check via /proc where present.
-		if !alive(pid) {
-			return
-		}
-		if st, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat")); err == nil && strings.Contains(string(st), ") Z ") {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("process %d still alive", pid)
+		st, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+		return !alive(pid) || err == nil && strings.Contains(string(st), ") Z ")
+	})
 }
 
 func TestRestartAfterKillAndStop(t *testing.T) {

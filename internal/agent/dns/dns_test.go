@@ -21,6 +21,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
+
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 // Every socket of these tests is on 127.0.0.0/8: the resolver on
@@ -379,7 +381,8 @@ func TestUpdates(t *testing.T) {
 	if _, err := eps.Update(ctx, s, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool {
+	// Changes must be visible within 1 s.
+	poll.Until(t, time.Second, "db-2 in the answers once ready", func() bool {
 		m := f.query(t, "db-2.db.data.svc.cluster.local.", dns.TypeA)
 		return m.Rcode == dns.RcodeSuccess && len(m.Answer) == 1
 	})
@@ -392,22 +395,10 @@ func TestUpdates(t *testing.T) {
 	if err := svcs.Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool {
+	poll.Until(t, time.Second, "the new Service answered and the deleted one gone", func() bool {
 		return len(f.query(t, "new.default.svc.cluster.local.", dns.TypeA).Answer) == 1 &&
 			f.query(t, "web.default.svc.cluster.local.", dns.TypeA).Rcode == dns.RcodeNameError
 	})
-}
-
-// waitFor polls cond for the 1 s within which changes must be visible.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("not visible within 1s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func TestTruncation(t *testing.T) {

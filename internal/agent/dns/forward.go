@@ -1,8 +1,6 @@
 package dns
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,6 +12,8 @@ import (
 
 	"github.com/miekg/dns"
 	"sigs.k8s.io/yaml"
+
+	"github.com/k3sm-dev/k3sm/internal/agent/resolvconf"
 )
 
 // ForwardRule sends the names inside Domain to Servers instead of the
@@ -127,18 +127,13 @@ func parseForwardFile(data []byte) ([]ForwardRule, error) {
 // ResolvConfUpstreams returns the nameservers of a resolv.conf file (e.g.
 // /etc/resolv.conf) as IP:port. It is an error if there are none.
 func ResolvConfUpstreams(path string) ([]string, error) {
-	data, err := os.ReadFile(path)
+	f, err := resolvconf.Read(path)
 	if err != nil {
 		return nil, err
 	}
 	var out []string
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 2 || f[0] != "nameserver" {
-			continue
-		}
-		if hp, err := serverAddr(f[1]); err == nil && !slices.Contains(out, hp) {
+	for _, n := range f.Nameservers {
+		if hp, err := serverAddr(n); err == nil && !slices.Contains(out, hp) {
 			out = append(out, hp)
 		}
 	}

@@ -22,6 +22,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
+
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 const testNode = "n1"
@@ -126,17 +128,6 @@ func started(t *testing.T, client kubernetes.Interface, base string) (*controlle
 	return c, rec
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func exists(path string) bool {
 	_, err := os.Lstat(path)
 	return err == nil
@@ -163,7 +154,7 @@ func TestProvision(t *testing.T) {
 	run(t, client, base)
 
 	var pv *corev1.PersistentVolume
-	eventually(t, "the volume", func() bool {
+	poll.Until(t, 15*time.Second, "the volume", func() bool {
 		var err error
 		pv, err = client.CoreV1().PersistentVolumes().Get(context.Background(), "pvc-uid-data", metav1.GetOptions{})
 		return err == nil
@@ -201,7 +192,7 @@ func TestProvision(t *testing.T) {
 		t.Errorf("%s: mode %v, want a 0777 directory", dir, fi.Mode())
 	}
 	for _, reason := range []string{"Provisioning", "ProvisioningSucceeded"} {
-		eventually(t, reason+" event", func() bool {
+		poll.Until(t, 15*time.Second, reason+" event", func() bool {
 			ev := findEvent(client, "ns", reason)
 			return ev != nil && ev.Type == corev1.EventTypeNormal && ev.InvolvedObject.Name == "data" &&
 				ev.Source.Component == ProvisionerName+"_"+testNode
@@ -326,7 +317,7 @@ func TestBlockModeFails(t *testing.T) {
 	client := fake.NewClientset(class(corev1.PersistentVolumeReclaimDelete), pvc)
 	run(t, client, base)
 	var ev *corev1.Event
-	eventually(t, "ProvisioningFailed event", func() bool {
+	poll.Until(t, 15*time.Second, "ProvisioningFailed event", func() bool {
 		ev = findEvent(client, "ns", "ProvisioningFailed")
 		return ev != nil
 	})
@@ -356,7 +347,7 @@ func TestReclaimDelete(t *testing.T) {
 	client := fake.NewClientset(releasedVolume("pvc-uid-gone", testNode, dir, corev1.PersistentVolumeReclaimDelete), pvFailed)
 	run(t, client, base)
 	for _, name := range []string{"pvc-uid-gone", "pvc-uid-failed"} {
-		eventually(t, name+" deleted", func() bool {
+		poll.Until(t, 15*time.Second, name+" deleted", func() bool {
 			_, err := client.CoreV1().PersistentVolumes().Get(context.Background(), name, metav1.GetOptions{})
 			return apierrors.IsNotFound(err)
 		})

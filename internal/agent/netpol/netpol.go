@@ -21,11 +21,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/k3sm-dev/k3sm/internal/agent/trim"
 )
 
 // Policy is what one pod may receive and send.
@@ -121,7 +122,7 @@ func New(cfg Config) *Controller {
 	}
 	c := &Controller{cfg: cfg, log: cfg.Log, kick: make(chan struct{}, 1), sent: map[string]Policy{}, fresh: map[string]bool{}}
 	// Every pod of the cluster is held: the fields nobody reads go.
-	c.factory = informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0, informers.WithTransform(stripManagedFields))
+	c.factory = informers.NewSharedInformerFactoryWithOptions(cfg.Client, 0, informers.WithTransform(trim.ManagedFields))
 	c.pods = c.factory.Core().V1().Pods().Informer()
 	c.namespaces = c.factory.Core().V1().Namespaces().Informer()
 	c.policies = c.factory.Networking().V1().NetworkPolicies().Informer()
@@ -134,13 +135,6 @@ func New(cfg Config) *Controller {
 		inf.AddEventHandler(h)
 	}
 	return c
-}
-
-func stripManagedFields(obj any) (any, error) {
-	if m, err := meta.Accessor(obj); err == nil {
-		m.SetManagedFields(nil)
-	}
-	return obj, nil
 }
 
 func (c *Controller) trigger() {

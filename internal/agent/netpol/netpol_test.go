@@ -17,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
+
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 const node = "n1"
@@ -292,17 +294,6 @@ func (r *recorder) get(uid types.UID) (Policy, int) {
 	return r.last[string(uid)], r.calls[string(uid)]
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // TestController: policies follow pods and policies as they come and go,
 // each change is sent once, a failed apply is retried, and the full
 // resync sends everything again.
@@ -316,14 +307,14 @@ func TestController(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
 
-	eventually(t, "web's first policy", func() bool { _, n := rec.get(web.UID); return n == 1 })
+	poll.Until(t, 10*time.Second, "web's first policy", func() bool { _, n := rec.get(web.UID); return n == 1 })
 	np := mkNP("default", "p", sel("app", "web"), func(s *networkingv1.NetworkPolicySpec) {
 		s.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: sel("role", "client")}}}}
 	})
 	if _, err := client.NetworkingV1().NetworkPolicies("default").Create(ctx, np, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "isolation", func() bool { p, _ := rec.get(web.UID); return p.Ingress.Isolated })
+	poll.Until(t, 10*time.Second, "isolation", func() bool { p, _ := rec.get(web.UID); return p.Ingress.Isolated })
 
 	// A peer arrives, with an address, on another node.
 	peer := mkPod("default", "client", "", map[string]string{"role": "client"}, onNode("n2"))
@@ -335,7 +326,7 @@ func TestController(t *testing.T) {
 		t.Fatal(err)
 	}
 	withPeer := Policy{Ingress: Direction{Isolated: true, Rules: []Rule{{Peers: []Peer{host("10.0.1.7")}}}}}
-	eventually(t, "the peer's address", func() bool { p, _ := rec.get(web.UID); return reflect.DeepEqual(p, withPeer) })
+	poll.Until(t, 10*time.Second, "the peer's address", func() bool { p, _ := rec.get(web.UID); return reflect.DeepEqual(p, withPeer) })
 	_, n := rec.get(web.UID)
 
 	// A change that changes nothing for web sends nothing.
@@ -359,13 +350,13 @@ func TestController(t *testing.T) {
 	rec.mu.Lock()
 	delete(rec.fail, string(late.UID))
 	rec.mu.Unlock()
-	eventually(t, "the retried pod", func() bool { _, n := rec.get(late.UID); return n == 1 })
+	poll.Until(t, 10*time.Second, "the retried pod", func() bool { _, n := rec.get(late.UID); return n == 1 })
 
 	// The peer goes: web's rule allows nothing any more.
 	if err := client.CoreV1().Pods("default").Delete(ctx, "client", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the peer's removal", func() bool {
+	poll.Until(t, 10*time.Second, "the peer's removal", func() bool {
 		p, _ := rec.get(web.UID)
 		return reflect.DeepEqual(p, Policy{Ingress: Direction{Isolated: true}})
 	})
@@ -373,7 +364,7 @@ func TestController(t *testing.T) {
 	if err := client.NetworkingV1().NetworkPolicies("default").Delete(ctx, "p", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the policy's removal", func() bool { p, _ := rec.get(web.UID); return reflect.DeepEqual(p, Policy{}) })
+	poll.Until(t, 10*time.Second, "the policy's removal", func() bool { p, _ := rec.get(web.UID); return reflect.DeepEqual(p, Policy{}) })
 
 	cancel()
 	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
@@ -388,7 +379,7 @@ func TestResyncSendsEverythingAgain(t *testing.T) {
 	defer cancel()
 	c := New(Config{Client: fake.NewClientset(web), NodeName: node, Applier: rec, Resync: 50 * time.Millisecond})
 	go c.Run(ctx)
-	eventually(t, "three sends", func() bool { _, n := rec.get(web.UID); return n >= 3 })
+	poll.Until(t, 10*time.Second, "three sends", func() bool { _, n := rec.get(web.UID); return n >= 3 })
 }
 
 func TestEnsureRBAC(t *testing.T) {

@@ -30,6 +30,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/agent/metrics"
 	"github.com/k3sm-dev/k3sm/internal/agent/netpol"
 	"github.com/k3sm-dev/k3sm/internal/agent/podspec"
+	"github.com/k3sm-dev/k3sm/internal/agent/trim"
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	"github.com/k3sm-dev/k3sm/internal/runtime/client"
@@ -40,7 +41,6 @@ import (
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -129,7 +129,7 @@ func Run(ctx context.Context, cfg Config) error {
 	var svcFactory informers.SharedInformerFactory
 	if services {
 		// Service links (enableServiceLinks) as the kubelet gives them.
-		svcFactory = informers.NewSharedInformerFactoryWithOptions(kc, 0, informers.WithTransform(stripManagedFields))
+		svcFactory = informers.NewSharedInformerFactoryWithOptions(kc, 0, informers.WithTransform(trim.ManagedFields))
 		apiEnv = podspec.ServiceLinksEnv(svcFactory.Core().V1().Services().Lister(),
 			podspec.APIServerEnv("https://"+net.JoinHostPort(cfg.APIServiceIP, "443")))
 		podDNS = &podspec.DNS{Server: cfg.ClusterDNS, Domain: cfg.ClusterDomain, HostResolvConf: podspec.HostResolvConfPath()}
@@ -509,14 +509,6 @@ func startLocalPath(ctx context.Context, cfg Config) error {
 		}
 	}()
 	return nil
-}
-
-// stripManagedFields drops what the node never reads from cached objects.
-func stripManagedFields(obj any) (any, error) {
-	if a, err := meta.Accessor(obj); err == nil {
-		a.SetManagedFields(nil)
-	}
-	return obj, nil
 }
 
 // waitStartGate waits until the file gate exists: the server creates it

@@ -1,8 +1,6 @@
 package podspec
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
 	"net/netip"
 	"os"
@@ -10,6 +8,8 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/k3sm-dev/k3sm/internal/agent/resolvconf"
 )
 
 // DNS is the cluster DNS a node gives its pods through /etc/resolv.conf.
@@ -38,26 +38,14 @@ type resolvConf struct {
 // nameservers are dropped: inside a pod's own network, 127.0.0.53 is the
 // pod's loopback, not the node's stub resolver.
 func readHostResolvConf(path string) (resolvConf, error) {
-	var rc resolvConf
-	data, err := os.ReadFile(path)
+	f, err := resolvconf.Read(path)
 	if err != nil {
-		return rc, err
+		return resolvConf{}, err
 	}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 2 || strings.HasPrefix(f[0], "#") || strings.HasPrefix(f[0], ";") {
-			continue
-		}
-		switch f[0] {
-		case "nameserver":
-			if a, err := netip.ParseAddr(f[1]); err == nil && !a.IsLoopback() {
-				rc.nameservers = append(rc.nameservers, f[1])
-			}
-		case "search", "domain":
-			rc.searches = f[1:]
-		case "options":
-			rc.options = append(rc.options, f[1:]...)
+	rc := resolvConf{searches: f.Search, options: f.Options}
+	for _, n := range f.Nameservers {
+		if a, err := netip.ParseAddr(n); err == nil && !a.IsLoopback() {
+			rc.nameservers = append(rc.nameservers, n)
 		}
 	}
 	return rc, nil

@@ -17,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 // sharedFixture is SharedSource over a fake clientset that counts GETs and
@@ -49,21 +51,6 @@ func cm(name, rv, value string) *corev1.ConfigMap {
 	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, ResourceVersion: rv}, Data: map[string]string{"k": value}}
 }
 
-func eventually(t *testing.T, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func TestSharedSourceReadsOnceAndFollows(t *testing.T) {
 	f := newSharedFixture(t, cm("kube-root-ca.crt", "1", "a"), cm("other", "1", "x"))
 	ctx := context.Background()
@@ -92,7 +79,7 @@ func TestSharedSourceReadsOnceAndFollows(t *testing.T) {
 	if n := f.gets.Load(); n != 1 {
 		t.Fatalf("%d GETs for 50 reads, want 1", n)
 	}
-	eventually(t, "the watch", func() error {
+	poll.UntilNil(t, 5*time.Second, "the watch", func() error {
 		if f.watches.Load() != 1 {
 			return fmt.Errorf("%d watches", f.watches.Load())
 		}
@@ -110,7 +97,7 @@ func TestSharedSourceReadsOnceAndFollows(t *testing.T) {
 	if _, err := f.c.CoreV1().ConfigMaps("ns").Update(ctx, cm("kube-root-ca.crt", "3", "b"), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the update", func() error {
+	poll.UntilNil(t, 5*time.Second, "the update", func() error {
 		v, err := f.src.ConfigMap(ctx, "ns", "kube-root-ca.crt")
 		if err != nil || v.Data["k"] != "b" {
 			return fmt.Errorf("%v %v", v, err)
@@ -125,7 +112,7 @@ func TestSharedSourceReadsOnceAndFollows(t *testing.T) {
 	if err := f.c.CoreV1().ConfigMaps("ns").Delete(ctx, "kube-root-ca.crt", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "NotFound after the delete", func() error {
+	poll.UntilNil(t, 5*time.Second, "NotFound after the delete", func() error {
 		_, err := f.src.ConfigMap(ctx, "ns", "kube-root-ca.crt")
 		if !apierrors.IsNotFound(err) {
 			return fmt.Errorf("got %v", err)
@@ -182,7 +169,7 @@ func TestSharedSourceDropsIdleCopies(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the idle copy's watch was not stopped")
 	}
-	eventually(t, "the idle copy dropped", func() error {
+	poll.UntilNil(t, 5*time.Second, "the idle copy dropped", func() error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if len(s.m) != 0 {

@@ -25,6 +25,8 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
+
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 // Every address in these tests is in 127.0.0.0/8, which Linux holds on lo:
@@ -103,7 +105,7 @@ func startWith(t *testing.T, tweak func(*Config), prep func(*Proxy), objs ...k8s
 		}
 	})
 	t.Cleanup(stop)
-	eventually(t, "informers watching", func() bool {
+	poll.Until(t, 10*time.Second, "informers watching", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return watching["services"] && watching["endpointslices"]
@@ -158,17 +160,6 @@ func settledGoroutines(t *testing.T) {
 			t.Fatalf("per-connection goroutines left:\n%s", strings.Join(left, "\n\n"))
 		}
 		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/netd/dataplane"
 	"github.com/k3sm-dev/k3sm/internal/netd/server"
 	"github.com/k3sm-dev/k3sm/internal/netd/wire"
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -74,7 +75,7 @@ func render(set []KernelService) string {
 
 func (k *fakeKernel) waitFor(t *testing.T, want string) {
 	t.Helper()
-	eventually(t, "kernel set "+want, func() bool {
+	poll.Until(t, 10*time.Second, "kernel set "+want, func() bool {
 		set, _ := k.last()
 		return render(set) == want
 	})
@@ -108,7 +109,7 @@ func TestKernelClusterIP(t *testing.T) {
 	}
 	k.waitFor(t, "UDP 10.43.0.20:53->[100.64.0.5:5353 100.64.0.6:5353]; TCP 10.43.0.20:80->[100.64.0.5:8080]; ")
 	// The ClusterIP has no socket; the NodePort and the sticky Service do.
-	eventually(t, "the NodePort and the sticky ClusterIP listen on the relay", func() bool {
+	poll.Until(t, 10*time.Second, "the NodePort and the sticky ClusterIP listen on the relay", func() bool {
 		return listening(t, "tcp", netip.MustParseAddr(nodeIP), np) && listening(t, "tcp", netip.MustParseAddr(clusterIP), sticky.Spec.Ports[0].Port)
 	})
 	if listening(t, "tcp", netip.MustParseAddr("10.43.0.20"), 80) || listening(t, "udp", netip.MustParseAddr("10.43.0.20"), 53) {
@@ -157,7 +158,7 @@ func TestKernelExternalIPs(t *testing.T) {
 	k.waitFor(t, "TCP 10.43.0.20:80->[100.64.0.5:8080 100.64.0.6:8080]; "+
 		"TCP 10.43.0.30:80->[100.64.0.6:9090]; "+
 		"TCP 203.0.113.10:80 external->[100.64.0.6:9090]; ")
-	eventually(t, "a Warning Event for the externalIP in the pod range", func() bool {
+	poll.Until(t, 10*time.Second, "a Warning Event for the externalIP in the pod range", func() bool {
 		select {
 		case e := <-h.rec.Events:
 			return strings.Contains(e, "ExternalIPRefused") && strings.Contains(e, "100.64.0.9")
@@ -231,7 +232,7 @@ func TestKernelRetryAndResync(t *testing.T) {
 		service("web", corev1.ServiceTypeClusterIP, "10.43.0.20", svcPort("http", tcp, 80, 0)),
 		slice("web", "web-1", tcp, "http", 8080, ready(podA)))
 	k.waitFor(t, "TCP 10.43.0.20:80->[100.64.0.5:8080]; ")
-	eventually(t, "a resync resends the set", func() bool { _, n := k.last(); return n >= 3 })
+	poll.Until(t, 10*time.Second, "a resync resends the set", func() bool { _, n := k.last(); return n >= 3 })
 }
 
 // Only what the kernel can translate goes there: the kubernetes Service's
@@ -499,7 +500,7 @@ func TestKernelNodeAddresses(t *testing.T) {
 			t.Errorf("relay socket on %s:%d: %v, want %v", node, port, got, want)
 		}
 	}
-	eventually(t, "a PortInUse Event for "+node+":9443", func() bool {
+	poll.Until(t, 10*time.Second, "a PortInUse Event for "+node+":9443", func() bool {
 		select {
 		case e := <-h.rec.Events:
 			return strings.HasPrefix(e, "Warning PortInUse") && strings.Contains(e, node+":9443/TCP")
@@ -518,7 +519,7 @@ func TestKernelNodeAddresses(t *testing.T) {
 		}
 		return strings.Join(ips, ",")
 	}
-	eventually(t, "ingress of lb the node's address, of taken none", func() bool {
+	poll.Until(t, 10*time.Second, "ingress of lb the node's address, of taken none", func() bool {
 		return ingress("lb") == node && ingress("taken") == ""
 	})
 	// Freed, the port is the relay's, then the kernel's.

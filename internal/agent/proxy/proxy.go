@@ -39,7 +39,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
@@ -51,6 +50,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
+
+	"github.com/k3sm-dev/k3sm/internal/agent/trim"
 )
 
 // Defaults for the zero values of Config's durations.
@@ -213,7 +214,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 	// No resync: every change arrives as an event, and failed sockets are
 	// retried through the queue. The caches keep no managed fields, which
 	// the proxy never reads.
-	factory := informers.NewSharedInformerFactoryWithOptions(p.cfg.Client, 0, informers.WithTransform(dropManagedFields))
+	factory := informers.NewSharedInformerFactoryWithOptions(p.cfg.Client, 0, informers.WithTransform(trim.ManagedFields))
 	svcInf := factory.Core().V1().Services()
 	sliceInf := factory.Discovery().V1().EndpointSlices()
 	p.svcLister, p.sliceLister = svcInf.Lister(), sliceInf.Lister()
@@ -284,13 +285,6 @@ func (p *Proxy) Run(ctx context.Context) error {
 	p.conns.closeAll()
 	p.wg.Wait()
 	return nil
-}
-
-func dropManagedFields(obj any) (any, error) {
-	if m, err := meta.Accessor(obj); err == nil {
-		m.SetManagedFields(nil)
-	}
-	return obj, nil
 }
 
 func (p *Proxy) enqueueService(obj any) {

@@ -19,6 +19,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
+
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 const tcp, udp = corev1.ProtocolTCP, corev1.ProtocolUDP
@@ -81,7 +83,7 @@ func TestSessionAffinity(t *testing.T) {
 	// The sticky endpoint goes away: the client moves, and stays, on the other.
 	h.deleteSlice("web-" + first)
 	other := map[string]string{"a": "b", "b": "a"}[first]
-	eventually(t, "client moved", func() bool { n, err := ask(addr); return err == nil && n == other })
+	poll.Until(t, 10*time.Second, "client moved", func() bool { n, err := ask(addr); return err == nil && n == other })
 	for range 5 {
 		if got := mustAsk(t, addr); got != other {
 			t.Fatalf("after the move: %q", got)
@@ -115,7 +117,7 @@ func TestAllEndpointsRefuseResetsClient(t *testing.T) {
 		slice("web", "web-dead", tcp, "http", dead, ready("127.0.0.1")),
 	)
 	addr := hostPort(clusterIP, port)
-	eventually(t, "listening", func() bool {
+	poll.Until(t, 10*time.Second, "listening", func() bool {
 		c, err := net.Dial("tcp", addr)
 		if err == nil {
 			c.Close()
@@ -151,7 +153,7 @@ func TestTerminatingFallback(t *testing.T) {
 	}
 	// A ready endpoint wins over terminating ones.
 	h.createSlice(slice("web", "web-c", tcp, "http", c.port, ready("127.0.0.1")))
-	eventually(t, "ready endpoint used", func() bool { n, err := ask(addr); return err == nil && n == "c" })
+	poll.Until(t, 10*time.Second, "ready endpoint used", func() bool { n, err := ask(addr); return err == nil && n == "c" })
 	for range 6 {
 		if got := mustAsk(t, addr); got != "c" {
 			t.Fatalf("served by %q", got)
@@ -197,7 +199,7 @@ func TestTrafficPolicyLocal(t *testing.T) {
 	svc.Spec.InternalTrafficPolicy = ptr.To(corev1.ServiceInternalTrafficPolicyCluster)
 	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 	h.updateService(svc)
-	eventually(t, "policies swapped", func() bool {
+	poll.Until(t, 10*time.Second, "policies swapped", func() bool {
 		n, err := ask(cluster)
 		return err == nil && n == "b"
 	})
@@ -239,7 +241,7 @@ func TestUDP(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		eventually(t, "UDP echo", func() bool { r, err := exchange(c, "ping"); return err == nil && r == "u:ping" })
+		poll.Until(t, 10*time.Second, "UDP echo", func() bool { r, err := exchange(c, "ping"); return err == nil && r == "u:ping" })
 		if r, err := exchange(c, strings.Repeat("x", i+1)); err != nil || r != "u:"+strings.Repeat("x", i+1) {
 			t.Fatalf("second datagram: %q, %v", r, err)
 		}
@@ -254,7 +256,7 @@ func TestUDP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	eventually(t, "UDP refused", func() bool { _, err := exchange(c, "ping"); return refused(err) })
+	poll.Until(t, 10*time.Second, "UDP refused", func() bool { _, err := exchange(c, "ping"); return refused(err) })
 }
 
 func TestNodePort(t *testing.T) {
@@ -316,7 +318,7 @@ func TestLoadBalancer(t *testing.T) {
 		return ips
 	}
 	// Only the node IP where the port could be opened is advertised.
-	eventually(t, "ingress "+nodeIP, func() bool { return slices.Equal(ingress(), []string{nodeIP}) })
+	poll.Until(t, 10*time.Second, "ingress "+nodeIP, func() bool { return slices.Equal(ingress(), []string{nodeIP}) })
 	// The retries log but send no second Event.
 	time.Sleep(500 * time.Millisecond)
 	select {
@@ -327,7 +329,7 @@ func TestLoadBalancer(t *testing.T) {
 
 	holder.Close()
 	waitServed(t, hostPort(nodeIP2, port))
-	eventually(t, "ingress of both node IPs", func() bool { return slices.Equal(ingress(), []string{nodeIP, nodeIP2}) })
+	poll.Until(t, 10*time.Second, "ingress of both node IPs", func() bool { return slices.Equal(ingress(), []string{nodeIP, nodeIP2}) })
 	// The NodePort is restricted by NodePortAddresses.
 	if _, err := ask(hostPort(nodeIP2, nodePort)); !refused(err) {
 		t.Errorf("node port on %s: %v", nodeIP2, err)
@@ -377,7 +379,7 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 	)
 	lb := hostPort(nodeIP, port)
 	allowed := &net.TCPAddr{IP: net.ParseIP("127.0.0.77")}
-	eventually(t, "LB serves 127.0.0.77", func() bool { n, err := askFrom(allowed, lb); return err == nil && n == "a" })
+	poll.Until(t, 10*time.Second, "LB serves 127.0.0.77", func() bool { n, err := askFrom(allowed, lb); return err == nil && n == "a" })
 	// 127.0.0.1 is outside the range: connected, then reset, never served.
 	if n, err := ask(lb); err == nil {
 		t.Errorf("127.0.0.1 served by %q", n)
@@ -397,7 +399,7 @@ func TestLoadBalancerSourceRanges(t *testing.T) {
 		_, err = c.Read(buf)
 		return err
 	}
-	eventually(t, "UDP LB answers 127.0.0.77", func() bool { return udpAsk("127.0.0.77") == nil })
+	poll.Until(t, 10*time.Second, "UDP LB answers 127.0.0.77", func() bool { return udpAsk("127.0.0.77") == nil })
 	if err := udpAsk("127.0.0.1"); err == nil {
 		t.Error("UDP from 127.0.0.1 answered")
 	}
@@ -599,7 +601,7 @@ func TestKubernetesServiceFallback(t *testing.T) {
 	s := slice("kubernetes", "kubernetes", tcp, "https", other.port, ready("127.0.0.1"))
 	s.Namespace = metav1.NamespaceDefault
 	h.createSlice(s)
-	eventually(t, "the slice's endpoint serves the kubernetes Service", func() bool {
+	poll.Until(t, 10*time.Second, "the slice's endpoint serves the kubernetes Service", func() bool {
 		got, err := ask(hostPort(clusterIP, port))
 		return err == nil && got == "other"
 	})

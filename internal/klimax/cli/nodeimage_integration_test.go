@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/netip"
@@ -35,6 +36,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/klimax/guest"
 	"github.com/k3sm-dev/k3sm/internal/klimax/nodeimage"
 	"github.com/k3sm-dev/k3sm/internal/klimax/slot"
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 // TestIntegrationNodeImageFleet runs real kind clusters from the offline
@@ -381,35 +383,20 @@ func kubeClient(t *testing.T, path, context string) kubernetes.Interface {
 	return cs
 }
 
-func poll(t *testing.T, ctx context.Context, what string, d time.Duration, fn func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	last := ""
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		ok, msg := fn()
-		if ok {
-			return
-		}
-		last = msg
-		time.Sleep(2 * time.Second)
-	}
-	t.Fatalf("%s: not within %s: %s", what, d, last)
-}
-
 func waitNodeReady(t *testing.T, ctx context.Context, cs kubernetes.Interface, node string) *corev1.Node {
 	var n *corev1.Node
-	poll(t, ctx, "node "+node+" Ready", 4*time.Minute, func() (bool, string) {
+	poll.Every(t, ctx, 4*time.Minute, 2*time.Second, "node "+node+" Ready", func() error {
 		got, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		if err != nil {
-			return false, err.Error()
+			return err
 		}
 		for _, c := range got.Status.Conditions {
 			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
 				n = got
-				return true, ""
+				return nil
 			}
 		}
-		return false, fmt.Sprint(got.Status.Conditions)
+		return fmt.Errorf("%v", got.Status.Conditions)
 	})
 	return n
 }
@@ -437,22 +424,28 @@ func podStatus(p *corev1.Pod) string {
 }
 
 func waitPodRunning(t *testing.T, ctx context.Context, cs kubernetes.Interface, name string) {
-	poll(t, ctx, "pod "+name+" running", 3*time.Minute, func() (bool, string) {
+	poll.Every(t, ctx, 3*time.Minute, 2*time.Second, "pod "+name+" running", func() error {
 		p, err := cs.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
-			return false, err.Error()
+			return err
 		}
-		return p.Status.Phase == corev1.PodRunning, podStatus(p)
+		if p.Status.Phase != corev1.PodRunning {
+			return errors.New(podStatus(p))
+		}
+		return nil
 	})
 }
 
 func waitPodLogs(t *testing.T, ctx context.Context, cs kubernetes.Interface, name string) string {
-	poll(t, ctx, "pod "+name+" finished", 3*time.Minute, func() (bool, string) {
+	poll.Every(t, ctx, 3*time.Minute, 2*time.Second, "pod "+name+" finished", func() error {
 		p, err := cs.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
-			return false, err.Error()
+			return err
 		}
-		return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed, podStatus(p)
+		if p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+			return errors.New(podStatus(p))
+		}
+		return nil
 	})
 	out, err := cs.CoreV1().Pods("default").GetLogs(name, &corev1.PodLogOptions{}).DoRaw(ctx)
 	if err != nil {
@@ -463,18 +456,18 @@ func waitPodLogs(t *testing.T, ctx context.Context, cs kubernetes.Interface, nam
 
 func waitLBAddress(t *testing.T, ctx context.Context, cs kubernetes.Interface, name string) string {
 	ip := ""
-	poll(t, ctx, "LoadBalancer address of "+name, 3*time.Minute, func() (bool, string) {
+	poll.Every(t, ctx, 3*time.Minute, 2*time.Second, "LoadBalancer address of "+name, func() error {
 		s, err := cs.CoreV1().Services("default").Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
-			return false, err.Error()
+			return err
 		}
 		for _, in := range s.Status.LoadBalancer.Ingress {
 			if in.IP != "" {
 				ip = in.IP
-				return true, ""
+				return nil
 			}
 		}
-		return false, "no ingress yet"
+		return errors.New("no ingress yet")
 	})
 	return ip
 }

@@ -158,14 +158,16 @@ func TestMetricsServerTweaks(t *testing.T) {
 }
 
 func TestValidateNameAndLabels(t *testing.T) {
-	for _, ok := range []string{"dev", "a", "team-a-1", strings.Repeat("a", 40)} {
+	for _, ok := range []string{"dev", "a", "team-a-1", "staging-2", strings.Repeat("a", 40)} {
 		if err := ValidateName(ok); err != nil {
 			t.Errorf("%q: %v", ok, err)
 		}
 	}
-	for _, bad := range []string{"", "Dev", "-a", "a-", "a_b", "a.b", "a b", "$(id)", "a;rm -rf", strings.Repeat("a", 41), "ä"} {
-		if ValidateName(bad) == nil {
+	for _, bad := range []string{"", "Dev", "-a", "a-", "a_b", "a.b", "a b", "$(id)", "a;rm -rf", "x;rm", strings.Repeat("a", 41), "ä"} {
+		if err := ValidateName(bad); err == nil {
 			t.Errorf("%q accepted", bad)
+		} else if !strings.Contains(err.Error(), "cluster name") || !strings.Contains(err.Error(), "lower-case letters") {
+			t.Errorf("%q: error names neither the field nor the fix: %v", bad, err)
 		}
 	}
 	set, rm, err := ParseLabels([]string{"team=a,env=dev", "old-"})

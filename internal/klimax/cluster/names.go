@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"fmt"
-	"regexp"
 	"sort"
 	"strings"
 
@@ -46,16 +45,14 @@ func DepsFromLabels(l map[string]string) []string {
 // 63-character DNS label and container name limits.
 const MaxNameLen = 40
 
-var nameRe = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
-
 // ValidateName checks a cluster name: an RFC 1123 label of at most 40
 // characters, which makes it safe in container names, file names, URLs and any
-// shell without quoting.
+// shell without quoting. It is klimax's one check of cluster names.
 func ValidateName(name string) error {
 	if name == "" {
 		return fmt.Errorf("cluster name is empty (use lower-case letters, digits and '-', e.g. dev)")
 	}
-	if len(name) > MaxNameLen || !nameRe.MatchString(name) {
+	if len(name) > MaxNameLen || len(validation.IsDNS1123Label(name)) > 0 {
 		return fmt.Errorf("invalid cluster name %q: use 1-%d lower-case letters, digits and '-', starting and ending with a letter or digit (e.g. dev, team-a)", name, MaxNameLen)
 	}
 	return nil

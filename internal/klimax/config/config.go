@@ -17,6 +17,7 @@ import (
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // Driver names.
@@ -235,9 +236,8 @@ func (es Errors) Error() string {
 }
 
 var (
-	dnsLabelRe = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
-	sizeRe     = regexp.MustCompile(`^[1-9][0-9]*(MiB|GiB|TiB)$`)
-	versionRe  = regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+$`)
+	sizeRe    = regexp.MustCompile(`^[1-9][0-9]*(MiB|GiB|TiB)$`)
+	versionRe = regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+$`)
 	// nodeImageRe is an image repository: an optional registry host[:port],
 	// lower-case path components, no tag or digest.
 	nodeImageRe = regexp.MustCompile(`^([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$`)
@@ -246,17 +246,19 @@ var (
 // IsDNSLabel reports whether s is an RFC 1123 label of at most max characters
 // (lower-case alphanumerics and '-'): safe in file names, URLs and shells.
 func IsDNSLabel(s string, max int) bool {
-	return len(s) > 0 && len(s) <= max && dnsLabelRe.MatchString(s)
+	return len(s) <= max && len(validation.IsDNS1123Label(s)) == 0
 }
 
-// IsDomain reports whether s is a DNS domain made of RFC 1123 labels.
+// IsDomain reports whether s is a DNS domain made of RFC 1123 labels (a
+// trailing dot allowed). Label by label: validation.IsDNS1123Subdomain does
+// not bound each label at 63 characters.
 func IsDomain(s string) bool {
 	s = strings.TrimSuffix(s, ".")
-	if s == "" || len(s) > 253 {
+	if s == "" || len(s) > validation.DNS1123SubdomainMaxLength {
 		return false
 	}
 	for _, l := range strings.Split(s, ".") {
-		if !IsDNSLabel(strings.ToLower(l), 63) || l != strings.ToLower(l) {
+		if !IsDNSLabel(l, validation.DNS1123LabelMaxLength) {
 			return false
 		}
 	}

@@ -286,3 +286,28 @@ func TestMirrorImage(t *testing.T) {
 		t.Fatalf("bad image: %v", err)
 	}
 }
+
+// TestIsDNSLabelAndDomain: the label and domain checks klimax's names use
+// (the domain cases come from guest.ValidateDomain, which this replaced).
+func TestIsDNSLabelAndDomain(t *testing.T) {
+	for _, ok := range []string{"a", "klimax", "registry-dockerio", strings.Repeat("a", 40)} {
+		if !IsDNSLabel(ok, 40) {
+			t.Errorf("label %q refused", ok)
+		}
+	}
+	for _, bad := range []string{"", "A", "-a", "a-", "a_b", "a.b", "a b;rm", strings.Repeat("a", 41)} {
+		if IsDNSLabel(bad, 40) {
+			t.Errorf("label %q accepted", bad)
+		}
+	}
+	for _, ok := range []string{"runlocal.dev", "a.b.c", "example.com."} {
+		if !IsDomain(ok) {
+			t.Errorf("domain %q refused", ok)
+		}
+	}
+	for _, bad := range []string{"", "Example.com", "a..b", "-a.com", "a.com;x", "*.a.com", strings.Repeat("a", 64) + ".com"} {
+		if IsDomain(bad) {
+			t.Errorf("domain %q accepted", bad)
+		}
+	}
+}

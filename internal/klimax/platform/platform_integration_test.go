@@ -26,6 +26,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/klimax/docker"
 	"github.com/k3sm-dev/k3sm/internal/klimax/docker/dockertest"
 	"github.com/k3sm-dev/k3sm/internal/klimax/platform"
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 // TestIntegrationHostUpDownDestroy drives the host driver against the real
@@ -247,20 +248,17 @@ func waitRegistry(t *testing.T, port int) {
 	t.Helper()
 	url := fmt.Sprintf("http://127.0.0.1:%d/v2/", port)
 	hc := &http.Client{Timeout: 2 * time.Second}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	poll.Every(t, context.Background(), 30*time.Second, 200*time.Millisecond, "the registry on 127.0.0.1:"+strconv.Itoa(port), func() error {
 		resp, err := hc.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("registry on 127.0.0.1:%d not ready: %v", port, err)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s: %s", url, resp.Status)
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // pull fetches ref and every blob of it, verifying digests.

@@ -9,7 +9,9 @@ import (
 var (
 	uidRE = regexp.MustCompile(`^[0-9a-f][0-9a-f-]{0,63}$`)
 	// DNS-1123 label and subdomain, as Kubernetes validates namespaces and
-	// pod names.
+	// pod names. Written here rather than taken from apimachinery's
+	// validation: k3sm-netd runs as root and links nothing of Kubernetes
+	// (TestNetdStaysSmall in internal/architecture).
 	labelRE     = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 	subdomainRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
 )

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 func freePort(t *testing.T) int {
@@ -78,15 +80,12 @@ func statusOf(st *runtimev1.PodStatus, name string) *runtimev1.ContainerStatus {
 // waitFile waits until the file at path has the line want.
 func waitFile(t *testing.T, path, want string) {
 	t.Helper()
-	for i := 0; i < 500; i++ {
-		for _, l := range readLines(path) {
-			if l == want {
-				return
-			}
+	poll.UntilNil(t, 10*time.Second, fmt.Sprintf("%q in %s", want, path), func() error {
+		if l := readLines(path); !slices.Contains(l, want) {
+			return fmt.Errorf("it has %v", l)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s never had %q: %v", path, want, readLines(path))
+		return nil
+	})
 }
 
 func readLines(path string) []string {

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 // The tests here need a process to get a chosen pid: they re-execute the
@@ -82,13 +84,9 @@ func alive(cmd *exec.Cmd) bool {
 // waitReaped waits until pid no longer exists (reaped by its parent).
 func waitReaped(t *testing.T, pid int) {
 	t.Helper()
-	for i := 0; i < 500; i++ {
-		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
-			return
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	t.Fatalf("process %d was not reaped", pid)
+	poll.Until(t, time.Second, fmt.Sprintf("process %d to be reaped", pid), func() bool {
+		return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+	})
 }
 
 // Once the shim reaped the workload, a signal request must not reach a
