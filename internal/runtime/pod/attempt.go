@@ -1,13 +1,15 @@
 package pod
 
 // One attempt of a container, from its ContainerCreating record to a
-// started process: numbering, its root, its process, mounts, cgroups,
-// the pod's network, the sandbox, the start.
+// started process: runOnce and its steps in the order it takes them
+// (numbering, start slot, root (root.go), process, mounts and cgroups, the
+// pod's network, the sandbox, the start).
 
 import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,11 +17,45 @@ import (
 	"sync"
 	"time"
 
-	"github.com/k3sm-dev/k3sm/internal/runtime/clone"
+	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/runtime/criolog"
+	"github.com/k3sm-dev/k3sm/internal/runtime/image"
 	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
 	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
 )
+
+// attempt is one start of a container while runOnce prepares it: what
+// each step needs from the steps before.
+type attempt struct {
+	c         *container
+	img       *image.Image // nil: image "native"
+	id        string       // <pod uid>/<name>/<restart count>
+	name      string
+	n         int32 // the restart count it runs under
+	redo      bool  // it repeats an attempt that never started
+	boxed     bool  // it runs in the sandbox
+	spec      *runtimev1.PodSpec
+	cspec     *runtimev1.ContainerSpec
+	root      string
+	rootImage string
+
+	box          sandboxInput // boxed only
+	res          resolved
+	join         *sandbox.Join // kubectl debug --target in the sandbox
+	keepLandlock bool
+	ms           []mounts.Mount
+	cgs          []string
+	netns        string
+	userns       string
+	podIP        string
+}
+
+// refusedError is a container the sandbox refuses to start: it waits as
+// CreateContainerConfigError (refuse). Any other error of a step is a
+// StartError.
+type refusedError struct{ msg string }
+
+func (e *refusedError) Error() string { return e.msg }
 
 // runOnce runs one attempt of c: waits for an attached process, reports a
 // recorded termination, or pulls, prepares and starts a new attempt.
@@ -53,69 +89,26 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 	if !ok {
 		return out
 	}
-
-	p.mu.Lock()
-	// A definition change that arrived during the pull is already in
-	// c.spec; start with it (and pull again if the image changed).
-	select {
-	case <-c.wake:
-	default:
-	}
-	if c.spec.GetImage() != usedRef {
-		p.mu.Unlock()
+	a, ok := p.newAttempt(c, img, usedRef)
+	if !ok {
 		return outRestart
 	}
-	c.changed = false
-	// An attempt that never started its process (the daemon died while
-	// starting it) is made again under its number: the kubelet counts
-	// restarts of containers that ran.
-	redo := c.unstarted
-	if c.hasRun && !redo {
-		c.restartCount++
-	}
-	c.hasRun, c.unstarted = true, false
-	n := c.restartCount
-	name := c.name
-	attempt := fmt.Sprintf("%s/%s/%d", p.uid, name, n)
-	sum := sha256.Sum256([]byte(attempt))
-	c.containerID = "k3sm://" + hex.EncodeToString(sum[:])
-	c.stateDir = p.m.dirs().PodAttemptDir(p.uid, name, int(n))
-	c.state = containerState{Waiting: &waiting{Reason: "ContainerCreating"}}
-	// Whether this attempt runs in the sandbox (probes and exec enter it),
-	// recorded with this update rather than one more before the start.
-	boxed := !p.m.cfg.DisableSandbox && sandboxed()
-	c.sandboxed = boxed
-	if img != nil {
-		c.imageID, c.imageDigest = repoDigestFor(img, c.spec.GetImage()), img.ID
-	}
-	if c.envPending {
-		p.applyNextEnv(c)
-	}
-	spec := p.spec
-	cspec := c.spec
-	root := p.rootDir(c)
-	rootImage := c.rootImage
-	p.mu.Unlock()
-	p.changedNotify()
-
-	if redo {
-		// What the unstarted attempt left (a config, a shim log).
-		os.RemoveAll(p.m.dirs().PodAttemptDir(p.uid, name, int(n)))
-	}
-	// Older attempts than the previous one are not needed (kubelet keeps
-	// the previous log for --previous).
-	if n >= 2 {
-		os.RemoveAll(p.m.dirs().PodAttemptDir(p.uid, name, int(n-2)))
-		criolog.RemoveAll(filepath.Join(p.logDir(), name, strconv.Itoa(int(n-2))+".log"))
-	}
+	p.removeOldAttempts(a)
 
 	fail := func(msg string) outcome {
 		now := time.Now()
 		p.update(func() {
 			c.state = containerState{Terminated: &terminated{ExitCode: 128, Reason: "StartError", Message: msg, StartedAt: now, FinishedAt: now, ContainerID: c.containerID}}
 		})
-		p.event(warning, "Failed", name, "Error: "+msg)
+		p.event(warning, "Failed", a.name, "Error: "+msg)
 		return outExited
+	}
+	failed := func(err error) outcome {
+		var r *refusedError
+		if errors.As(err, &r) {
+			return p.refuse(ctx, c, r.msg)
+		}
+		return fail(err.Error())
 	}
 
 	// Starting is disk- and fork-bound: a few at a time finish in arrival
@@ -130,86 +123,127 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 	release := sync.OnceFunc(func() { <-p.m.startSlots })
 	defer release()
 
-	// In the sandbox the image is the container's "/" (an overlay: nothing
-	// is copied; each attempt starts from the image, as a new container
-	// does). Otherwise the container's root is a copy-on-write clone of
-	// the image, kept across restarts of the same image.
-	if boxed {
-		if msg := refusal(spec, cspec); msg != "" {
-			return p.refuse(ctx, c, msg)
-		}
+	if err := p.prepareRoot(a); err != nil {
+		return failed(err)
 	}
-	var box sandboxInput
-	if boxed {
-		id, err := containerIdentity(spec, cspec, img)
-		if err != nil {
-			return p.refuse(ctx, c, err.Error())
-		}
-		base, err := p.idRangeBase()
-		if err != nil {
-			return fail(err.Error())
-		}
-		if img == nil {
-			// The native container's private directory (at nativeRoot
-			// in the sandbox), its own: kept across restarts, as before.
-			if err := os.MkdirAll(root, 0o700); err != nil {
-				return fail(err.Error())
-			}
-			if sandbox.Rootless() {
-				// Already the pod root's: the runtime's own.
-			} else if err := os.Chown(root, int(base), int(base)); err != nil {
-				return fail(err.Error())
-			}
-			os.Chmod(root, 0o777|os.ModeSticky)
-		} else {
-			os.RemoveAll(root)
-			if err := os.MkdirAll(root, 0o700); err != nil {
-				return fail(err.Error())
-			}
-		}
-		box = sandboxInput{Pod: spec, Container: cspec, PodDir: p.dir, Root: root, Native: img == nil, Image: img, IDBase: base,
-			Upper: filepath.Join(root, "upper"), Work: filepath.Join(root, "work"), Hostname: podHostname(spec), Identity: id,
-			SeccompDir: p.m.dirs().SeccompDir()}
-	} else if img == nil {
-		if err := os.MkdirAll(root, 0o755); err != nil {
-			return fail(err.Error())
-		}
-	} else if rootImage != img.ID {
-		os.RemoveAll(root)
-		os.MkdirAll(filepath.Dir(root), 0o700)
-		if _, err := clone.Tree(img.RootFS, root); err != nil {
-			return fail("materialize pod root: " + err.Error())
-		}
-		p.update(func() { c.rootImage = img.ID })
+	if err := p.resolveAttempt(a); err != nil {
+		return failed(err)
 	}
-
-	resolveRoot := root
-	if boxed && img == nil {
-		resolveRoot = nativeRoot
+	if err := p.prepareMounts(a); err != nil {
+		return failed(err)
 	}
-	res, err := resolveProcess(spec, cspec, img, resolveRoot, boxed)
+	if out, ok := p.awaitNetwork(ctx, a); !ok {
+		return out
+	}
+	sb, err := p.attemptSandbox(a)
+	if err != nil {
+		return failed(err)
+	}
+	proc, err := p.startProcess(ctx, a, sb)
+	release()
 	if err != nil {
 		return fail(err.Error())
 	}
-	if boxed && !hasEnv(res.Env, "HOME") {
-		res.Env = append(res.Env, "HOME="+box.Identity.Home)
+	p.started(a, proc)
+	return p.waitProc(ctx, c, true)
+}
+
+// newAttempt records c's next attempt (ContainerCreating, its number, id
+// and state directory) and takes what the steps need under the lock.
+// False: a definition change during the pull changed the image; pull
+// again.
+func (p *managedPod) newAttempt(c *container, img *image.Image, usedRef string) (*attempt, bool) {
+	p.mu.Lock()
+	// A definition change that arrived during the pull is already in
+	// c.spec; start with it (and pull again if the image changed).
+	select {
+	case <-c.wake:
+	default:
 	}
+	if c.spec.GetImage() != usedRef {
+		p.mu.Unlock()
+		return nil, false
+	}
+	c.changed = false
+	// An attempt that never started its process (the daemon died while
+	// starting it) is made again under its number: the kubelet counts
+	// restarts of containers that ran.
+	redo := c.unstarted
+	if c.hasRun && !redo {
+		c.restartCount++
+	}
+	c.hasRun, c.unstarted = true, false
+	n := c.restartCount
+	name := c.name
+	id := fmt.Sprintf("%s/%s/%d", p.uid, name, n)
+	sum := sha256.Sum256([]byte(id))
+	c.containerID = "k3sm://" + hex.EncodeToString(sum[:])
+	c.stateDir = p.m.dirs().PodAttemptDir(p.uid, name, int(n))
+	c.state = containerState{Waiting: &waiting{Reason: "ContainerCreating"}}
+	// Whether this attempt runs in the sandbox (probes and exec enter it),
+	// recorded with this update rather than one more before the start.
+	boxed := !p.m.cfg.DisableSandbox && sandboxed()
+	c.sandboxed = boxed
+	if img != nil {
+		c.imageID, c.imageDigest = repoDigestFor(img, c.spec.GetImage()), img.ID
+	}
+	if c.envPending {
+		p.applyNextEnv(c)
+	}
+	a := &attempt{c: c, img: img, id: id, name: name, n: n, redo: redo, boxed: boxed,
+		spec: p.spec, cspec: c.spec, root: p.rootDir(c), rootImage: c.rootImage}
+	p.mu.Unlock()
+	p.changedNotify()
+	return a, true
+}
+
+// removeOldAttempts removes what an unstarted attempt repeated now left,
+// and the attempts older than the previous one.
+func (p *managedPod) removeOldAttempts(a *attempt) {
+	name, n := a.name, a.n
+	if a.redo {
+		// What the unstarted attempt left (a config, a shim log).
+		os.RemoveAll(p.m.dirs().PodAttemptDir(p.uid, name, int(n)))
+	}
+	// Older attempts than the previous one are not needed (kubelet keeps
+	// the previous log for --previous).
+	if n >= 2 {
+		os.RemoveAll(p.m.dirs().PodAttemptDir(p.uid, name, int(n-2)))
+		criolog.RemoveAll(filepath.Join(p.logDir(), name, strconv.Itoa(int(n-2))+".log"))
+	}
+}
+
+// resolveAttempt resolves the process the attempt runs, and for kubectl
+// debug --target the target it joins.
+func (p *managedPod) resolveAttempt(a *attempt) error {
+	c, img, boxed := a.c, a.img, a.boxed
+	resolveRoot := a.root
+	if boxed && img == nil {
+		resolveRoot = nativeRoot
+	}
+	res, err := resolveProcess(a.spec, a.cspec, img, resolveRoot, boxed)
+	if err != nil {
+		return err
+	}
+	if boxed && !hasEnv(res.Env, "HOME") {
+		res.Env = append(res.Env, "HOME="+a.box.Identity.Home)
+	}
+	a.res = res
 	// kubectl debug --target: the debugger is a container of its own (its
 	// image as "/", its volume mounts) in the target's user, pid, UTS and
 	// IPC namespaces. Outside the sandbox there are none to join: it sees
 	// the target's processes as the node does.
-	var join *sandbox.Join
-	keepLandlock := true
+	a.keepLandlock = true
 	if c.target != "" {
 		t, err := p.target(c)
 		if err != nil {
-			return fail(err.Error())
+			return err
 		}
 		if boxed {
 			if !t.sandboxed {
-				return fail(fmt.Sprintf("target container %q runs outside the sandbox (started before it was enabled): its namespaces cannot be joined; restart the pod", c.target))
+				return fmt.Errorf("target container %q runs outside the sandbox (started before it was enabled): its namespaces cannot be joined; restart the pod", c.target)
 			}
-			join = &t.join
+			a.join = &t.join
 			// Landlock lets a process reach /proc/<pid>/root only of
 			// processes in its own domain, which a debugger, started after
 			// the target, cannot share. With both roots images, the
@@ -217,101 +251,126 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 			// what the target reaches, under the target's mount flags.
 			// Either on the host's view keeps it: that view is bounded by
 			// Landlock alone.
-			keepLandlock = img == nil || t.native
+			a.keepLandlock = img == nil || t.native
 		}
 	}
-	ms, err := p.containerMounts(cspec, root, res.Env)
+	return nil
+}
+
+// prepareMounts sets up the attempt's volumes and mounts, its
+// resolv.conf and its cgroups.
+func (p *managedPod) prepareMounts(a *attempt) error {
+	ms, err := p.containerMounts(a.cspec, a.root, a.res.Env)
 	if err != nil {
-		return fail(err.Error())
+		return err
 	}
-	m, env, err := p.resolvConf(spec)
+	m, env, err := p.resolvConf(a.spec)
 	if err != nil {
-		return fail(err.Error())
+		return err
 	}
 	if m != nil {
 		ms = append(ms, *m) // last: over whatever a volume put at /etc
 	}
-	res.Env = append(res.Env, env...)
-	if boxed {
+	a.res.Env = append(a.res.Env, env...)
+	a.ms = ms
+	if a.boxed {
 		// The volumes exist now (containerMounts sets them up).
-		if err := p.ownVolumes(spec); err != nil {
-			return fail(err.Error())
+		if err := p.ownVolumes(a.spec); err != nil {
+			return err
 		}
 	}
-	cgs, err := p.containerCgroups(spec, c, cspec)
+	cgs, err := p.containerCgroups(a.spec, a.c, a.cspec)
 	if err != nil {
-		return fail(err.Error())
+		return err
 	}
+	a.cgs = cgs
+	return nil
+}
 
-	// The pod's network (set up since CreatePod, while the image was
-	// checked and all of the above was prepared): what is left needs its
-	// address and namespaces.
+// awaitNetwork waits for the pod's network (set up since CreatePod, while
+// the image was checked and all of the above was prepared): what is left
+// needs its address and namespaces. False: the attempt does not start.
+func (p *managedPod) awaitNetwork(ctx context.Context, a *attempt) (outcome, bool) {
 	select {
 	case <-p.netReady:
-	case <-c.stopc:
-		return outStopped
+	case <-a.c.stopc:
+		return outStopped, false
 	case <-ctx.Done():
-		return outDetached
+		return outDetached, false
 	}
 	p.mu.Lock()
 	up := p.netUp
-	netns, userns, podIP := p.net.NetNS, p.net.UserNS, p.net.IP
+	a.netns, a.userns, a.podIP = p.net.NetNS, p.net.UserNS, p.net.IP
 	p.mu.Unlock()
 	if !up {
 		// Deleted, or the daemon stops (the attempt never started: a
 		// restarted daemon makes it again under its number).
 		if ctx.Err() != nil {
-			return outDetached
+			return outDetached, false
 		}
-		return outStopped
+		return outStopped, false
 	}
+	return 0, true
+}
 
-	res.fillPodIP(podIP)
-	if join != nil && sandbox.Rootless() && userns == "" {
+// attemptSandbox fills in the pod's address and builds the attempt's
+// sandbox (or, where the boundary is a wrapper, the wrapper's).
+func (p *managedPod) attemptSandbox(a *attempt) (*sandbox.Spec, error) {
+	a.res.fillPodIP(a.podIP)
+	if a.join != nil && sandbox.Rootless() && a.userns == "" {
 		// A rootless shim cannot join a user namespace: it starts in the
 		// target's (each container has its own without a pod network),
 		// where it is root. The shim checks it is the target's.
-		userns = fmt.Sprintf("/proc/%d/ns/user", join.Pid)
+		a.userns = fmt.Sprintf("/proc/%d/ns/user", a.join.Pid)
 	}
 	var sb *sandbox.Spec
-	if boxed {
-		box.PodUserNS = userns
-		etc, err := p.etcFiles(box.Hostname, podIP, ms)
+	var err error
+	if a.boxed {
+		box := a.box
+		box.PodUserNS = a.userns
+		etc, err := p.etcFiles(box.Hostname, a.podIP, a.ms)
 		if err != nil {
-			return fail(err.Error())
+			return nil, err
 		}
-		ms = append(ms, etc...)
-		if img == nil {
-			ms = append(ms, mounts.Mount{Source: root, Target: nativeRoot})
+		a.ms = append(a.ms, etc...)
+		if a.img == nil {
+			a.ms = append(a.ms, mounts.Mount{Source: a.root, Target: nativeRoot})
 		}
-		box.addMounts(ms)
+		box.addMounts(a.ms)
 		if sb, err = buildSandbox(box); err != nil {
-			return p.refuse(ctx, c, err.Error())
+			return nil, &refusedError{err.Error()}
 		}
 		if sandbox.Rootless() {
-			sb.Own = p.rootlessOwners(spec)
+			sb.Own = p.rootlessOwners(a.spec)
 		}
-		sb.Join = join
-		if !keepLandlock {
+		sb.Join = a.join
+		if !a.keepLandlock {
 			sb.Landlock = nil
 		}
 	}
-	if !boxed {
+	if !a.boxed {
 		// Where the boundary is a wrapper (darwin's Seatbelt).
-		in := sandboxInput{Pod: spec, Container: cspec, PodDir: p.dir, Root: root, Native: img == nil}
-		in.addMounts(ms)
+		in := sandboxInput{Pod: a.spec, Container: a.cspec, PodDir: p.dir, Root: a.root, Native: a.img == nil}
+		in.addMounts(a.ms)
 		if sb, err = wrapperSandbox(in); err != nil {
-			return p.refuse(ctx, c, err.Error())
+			return nil, &refusedError{err.Error()}
 		}
 	}
-	proc, err := p.m.cfg.Starter.Start(ctx, ProcessSpec{ID: attempt, Argv: res.Argv, Env: res.Env, Dir: res.Dir,
-		LogPath:    filepath.Join(p.logDir(), name, strconv.Itoa(int(n))+".log"),
-		LogMaxSize: p.m.cfg.ContainerLogMaxSize, LogMaxFiles: p.m.cfg.ContainerLogMaxFiles, StateDir: c.stateDir,
-		Stdin: cspec.GetStdin(), StdinOnce: cspec.GetStdinOnce(), TTY: cspec.GetTty(), Mounts: ms, NetNS: netns, UserNS: userns, Sandbox: sb, Cgroups: cgs})
-	release()
-	if err != nil {
-		return fail(err.Error())
-	}
+	return sb, nil
+}
+
+// startProcess starts the attempt's process through the Starter (the shim).
+func (p *managedPod) startProcess(ctx context.Context, a *attempt, sb *sandbox.Spec) (Process, error) {
+	cspec, res := a.cspec, a.res
+	return p.m.cfg.Starter.Start(ctx, ProcessSpec{ID: a.id, Argv: res.Argv, Env: res.Env, Dir: res.Dir,
+		LogPath:    filepath.Join(p.logDir(), a.name, strconv.Itoa(int(a.n))+".log"),
+		LogMaxSize: p.m.cfg.ContainerLogMaxSize, LogMaxFiles: p.m.cfg.ContainerLogMaxFiles, StateDir: a.c.stateDir,
+		Stdin: cspec.GetStdin(), StdinOnce: cspec.GetStdinOnce(), TTY: cspec.GetTty(), Mounts: a.ms, NetNS: a.netns, UserNS: a.userns, Sandbox: sb, Cgroups: a.cgs})
+}
+
+// started records the attempt's process and announces it.
+func (p *managedPod) started(a *attempt, proc Process) {
+	c, cspec, name := a.c, a.cspec, a.name
 	p.update(func() {
 		c.proc = proc
 		c.probeStarted, c.probeReady = false, false
@@ -325,5 +384,4 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 	})
 	p.event(normal, "Created", name, "Created container "+name)
 	p.event(normal, "Started", name, "Started container "+name)
-	return p.waitProc(ctx, c, true)
 }
