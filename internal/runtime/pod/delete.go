@@ -67,6 +67,11 @@ func (m *Manager) finishDelete(p *managedPod) {
 	p.volMu.Lock()
 	p.volGone = true
 	p.volMu.Unlock()
+	// Nor may a late change write pod.json, which would make the
+	// directory again (atomicfile makes missing parents).
+	p.saveMu.Lock()
+	p.stateGone = true
+	p.saveMu.Unlock()
 	if err := os.RemoveAll(p.dir); err != nil {
 		m.log.Error("remove pod directory", "dir", p.dir, "err", err)
 	}

@@ -5,11 +5,12 @@ package pod
 
 import (
 	"encoding/json"
-	"os"
-	"path/filepath"
+	"io/fs"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
 )
 
 type persistedContainer struct {
@@ -42,7 +43,8 @@ type persistedPod struct {
 // must not wait for the disk.
 func (p *managedPod) save() error { return p.saveWith(true) }
 
-// saveWith is save, fsynced or only atomic.
+// saveWith is save, fsynced (atomicfile.WriteFile) or only atomic
+// (atomicfile.WriteFileNoSync).
 func (p *managedPod) saveWith(durable bool) error {
 	p.mu.Lock()
 	b, seq, err := p.snapshotLocked()
@@ -61,46 +63,20 @@ func (p *managedPod) write(b []byte, seq uint64, durable bool) error {
 		return nil
 	}
 	state := p.m.dirs().PodStateFile(p.uid)
-	if err := writeState(filepath.Dir(state), filepath.Base(state), b, durable); err != nil {
+	if p.stateGone {
+		// What the missing directory answered before atomicfile, which
+		// makes missing parents, wrote pod.json: callers ignore it.
+		return &fs.PathError{Op: "write", Path: state, Err: fs.ErrNotExist}
+	}
+	writeFile := atomicfile.WriteFileNoSync
+	if durable {
+		writeFile = atomicfile.WriteFile
+	}
+	if err := writeFile(state, b, 0o600); err != nil {
 		return err
 	}
 	p.written = seq
 	return nil
-}
-
-// writeState replaces dir/name with b so that a crash leaves the old or the
-// new content: temp file, fsync, rename, fsync of the directory. Not
-// durable: no fsync, so only a crash of the daemon (not of the machine)
-// is sure to leave one or the other.
-func writeState(dir, name string, b []byte, durable bool) error {
-	tmp := filepath.Join(dir, name+".tmp")
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if err == nil && durable {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, name))
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if !durable {
-		return nil
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // snapshotLocked serializes the pod's state. Caller holds p.mu.

@@ -129,6 +129,9 @@ type managedPod struct {
 
 	saveMu  sync.Mutex
 	written uint64 // newest snapshot on disk (under saveMu)
+	// stateGone: the pod's directory is being removed; pod.json is not
+	// written again, nor its directory made again (under saveMu).
+	stateGone bool
 
 	// volMu serializes volume set-up and content updates; volReady: the
 	// volumes exist on disk; volGone: the pod's directory is being removed,
