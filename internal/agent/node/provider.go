@@ -528,7 +528,7 @@ func (p *Provider) watch(ctx context.Context) {
 		bootID, seq = pos.BootID, pos.Seq
 		go p.pos.run(ctx)
 	}
-	delay := 100 * time.Millisecond
+	delay := watchRetryMin
 	for ctx.Err() == nil {
 		stream, err := p.rt.Runtime.WatchPodStatus(ctx, &runtimev1.WatchPodStatusRequest{EventsBootId: bootID, EventsAfterSeq: seq})
 		if err == nil {
@@ -537,7 +537,7 @@ func (p *Provider) watch(ctx context.Context) {
 				if err != nil {
 					break
 				}
-				delay = 100 * time.Millisecond
+				delay = watchRetryMin
 				if msg.BootId != "" && msg.BootId != bootID {
 					bootID, seq = msg.BootId, 0
 					if p.pos != nil {
@@ -588,8 +588,18 @@ func (p *Provider) watch(ctx context.Context) {
 			return
 		case <-time.After(delay):
 		}
-		delay = min(delay*2, 5*time.Second)
+		delay = nextWatchRetry(delay)
 	}
+}
+
+// watchRetryMin is the first wait before the watch connects again, and
+// where the back-off starts over once a message arrives.
+const watchRetryMin = 100 * time.Millisecond
+
+// nextWatchRetry is the wait after delay before the watch connects again:
+// doubling up to 5 s.
+func nextWatchRetry(delay time.Duration) time.Duration {
+	return min(delay*2, 5*time.Second)
 }
 
 func (p *Provider) runtimeEvent(pod *corev1.Pod, e *runtimev1.PodEvent) {

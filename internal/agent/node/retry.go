@@ -62,6 +62,12 @@ func (p *Provider) backoff(uid types.UID) time.Duration {
 	st := p.state(uid)
 	n := st.attempts
 	st.attempts = n + 1
+	return startRetryDelay(n)
+}
+
+// startRetryDelay is the back-off before the start after n failed ones:
+// 1 s, doubling up to 30 s.
+func startRetryDelay(n int) time.Duration {
 	return min(time.Second<<min(n, 5), 30*time.Second)
 }
 

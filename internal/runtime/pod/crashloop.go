@@ -19,13 +19,8 @@ func (p *managedPod) backoff(ctx context.Context, c *container) bool {
 	if t.FinishedAt.Sub(t.StartedAt) >= cfg.BackOffResetAfter {
 		c.crashDelay = 0
 	}
-	var d time.Duration
-	if c.crashDelay == 0 {
-		c.crashDelay = cfg.CrashLoopBackOffBase
-	} else {
-		d = c.crashDelay
-		c.crashDelay = min(2*c.crashDelay, cfg.CrashLoopBackOffMax)
-	}
+	d := c.crashDelay
+	c.crashDelay = nextBackOff(c.crashDelay, cfg.CrashLoopBackOffBase, cfg.CrashLoopBackOffMax)
 	wait := d - time.Since(t.FinishedAt)
 	c.last = t
 	msg := fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)", d, c.name, p.name, p.namespace, p.uid)

@@ -107,11 +107,7 @@ func (p *managedPod) ensureImage(ctx context.Context, c *container) (*image.Imag
 		}
 		setWaiting(reason, msg)
 		cfg := p.m.cfg
-		if c.pullDelay == 0 {
-			c.pullDelay = cfg.ImagePullBackOffBase
-		} else {
-			c.pullDelay = min(2*c.pullDelay, cfg.ImagePullBackOffMax)
-		}
+		c.pullDelay = nextBackOff(c.pullDelay, cfg.ImagePullBackOffBase, cfg.ImagePullBackOffMax)
 		d := c.pullDelay
 		if reason == "ErrImagePull" {
 			// The kubelet reports ErrImagePull until its next sync, then
