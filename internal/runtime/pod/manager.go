@@ -8,9 +8,9 @@ package pod
 
 // The Manager: its configuration, its start (re-attaching the pods on
 // disk), and the calls that admit pods and look them up. The lifecycle
-// lives in the files named for each part: worker.go, attempt.go, wait.go,
-// stop.go, crashloop.go, imagepull.go, update.go, delete.go, persist.go,
-// reattach.go, status.go.
+// lives in the files named for each part: worker.go, attempt.go, root.go,
+// wait.go, stop.go, crashloop.go, imagepull.go, update.go, ephemeral.go,
+// delete.go, state.go, persist.go, reattach.go, status.go.
 
 import (
 	"context"
