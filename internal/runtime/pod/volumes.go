@@ -12,6 +12,7 @@ import (
 	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/atomicfile"
 	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
 	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
 	"github.com/k3sm-dev/k3sm/internal/runtime/volume"
@@ -345,10 +346,7 @@ func (p *managedPod) writeResolvConf(spec *runtimev1.PodSpec) (string, error) {
 	}
 	path := p.m.dirs().PodResolvConf(p.uid)
 	if b, err := os.ReadFile(path); err != nil || string(b) != rc {
-		if err := os.WriteFile(path+".tmp", []byte(rc), 0o644); err != nil {
-			return "", fmt.Errorf("pod resolv.conf: %w", err)
-		}
-		if err := os.Rename(path+".tmp", path); err != nil {
+		if err := atomicfile.WriteFileNoSync(path, []byte(rc), 0o644); err != nil {
 			return "", fmt.Errorf("pod resolv.conf: %w", err)
 		}
 	}
