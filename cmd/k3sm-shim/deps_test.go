@@ -21,6 +21,7 @@ func TestShimDependencies(t *testing.T) {
 		"github.com/k3sm-dev/k3sm/internal/runtime/mounts",
 		"github.com/k3sm-dev/k3sm/internal/runtime/procgroup",
 		"github.com/k3sm-dev/k3sm/internal/runtime/sandbox",
+		"github.com/k3sm-dev/k3sm/internal/atomicfile", // os and path/filepath only: exit.json and the pid file
 		"golang.org/x/sys/",
 		"github.com/creack/pty", // dependency-free: opens the terminal of a tty: true container
 		"vendor/",               // the standard library's vendored packages
