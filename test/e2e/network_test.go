@@ -141,17 +141,8 @@ func TestPodNetwork(t *testing.T) {
 			ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}}}
 		s.createPod(t, p)
 	}
-	ready := func(p *corev1.Pod) error {
-		if err := hasIP(p); err != nil {
-			return err
-		}
-		if podCondition(p, corev1.PodReady) != corev1.ConditionTrue {
-			return fmt.Errorf("not ready: %+v", p.Status.ContainerStatuses)
-		}
-		return nil
-	}
-	waitPod(t, c, "net-a", 2*time.Minute, ready)
-	waitPod(t, c, "net-b", 2*time.Minute, ready)
+	waitPod(t, c, "net-a", 2*time.Minute, readyWithIP)
+	waitPod(t, c, "net-b", 2*time.Minute, readyWithIP)
 	a := waitPod(t, c, "net-a", 2*time.Minute, hasIP)
 	b := waitPod(t, c, "net-b", 2*time.Minute, hasIP)
 	aIP, bIP := a.Status.PodIP, b.Status.PodIP
@@ -186,15 +177,7 @@ func TestPodNetwork(t *testing.T) {
 
 	t.Run("Debian's nginx binds port 80 as the pod's root", func(t *testing.T) {
 		s.createPod(t, nginxPod(t, "nginx"))
-		p := waitPod(t, c, "nginx", 2*time.Minute, func(p *corev1.Pod) error {
-			if err := hasIP(p); err != nil {
-				return err
-			}
-			if podCondition(p, corev1.PodReady) != corev1.ConditionTrue {
-				return fmt.Errorf("not ready: %+v", p.Status.ContainerStatuses)
-			}
-			return nil
-		})
+		p := waitPod(t, c, "nginx", 2*time.Minute, readyWithIP)
 		if err := getNginx(p.Status.PodIP); err != nil {
 			logs, _ := s.kubectl("logs", "nginx")
 			t.Fatalf("%v; its log:\n%s", err, logs)

@@ -32,6 +32,17 @@ func nginxPod(t *testing.T, name string) *corev1.Pod {
 	return p
 }
 
+// readyWithIP is a running pod with its address whose Ready condition holds.
+func readyWithIP(p *corev1.Pod) error {
+	if err := hasIP(p); err != nil {
+		return err
+	}
+	if podCondition(p, corev1.PodReady) != corev1.ConditionTrue {
+		return fmt.Errorf("not ready: %+v", p.Status.ContainerStatuses)
+	}
+	return nil
+}
+
 // getNginx GETs / on port 80 of ip, from the test's own network namespace
 // (where the node's pod network is), and wants nginx's page.
 func getNginx(ip string) error {

@@ -196,15 +196,7 @@ func TestRootlessServerPodNetwork(t *testing.T) {
 	// Debian's nginx as it comes: its master binds port 80 as the pod's
 	// root, which is the account's subordinate id here.
 	s.createPod(t, nginxPod(t, "nginx"))
-	ngx := waitPod(t, c, "nginx", 2*time.Minute, func(p *corev1.Pod) error {
-		if err := hasIP(p); err != nil {
-			return err
-		}
-		if podCondition(p, corev1.PodReady) != corev1.ConditionTrue {
-			return fmt.Errorf("not ready: %+v", p.Status.ContainerStatuses)
-		}
-		return nil
-	})
+	ngx := waitPod(t, c, "nginx", 2*time.Minute, readyWithIP)
 	if err := getNginx(ngx.Status.PodIP); err != nil {
 		logs, _ := s.kubectl("logs", "nginx")
 		t.Errorf("rootless: %v; its log:\n%s", err, logs)
