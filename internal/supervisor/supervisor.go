@@ -55,16 +55,14 @@ type Command struct {
 	Settle bool
 }
 
-// Backoff bounds the delay between restarts of a crashing child.
-type Backoff struct {
-	Initial, Max time.Duration
-	// Reset is how long a child must run before its delay returns to Initial.
-	Reset time.Duration
-}
+// DefaultBackoff is the delay between restarts of a crashing child: it
+// restarts quickly first (a killed apiserver should come back within a
+// second) and caps the delay so a broken child does not spin.
+var DefaultBackoff = backoff.Backoff{Initial: 250 * time.Millisecond, Max: 30 * time.Second}
 
-// DefaultBackoff restarts quickly first (a killed apiserver should come back
-// within a second) and caps the delay so a broken child does not spin.
-var DefaultBackoff = Backoff{Initial: 250 * time.Millisecond, Max: 30 * time.Second, Reset: time.Minute}
+// DefaultBackoffReset is how long a child must run before its restart
+// delay returns to Initial.
+const DefaultBackoffReset = time.Minute
 
 // RestartMaxDelayEnv sets another Backoff.Max (a Go duration, at least
 // Initial), e.g. for a test or a drill that kills a component many times
@@ -72,7 +70,7 @@ var DefaultBackoff = Backoff{Initial: 250 * time.Millisecond, Max: 30 * time.Sec
 const RestartMaxDelayEnv = "K3SM_RESTART_MAX_DELAY"
 
 // backoffFromEnv is DefaultBackoff with RestartMaxDelayEnv applied.
-func backoffFromEnv() (Backoff, error) {
+func backoffFromEnv() (backoff.Backoff, error) {
 	b := DefaultBackoff
 	v := os.Getenv(RestartMaxDelayEnv)
 	if v == "" {
@@ -96,10 +94,15 @@ const SettleFDEnv = "K3SM_SETTLE_FD"
 
 // Supervisor runs children.
 type Supervisor struct {
-	LogDir      string
-	Log         *slog.Logger
-	Backoff     Backoff
-	StopTimeout time.Duration
+	LogDir string
+	Log    *slog.Logger
+	// Backoff is the delay between restarts of a crashing child; each
+	// child steps a copy of its own (Initial and Max), from Initial.
+	Backoff backoff.Backoff
+	// BackoffReset is how long a child must run before its delay returns
+	// to Backoff.Initial.
+	BackoffReset time.Duration
+	StopTimeout  time.Duration
 	// LogMaxSizeMB and LogMaxBackups rotate each child's log (lumberjack:
 	// <name>.log is renamed <name>-<time>.log.gz at the size, the oldest
 	// beyond the count removed). Set before Start.
@@ -123,7 +126,7 @@ func New(logDir string, log *slog.Logger) (*Supervisor, error) {
 	if err := os.MkdirAll(logDir, 0o700); err != nil {
 		return nil, err
 	}
-	backoff, err := backoffFromEnv()
+	b, err := backoffFromEnv()
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +134,7 @@ func New(logDir string, log *slog.Logger) (*Supervisor, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Supervisor{LogDir: logDir, Log: log, Backoff: backoff, StopTimeout: 15 * time.Second, pipeR: r, pipeW: w,
+	return &Supervisor{LogDir: logDir, Log: log, Backoff: b, BackoffReset: DefaultBackoffReset, StopTimeout: 15 * time.Second, pipeR: r, pipeW: w,
 		LogMaxSizeMB: DefaultLogMaxSizeMB, LogMaxBackups: DefaultLogMaxBackups}, nil
 }
 
@@ -412,7 +415,7 @@ func (ch *Child) sleep(d time.Duration) bool {
 func (ch *Child) supervise() {
 	defer close(ch.done)
 	defer ch.logw.Close()
-	delay := backoff.Backoff{Initial: ch.s.Backoff.Initial, Max: ch.s.Backoff.Max}
+	delay := backoff.Backoff{Initial: ch.s.Backoff.Initial, Max: ch.s.Backoff.Max} // this child's, from Initial
 	for {
 		ch.mu.Lock()
 		cmd, exited := ch.cmd, ch.exited
@@ -433,7 +436,7 @@ func (ch *Child) supervise() {
 		}
 		ch.s.writeState()
 		ran := time.Since(started)
-		if ran > ch.s.Backoff.Reset {
+		if ran > ch.s.BackoffReset {
 			delay.Reset()
 		}
 		d := delay.Next()

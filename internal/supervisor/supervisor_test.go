@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/internal/backoff"
 	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
@@ -93,7 +94,7 @@ func newTestSupervisor(t *testing.T) *Supervisor {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Backoff = Backoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond, Reset: time.Minute}
+	s.Backoff, s.BackoffReset = backoff.Backoff{Initial: 50 * time.Millisecond, Max: 200 * time.Millisecond}, time.Minute
 	s.StopTimeout = 2 * time.Second
 	return s
 }
@@ -142,7 +143,7 @@ func TestRestartAfterKillAndStop(t *testing.T) {
 
 func TestStopIsIdempotentAndInterruptsBackoff(t *testing.T) {
 	s := newTestSupervisor(t)
-	s.Backoff = Backoff{Initial: time.Hour, Max: time.Hour, Reset: time.Hour}
+	s.Backoff, s.BackoffReset = backoff.Backoff{Initial: time.Hour, Max: time.Hour}, time.Hour
 	ch, err := s.Start(context.Background(), testChild(filepath.Join(t.TempDir(), "c.sock")))
 	if err != nil {
 		t.Fatal(err)
@@ -309,7 +310,7 @@ func TestSettleNeverKillsARestartedChild(t *testing.T) {
 	var logs lockedBuffer
 	s := newTestSupervisor(t)
 	s.Log = slog.New(slog.NewTextHandler(&logs, nil))
-	s.Backoff = Backoff{Initial: 10 * time.Millisecond, Max: 10 * time.Millisecond, Reset: time.Minute}
+	s.Backoff, s.BackoffReset = backoff.Backoff{Initial: 10 * time.Millisecond, Max: 10 * time.Millisecond}, time.Minute
 	dir := t.TempDir()
 	c := eagerChild{settlingChild{filepath.Join(dir, "c.sock"), filepath.Join(dir, "settled")}}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
