@@ -17,10 +17,10 @@ func (p *managedPod) backoff(ctx context.Context, c *container) bool {
 	p.mu.Lock()
 	t := c.state.Terminated
 	if t.FinishedAt.Sub(t.StartedAt) >= cfg.BackOffResetAfter {
-		c.crashDelay = 0
+		c.crashBackOff.Reset()
 	}
-	d := c.crashDelay
-	c.crashDelay = nextBackOff(c.crashDelay, cfg.CrashLoopBackOffBase, cfg.CrashLoopBackOffMax)
+	d := c.crashBackOff.Delay() // 0 for the first restart
+	c.crashBackOff.Next()
 	wait := d - time.Since(t.FinishedAt)
 	c.last = t
 	msg := fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)", d, c.name, p.name, p.namespace, p.uid)

@@ -80,7 +80,7 @@ func (p *managedPod) target(c *container) (targetProc, error) {
 // newEphemeral is an ephemeral container: it stops when the pod is deleted
 // or its worker finished (see run).
 func (p *managedPod) newEphemeral(ec *runtimev1.EphemeralContainerSpec) *container {
-	c := newContainer(ec.GetContainer(), false, p.ephStop)
+	c := p.m.newContainer(ec.GetContainer(), false, p.ephStop)
 	c.ephemeral, c.target = true, ec.GetTargetContainerName()
 	return c
 }

@@ -71,7 +71,7 @@ func (p *managedPod) ensureImage(ctx context.Context, c *container) (*image.Imag
 			p.event(warning, "ErrImageNeverPull", name, msg)
 		case present && policy != runtimev1.PullPolicy_PULL_POLICY_ALWAYS:
 			p.event(normal, "Pulled", name, fmt.Sprintf("Container image %q already present on machine", ref))
-			c.pullDelay = 0
+			c.pullBackOff.Reset()
 			return img, ref, 0, true
 		default:
 			p.event(normal, "Pulling", name, fmt.Sprintf("Pulling image %q", ref))
@@ -90,7 +90,7 @@ func (p *managedPod) ensureImage(ctx context.Context, c *container) (*image.Imag
 			cancel()
 			if err == nil {
 				p.event(normal, "Pulled", name, fmt.Sprintf("Successfully pulled image %q in %s. Image size: %d bytes.", ref, time.Since(t0).Round(time.Millisecond), pulled.Size))
-				c.pullDelay = 0
+				c.pullBackOff.Reset()
 				return pulled, ref, 0, true
 			}
 			select {
@@ -106,9 +106,7 @@ func (p *managedPod) ensureImage(ctx context.Context, c *container) (*image.Imag
 			p.event(warning, "Failed", name, "Error: ErrImagePull")
 		}
 		setWaiting(reason, msg)
-		cfg := p.m.cfg
-		c.pullDelay = nextBackOff(c.pullDelay, cfg.ImagePullBackOffBase, cfg.ImagePullBackOffMax)
-		d := c.pullDelay
+		d := c.pullBackOff.Next()
 		if reason == "ErrImagePull" {
 			// The kubelet reports ErrImagePull until its next sync, then
 			// ImagePullBackOff while the back-off runs.

@@ -26,6 +26,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/internal/backoff"
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 
 	"google.golang.org/protobuf/proto"
@@ -247,10 +248,10 @@ func (m *Manager) newPod(spec *runtimev1.PodSpec) *managedPod {
 		deleteCh: make(chan struct{}), done: make(chan struct{}), removed: make(chan struct{}), ephStop: make(chan struct{}),
 		netReady: make(chan struct{})}
 	for _, c := range spec.GetInitContainers() {
-		p.init = append(p.init, newContainer(c, true, p.deleteCh))
+		p.init = append(p.init, m.newContainer(c, true, p.deleteCh))
 	}
 	for _, c := range spec.GetContainers() {
-		p.main = append(p.main, newContainer(c, false, p.deleteCh))
+		p.main = append(p.main, m.newContainer(c, false, p.deleteCh))
 	}
 	for _, ec := range spec.GetEphemeralContainers() {
 		p.ephemeral = append(p.ephemeral, p.newEphemeral(ec))
@@ -258,9 +259,13 @@ func (m *Manager) newPod(spec *runtimev1.PodSpec) *managedPod {
 	return p
 }
 
-func newContainer(c *runtimev1.ContainerSpec, init bool, deleteCh chan struct{}) *container {
+// newContainer is a container of the pod, not started yet, with the
+// manager's back-offs.
+func (m *Manager) newContainer(c *runtimev1.ContainerSpec, init bool, deleteCh chan struct{}) *container {
 	x := &container{spec: c, name: c.GetName(), init: init, wake: make(chan struct{}, 1), stopc: deleteCh,
-		state: containerState{Waiting: &waiting{Reason: "ContainerCreating"}}}
+		state:        containerState{Waiting: &waiting{Reason: "ContainerCreating"}},
+		crashBackOff: backoff.Backoff{Initial: m.cfg.CrashLoopBackOffBase, Max: m.cfg.CrashLoopBackOffMax},
+		pullBackOff:  backoff.Backoff{Initial: m.cfg.ImagePullBackOffBase, Max: m.cfg.ImagePullBackOffMax}}
 	if x.sidecar() {
 		// Native sidecars stop after the main containers: the worker
 		// closes their own channel once those are gone.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/backoff"
 )
 
 type waiting struct {
@@ -86,9 +87,11 @@ type container struct {
 	// persisted: a restarted daemon probes again).
 	probeStarted bool // startup probe passed (or none) and postStart done
 	probeReady   bool // readiness probe passing (or none)
-	// back-off, touched only by the container's goroutine
-	crashDelay time.Duration
-	pullDelay  time.Duration
+	// back-off, touched only by the container's goroutine: crashBackOff's
+	// Delay is the wait before the next restart (CrashLoopBackOff),
+	// pullBackOff's Next the wait before the next pull (ImagePullBackOff).
+	crashBackOff backoff.Backoff
+	pullBackOff  backoff.Backoff
 }
 
 // sidecar reports a native sidecar: an init container with restartPolicy
