@@ -15,6 +15,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/internal/backoff"
 	"github.com/k3sm-dev/k3sm/internal/runtime/podnet"
 	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
 )
@@ -81,7 +82,7 @@ func (p *managedPod) ensureNetwork(ctx context.Context) bool {
 		// kubelet makes after a reboot, with an address netd gives).
 		p.m.log.Info("pod network namespace not pinned; setting the pod network up again", "pod", p.key(), "netns", p.net.NetNS, "ip", p.net.IP)
 	}
-	delay, lastMsg := 100*time.Millisecond, ""
+	delay, lastMsg := backoff.Backoff{Initial: 100 * time.Millisecond, Max: 5 * time.Second}, ""
 	for {
 		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		pn, err := p.m.cfg.Network.Setup(sctx, p.uid, p.namespace, p.name)
@@ -108,13 +109,12 @@ func (p *managedPod) ensureNetwork(ctx context.Context) bool {
 			}
 		})
 		select {
-		case <-time.After(delay):
+		case <-time.After(delay.Next()):
 		case <-p.deleteCh:
 			return false
 		case <-ctx.Done():
 			return false
 		}
-		delay = min(2*delay, 5*time.Second)
 	}
 }
 
