@@ -15,6 +15,7 @@ import (
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/agent/podspec"
+	"github.com/k3sm-dev/k3sm/internal/backoff"
 	"github.com/k3sm-dev/k3sm/internal/runtime/client"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"google.golang.org/grpc/codes"
@@ -90,8 +91,9 @@ type podState struct {
 	// retry is the pending start of a pod that could not start yet; a timer
 	// that finds another one (or none) here was cancelled.
 	retry *retryTimer
-	// attempts counts the pod's starts that failed transiently (backoff).
-	attempts int
+	// starts is the back-off between the pod's starts that failed
+	// transiently (startRetry; reset once a start succeeds).
+	starts backoff.Backoff
 	// deleting: DeletePod was called; the pod is never (re)created.
 	deleting bool
 	// pending holds runtime events that arrived before the API showed the
@@ -113,7 +115,7 @@ type podState struct {
 func (p *Provider) state(uid types.UID) *podState {
 	st := p.pods[uid]
 	if st == nil {
-		st = &podState{}
+		st = &podState{starts: startRetry}
 		p.pods[uid] = st
 	}
 	return st
@@ -217,7 +219,7 @@ func (p *Provider) create(ctx context.Context, pod *corev1.Pod) error {
 	p.mu.Lock()
 	st = p.state(pod.UID)
 	st.known = true
-	st.attempts = 0
+	st.starts.Reset()
 	p.mu.Unlock()
 	p.sentVolumes(pod.UID, spec.Volumes)
 	return nil
@@ -528,7 +530,7 @@ func (p *Provider) watch(ctx context.Context) {
 		bootID, seq = pos.BootID, pos.Seq
 		go p.pos.run(ctx)
 	}
-	delay := watchRetryMin
+	delay := backoff.Backoff{Initial: 100 * time.Millisecond, Max: 5 * time.Second}
 	for ctx.Err() == nil {
 		stream, err := p.rt.Runtime.WatchPodStatus(ctx, &runtimev1.WatchPodStatusRequest{EventsBootId: bootID, EventsAfterSeq: seq})
 		if err == nil {
@@ -537,7 +539,7 @@ func (p *Provider) watch(ctx context.Context) {
 				if err != nil {
 					break
 				}
-				delay = watchRetryMin
+				delay.Reset()
 				if msg.BootId != "" && msg.BootId != bootID {
 					bootID, seq = msg.BootId, 0
 					if p.pos != nil {
@@ -586,20 +588,9 @@ func (p *Provider) watch(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(delay):
+		case <-time.After(delay.Next()):
 		}
-		delay = nextWatchRetry(delay)
 	}
-}
-
-// watchRetryMin is the first wait before the watch connects again, and
-// where the back-off starts over once a message arrives.
-const watchRetryMin = 100 * time.Millisecond
-
-// nextWatchRetry is the wait after delay before the watch connects again:
-// doubling up to 5 s.
-func nextWatchRetry(delay time.Duration) time.Duration {
-	return min(delay*2, 5*time.Second)
 }
 
 func (p *Provider) runtimeEvent(pod *corev1.Pod, e *runtimev1.PodEvent) {

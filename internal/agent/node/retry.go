@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/agent/podspec"
+	"github.com/k3sm-dev/k3sm/internal/backoff"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -55,21 +56,17 @@ func (p *Provider) startsWaiting(pod *corev1.Pod) bool {
 }
 
 // backoff is the delay before a pod's next start after a transient failure:
-// 1 s, doubling up to 30 s.
+// 1 s, doubling up to 30 s (startRetry), from 1 s again once a start
+// succeeded.
 func (p *Provider) backoff(uid types.UID) time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st := p.state(uid)
-	n := st.attempts
-	st.attempts = n + 1
-	return startRetryDelay(n)
+	return p.state(uid).starts.Next()
 }
 
-// startRetryDelay is the back-off before the start after n failed ones:
-// 1 s, doubling up to 30 s.
-func startRetryDelay(n int) time.Duration {
-	return min(time.Second<<min(n, 5), 30*time.Second)
-}
+// startRetry is the back-off between a pod's starts that failed
+// transiently: each pod's podState steps a copy of its own.
+var startRetry = backoff.Backoff{Initial: time.Second, Max: 30 * time.Second}
 
 // configFailed reports CreateContainerConfigError and retries, as the kubelet
 // does when a referenced ConfigMap or Secret is missing.
