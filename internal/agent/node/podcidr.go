@@ -6,6 +6,7 @@ import (
 	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/backoff"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 )
@@ -16,7 +17,7 @@ import (
 // UpdateRuntimeConfig; pods wait for their network until then. It retries
 // until the runtime took it.
 func syncPodCIDR(ctx context.Context, nodes typedcorev1.NodeInterface, name string, rt runtimev1.RuntimeClient, log *slog.Logger) bool {
-	delay := 100 * time.Millisecond
+	delay := backoff.Backoff{Initial: 100 * time.Millisecond, Max: 2 * time.Second}
 	warned := time.Now()
 	for {
 		n, err := nodes.Get(ctx, name, metav1.GetOptions{})
@@ -40,8 +41,7 @@ func syncPodCIDR(ctx context.Context, nodes typedcorev1.NodeInterface, name stri
 		select {
 		case <-ctx.Done():
 			return false
-		case <-time.After(delay):
+		case <-time.After(delay.Next()):
 		}
-		delay = min(2*delay, 2*time.Second)
 	}
 }
