@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/internal/backoff"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -58,8 +59,11 @@ func (s apiSource) Token(ctx context.Context, ns, sa string, req *authentication
 // new pod references an object from its own watch, which can trail the pod
 // reaching this node by a few milliseconds.
 func getAsNode[T any](ctx context.Context, get func() (T, error)) (T, error) {
-	delay := 50 * time.Millisecond
-	deadline := time.Now().Add(3 * time.Second)
+	const wait = 3 * time.Second
+	// 50 ms doubling: the waits before the deadline are 50 ms ... 1.6 s
+	// (3.15 s in all), so the cap at the whole wait is never reached.
+	delay := backoff.Backoff{Initial: 50 * time.Millisecond, Max: wait}
+	deadline := time.Now().Add(wait)
 	for {
 		v, err := get()
 		if !apierrors.IsForbidden(err) || time.Now().After(deadline) {
@@ -68,9 +72,8 @@ func getAsNode[T any](ctx context.Context, get func() (T, error)) (T, error) {
 		select {
 		case <-ctx.Done():
 			return v, err
-		case <-time.After(delay):
+		case <-time.After(delay.Next()):
 		}
-		delay *= 2
 	}
 }
 
