@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/internal/backoff"
 	"github.com/k3sm-dev/k3sm/internal/netd/wire"
 	corev1 "k8s.io/api/core/v1"
 )
@@ -198,7 +199,9 @@ func (p *Proxy) runKernel(ctx context.Context, synced <-chan struct{}) {
 	case <-ctx.Done():
 		return
 	}
-	retry := time.Duration(0)
+	// The wait before sending again after a failed send: 500 ms doubling
+	// to 10 s; Delay 0 while sends succeed.
+	retry := backoff.Backoff{Initial: 500 * time.Millisecond, Max: 10 * time.Second}
 	var sent []KernelService
 	first := true
 	tick := time.NewTicker(resync)
@@ -206,8 +209,8 @@ func (p *Proxy) runKernel(ctx context.Context, synced <-chan struct{}) {
 	for {
 		// Gather the burst: changes keep arriving within debounce.
 		wait := time.NewTimer(debounce)
-		if retry > 0 {
-			wait.Reset(retry)
+		if retry.Delay() > 0 {
+			wait.Reset(retry.Delay())
 		}
 		began := time.Now()
 	gather:
@@ -218,7 +221,7 @@ func (p *Proxy) runKernel(ctx context.Context, synced <-chan struct{}) {
 				return
 			case <-p.kernel.kick:
 				// A steady stream of changes still goes out every 10 debounces.
-				if retry == 0 && time.Since(began) < 10*debounce {
+				if retry.Delay() == 0 && time.Since(began) < 10*debounce {
 					wait.Reset(debounce)
 				}
 			case <-wait.C:
@@ -234,11 +237,11 @@ func (p *Proxy) runKernel(ctx context.Context, synced <-chan struct{}) {
 			return
 		}
 		if err != nil {
-			retry = min(max(2*retry, 500*time.Millisecond), 10*time.Second)
-			p.log.Warn("service proxy: cannot program the kernel's Service rules (k3sm-netd); retrying", "servicePorts", len(set), "retryIn", retry, "err", err)
+			d := retry.Next()
+			p.log.Warn("service proxy: cannot program the kernel's Service rules (k3sm-netd); retrying", "servicePorts", len(set), "retryIn", d, "err", err)
 			continue
 		}
-		retry = 0
+		retry.Reset()
 		endpoints := 0
 		for _, s := range set {
 			endpoints += len(s.Endpoints)
