@@ -8,25 +8,27 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/backoff"
 )
 
 // accept serves ln until it is closed.
 func (f *frontend) accept(ln *net.TCPListener) {
-	var delay time.Duration
+	// Out of descriptors or the like: back off instead of spinning, as
+	// net/http does (5 ms doubling to 1 s, from 5 ms again once one is
+	// accepted).
+	delay := backoff.Backoff{Initial: 5 * time.Millisecond, Max: time.Second}
 	for {
 		c, err := ln.AcceptTCP()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			// Out of descriptors or the like: back off instead of spinning,
-			// as net/http does.
-			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
 			f.p.log.Warn("service proxy: accept", "address", f.key.String(), "err", err)
-			time.Sleep(delay)
+			time.Sleep(delay.Next())
 			continue
 		}
-		delay = 0
+		delay.Reset()
 		f.p.wg.Go(func() { f.serveTCP(c) })
 	}
 }
