@@ -6,6 +6,8 @@ import (
 	"io/fs"
 	"os"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/backoff"
 )
 
 // lockTimeout is how long a writer waits for another one's lock. kubectl
@@ -20,7 +22,7 @@ var lockTimeout = 10 * time.Second
 func lockFile(path string) (func(), error) {
 	lock := path + ".lock"
 	deadline := time.Now().Add(lockTimeout)
-	delay := 5 * time.Millisecond
+	delay := backoff.Backoff{Initial: 5 * time.Millisecond, Max: 200 * time.Millisecond}
 	for {
 		f, err := os.OpenFile(lock, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 		if err == nil {
@@ -34,7 +36,6 @@ func lockFile(path string) (func(), error) {
 			return nil, fmt.Errorf("kubeconfig %s is locked: %s exists (another kubectl, k3sm or klimax is writing it, "+
 				"or one crashed while writing); if none is running, remove %s and retry", path, lock, lock)
 		}
-		time.Sleep(delay)
-		delay = min(2*delay, 200*time.Millisecond)
+		time.Sleep(delay.Next())
 	}
 }
