@@ -3,7 +3,6 @@ package pod
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -12,6 +11,7 @@ import (
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
 	"github.com/k3sm-dev/k3sm/internal/runtime/stats"
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 // Resource limits. With cgroups (Config.Cgroups) every container attempt
@@ -212,19 +212,10 @@ func unenforcedLimits(r *runtimev1.Resources, s cgroups.Support) string {
 	return msg
 }
 
-// binaryQuantity writes bytes as a Kubernetes quantity: 64Mi, 1Gi, or a
-// plain number when no binary suffix is exact.
-func binaryQuantity(b int64) string {
-	for _, u := range []struct {
-		suffix string
-		size   int64
-	}{{"Ti", 1 << 40}, {"Gi", 1 << 30}, {"Mi", 1 << 20}, {"Ki", 1 << 10}} {
-		if b%u.size == 0 {
-			return strconv.FormatInt(b/u.size, 10) + u.suffix
-		}
-	}
-	return strconv.FormatInt(b, 10)
-}
+// binaryQuantity writes bytes as Kubernetes writes a binary quantity (a
+// memory limit, an emptyDir sizeLimit): 64Mi, 1Gi, or a plain number when
+// no binary suffix is exact (1k below 1Ki, as the API shows 1000).
+func binaryQuantity(b int64) string { return resource.NewQuantity(b, resource.BinarySI).String() }
 
 // noteOOM turns the termination of an attempt the kernel (its cgroup's
 // oom_kill counter) or the sampler killed for memory into OOMKilled. An

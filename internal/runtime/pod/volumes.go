@@ -298,7 +298,7 @@ func (p *managedPod) emptyDirOverLimit() string {
 	for _, v := range vols {
 		used, err := volume.Usage(p.volumeDir(v.name))
 		if err == nil && used > v.limit {
-			return fmt.Sprintf("Usage of EmptyDir volume %q exceeds the limit %q. ", v.name, quantity(v.limit))
+			return fmt.Sprintf("Usage of EmptyDir volume %q exceeds the limit %q. ", v.name, binaryQuantity(v.limit))
 		}
 	}
 	return ""
@@ -322,19 +322,6 @@ func (m *Manager) evict(p *managedPod, msg string) {
 	if err := p.save(); err != nil {
 		m.log.Error("save evicted pod", "pod", p.key(), "err", err)
 	}
-}
-
-// quantity renders bytes as Kubernetes does for binary-suffixed values.
-func quantity(b int64) string {
-	for _, u := range []struct {
-		suffix string
-		n      int64
-	}{{"Ei", 1 << 60}, {"Pi", 1 << 50}, {"Ti", 1 << 40}, {"Gi", 1 << 30}, {"Mi", 1 << 20}, {"Ki", 1 << 10}} {
-		if b >= u.n && b%u.n == 0 {
-			return fmt.Sprintf("%d%s", b/u.n, u.suffix)
-		}
-	}
-	return fmt.Sprint(b)
 }
 
 // writeResolvConf writes the pod's resolv.conf when the provider rendered
