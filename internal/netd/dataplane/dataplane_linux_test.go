@@ -68,11 +68,17 @@ func newFixture(t *testing.T) *fixture {
 // up runs EnsureNode and AddPod for both pods.
 func (f *fixture) up() {
 	f.t.Helper()
-	if err := f.dp.EnsureNode(testNode); err != nil {
+	f.upOn(testNode)
+}
+
+// upOn runs EnsureNode of n and AddPod for both pods on it.
+func (f *fixture) upOn(n Node) {
+	f.t.Helper()
+	if err := f.dp.EnsureNode(n); err != nil {
 		f.t.Fatalf("EnsureNode: %v", err)
 	}
 	for _, p := range []Pod{f.a, f.b} {
-		if err := f.dp.AddPod(testNode, p); err != nil {
+		if err := f.dp.AddPod(n, p); err != nil {
 			f.t.Fatalf("AddPod %s: %v", p.UID, err)
 		}
 	}
