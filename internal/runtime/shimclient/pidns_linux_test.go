@@ -137,17 +137,11 @@ func TestOrphanKillSparesReusedPgid(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The workload is re-parented to this process (pid 1 here): reap it.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	poll.Until(t, 10*time.Second, "the orphaned workload to exit", func() bool {
 		var ws syscall.WaitStatus
-		if got, err := syscall.Wait4(pid, &ws, 0, nil); got == pid && err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the orphaned workload did not exit")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		got, err := syscall.Wait4(pid, &ws, 0, nil)
+		return got == pid && err == nil
+	})
 	d := decoy(t, pid)
 	es, err := p.Wait(ctx)
 	if err != nil || !es.Unknown {
