@@ -141,10 +141,8 @@ func proxyGoroutines() []string {
 // the proxy idles are left (accept loops, UDP readers, the worker).
 func settledGoroutines(t *testing.T) {
 	t.Helper()
-	var left []string
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		left = left[:0]
+	poll.UntilNil(t, 5*time.Second, "the per-connection goroutines to end", func() error {
+		var left []string
 		for _, g := range proxyGoroutines() {
 			for _, fn := range []string{"proxy.(*frontend).serveTCP", "proxy.(*Proxy).relay", "proxy.pipe(", "proxy.(*session).serve"} {
 				if strings.Contains(g, fn) {
@@ -153,14 +151,11 @@ func settledGoroutines(t *testing.T) {
 				}
 			}
 		}
-		if len(left) == 0 {
-			return
+		if len(left) > 0 {
+			return fmt.Errorf("left:\n%s", strings.Join(left, "\n\n"))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("per-connection goroutines left:\n%s", strings.Join(left, "\n\n"))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // freePort returns a port nothing listens on at ip for proto.

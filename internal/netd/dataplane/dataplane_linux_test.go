@@ -413,7 +413,8 @@ func TestIdempotent(t *testing.T) {
 	}
 	before := index()
 	// The bridge turns RUNNING (carrier) asynchronously once a port is up:
-	// let that settle before watching for changes we would cause.
+	// let that settle before watching for changes we would cause. Not
+	// poll: a bridge still not RUNNING is no failure, only less settled.
 	waitRunning := time.Now().Add(5 * time.Second)
 	for f.link(f.hostNS, "k3sm0").Attrs().RawFlags&unix.IFF_RUNNING == 0 && time.Now().Before(waitRunning) {
 		time.Sleep(20 * time.Millisecond)
