@@ -17,6 +17,7 @@ import (
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 // watcher collects the watch stream's events.
@@ -69,16 +70,17 @@ func (w *watcher) find(uid, reason string) []*runtimev1.PodEvent {
 
 func (w *watcher) waitFor(t *testing.T, uid, reason, substr string) *runtimev1.PodEvent {
 	t.Helper()
-	for i := 0; i < 500; i++ {
+	var found *runtimev1.PodEvent
+	poll.Until(t, 10*time.Second, fmt.Sprintf("a %s event containing %q for pod %s", reason, substr, uid), func() bool {
 		for _, ev := range w.find(uid, reason) {
 			if strings.Contains(ev.GetMessage(), substr) {
-				return ev
+				found = ev
+				return true
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("no %s event containing %q for pod %s", reason, substr, uid)
-	return nil
+		return false
+	})
+	return found
 }
 
 func ctrState(st *runtimev1.PodStatus) *runtimev1.ContainerStatus {
@@ -272,17 +274,12 @@ func TestIntegrationInitContainersInOrder(t *testing.T) {
 			t.Errorf("init container %s: %v", ic.GetName(), ic.GetState())
 		}
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		b, _ := os.ReadFile(trace)
-		if string(b) == "init-1\ninit-2\nmain\n" {
-			break
+	poll.UntilNil(t, 5*time.Second, "init-1, init-2, main in order in the trace", func() error {
+		if b, _ := os.ReadFile(trace); string(b) != "init-1\ninit-2\nmain\n" {
+			return fmt.Errorf("trace %q", b)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("trace %q, want init-1, init-2, main in order", b)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 
 	// A failing init container with restartPolicy Never fails the pod and
 	// the containers never start.
@@ -602,6 +599,7 @@ func TestIntegrationDeleteThenDaemonStops(t *testing.T) {
 	if !processAlive(pid) {
 		t.Fatal("the pod's process died before its grace period ended")
 	}
+	// Not poll: this times the kill, which the check below reports on (Errorf).
 	for processAlive(pid) && time.Since(t0) < 10*time.Second {
 		time.Sleep(50 * time.Millisecond)
 	}
