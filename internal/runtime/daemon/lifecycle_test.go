@@ -188,27 +188,23 @@ func TestIntegrationCrashLoopBackOff(t *testing.T) {
 	// kubectl logs (not --previous) while it waits in CrashLoopBackOff
 	// prints the last terminated attempt's log, as the kubelet serves it,
 	// never "waiting to start".
-	sawWaiting := false
-	for i := 0; i < 50 && !sawWaiting; i++ {
+	poll.Every(t, context.Background(), 2500*time.Millisecond, 50*time.Millisecond, "the last attempt's log read while the container waits in CrashLoopBackOff", func() error {
 		st, err := e.c.Runtime.GetPodStatus(context.Background(), &runtimev1.GetPodStatusRequest{Uid: spec.Uid})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ctrState(st.GetStatus()).GetState().GetWaiting().GetReason() != "CrashLoopBackOff" {
-			time.Sleep(50 * time.Millisecond)
-			continue
+		if r := ctrState(st.GetStatus()).GetState().GetWaiting().GetReason(); r != "CrashLoopBackOff" {
+			return fmt.Errorf("waiting reason %q", r)
 		}
 		cur, err := e.logs(&runtimev1.GetLogsRequest{PodUid: spec.Uid})
 		if err != nil {
 			t.Fatalf("logs of a container in CrashLoopBackOff: %v", err)
 		}
-		if strings.Contains(cur, "crashing\n") {
-			sawWaiting = true
+		if !strings.Contains(cur, "crashing\n") {
+			return fmt.Errorf("log %q", cur)
 		}
-	}
-	if !sawWaiting {
-		t.Error("never read the last attempt's log while the container waited in CrashLoopBackOff")
-	}
+		return nil
+	})
 }
 
 func TestIntegrationJobsSucceedAndFail(t *testing.T) {

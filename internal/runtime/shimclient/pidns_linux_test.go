@@ -170,20 +170,11 @@ func TestOrphanKillEndsLiveWorkload(t *testing.T) {
 	if err != nil || !es.Unknown {
 		t.Errorf("Wait: %+v %v", es, err)
 	}
-	for i := 0; ; i++ {
-		if err := syscall.Kill(-p.Pid(), 0); errors.Is(err, syscall.ESRCH) {
-			break
-		}
+	poll.Until(t, 2*time.Second, "the dead shim's workload group to end", func() bool {
 		// Zombies (re-parented to init) still count for kill(0): look at
-		// the group's states instead.
-		if groupGone(p.Pid()) {
-			break
-		}
-		if i == 100 {
-			t.Fatal("the dead shim's workload group still runs")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		// the group's states too.
+		return errors.Is(syscall.Kill(-p.Pid(), 0), syscall.ESRCH) || groupGone(p.Pid())
+	})
 }
 
 func groupGone(pgid int) bool {
