@@ -23,6 +23,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/bench/internal/resultsfile"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 )
 
@@ -191,7 +192,7 @@ func runBench(o options) error {
 	report := renderReport(o, info, res)
 	fmt.Print(report)
 	if o.results != "" {
-		if err := writeSection(o.results, report); err != nil {
+		if err := resultsfile.WriteSection(o.results, beginMark, endMark, report); err != nil {
 			return err
 		}
 		progress("wrote the \"Control plane\" section of %s", o.results)

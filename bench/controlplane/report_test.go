@@ -3,56 +3,11 @@ package main
 import (
 	"os"
 	"os/exec"
-	"path/filepath"
 	"reflect"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 )
-
-func TestWriteSectionKeepsOtherSections(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "RESULTS.md")
-	if err := writeSection(path, "## Control plane\n\nfirst\n"); err != nil {
-		t.Fatal(err)
-	}
-	data, _ := os.ReadFile(path)
-	if !strings.HasPrefix(string(data), "# Benchmark results\n") || !strings.Contains(string(data), "first") {
-		t.Fatalf("new file:\n%s", data)
-	}
-	// Someone else adds a section after ours; a rerun must keep it and
-	// replace only the marked part.
-	other := "\n## Pod start\n\nkept\n"
-	if err := os.WriteFile(path, append(data, other...), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := writeSection(path, "## Control plane\n\nsecond\n"); err != nil {
-		t.Fatal(err)
-	}
-	data, _ = os.ReadFile(path)
-	s := string(data)
-	if strings.Contains(s, "first") || !strings.Contains(s, "second") || !strings.HasSuffix(s, other) {
-		t.Fatalf("rewritten file:\n%s", s)
-	}
-	if strings.Count(s, beginMark) != 1 || strings.Count(s, endMark) != 1 {
-		t.Fatalf("markers duplicated:\n%s", s)
-	}
-}
-
-func TestWriteSectionAppendsWithoutMarkers(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "RESULTS.md")
-	if err := os.WriteFile(path, []byte("# Results\n\n## Density\n\nx\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := writeSection(path, "## Control plane\n"); err != nil {
-		t.Fatal(err)
-	}
-	data, _ := os.ReadFile(path)
-	want := "# Results\n\n## Density\n\nx\n\n" + beginMark + "\n## Control plane\n" + endMark + "\n"
-	if string(data) != want {
-		t.Fatalf("got:\n%s\nwant:\n%s", data, want)
-	}
-}
 
 func TestMedian(t *testing.T) {
 	ms := time.Millisecond

@@ -28,6 +28,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/bench/internal/resultsfile"
 )
 
 type options struct {
@@ -317,7 +319,7 @@ func run(ctx context.Context, o options) (err error) {
 	report := renderReport(o, m, &res, b.extra)
 	fmt.Print("\n" + report)
 	if o.results != "" {
-		if err := writeSection(o.results, report); err != nil {
+		if err := resultsfile.WriteSection(o.results, beginMark, endMark, report); err != nil {
 			return err
 		}
 		fmt.Printf("bench/pods: recorded in %s\n", o.results)

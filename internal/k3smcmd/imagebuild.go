@@ -24,6 +24,7 @@ import (
 	"github.com/spf13/cobra"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/tartree"
 )
 
 func imageBuild(with runner) *cobra.Command {
@@ -489,64 +490,39 @@ func (b *builder) copyLayer(verb string, flags, words []string, workdir string, 
 		return nil
 	}
 	add := func(src, target string) error {
-		return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			if crel, _ := filepath.Rel(ctxAbs, p); crel != "." {
+		return tartree.Write(tw, src, target, tartree.Options{
+			Skip: func(p string, d fs.DirEntry) error {
+				crel, _ := filepath.Rel(ctxAbs, p)
+				if crel == "." {
+					return nil
+				}
 				ex, err := b.ignore.excluded(crel)
 				if err != nil {
 					return fmt.Errorf("%s: %w", b.ignore.file, err)
 				}
 				switch {
 				case ex && d.IsDir() && b.ignore.descend():
-					return nil // its parents are made for what comes back inside
+					return tartree.SkipEntry // its parents are made for what comes back inside
 				case ex && d.IsDir():
 					return filepath.SkipDir
 				case ex:
-					return nil
+					return tartree.SkipEntry
 				}
-			}
-			rel, _ := filepath.Rel(src, p)
-			t := path.Join(target, filepath.ToSlash(rel))
-			fi, err := d.Info()
-			if err != nil {
-				return err
-			}
-			if err := mkParents(t); err != nil {
-				return err
-			}
-			link := ""
-			if fi.Mode()&fs.ModeSymlink != 0 {
-				if link, err = os.Readlink(p); err != nil {
+				return nil
+			},
+			Header: func(h *tar.Header) error {
+				t := "/" + strings.TrimSuffix(h.Name, "/")
+				if err := mkParents(t); err != nil {
 					return err
 				}
-			}
-			h, err := tar.FileInfoHeader(fi, link)
-			if err != nil {
-				return fmt.Errorf("%s: %w", p, err)
-			}
-			h.Name, h.Uid, h.Gid, h.Uname, h.Gname = strings.TrimPrefix(t, "/"), uid, gid, "", ""
-			if fi.IsDir() {
-				h.Name += "/"
-				written[t] = true
-			}
-			if chmod != nil && !fi.IsDir() {
-				h.Mode = int64(*chmod)
-			}
-			if err := tw.WriteHeader(h); err != nil {
-				return err
-			}
-			if fi.Mode().IsRegular() {
-				f, err := os.Open(p)
-				if err != nil {
-					return err
+				h.Uid, h.Gid = uid, gid
+				if h.Typeflag == tar.TypeDir {
+					written[t] = true
+				} else if chmod != nil {
+					h.Mode = int64(*chmod)
 				}
-				defer f.Close()
-				_, err = io.Copy(tw, f)
-				return err
-			}
-			return nil
+				return nil
+			},
 		})
 	}
 	sort.Strings(files)

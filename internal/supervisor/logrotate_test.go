@@ -2,11 +2,14 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 // chatty writes about 6 MB to stdout and stderr, then waits.
@@ -28,25 +31,22 @@ func TestComponentLogRotates(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ch.Stop(2 * time.Second)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		b, _ := os.ReadFile(ch.LogPath())
-		if strings.Contains(string(b), "done") {
-			break
+	// Every 100 ms: each try reads the whole log, up to its 1 MB.
+	poll.Every(t, context.Background(), 30*time.Second, 100*time.Millisecond, "the component's output in its log", func() error {
+		if b, _ := os.ReadFile(ch.LogPath()); !strings.Contains(string(b), "done") {
+			return errors.New("no \"done\" yet")
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the component's output never reached its log")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	// Compression of backups runs in the background.
+		return nil
+	})
+	// Compression of backups runs in the background. Not poll: when time
+	// runs out this falls through to the checks below, which report the
+	// live log's size and the backups found.
 	var backups []string
-	for time.Now().Before(deadline) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		backups, _ = filepath.Glob(filepath.Join(s.LogDir, "chatty-*.log*"))
 		if len(backups) == 2 && !strings.Contains(strings.Join(backups, " "), ".log ") {
 			break
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
 	fi, err := os.Stat(ch.LogPath())
 	if err != nil {

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 // The state file follows a child through start, readiness, a kill and
@@ -29,18 +31,20 @@ func TestStateFileFollowsChild(t *testing.T) {
 	}
 	wait := func(what string, ok func(ChildState) bool) ChildState {
 		t.Helper()
-		var last State
-		for ctx.Err() == nil {
-			if st, err := ReadState(s.StateFile); err == nil && len(st.Children) == 1 {
-				last = st
-				if ok(st.Children[0]) {
-					return st.Children[0]
-				}
+		var c ChildState
+		// Until the test's context ends, as long as it has.
+		poll.Every(t, ctx, 20*time.Second, poll.Interval, "the state file to show "+what, func() error {
+			st, err := ReadState(s.StateFile)
+			if err != nil {
+				return err
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		t.Fatalf("state file never showed %s: %+v", what, last)
-		return ChildState{}
+			if len(st.Children) != 1 || !ok(st.Children[0]) {
+				return fmt.Errorf("state %+v", st)
+			}
+			c = st.Children[0]
+			return nil
+		})
+		return c
 	}
 	first := ch.Pid()
 	c := wait("the child live", func(c ChildState) bool { return c.Live })

@@ -28,7 +28,8 @@ func TestMain(m *testing.M) {
 	switch os.Getenv("K3SM_TEST_CHILD") {
 	case "settle":
 		// As a hidden role: settle when told, and report the GC target
-		// then in force (with this pid) to K3SM_TEST_SETTLED.
+		// then in force (with this pid) to K3SM_TEST_SETTLED. (A loop of
+		// its own: this is the child process, with no test to fail.)
 		RunAsChild()
 		go func() {
 			s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
@@ -126,13 +127,7 @@ func TestRestartAfterKillAndStop(t *testing.T) {
 	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for ch.Restarts() == 0 || ch.Pid() == first {
-		if time.Now().After(deadline) {
-			t.Fatal("child was not restarted")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, "the child restarted", func() bool { return ch.Restarts() != 0 && ch.Pid() != first })
 	second := ch.Pid()
 	s.StopAll()
 	waitGone(t, second)
@@ -195,19 +190,25 @@ func TestChildrenDieWithSupervisor(t *testing.T) {
 		t.Fatal(err)
 	}
 	var childPid int
-	deadline := time.Now().Add(10 * time.Second)
-	for childPid == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("supervisor did not start its child")
-		}
+	poll.Until(t, 10*time.Second, "the supervisor to start its child", func() bool {
 		if b, err := os.ReadFile(pidfile); err == nil && len(b) > 0 {
 			childPid, _ = strconv.Atoi(string(b))
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return childPid != 0
+	})
 	cmd.Process.Kill()
 	cmd.Wait()
 	waitGone(t, childPid)
+}
+
+// settledAs says why the settled file does not name pid with the idle GC
+// target (37), if it does not.
+func settledAs(path string, pid int) error {
+	want := fmt.Sprintf("%d 37", pid)
+	if b, _ := os.ReadFile(path); string(b) != want {
+		return fmt.Errorf("settled file %q, want %q", b, want)
+	}
+	return nil
 }
 
 func TestTail(t *testing.T) {
@@ -243,18 +244,9 @@ func TestSettledAfterEachStart(t *testing.T) {
 	defer ch.Stop(2 * time.Second)
 	waitSettled := func(pid int) {
 		t.Helper()
-		want := fmt.Sprintf("%d 37", pid)
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			b, _ := os.ReadFile(c.settled)
-			if string(b) == want {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("settled file %q, want %q", b, want)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		poll.UntilNil(t, 10*time.Second, fmt.Sprintf("process %d settled", pid), func() error {
+			return settledAs(c.settled, pid)
+		})
 	}
 	if err := ch.WaitReady(ctx); err != nil {
 		t.Fatal(err)
@@ -269,13 +261,7 @@ func TestSettledAfterEachStart(t *testing.T) {
 	os.Remove(c.settled)
 	os.Remove(c.sock)
 	syscall.Kill(first, syscall.SIGKILL)
-	deadline := time.Now().Add(10 * time.Second)
-	for ch.Pid() == first || ch.Pid() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("not restarted")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, "the child restarted", func() bool { return ch.Pid() != first && ch.Pid() != 0 })
 	waitSettled(ch.Pid())
 }
 
@@ -324,13 +310,13 @@ func TestSettleNeverKillsARestartedChild(t *testing.T) {
 	const kills = 20
 	last := 0
 	for i := 0; i <= kills; i++ {
-		deadline := time.Now().Add(10 * time.Second)
-		for ch.Pid() == last || ch.Pid() == 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("not restarted after kill %d; log:\n%s", i, logs.String())
+		// Every millisecond: each restart is killed as soon as it is seen.
+		poll.Every(t, ctx, 10*time.Second, time.Millisecond, fmt.Sprintf("a restart after kill %d", i), func() error {
+			if ch.Pid() == last || ch.Pid() == 0 {
+				return fmt.Errorf("not restarted; log:\n%s", logs.String())
 			}
-			time.Sleep(time.Millisecond)
-		}
+			return nil
+		})
 		last = ch.Pid()
 		if i < kills {
 			syscall.Kill(last, syscall.SIGKILL)
@@ -341,18 +327,7 @@ func TestSettleNeverKillsARestartedChild(t *testing.T) {
 			t.Errorf("a child ended other than by our kill: %s", l)
 		}
 	}
-	want := fmt.Sprintf("%d 37", last)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		b, _ := os.ReadFile(c.settled)
-		if string(b) == want {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the last process did not settle: %q, want %q", b, want)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	poll.UntilNil(t, 10*time.Second, "the last process settled", func() error { return settledAs(c.settled, last) })
 	if r := ch.Restarts(); r != kills {
 		t.Errorf("%d restarts for %d kills; log:\n%s", r, kills, logs.String())
 	}

@@ -146,6 +146,8 @@ func endpointReady(t *testing.T, c kubernetes.Interface, svc, pod string, start 
 // firstAnswerFrom dials addr from the node every 25 ms until the answer
 // comes from a backend at ip, and returns when; it gives up after limit.
 func firstAnswerFrom(addr, ip string, limit time.Duration) (time.Time, error) {
+	// Not poll: this times the first answer and returns an error for its
+	// caller to report.
 	deadline := time.Now().Add(limit)
 	var last string
 	for time.Now().Before(deadline) {

@@ -138,6 +138,7 @@ func TestEnvValuesAndRestarts(t *testing.T) {
 				}
 				return nil
 			})
+			// Not poll: this checks that nothing changes for 10 s.
 			for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
 				pod, err := c.CoreV1().Pods("default").Get(cx, "restarts", metav1.GetOptions{})
 				if err != nil {

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,8 @@ import (
 	"github.com/creack/pty"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 // outBuf is a concurrency-safe buffer the test polls for text.
@@ -40,13 +43,12 @@ func (o *outBuf) String() string {
 
 func (o *outBuf) waitFor(t *testing.T, want string, timeout time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !strings.Contains(o.String(), want) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %q within %s; output so far:\n%q", want, timeout, o.String())
+	poll.UntilNil(t, timeout, fmt.Sprintf("%q in the output", want), func() error {
+		if out := o.String(); !strings.Contains(out, want) {
+			return fmt.Errorf("output so far:\n%q", out)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // startInPty starts cmd on a new terminal of rows x cols: what it prints
@@ -195,16 +197,17 @@ func TestExecAttachPortForwardCp(t *testing.T) {
 		// kubectl attach has no "attached" signal: type until the line
 		// comes back to both (output from before a client attached is not
 		// replayed to it, as with the kubelet).
-		deadline := time.Now().Add(30 * time.Second)
-		for i := 0; !strings.Contains(aout.String(), "typed line") || !strings.Contains(wout.String(), "typed line"); i++ {
-			if time.Now().After(deadline) {
-				t.Fatalf("attach: typed line not seen by both; attach -i %q, attach %q", aout.String(), wout.String())
+		typed := 0
+		poll.Every(t, context.Background(), 30*time.Second, 100*time.Millisecond, "the typed line seen by both attaches", func() error {
+			if strings.Contains(aout.String(), "typed line") && strings.Contains(wout.String(), "typed line") {
+				return nil
 			}
-			if i%10 == 0 {
+			if typed%10 == 0 { // once a second
 				io.WriteString(in, "typed line\n")
 			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			typed++
+			return fmt.Errorf("attach -i %q, attach %q", aout.String(), wout.String())
+		})
 		if strings.Contains(aout.String(), "started") {
 			t.Errorf("attach replayed output from before it attached: %q", aout.String())
 		}
@@ -247,16 +250,17 @@ func TestExecAttachPortForwardCp(t *testing.T) {
 		cmd := s.kubectlCmd("attach", "-it", "term")
 		term, out, done := startInPty(t, cmd, 33, 99)
 		// Type until the shell answers (the attach may not be up at once).
-		deadline := time.Now().Add(30 * time.Second)
-		for i := 0; !strings.Contains(out.String(), "33 99"); i++ {
-			if time.Now().After(deadline) {
-				t.Fatalf("attach -it: no answer; output %q", out.String())
+		typed := 0
+		poll.Every(t, context.Background(), 30*time.Second, 100*time.Millisecond, "the shell's answer through attach -it", func() error {
+			if strings.Contains(out.String(), "33 99") {
+				return nil
 			}
-			if i%10 == 0 {
+			if typed%10 == 0 { // once a second
 				io.WriteString(term, "test -t 0 && stty size\r")
 			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			typed++
+			return fmt.Errorf("output %q", out.String())
+		})
 		io.WriteString(term, "exit 3\r")
 		select {
 		case err := <-done:

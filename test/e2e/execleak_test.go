@@ -22,6 +22,8 @@ func pidAlive(pid int) bool {
 
 func waitPidGone(t *testing.T, what string, pid int) {
 	t.Helper()
+	// Not poll: a process left running is reported (Errorf) and killed,
+	// and the test goes on.
 	deadline := time.Now().Add(5 * time.Second)
 	for pidAlive(pid) {
 		if time.Now().After(deadline) {

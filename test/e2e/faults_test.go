@@ -44,6 +44,7 @@ func settledEvents(t *testing.T, c kubernetes.Interface) map[string]int32 {
 	t.Helper()
 	last := eventCounts(t, c)
 	stable := time.Now()
+	// Not poll: this waits for 5 s without a change, with no time-out.
 	for time.Since(stable) < 5*time.Second {
 		time.Sleep(time.Second)
 		now := eventCounts(t, c)
@@ -398,6 +399,8 @@ func TestFaultRuntimedKilledDuringBurst(t *testing.T) {
 	// still being created and started.
 	killed := make(chan int, 1)
 	go func() {
+		// Not poll: this runs beside the creates, where a test cannot
+		// fail, and kills on time-out too.
 		deadline := time.Now().Add(2 * time.Minute)
 		for len(s.workloadPids()) < 1 && time.Now().Before(deadline) {
 			time.Sleep(20 * time.Millisecond)

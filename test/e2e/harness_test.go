@@ -25,6 +25,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 var k3smBin string
@@ -300,18 +302,12 @@ func (s *server) childPids(role string) []int {
 	return pids
 }
 
-// waitFor polls cond until it returns nil or the timeout passes.
+// waitFor is poll.Every at the pace of these tests, which ask a live
+// server: cond every 100 ms until it returns nil, failing the test when
+// timeout passes first.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s: not true after %s: %v", what, timeout, err)
+	poll.Every(t, context.Background(), timeout, 100*time.Millisecond, what, cond)
 }
 
 func ctx(t *testing.T) context.Context {
@@ -419,6 +415,7 @@ func (s *server) deletePodsAtCleanup(t *testing.T) {
 	t.Cleanup(func() {
 		zero := int64(0)
 		_ = c.CoreV1().Pods("default").DeleteCollection(context.Background(), metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
+		// Not poll: a cleanup that waits at most this long, failing nothing.
 		deadline := time.Now().Add(time.Minute)
 		for len(s.workloadPids()) > 0 && time.Now().Before(deadline) {
 			time.Sleep(200 * time.Millisecond)

@@ -273,8 +273,7 @@ func TestNodeRunsPods(t *testing.T) {
 		var restarts []time.Time
 		sawBackOff := false
 		last := int32(0)
-		deadline := time.Now().Add(2 * time.Minute)
-		for last < 3 && time.Now().Before(deadline) {
+		waitFor(t, 2*time.Minute, "three restarts of crasher", func() error {
 			p, err := c.CoreV1().Pods("default").Get(ctx(t), "crasher", metav1.GetOptions{})
 			if err == nil && len(p.Status.ContainerStatuses) == 1 {
 				cs := p.Status.ContainerStatuses[0]
@@ -286,9 +285,12 @@ func TestNodeRunsPods(t *testing.T) {
 					restarts = append(restarts, time.Now())
 				}
 			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		if last < 3 || !sawBackOff {
+			if last < 3 {
+				return fmt.Errorf("restartCount %d, saw CrashLoopBackOff %v", last, sawBackOff)
+			}
+			return nil
+		})
+		if !sawBackOff {
 			t.Fatalf("restartCount %d, saw CrashLoopBackOff %v", last, sawBackOff)
 		}
 		// As the kubelet: the first restart is immediate, then 10s, 20s, ...

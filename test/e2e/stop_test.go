@@ -73,6 +73,7 @@ func TestServerStopWithPods(t *testing.T) {
 	if !processAlive(pid) {
 		t.Fatalf("the deleted pod's process died before its %ds grace period ended (%s after the delete)", grace, time.Since(t0))
 	}
+	// Not poll: this times the kill, which the check below reports on (Errorf).
 	for processAlive(pid) && time.Since(t0) < time.Duration(grace+10)*time.Second {
 		time.Sleep(100 * time.Millisecond)
 	}

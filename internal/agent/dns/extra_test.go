@@ -2,6 +2,7 @@ package dns
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"slices"
@@ -15,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 func TestDualStackAndOddServices(t *testing.T) {
@@ -68,16 +71,13 @@ func TestBeforeSync(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	defer close(unblock)
 	addr := s.Addrs()[0]
-	var m *dns.Msg
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		// The socket is bound by New; Run starts reading it.
-		if m = exchange(t, "udp", addr, "www.upstream.test.", dns.TypeA); len(m.Answer) == 1 {
-			break
+	// The socket is bound by New; Run starts reading it.
+	poll.UntilNil(t, 5*time.Second, "forwarding before sync", func() error {
+		if m := exchange(t, "udp", addr, "www.upstream.test.", dns.TypeA); len(m.Answer) != 1 {
+			return fmt.Errorf("answer %v", m)
 		}
-	}
-	if len(m.Answer) != 1 {
-		t.Fatalf("forwarding before sync: %v", m)
-	}
+		return nil
+	})
 	if m := exchange(t, "udp", addr, "kubernetes.default.svc.cluster.local.", dns.TypeA); m.Rcode != dns.RcodeServerFailure {
 		t.Errorf("cluster name before sync: %s, want SERVFAIL", dns.RcodeToString[m.Rcode])
 	}

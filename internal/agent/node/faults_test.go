@@ -13,6 +13,7 @@ import (
 
 	"github.com/k3sm-dev/k3sm/internal/agent/podspec"
 	"github.com/k3sm-dev/k3sm/internal/datadir"
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/runtime/client"
@@ -232,17 +233,6 @@ func drain(events chan string) []string {
 	}
 }
 
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not true after %s", what, timeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // A transient runtime error (the daemon restarting answers Unavailable) is
 // retried with backoff until the pod is created, once.
 func TestCreateRetriesTransientRuntimeError(t *testing.T) {
@@ -260,7 +250,7 @@ func TestCreateRetriesTransientRuntimeError(t *testing.T) {
 		// and never calls CreatePod again: the provider must own the retry.
 		t.Logf("CreatePod: %v", err)
 	}
-	waitUntil(t, 20*time.Second, "pod created after the runtime came back", func() bool { return rt.isLive("u1") })
+	poll.Until(t, 20*time.Second, "pod created after the runtime came back", func() bool { return rt.isLive("u1") })
 	time.Sleep(100 * time.Millisecond)
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
@@ -341,7 +331,7 @@ func TestDeleteCancelsRetry(t *testing.T) {
 	src.mu.Lock()
 	src.cms["cm2"] = &corev1.ConfigMap{Data: map[string]string{"k": "v"}}
 	src.mu.Unlock()
-	waitUntil(t, 20*time.Second, "the pod not deleted created by its retry", func() bool { return rt.isLive("u2") })
+	poll.Until(t, 20*time.Second, "the pod not deleted created by its retry", func() bool { return rt.isLive("u2") })
 	p.podLocks.lock(pod.UID)()
 	if rt.isLive("u1") {
 		t.Fatal("a deleted pod was created")
@@ -415,7 +405,7 @@ func TestTransientAPIErrorRetriesStart(t *testing.T) {
 		}
 	}
 	src.setFail(nil)
-	waitUntil(t, 20*time.Second, "pod started once the API answers", func() bool { return rt.isLive("u1") })
+	poll.Until(t, 20*time.Second, "pod started once the API answers", func() bool { return rt.isLive("u1") })
 	for _, e := range drain(events.Events) {
 		if strings.Contains(e, "FailedMount") || strings.Contains(e, "CreateContainerConfigError") || strings.Contains(e, "Warning Failed ") {
 			t.Fatalf("event %q for an API hiccup", e)
@@ -456,10 +446,10 @@ func TestWatchResumesEventLog(t *testing.T) {
 		return events, cancel, done
 	}
 	ev, stop, done := start()
-	waitUntil(t, 10*time.Second, "three events", func() bool { return len(ev.Events) == 3 })
+	poll.Until(t, 10*time.Second, "three events", func() bool { return len(ev.Events) == 3 })
 	// Killed (no flush at exit) after the position was written: wait for
 	// the debounced write.
-	waitUntil(t, 10*time.Second, "position written", func() bool {
+	poll.Until(t, 10*time.Second, "position written", func() bool {
 		data, _ := os.ReadFile(datadir.New(dir).RuntimeEventsFile())
 		return strings.Contains(string(data), `"seq":3`)
 	})
@@ -470,7 +460,7 @@ func TestWatchResumesEventLog(t *testing.T) {
 	rt.mu.Unlock()
 	ev2, stop2, done2 := start()
 	defer func() { stop2(); <-done2 }()
-	waitUntil(t, 10*time.Second, "the new event", func() bool { return len(ev2.Events) >= 1 })
+	poll.Until(t, 10*time.Second, "the new event", func() bool { return len(ev2.Events) >= 1 })
 	time.Sleep(200 * time.Millisecond)
 	got := drain(ev2.Events)
 	if len(got) != 1 || !strings.Contains(got[0], "Killing") {
@@ -491,7 +481,7 @@ func TestWatchResumesEventLog(t *testing.T) {
 	<-done2
 	ev3, stop3, done3 := start()
 	defer func() { stop3(); <-done3 }()
-	waitUntil(t, 10*time.Second, "the new boot's event", func() bool { return len(ev3.Events) >= 1 })
+	poll.Until(t, 10*time.Second, "the new boot's event", func() bool { return len(ev3.Events) >= 1 })
 	if got := drain(ev3.Events); len(got) != 1 || !strings.Contains(got[0], "PodReattached") {
 		t.Fatalf("after a daemon restart: %q", got)
 	}
@@ -537,7 +527,7 @@ func TestReconcileRepairsLostStatus(t *testing.T) {
 		State: &runtimev1.ContainerState{State: &runtimev1.ContainerState_Running{Running: &runtimev1.ContainerStateRunning{}}}}}
 	rt.statuses = []*runtimev1.PodStatus{st} // the runtime's view, by ListPods
 	p.reconcileRound(ctx)
-	waitUntil(t, 5*time.Second, "status notified again", func() bool { nmu.Lock(); defer nmu.Unlock(); return notified >= 1 })
+	poll.Until(t, 5*time.Second, "status notified again", func() bool { nmu.Lock(); defer nmu.Unlock(); return notified >= 1 })
 	mu.Lock()
 	if len(writes) != 0 {
 		t.Fatal("written on the first round, while an update may still be in flight")
@@ -582,7 +572,7 @@ func TestDeletedPodLeavesNoState(t *testing.T) {
 	if err := p.DeletePod(ctx, pod); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 5*time.Second, "state forgotten", func() bool {
+	poll.Until(t, 5*time.Second, "state forgotten", func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		return len(p.pods) == 0 && len(p.byName) == 0

@@ -15,6 +15,7 @@ import (
 
 	"github.com/k3sm-dev/k3sm/internal/pki"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 // A node started with a closed gate makes no API request and serves no
@@ -88,19 +89,11 @@ current-context: c
 	if err := os.WriteFile(gate, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	poll.Until(t, 10*time.Second, "an API request once the gate opened", func() bool {
 		mu.Lock()
-		n := len(requests)
-		mu.Unlock()
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no API request 10 s after the gate opened")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		defer mu.Unlock()
+		return len(requests) > 0
+	})
 }
 
 // Cancelling a node waiting at its gate ends it without error.

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/agent/podspec"
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -56,29 +58,19 @@ func TestStatusNeverGoesBack(t *testing.T) {
 	pending := running("u1", 2)
 	pending.Phase, pending.ContainersReady = runtimev1.PodPhase_POD_PHASE_PENDING, false
 	p.update(pending)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if got := rec.get("p"); got != nil && got.Status.Phase == corev1.PodRunning {
-			break
+	poll.UntilNil(t, 5*time.Second, "the Running status notified", func() error {
+		if got := rec.get("p"); got == nil || got.Status.Phase != corev1.PodRunning {
+			return fmt.Errorf("last notified status %+v", got)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("last notified status %+v", rec.get("p"))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	time.Sleep(100 * time.Millisecond)
 	if got := rec.get("p"); got.Status.Phase != corev1.PodRunning {
 		t.Fatalf("status went back to %s", got.Status.Phase)
 	}
 	// A deleted pod is reported terminal once, then forgotten.
 	p.finished("u1")
-	deadline = time.Now().Add(5 * time.Second)
-	for rec.get("p").Status.Phase != corev1.PodFailed {
-		if time.Now().After(deadline) {
-			t.Fatal("terminal status not sent")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, 5*time.Second, "the terminal status sent", func() bool { return rec.get("p").Status.Phase == corev1.PodFailed })
 	if _, err := p.GetPod(ctx, "default", "p"); err == nil {
 		t.Fatal("pod still known after its terminal status was sent")
 	}

@@ -141,10 +141,8 @@ func proxyGoroutines() []string {
 // the proxy idles are left (accept loops, UDP readers, the worker).
 func settledGoroutines(t *testing.T) {
 	t.Helper()
-	var left []string
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		left = left[:0]
+	poll.UntilNil(t, 5*time.Second, "the per-connection goroutines to end", func() error {
+		var left []string
 		for _, g := range proxyGoroutines() {
 			for _, fn := range []string{"proxy.(*frontend).serveTCP", "proxy.(*Proxy).relay", "proxy.pipe(", "proxy.(*session).serve"} {
 				if strings.Contains(g, fn) {
@@ -153,14 +151,11 @@ func settledGoroutines(t *testing.T) {
 				}
 			}
 		}
-		if len(left) == 0 {
-			return
+		if len(left) > 0 {
+			return fmt.Errorf("left:\n%s", strings.Join(left, "\n\n"))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("per-connection goroutines left:\n%s", strings.Join(left, "\n\n"))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // freePort returns a port nothing listens on at ip for proto.
@@ -275,18 +270,19 @@ func refused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
 func waitRefused(t *testing.T, addr string) time.Duration {
 	t.Helper()
 	t0 := time.Now()
-	for {
+	// Every 2 ms: the time it took is the measure.
+	poll.Every(t, context.Background(), 5*time.Second, 2*time.Millisecond, addr+" to refuse connections", func() error {
 		c, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
 			c.Close()
-		} else if refused(err) {
-			return time.Since(t0)
+			return errors.New("accepted")
 		}
-		if time.Since(t0) > 5*time.Second {
-			t.Fatalf("%s: still not refused after 5s (last: %v)", addr, err)
+		if refused(err) {
+			return nil
 		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return err
+	})
+	return time.Since(t0)
 }
 
 // waitServed waits until a backend answers through addr and returns its
@@ -294,16 +290,13 @@ func waitRefused(t *testing.T, addr string) time.Duration {
 func waitServed(t *testing.T, addr string) (string, time.Duration) {
 	t.Helper()
 	t0 := time.Now()
-	for {
-		name, err := ask(addr)
-		if err == nil {
-			return name, time.Since(t0)
-		}
-		if time.Since(t0) > 5*time.Second {
-			t.Fatalf("%s: not served after 5s (last: %v)", addr, err)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	var name string
+	// Every 2 ms: the time it took is the measure.
+	poll.Every(t, context.Background(), 5*time.Second, 2*time.Millisecond, "a backend to answer through "+addr, func() (err error) {
+		name, err = ask(addr)
+		return err
+	})
+	return name, time.Since(t0)
 }
 
 func hostPort(ip string, port int32) string { return net.JoinHostPort(ip, fmt.Sprint(port)) }

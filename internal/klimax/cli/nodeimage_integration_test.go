@@ -177,16 +177,9 @@ registries:
 	docker("run", "-d", "--name", upstream, "--network", "kind", "-p", fmt.Sprintf("127.0.0.1:%d:5000", upstreamPort), "docker.io/library/registry:3.0.0")
 	docker("run", "-d", "--name", resolver, "--network", "kind", "--ip", resolverIP, probeImage, "dns", ":53", "klimax-it.test", "10.99.88.77")
 	ref, _ := name.ParseReference(fmt.Sprintf("127.0.0.1:%d/it/probe:v1", upstreamPort), name.Insecure)
-	var pushErr error
-	for i := 0; i < 30; i++ {
-		if pushErr = remote.Write(ref, img, remote.WithContext(ctx)); pushErr == nil {
-			break
-		}
-		time.Sleep(time.Second)
-	}
-	if pushErr != nil {
-		t.Fatalf("push to the upstream registry: %v", pushErr)
-	}
+	poll.Every(t, ctx, 30*time.Second, time.Second, "a push to the upstream registry", func() error {
+		return remote.Write(ref, img, remote.WithContext(ctx))
+	})
 
 	// --- a fleet: itb depends on ita ----------------------------------------
 	manifest := filepath.Join(home, "fleet.yaml")

@@ -68,11 +68,17 @@ func newFixture(t *testing.T) *fixture {
 // up runs EnsureNode and AddPod for both pods.
 func (f *fixture) up() {
 	f.t.Helper()
-	if err := f.dp.EnsureNode(testNode); err != nil {
+	f.upOn(testNode)
+}
+
+// upOn runs EnsureNode of n and AddPod for both pods on it.
+func (f *fixture) upOn(n Node) {
+	f.t.Helper()
+	if err := f.dp.EnsureNode(n); err != nil {
 		f.t.Fatalf("EnsureNode: %v", err)
 	}
 	for _, p := range []Pod{f.a, f.b} {
-		if err := f.dp.AddPod(testNode, p); err != nil {
+		if err := f.dp.AddPod(n, p); err != nil {
 			f.t.Fatalf("AddPod %s: %v", p.UID, err)
 		}
 	}
@@ -407,7 +413,8 @@ func TestIdempotent(t *testing.T) {
 	}
 	before := index()
 	// The bridge turns RUNNING (carrier) asynchronously once a port is up:
-	// let that settle before watching for changes we would cause.
+	// let that settle before watching for changes we would cause. Not
+	// poll: a bridge still not RUNNING is no failure, only less settled.
 	waitRunning := time.Now().Add(5 * time.Second)
 	for f.link(f.hostNS, "k3sm0").Attrs().RawFlags&unix.IFF_RUNNING == 0 && time.Now().Before(waitRunning) {
 		time.Sleep(20 * time.Millisecond)

@@ -51,17 +51,8 @@ func (f *fixture) nftListing(args ...string) string {
 // FORWARD chain.
 func TestNFTListsRules(t *testing.T) {
 	f := newFixture(t)
-	f.dockerChain()
-	n := testNode
-	n.ServiceCIDR = pfx("10.96.0.0/16")
-	if err := f.dp.EnsureNode(n); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range []Pod{f.a, f.b} {
-		if err := f.dp.AddPod(n, p); err != nil {
-			t.Fatal(err)
-		}
-	}
+	f.dockerChain() // before the node, whose accepts go into its FORWARD chain
+	n := f.upServices()
 	node := netip.MustParseAddr("192.0.2.1")
 	ext := netip.MustParseAddr("203.0.113.10")
 	elsewhere := netip.AddrPortFrom(netip.MustParseAddr("100.64.8.5"), 8080) // another node's pod

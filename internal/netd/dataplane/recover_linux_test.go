@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"strconv"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 // startIn starts argv (as uid when uid > 0) and waits until it runs sleep.
@@ -23,15 +26,11 @@ func startIn(t *testing.T, uid int, argv ...string) int {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if b, _ := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/comm"); strings.TrimSpace(string(b)) == "sleep" {
-			return cmd.Process.Pid
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("%v did not start", argv)
-	return 0
+	poll.Until(t, 10*time.Second, fmt.Sprintf("%v to run sleep", argv), func() bool {
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/comm")
+		return strings.TrimSpace(string(b)) == "sleep"
+	})
+	return cmd.Process.Pid
 }
 
 // sameNS reports whether two namespace files are one namespace.

@@ -25,19 +25,21 @@ var (
 // svcFixture is the fixture's node with a Service range, both pods and a
 // third, C, the client.
 func svcFixture(t *testing.T) (*fixture, Node, Pod) {
+	t.Helper()
 	f := newFixture(t)
-	n := testNode
-	n.ServiceCIDR = pfx("10.96.0.0/16")
-	if err := f.dp.EnsureNode(n); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range []Pod{f.a, f.b} {
-		if err := f.dp.AddPod(n, p); err != nil {
-			t.Fatal(err)
-		}
-	}
+	n := f.upServices()
 	c := f.pod("cccc-3", "100.64.7.4")
 	return f, n, c
+}
+
+// upServices brings up the fixture's node with a Service range
+// (10.96.0.0/16) and both pods on it, and returns that node.
+func (f *fixture) upServices() Node {
+	f.t.Helper()
+	n := testNode
+	n.ServiceCIDR = pfx("10.96.0.0/16")
+	f.upOn(n)
+	return n
 }
 
 func (f *fixture) setServices(n Node, svcs ...Service) {

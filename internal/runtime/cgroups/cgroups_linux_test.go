@@ -379,7 +379,8 @@ func TestUsageAndPidsLimit(t *testing.T) {
 	in.Write([]byte("go\n"))
 	// The kernel counts refused forks in pids.events ("max N"), in the
 	// pod's cgroup or, since Linux 6.x, in the container's where the fork
-	// was tried.
+	// was tried. Not poll: the check below reports (Errorf) with the
+	// process count when none was refused.
 	var refused uint64
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && refused == 0; time.Sleep(20 * time.Millisecond) {
 		for _, d := range append(m.PodDirs("u2"), dirs2...) {
@@ -435,6 +436,8 @@ func TestRemovePodLeavesNothing(t *testing.T) {
 // test's child, may not have reaped it).
 func waitGone(t *testing.T, pid int) {
 	t.Helper()
+	// Not poll: a process still running is reported (Errorf) and the test
+	// goes on.
 	for i := 0; i < 200; i++ {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 		if err != nil {

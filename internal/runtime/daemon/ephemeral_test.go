@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 	"github.com/k3sm-dev/k3sm/internal/runtime/mounts"
 	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 func ephStatus(st *runtimev1.PodStatus, name string) *runtimev1.ContainerStatus {
@@ -151,13 +153,12 @@ func TestIntegrationEphemeralBadTarget(t *testing.T) {
 // waitLog2 polls a named container's log until it equals want.
 func (e *env) waitLog2(uid, container, want string) {
 	e.t.Helper()
-	var got string
-	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if got, _ = e.logs(&runtimev1.GetLogsRequest{PodUid: uid, Container: container}); got == want {
-			return
+	poll.UntilNil(e.t, 10*time.Second, fmt.Sprintf("the log of %s/%s to be %q", uid, container, want), func() error {
+		if got, _ := e.logs(&runtimev1.GetLogsRequest{PodUid: uid, Container: container}); got != want {
+			return fmt.Errorf("log %q", got)
 		}
-	}
-	e.t.Fatalf("log of %s/%s: %q, want %q", uid, container, got, want)
+		return nil
+	})
 }
 
 // debugScript is what a debugger with a shell runs against a target whose

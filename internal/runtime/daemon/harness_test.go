@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/datadir"
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"google.golang.org/protobuf/encoding/prototext"
@@ -312,18 +313,21 @@ func (e *env) status(uid string) *runtimev1.PodStatus {
 // waitFor polls the pod's status until cond holds.
 func (e *env) waitFor(uid string, what string, timeout time.Duration, cond func(*runtimev1.PodStatus) bool) *runtimev1.PodStatus {
 	e.t.Helper()
-	deadline := time.Now().Add(timeout)
 	var st *runtimev1.PodStatus
-	for time.Now().Before(deadline) {
-		st = e.status(uid)
-		if cond(st) {
-			return st
+	poll.UntilNil(e.t, timeout, fmt.Sprintf("pod %s: %s", uid, what), func() error {
+		if st = e.status(uid); !cond(st) {
+			return lastStatus{st}
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	e.t.Fatalf("pod %s: timed out after %s waiting for %s; last status:\n%s", uid, timeout, what, prettyStatus(st))
-	return nil
+		return nil
+	})
+	return st
 }
+
+// lastStatus is the status waitFor saw last, formatted only if the wait
+// fails.
+type lastStatus struct{ st *runtimev1.PodStatus }
+
+func (l lastStatus) Error() string { return "last status:\n" + prettyStatus(l.st) }
 
 func prettyStatus(st *runtimev1.PodStatus) string {
 	if st == nil {
@@ -359,15 +363,13 @@ func (e *env) logs(req *runtimev1.GetLogsRequest) (string, error) {
 func (e *env) waitLog(uid, want string) string {
 	e.t.Helper()
 	var got string
-	for i := 0; i < 250; i++ {
-		got, _ = e.logs(&runtimev1.GetLogsRequest{PodUid: uid})
-		if strings.Contains(got, want) {
-			return got
+	poll.UntilNil(e.t, 5*time.Second, fmt.Sprintf("%q in the log of %s", want, uid), func() error {
+		if got, _ = e.logs(&runtimev1.GetLogsRequest{PodUid: uid}); !strings.Contains(got, want) {
+			return fmt.Errorf("got:\n%s", got)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	e.t.Fatalf("log of %s never contained %q; got:\n%s", uid, want, got)
-	return ""
+		return nil
+	})
+	return got
 }
 
 func processAlive(pid int) bool {
@@ -385,19 +387,17 @@ func processAlive(pid int) bool {
 
 func readPid(t *testing.T, path string) int {
 	t.Helper()
-	for i := 0; i < 250; i++ {
-		b, err := os.ReadFile(path)
-		if err == nil && len(b) > 0 && (len(strings.Fields(string(b))) > 1 || !strings.Contains(string(b), "pid:")) {
-			pid, err := imagetest.HostPid(string(b))
-			if err != nil {
-				t.Fatalf("%s: %v", path, err)
-			}
-			return pid
-		}
-		time.Sleep(20 * time.Millisecond)
+	var b []byte
+	poll.Until(t, 5*time.Second, "a pid in "+path, func() bool {
+		var err error
+		b, err = os.ReadFile(path)
+		return err == nil && len(b) > 0 && (len(strings.Fields(string(b))) > 1 || !strings.Contains(string(b), "pid:"))
+	})
+	pid, err := imagetest.HostPid(string(b))
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
 	}
-	t.Fatalf("no pid in %s", path)
-	return 0
+	return pid
 }
 
 func tsp(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }

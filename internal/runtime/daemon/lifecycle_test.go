@@ -17,6 +17,7 @@ import (
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 // watcher collects the watch stream's events.
@@ -69,16 +70,17 @@ func (w *watcher) find(uid, reason string) []*runtimev1.PodEvent {
 
 func (w *watcher) waitFor(t *testing.T, uid, reason, substr string) *runtimev1.PodEvent {
 	t.Helper()
-	for i := 0; i < 500; i++ {
+	var found *runtimev1.PodEvent
+	poll.Until(t, 10*time.Second, fmt.Sprintf("a %s event containing %q for pod %s", reason, substr, uid), func() bool {
 		for _, ev := range w.find(uid, reason) {
 			if strings.Contains(ev.GetMessage(), substr) {
-				return ev
+				found = ev
+				return true
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("no %s event containing %q for pod %s", reason, substr, uid)
-	return nil
+		return false
+	})
+	return found
 }
 
 func ctrState(st *runtimev1.PodStatus) *runtimev1.ContainerStatus {
@@ -186,27 +188,23 @@ func TestIntegrationCrashLoopBackOff(t *testing.T) {
 	// kubectl logs (not --previous) while it waits in CrashLoopBackOff
 	// prints the last terminated attempt's log, as the kubelet serves it,
 	// never "waiting to start".
-	sawWaiting := false
-	for i := 0; i < 50 && !sawWaiting; i++ {
+	poll.Every(t, context.Background(), 2500*time.Millisecond, 50*time.Millisecond, "the last attempt's log read while the container waits in CrashLoopBackOff", func() error {
 		st, err := e.c.Runtime.GetPodStatus(context.Background(), &runtimev1.GetPodStatusRequest{Uid: spec.Uid})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ctrState(st.GetStatus()).GetState().GetWaiting().GetReason() != "CrashLoopBackOff" {
-			time.Sleep(50 * time.Millisecond)
-			continue
+		if r := ctrState(st.GetStatus()).GetState().GetWaiting().GetReason(); r != "CrashLoopBackOff" {
+			return fmt.Errorf("waiting reason %q", r)
 		}
 		cur, err := e.logs(&runtimev1.GetLogsRequest{PodUid: spec.Uid})
 		if err != nil {
 			t.Fatalf("logs of a container in CrashLoopBackOff: %v", err)
 		}
-		if strings.Contains(cur, "crashing\n") {
-			sawWaiting = true
+		if !strings.Contains(cur, "crashing\n") {
+			return fmt.Errorf("log %q", cur)
 		}
-	}
-	if !sawWaiting {
-		t.Error("never read the last attempt's log while the container waited in CrashLoopBackOff")
-	}
+		return nil
+	})
 }
 
 func TestIntegrationJobsSucceedAndFail(t *testing.T) {
@@ -272,17 +270,12 @@ func TestIntegrationInitContainersInOrder(t *testing.T) {
 			t.Errorf("init container %s: %v", ic.GetName(), ic.GetState())
 		}
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		b, _ := os.ReadFile(trace)
-		if string(b) == "init-1\ninit-2\nmain\n" {
-			break
+	poll.UntilNil(t, 5*time.Second, "init-1, init-2, main in order in the trace", func() error {
+		if b, _ := os.ReadFile(trace); string(b) != "init-1\ninit-2\nmain\n" {
+			return fmt.Errorf("trace %q", b)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("trace %q, want init-1, init-2, main in order", b)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 
 	// A failing init container with restartPolicy Never fails the pod and
 	// the containers never start.
@@ -602,6 +595,7 @@ func TestIntegrationDeleteThenDaemonStops(t *testing.T) {
 	if !processAlive(pid) {
 		t.Fatal("the pod's process died before its grace period ended")
 	}
+	// Not poll: this times the kill, which the check below reports on (Errorf).
 	for processAlive(pid) && time.Since(t0) < 10*time.Second {
 		time.Sleep(50 * time.Millisecond)
 	}

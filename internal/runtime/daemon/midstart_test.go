@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 // A daemon killed -9 while it starts a burst of pods leaves containers in
@@ -43,8 +45,7 @@ func TestIntegrationDaemonKill9MidStart(t *testing.T) {
 	}
 	// Kill once every container is recorded as started and some shims
 	// were spawned (and are still sleeping).
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	poll.UntilNil(t, 30*time.Second, "every container recorded as started and a shim spawned", func() error {
 		recorded, spawned := 0, 0
 		for _, s := range pods {
 			var pp struct {
@@ -61,13 +62,10 @@ func TestIntegrationDaemonKill9MidStart(t *testing.T) {
 			}
 		}
 		if recorded == n && spawned > 0 {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d containers recorded as started, %d shims spawned", recorded, n, spawned)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return fmt.Errorf("%d of %d containers recorded as started, %d shims spawned", recorded, n, spawned)
+	})
 	d1.Process.Signal(syscall.SIGKILL)
 	e.c.Close()
 	time.Sleep(200 * time.Millisecond)

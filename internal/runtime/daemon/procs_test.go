@@ -41,6 +41,8 @@ func (e *env) execStream(ctx context.Context, start *runtimev1.ExecStart) (runti
 
 func waitGone(t *testing.T, what string, pid int) {
 	t.Helper()
+	// Not poll: a process left running is reported (Errorf) and killed,
+	// and the test goes on.
 	for i := 0; i < 100; i++ {
 		if !processAlive(pid) {
 			return

@@ -83,6 +83,8 @@ func TestIntegrationOOMKilledByCgroup(t *testing.T) {
 	dirs := m.PodDirs(spec.GetUid())
 	// The restarted attempt may be OOM-killed and recreated meanwhile
 	// (each attempt gets a fresh cgroup): its cgroups exist again soon.
+	// Not poll: missing cgroups are reported (Errorf) and the test goes on
+	// to check the delete.
 	var missing []string
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		missing = nil
@@ -139,6 +141,8 @@ func TestIntegrationStatsFromCgroups(t *testing.T) {
 		}
 		return out
 	}
+	// Not poll: too little memory is reported (Errorf) and the test goes
+	// on to measure the CPU limit.
 	var s map[string]*runtimev1.ContainerStats
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if s = read(); s["main"].GetMemoryWorkingSetBytes() >= 50<<20 {

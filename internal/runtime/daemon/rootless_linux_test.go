@@ -15,6 +15,7 @@ import (
 	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 	"golang.org/x/sys/unix"
 
 	"github.com/k3sm-dev/k3sm/internal/datadir"
@@ -361,15 +362,10 @@ func TestIntegrationRootlessPodNetwork(t *testing.T) {
 	// means started, not listening yet: refusals are retried for a while.
 	for name, ip := range ips {
 		var c net.Conn
-		var err error
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-			if c, err = net.DialTimeout("tcp", ip+":8080", 5*time.Second); err == nil || time.Now().After(deadline) {
-				break
-			}
-		}
-		if err != nil {
-			t.Fatalf("dial pod %s at %s: %v", name, ip, err)
-		}
+		poll.Every(t, context.Background(), 10*time.Second, 50*time.Millisecond, fmt.Sprintf("pod %s to answer at %s", name, ip), func() (err error) {
+			c, err = net.DialTimeout("tcp", ip+":8080", 5*time.Second)
+			return err
+		})
 		b, _ := io.ReadAll(c)
 		c.Close()
 		if !strings.Contains(string(b), "to "+ip+":8080") {

@@ -4,8 +4,6 @@ import (
 	"archive/tar"
 	"bytes"
 	"fmt"
-	"io"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +12,8 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/k3sm-dev/k3sm/internal/tartree"
 )
 
 // nginxPackages are Debian's nginx and everything its binary loads: with
@@ -150,45 +150,10 @@ func tarTree(root string) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	now := time.Unix(1700000000, 0)
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || p == root {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		link := ""
-		if info.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		hdr, err := tar.FileInfoHeader(info, link)
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, p)
-		hdr.Name, hdr.ModTime = filepath.ToSlash(rel), now
-		hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = 0, 0, "", ""
-		if d.IsDir() {
-			hdr.Name += "/"
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if info.Mode().IsRegular() {
-			f, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			if _, err := io.Copy(tw, f); err != nil {
-				return err
-			}
-		}
+	err := tartree.Write(tw, root, "", tartree.Options{Header: func(h *tar.Header) error {
+		h.ModTime = now
 		return nil
-	})
+	}})
 	if err != nil {
 		return nil, err
 	}

@@ -74,11 +74,8 @@ func TestAskWithoutRuntime(t *testing.T) {
 	}
 
 	stale := filepath.Join(dir, "stale.sock")
-	ln, err := net.Listen("unix", stale)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	ln := listenUnix(t, stale)
+	ln.SetUnlinkOnClose(false)
 	ln.Close()
 	if r := Ask(ctx, stale); r.FromRuntime || r.AskErr != nil {
 		t.Errorf("a socket left by a dead runtime: %+v", r)
@@ -86,10 +83,7 @@ func TestAskWithoutRuntime(t *testing.T) {
 
 	// Accepts and hangs up: no gRPC there.
 	other := filepath.Join(dir, "other.sock")
-	ln, err = net.Listen("unix", other)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln = listenUnix(t, other)
 	defer ln.Close()
 	go func() {
 		for {
@@ -105,4 +99,14 @@ func TestAskWithoutRuntime(t *testing.T) {
 	if r := Ask(short, other); r.FromRuntime || r.AskErr == nil {
 		t.Errorf("something else at the socket: %+v, want an AskErr", r)
 	}
+}
+
+// listenUnix listens on a unix socket at path.
+func listenUnix(t *testing.T, path string) *net.UnixListener {
+	t.Helper()
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
 }

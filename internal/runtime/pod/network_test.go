@@ -3,6 +3,7 @@ package pod
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"syscall"
@@ -11,6 +12,7 @@ import (
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/runtime/image"
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 // gatedNetwork hands out one network once the test releases each Setup;
@@ -108,17 +110,18 @@ func TestContainerWaitsForThePodNetwork(t *testing.T) {
 	}
 	waitStatus := func(what string, cond func(*runtimev1.PodStatus) bool) *runtimev1.PodStatus {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			st, err := m.Status("u-net")
-			if err == nil && cond(st) {
-				return st
+		var st *runtimev1.PodStatus
+		poll.UntilNil(t, 10*time.Second, what, func() error {
+			var err error
+			if st, err = m.Status("u-net"); err != nil {
+				return err
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: status %v (err %v)", what, st, err)
+			if !cond(st) {
+				return fmt.Errorf("status %v", st)
 			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			return nil
+		})
+		return st
 	}
 	waiting := func(st *runtimev1.PodStatus) *runtimev1.ContainerStateWaiting {
 		if len(st.GetContainerStatuses()) != 1 {

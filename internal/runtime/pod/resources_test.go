@@ -2,6 +2,7 @@ package pod
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 func ctr(name string, cpuReq, cpuLim, memReq, memLim int64) *runtimev1.ContainerSpec {
@@ -98,19 +100,17 @@ func TestSamplerKillsOverMemoryAndReportsOOMKilled(t *testing.T) {
 	small := startGroup(t, "sleep 100")
 	targets := []sampleTarget{{p: p, name: "hog", id: "k3sm://hog", proc: g, limit: 32 << 20},
 		{p: p, name: "small", id: "k3sm://small", proc: small, limit: 32 << 20}}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	// A sample every 100 ms, not every poll.Interval: each reads the
+	// group's /proc.
+	poll.Every(t, context.Background(), 10*time.Second, 100*time.Millisecond, "the sampler to kill a process group far over its limit", func() error {
 		if err := m.killOverMemory(targets); err != nil {
 			t.Fatal(err)
 		}
 		if syscall.Kill(g.Pid(), 0) != nil || processState(g.Pid()) == "Z" {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the sampler did not kill a process group far over its limit")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return fmt.Errorf("group %d still runs", g.Pid())
+	})
 	g.cmd.Wait()
 	if ws := g.cmd.ProcessState.Sys().(syscall.WaitStatus); ws.Signal() != syscall.SIGKILL {
 		t.Errorf("the group leader ended with %v, not SIGKILL", g.cmd.ProcessState)

@@ -11,21 +11,24 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 func readPid(t *testing.T, path string) int {
 	t.Helper()
-	for i := 0; i < 250; i++ {
+	var pid int
+	poll.Until(t, 5*time.Second, "a pid in "+path, func() bool {
 		b, err := os.ReadFile(path)
-		if pid, perr := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && perr == nil {
-			return pid
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("no pid in %s", path)
-	return 0
+		p, perr := strconv.Atoi(strings.TrimSpace(string(b)))
+		pid = p
+		return err == nil && perr == nil
+	})
+	return pid
 }
 
+// gone waits up to 2 s for pid to end (a zombie counts). Not poll: its
+// caller reports a survivor (Errorf), kills it and goes on.
 func gone(pid int) bool {
 	for i := 0; i < 100; i++ {
 		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")

@@ -73,6 +73,7 @@ func TestShimMountsVolumesInItsOwnNamespace(t *testing.T) {
 	if _, err := p.(*process).call(ctx, shim.Request{Op: "reopen"}); err != nil {
 		t.Fatalf("reopen the log inside the namespace: %v", err)
 	}
+	// Not poll: the checks below report (Errorf) which line is missing.
 	deadline := time.Now().Add(5 * time.Second)
 	var log []byte
 	for time.Now().Before(deadline) {

@@ -137,17 +137,11 @@ func TestOrphanKillSparesReusedPgid(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The workload is re-parented to this process (pid 1 here): reap it.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	poll.Until(t, 10*time.Second, "the orphaned workload to exit", func() bool {
 		var ws syscall.WaitStatus
-		if got, err := syscall.Wait4(pid, &ws, 0, nil); got == pid && err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the orphaned workload did not exit")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		got, err := syscall.Wait4(pid, &ws, 0, nil)
+		return got == pid && err == nil
+	})
 	d := decoy(t, pid)
 	es, err := p.Wait(ctx)
 	if err != nil || !es.Unknown {
@@ -176,20 +170,11 @@ func TestOrphanKillEndsLiveWorkload(t *testing.T) {
 	if err != nil || !es.Unknown {
 		t.Errorf("Wait: %+v %v", es, err)
 	}
-	for i := 0; ; i++ {
-		if err := syscall.Kill(-p.Pid(), 0); errors.Is(err, syscall.ESRCH) {
-			break
-		}
+	poll.Until(t, 2*time.Second, "the dead shim's workload group to end", func() bool {
 		// Zombies (re-parented to init) still count for kill(0): look at
-		// the group's states instead.
-		if groupGone(p.Pid()) {
-			break
-		}
-		if i == 100 {
-			t.Fatal("the dead shim's workload group still runs")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		// the group's states too.
+		return errors.Is(syscall.Kill(-p.Pid(), 0), syscall.ESRCH) || groupGone(p.Pid())
+	})
 }
 
 func groupGone(pgid int) bool {

@@ -3,6 +3,7 @@
 package stats
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 // A container's cgroup counts what left its process group too (a
@@ -56,15 +58,16 @@ func TestCgroupCountsEveryProcess(t *testing.T) {
 		return pg[cmd.Process.Pid]
 	}
 	var s Sample
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+	poll.Every(t, context.Background(), 20*time.Second, 100*time.Millisecond, "both processes and 100 ms of CPU in the cgroup", func() error {
 		var ok bool
 		if s, ok = Cgroup(m, "u1", "main", fallback); !ok {
 			t.Fatal("no reading from the container's cgroup")
 		}
-		if s.Processes >= 2 && s.CPUNanos >= 100e6 {
-			break
+		if s.Processes < 2 || s.CPUNanos < 100e6 {
+			return fmt.Errorf("sample %+v", s)
 		}
-	}
+		return nil
+	})
 	if s.Processes < 2 || s.CPUNanos < 100e6 || s.WorkingSetBytes == 0 {
 		t.Fatalf("sample %+v: want the shell and its setsid child, >= 100ms CPU, some memory", s)
 	}

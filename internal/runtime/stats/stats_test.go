@@ -1,11 +1,15 @@
 package stats
 
 import (
+	"context"
+	"fmt"
 	"os/exec"
 	"runtime"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 func TestProcessGroupsBusyLoop(t *testing.T) {
@@ -18,20 +22,20 @@ func TestProcessGroupsBusyLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait() }()
-	// A loaded machine gives the loop less than its share: poll until it
-	// has had 100 ms of CPU instead of sleeping a fixed time.
+	// A loaded machine gives the loop less than its share: poll (every
+	// 100 ms, each a walk of /proc) until it has had 100 ms of CPU instead
+	// of sleeping a fixed time.
 	var s Sample
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		time.Sleep(100 * time.Millisecond)
+	poll.Every(t, context.Background(), 30*time.Second, 100*time.Millisecond, "100 ms of CPU for the loop", func() error {
 		m, err := ProcessGroups([]int{cmd.Process.Pid})
 		if err != nil {
 			t.Fatal(err)
 		}
-		s = m[cmd.Process.Pid]
-		if s.CPUNanos >= 100e6 || time.Now().After(deadline) {
-			break
+		if s = m[cmd.Process.Pid]; s.CPUNanos < 100e6 {
+			return fmt.Errorf("sample %+v", s)
 		}
-	}
+		return nil
+	})
 	if s.Processes != 1 || s.CPUNanos < 100e6 || s.RSSBytes == 0 {
 		t.Fatalf("sample %+v: want one process with >=100ms CPU and some RSS", s)
 	}

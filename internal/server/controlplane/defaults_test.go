@@ -20,6 +20,7 @@ import (
 	"k8s.io/kubernetes/pkg/controller/serviceaccount"
 
 	"github.com/k3sm-dev/k3sm/internal/pki"
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 func activeNamespace(name string) *corev1.Namespace {
@@ -80,14 +81,16 @@ func TestNamespaceDefaultsAsUpstreamControllersMakeThem(t *testing.T) {
 	}
 	var upstreamCM *corev1.ConfigMap
 	var upstreamSA *corev1.ServiceAccount
-	for upstreamCM == nil || upstreamSA == nil {
-		if ctx.Err() != nil {
-			t.Fatal("the upstream controllers did not sync the witness namespace")
+	// Until the test's context ends, as long as it has.
+	// The fake clientset answers a Get of a missing object with an empty
+	// one and NotFound: the error says whether it is there.
+	poll.Every(t, ctx, 30*time.Second, poll.Interval, "the upstream controllers to sync the witness namespace", func() (err error) {
+		if upstreamCM, err = c.CoreV1().ConfigMaps("witness").Get(ctx, rootcacertpublisher.RootCACertConfigMapName, metav1.GetOptions{}); err != nil {
+			return err
 		}
-		time.Sleep(10 * time.Millisecond)
-		upstreamCM, _ = c.CoreV1().ConfigMaps("witness").Get(ctx, rootcacertpublisher.RootCACertConfigMapName, metav1.GetOptions{})
-		upstreamSA, _ = c.CoreV1().ServiceAccounts("witness").Get(ctx, "default", metav1.GetOptions{})
-	}
+		upstreamSA, err = c.CoreV1().ServiceAccounts("witness").Get(ctx, "default", metav1.GetOptions{})
+		return err
+	})
 	if got := writes(c, "default"); len(got) != 0 {
 		t.Errorf("the upstream controllers rewrote default's objects: %q", got)
 	}
