@@ -12,10 +12,12 @@
 //	                        server.json, components.json (the running server, for `k3sm status`);
 //	                        netns/<uid> the pods' network namespaces (k3sm-netd)
 //	  server/               control plane: db/state.db, tls/, cred/, flexvolume/, kine.sock,
-//	                        snapshots/, audit-policy.yaml, manifests/ (auto-deploy); logs/audit.log
+//	                        snapshots/, audit-policy.yaml, manifests/ (auto-deploy)
+//	                        (the audit log is logs/audit.log)
 //	  agent/                the node: its kubeconfigs, tls/, runtime-events.json, netd-state.json
-//	  pods/<uid>/           a pod (the runtime daemon): pod.json, roots/<container>/,
+//	  pods/<uid>/           a pod (the runtime daemon): pod.json, resolv.conf, roots/<container>/,
 //	                        volumes/<name>/, attempts/<container>/<n>/
+//	  seccomp/              Localhost seccomp profiles
 //	  images/               the image store (the runtime daemon)
 //	    registry/           the node registry's journal of pushed manifests
 //	  storage/              local-path PersistentVolumes

@@ -31,7 +31,7 @@ const (
 	ControllerManager = "kube-controller-manager"
 	// Controllers runs kube-scheduler and kube-controller-manager in one
 	// process (ControllersConfig): each process of the big binary costs
-	// ~17 MiB of package initialisation alone.
+	// ~14 MiB of package initialisation alone (bench/RESULTS.md).
 	Controllers = "kube-controllers"
 	Runtime     = "runtimed"
 	Node        = "node"
@@ -57,7 +57,7 @@ type KineConfig struct {
 // KineConfig file: that process serves kine on the config's socket before
 // the upstream command starts, and stops it after the command returns. One
 // process less than a kine child (each process of the big binary costs
-// ~13 MiB of package initialisation); the Kine role still runs it alone.
+// ~14 MiB of package initialisation); the Kine role still runs it alone.
 const KineFlag = "--k3sm-kine-config="
 
 // SplitKine returns the KineConfig file named by an APIServer command line

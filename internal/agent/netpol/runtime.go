@@ -11,7 +11,7 @@ import (
 )
 
 // RuntimeApplier applies policies through the runtime daemon, which passes
-// them on to k3sm-netd: the node never talks to netd itself.
+// them on to k3sm-netd: policies never go from the node to netd directly.
 type RuntimeApplier struct {
 	Runtime runtimev1.RuntimeClient
 }

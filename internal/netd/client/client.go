@@ -1,4 +1,5 @@
-// Package client calls k3sm-netd for the runtime daemon: one typed method
+// Package client calls k3sm-netd for the runtime daemon and the node's
+// Service proxy: one typed method
 // per verb, a connection per call, errors carrying the server's code. It
 // imports only the standard library and the wire protocol.
 package client

@@ -1,8 +1,9 @@
 // Package controlplane owns the k3sm server's control plane: its
 // configuration and validation, the PKI and kubeconfig layout under the data
-// directory, one supervisor Component per upstream process (kine,
-// kube-apiserver, kube-scheduler, kube-controller-manager), and the
-// fail-closed bootstrap that verifies authorization before anything else runs.
+// directory, the supervisor Components of the upstream processes
+// (kube-apiserver with kine in its process; kube-scheduler and
+// kube-controller-manager in one, kube-controllers), and the fail-closed
+// bootstrap that verifies authorization before anything else runs.
 package controlplane
 
 import (
@@ -151,12 +152,12 @@ func (e *FieldError) Error() string {
 	return msg
 }
 
-// Validate checks everything that can be checked without side effects and
-// fills derived fields (the advertise address when unset).
 // NetdAvailable reports whether pods can get their own network here: a
 // k3sm-netd the server starts (as root) or one run apart (NetdSocket).
 func (c *Config) NetdAvailable(euid int) bool { return euid == 0 || c.NetdSocket != "" }
 
+// Validate checks everything that can be checked without side effects and
+// fills derived fields (the advertise address when unset).
 func (c *Config) Validate() error {
 	var errs []error
 	add := func(flag, value, problem, fix string) {

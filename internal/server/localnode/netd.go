@@ -59,7 +59,8 @@ func startNetd(ctx context.Context, p *controlplane.Plane, sup *supervisor.Super
 	l := p.Layout
 	args, err := roleconfig.Write(l.RoleConfig(roleconfig.Netd), roleconfig.NetdConfig{
 		Socket: l.NetdSocket(), StateFile: l.NetdStateFile(), NetNSDir: l.NetNSDir(),
-		// The runtime daemon is the only client: it runs as this user.
+		// Its clients, the runtime daemon and the node's Service proxy,
+		// run as this user.
 		AllowedUID: os.Geteuid(),
 	})
 	if err != nil {
