@@ -13,6 +13,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"github.com/k3sm-dev/k3sm/internal/backoff"
 	"github.com/k3sm-dev/k3sm/internal/tartree"
 )
 
@@ -92,9 +93,12 @@ func DebCacheDir() (string, error) {
 }
 
 // debianPackages returns the .deb files of pkgs (the host's architecture),
-// downloading with apt-get those not in DebCacheDir yet. A download that
-// fails is tried once more after apt-get update (as root), for a machine
-// whose package lists are missing or out of date.
+// downloading with apt-get those not in DebCacheDir yet. A failed download
+// is tried again with a back-off (a mirror's hiccup must not fail a test
+// run), the first time after apt-get update when root, for a machine whose
+// package lists are missing or out of date. Each attempt downloads into its
+// own directory and renames the files into the cache, so concurrent test
+// processes never see a half-written .deb.
 func debianPackages(pkgs []string) ([]string, error) {
 	dir, err := DebCacheDir()
 	if err != nil {
@@ -114,34 +118,53 @@ func debianPackages(pkgs []string) ([]string, error) {
 		}
 		return found, missing
 	}
-	found, missing := find()
-	if len(missing) == 0 {
-		return found, nil
-	}
-	download := func() error {
+	download := func(missing []string) error {
+		tmp, err := os.MkdirTemp(dir, ".download-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
 		cmd := exec.Command("apt-get", append([]string{"download", "-q"}, missing...)...)
-		cmd.Dir = dir
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("apt-get download %s (in %s): %v: %s", strings.Join(missing, " "), dir, err, out)
+		cmd.Dir = tmp
+		out, err := cmd.CombinedOutput()
+		// Keep what did arrive: the next attempt fetches only the rest.
+		debs, _ := filepath.Glob(filepath.Join(tmp, "*.deb"))
+		for _, d := range debs {
+			if rerr := os.Rename(d, filepath.Join(dir, filepath.Base(d))); rerr != nil && err == nil {
+				err = rerr
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("apt-get download %s (into %s): %v:\n%s", strings.Join(missing, " "), dir, err, out)
 		}
 		return nil
 	}
-	if err := download(); err != nil {
-		if os.Geteuid() != 0 {
-			return nil, fmt.Errorf("%w; run apt-get update and try again", err)
+	const attempts = 4
+	b := backoff.Backoff{Initial: 2 * time.Second, Max: 10 * time.Second}
+	var lastErr error
+	for i := range attempts {
+		found, missing := find()
+		if len(missing) == 0 {
+			return found, nil
 		}
-		if out, uerr := exec.Command("apt-get", "update", "-qq").CombinedOutput(); uerr != nil {
-			return nil, fmt.Errorf("%w; apt-get update: %v: %s", err, uerr, out)
+		if i > 0 {
+			time.Sleep(b.Next())
 		}
-		if err := download(); err != nil {
-			return nil, err
+		if i == 1 && os.Geteuid() == 0 {
+			if out, uerr := exec.Command("apt-get", "update", "-qq").CombinedOutput(); uerr != nil {
+				lastErr = fmt.Errorf("%w; apt-get update: %v: %s", lastErr, uerr, out)
+				continue
+			}
 		}
+		lastErr = download(missing)
 	}
-	found, missing = find()
-	if len(missing) != 0 {
-		return nil, fmt.Errorf("apt-get download left no .deb of %s in %s", strings.Join(missing, " "), dir)
+	if found, missing := find(); len(missing) == 0 {
+		return found, nil
 	}
-	return found, nil
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("%d attempts failed, the last: %w; run apt-get update and try again", attempts, lastErr)
+	}
+	return nil, fmt.Errorf("%d attempts failed, the last: %w", attempts, lastErr)
 }
 
 // tarTree packs the tree at root, symlinks as symlinks, as an uncompressed
