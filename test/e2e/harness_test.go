@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/k3sm-dev/k3sm/internal/runtime/imagetest"
 	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
@@ -42,6 +43,11 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	if os.Geteuid() == 0 && os.Getenv(inNetNSEnv) == "" {
+		// The tests run where only lo exists: what they take from Debian's
+		// mirror is fetched first, from here.
+		if err := imagetest.FetchNginxPackages(); err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: Debian's nginx packages (the nginx specs will fail): %v\n", err)
+		}
 		os.Exit(reexecInNetNS())
 	}
 	os.Exit(m.Run())

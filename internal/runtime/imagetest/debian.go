@@ -79,6 +79,14 @@ func NginxImage() (v1.Image, error) {
 	})
 }
 
+// FetchNginxPackages downloads what NginxImage is made of into
+// DebCacheDir, for a test process about to enter a network namespace
+// without a route to Debian's mirror (test/e2e's TestMain).
+func FetchNginxPackages() error {
+	_, err := debianPackages(nginxPackages)
+	return err
+}
+
 // DebCacheDir is where Debian packages for test images are kept between
 // runs: $K3SM_TEST_DEB_CACHE, or k3sm-test/debs in the user's cache dir.
 func DebCacheDir() (string, error) {
