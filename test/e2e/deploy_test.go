@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -490,6 +491,23 @@ func chartStatus(t *testing.T, dyn dynamic.Interface, name string, revision int6
 			return fmt.Errorf("status %v, want revision %d and Ready", hc.Object["status"], revision)
 		}
 		return nil
+	}
+}
+
+// chartStatusLatest wants the chart Ready at its current generation, at
+// one of the revisions.
+func chartStatusLatest(t *testing.T, dyn dynamic.Interface, name string, revisions ...int64) func() error {
+	return func() error {
+		hc, err := dyn.Resource(helmChartGVR).Namespace("kube-system").Get(ctx(t), name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		observed, _, _ := unstructured.NestedInt64(hc.Object, "status", "observedGeneration")
+		rev, _, _ := unstructured.NestedInt64(hc.Object, "status", "revision")
+		if observed != hc.GetGeneration() || !slices.Contains(revisions, rev) {
+			return fmt.Errorf("generation %d, status %v: want it observed at a revision of %v", hc.GetGeneration(), hc.Object["status"], revisions)
+		}
+		return chartStatus(t, dyn, name, rev)()
 	}
 }
 
