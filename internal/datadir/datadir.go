@@ -74,6 +74,10 @@ func (l Layout) ServiceAccountKey() string { return filepath.Join(l.TLSDir(), "s
 func (l Layout) KineSocketName() string { return "kine.sock" }
 func (l Layout) KineSocket() string     { return filepath.Join(l.ServerDir(), l.KineSocketName()) }
 
+// DatastoreFile records which datastore holds the cluster (package
+// datastore): the embedded SQLite DBFile or an external database.
+func (l Layout) DatastoreFile() string { return filepath.Join(l.ServerDir(), "datastore.json") }
+
 // Agent side: the node of this machine.
 func (l Layout) AgentDir() string       { return filepath.Join(l.Root, "agent") }
 func (l Layout) AgentTLSDir() string    { return filepath.Join(l.AgentDir(), "tls") }

@@ -8,7 +8,7 @@ func TestLayoutIsStable(t *testing.T) {
 	l := New("/d")
 	for got, want := range map[string]string{
 		l.LockFile(): "/d/k3sm.lock", l.RegistriesFile(): "/d/registries.yaml", l.AdminKubeconfig(): "/d/admin.kubeconfig", l.ServerLog(): "/d/logs/k3sm.log",
-		l.RoleConfig("node"): "/d/run/node.json", l.DBFile(): "/d/server/db/state.db", l.TLS("x"): "/d/server/tls/x",
+		l.RoleConfig("node"): "/d/run/node.json", l.DBFile(): "/d/server/db/state.db", l.DatastoreFile(): "/d/server/datastore.json", l.TLS("x"): "/d/server/tls/x",
 		l.Cred("admin"): "/d/server/cred/admin.kubeconfig", l.FlexVolumeDir(): "/d/server/flexvolume",
 		l.ServiceAccountKey(): "/d/server/tls/service-account.key", l.KineSocket(): "/d/server/kine.sock",
 		l.NodeKubeconfig(): "/d/agent/node.kubeconfig", l.KubeletServingCert(): "/d/agent/tls/serving-kubelet.crt",

@@ -21,6 +21,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/kubeconfig"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/server/datastore"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	"github.com/k3sm-dev/k3sm/internal/version"
 	"github.com/spf13/cobra"
@@ -80,6 +81,7 @@ func newServer(up Upstream, addons Addons) *cobra.Command {
 		Short: "Run the control plane and this machine's node",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			datastoreFromEnv(&cfg)
 			exe, err := os.Executable()
 			if err != nil {
 				return err
@@ -108,6 +110,19 @@ func newServer(up Upstream, addons Addons) *cobra.Command {
 	return cmd
 }
 
+// DatastoreEndpointEnv sets --datastore-endpoint, as K3S_DATASTORE_ENDPOINT
+// does k3s's: the way to keep its password off the command line, and how
+// `k3sm install` passes it to the service.
+const DatastoreEndpointEnv = "K3SM_DATASTORE_ENDPOINT"
+
+// datastoreFromEnv fills --datastore-endpoint from the environment when
+// the flag is not given (never as the flag's default: --help would show it).
+func datastoreFromEnv(cfg *controlplane.Config) {
+	if cfg.Datastore.Endpoint == "" {
+		cfg.Datastore.Endpoint = os.Getenv(DatastoreEndpointEnv)
+	}
+}
+
 // serverFlags are the flags of `k3sm server`; `k3sm install` takes them too
 // and persists the ones given in the service.
 func serverFlags(f *pflag.FlagSet, cfg *controlplane.Config, dc *deployConfig) {
@@ -133,6 +148,10 @@ func serverFlags(f *pflag.FlagSet, cfg *controlplane.Config, dc *deployConfig) {
 		"taint this node k3sm.io/provider=native:NoSchedule, so only pods that tolerate it run here (on by default on nodes other than Linux)")
 	f.BoolVar(&cfg.CgroupFavorDynMods, "cgroup-favordynmods", cfg.CgroupFavorDynMods,
 		"Linux, runtime as root: set the host's cgroup2 favordynmods option (kernel 6.1+), so that placing a container's first process in its cgroups skips an RCU grace period (6-12 ms); false leaves the host's setting")
+	f.StringVar(&cfg.Datastore.Endpoint, datastore.FlagEndpoint, "", "($"+DatastoreEndpointEnv+") an existing database to keep the cluster in instead of the embedded SQLite: postgres://USER:PASSWORD@HOST:5432/DB, mysql://USER:PASSWORD@tcp(HOST:3306)/DB, or etcd's https://HOST:2379 (several comma-separated)")
+	f.StringVar(&cfg.Datastore.CAFile, datastore.FlagCAFile, "", "CA certificate that signs the datastore's server certificate")
+	f.StringVar(&cfg.Datastore.CertFile, datastore.FlagCertFile, "", "client certificate for the datastore")
+	f.StringVar(&cfg.Datastore.KeyFile, datastore.FlagKeyFile, "", "key of --datastore-certfile")
 	f.StringVar(&cfg.RegistriesConfig, "registries-config", "", "registries.yaml with mirrors, plain-HTTP endpoints and auth (default <data-dir>/registries.yaml)")
 	if cfg.ExtraArgs == nil {
 		cfg.ExtraArgs = map[string][]string{}

@@ -49,8 +49,13 @@ type KineConfig struct {
 	// Listen is where kine serves the etcd API (unix://kine.sock, relative
 	// to the working directory to keep the socket path short).
 	Listen string `json:"listen"`
-	// Endpoint is the datastore (sqlite://path?params).
+	// Endpoint is the datastore: sqlite://path?params, or an external
+	// postgres:// or mysql:// database (--datastore-endpoint).
 	Endpoint string `json:"endpoint"`
+	// CAFile, CertFile, KeyFile: TLS to an external database.
+	CAFile   string `json:"caFile,omitempty"`
+	CertFile string `json:"certFile,omitempty"`
+	KeyFile  string `json:"keyFile,omitempty"`
 }
 
 // KineFlag, as the first argument of the APIServer role, names a

@@ -13,8 +13,11 @@ import (
 	"time"
 
 	"github.com/k3s-io/kine/pkg/drivers"
+	"github.com/k3s-io/kine/pkg/drivers/mysql"
+	"github.com/k3s-io/kine/pkg/drivers/pgsql"
 	"github.com/k3s-io/kine/pkg/drivers/sqlite"
 	"github.com/k3s-io/kine/pkg/server"
+	kinetls "github.com/k3s-io/kine/pkg/tls"
 	"github.com/k3s-io/kine/pkg/util"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
@@ -25,10 +28,11 @@ import (
 	apiserverapp "k8s.io/kubernetes/cmd/kube-apiserver/app"
 )
 
-// runKine serves kine's etcd API on a unix socket from the SQLite driver
-// alone. kine's endpoint package would do the same but links every driver
-// (MySQL, Postgres, NATS with an embedded server, ...): 24 MB more binary,
-// whose package initialisation every k3sm process pays for in memory.
+// runKine serves kine's etcd API on a unix socket from the SQLite,
+// PostgreSQL or MySQL driver (--datastore-endpoint). kine's endpoint
+// package would do the same but links every driver (NATS with an embedded
+// server, t4 with S3, ...): 24 MB more binary, whose package initialisation
+// every k3sm process pays for in memory.
 func runKine(args []string) int {
 	supervisor.RunAsChild()
 	var kc roleconfig.KineConfig
@@ -121,8 +125,16 @@ func serveKine(ctx context.Context, wg *sync.WaitGroup, kc roleconfig.KineConfig
 // accepts connections, and giving in-flight calls grace to finish at stop.
 func serveKineReady(ctx context.Context, wg *sync.WaitGroup, kc roleconfig.KineConfig, ready chan<- struct{}, grace time.Duration) error {
 	scheme, dsn := util.SchemeAndAddress(kc.Endpoint)
-	if scheme != "sqlite" {
-		return fmt.Errorf("endpoint %q: k3sm's kine serves sqlite:// only", kc.Endpoint)
+	var newBackend drivers.Constructor
+	switch scheme {
+	case "sqlite":
+		newBackend = sqlite.New
+	case "postgres", "postgresql":
+		newBackend = pgsql.New
+	case "mysql":
+		newBackend = mysql.New
+	default:
+		return fmt.Errorf("endpoint scheme %q: k3sm's kine serves sqlite://, postgres:// and mysql://", scheme)
 	}
 	lscheme, sock := util.SchemeAndAddress(kc.Listen)
 	if lscheme != "unix" {
@@ -132,14 +144,15 @@ func serveKineReady(ctx context.Context, wg *sync.WaitGroup, kc roleconfig.KineC
 		Endpoint: kc.Endpoint, Scheme: scheme, DataSourceName: dsn,
 		CompactTimeout: 5 * time.Second, CompactMinRetain: 1000, CompactBatchSize: 1000,
 		PollBatchSize: 500, PollInterval: time.Second,
+		BackendTLSConfig: kinetls.Config{CAFile: kc.CAFile, CertFile: kc.CertFile, KeyFile: kc.KeyFile},
 	}
 	cfg.ConnectionPoolConfig.MaxIdle = 20
 	cfg.ConnectionPoolConfig.MaxIdleTime = 2 * time.Minute
 	bctx, bcancel := context.WithCancel(context.Background())
-	_, backend, err := sqlite.New(bctx, wg, cfg)
+	_, backend, err := newBackend(bctx, wg, cfg)
 	if err != nil {
 		bcancel()
-		return fmt.Errorf("sqlite backend: %w", err)
+		return fmt.Errorf("%s backend: %w", scheme, err)
 	}
 	if err := backend.Start(bctx); err != nil {
 		bcancel()

@@ -17,6 +17,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/pki"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
+	"github.com/k3sm-dev/k3sm/internal/server/datastore"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 )
 
@@ -65,9 +66,17 @@ func NewPlane(cfg *Config) (*Plane, error) {
 // (roleconfig.KineFlag); Controllers follows it in start order.
 func (p *Plane) APIServer() (supervisor.Component, error) {
 	l := p.Layout
+	ds := p.Cfg.Datastore
+	if ds.Kind() == datastore.Etcd {
+		// The apiserver speaks to etcd itself: no kine.
+		return apiserver{p, ""}, nil
+	}
+	kc := roleconfig.KineConfig{Listen: "unix://" + l.KineSocketName(), Endpoint: "sqlite://" + l.DBFile() + "?" + KineSQLiteParams}
+	if ds.External() {
+		kc.Endpoint, kc.CAFile, kc.CertFile, kc.KeyFile = ds.Endpoint, ds.CAFile, ds.CertFile, ds.KeyFile
+	}
 	path := l.RoleConfig(roleconfig.Kine)
-	if _, err := roleconfig.Write(path, roleconfig.KineConfig{
-		Listen: "unix://" + l.KineSocketName(), Endpoint: "sqlite://" + l.DBFile() + "?" + KineSQLiteParams}); err != nil {
+	if _, err := roleconfig.Write(path, kc); err != nil {
 		return nil, err
 	}
 	return apiserver{p, path}, nil
@@ -90,7 +99,7 @@ func (p *Plane) Controllers() (supervisor.Component, error) {
 }
 
 // apiserver is the kube-apiserver's process, which serves kine (the
-// config at kineConfig) first.
+// config at kineConfig) first; with an external etcd there is no kine.
 type apiserver struct {
 	p          *Plane
 	kineConfig string
@@ -106,7 +115,6 @@ func (a apiserver) Args() []string {
 		"--advertise-address=" + cfg.AdvertiseAddress,
 		"--bind-address=" + cfg.BindAddress,
 		fmt.Sprintf("--secure-port=%d", cfg.HTTPSPort),
-		"--etcd-servers=unix://" + a.p.Layout.KineSocketName(),
 		"--storage-backend=etcd3",
 		"--allow-privileged=true",
 		"--authorization-mode=Node,RBAC",
@@ -134,6 +142,16 @@ func (a apiserver) Args() []string {
 		"--service-account-signing-key-file=" + c.ServiceAccountKey,
 		"--service-cluster-ip-range=" + cfg.ServiceCIDR,
 	}
+	if ds := cfg.Datastore; ds.Kind() == datastore.Etcd {
+		args = append(args, "--etcd-servers="+strings.Join(ds.EtcdEndpoints(), ","))
+		for _, f := range [][2]string{{"--etcd-cafile=", ds.CAFile}, {"--etcd-certfile=", ds.CertFile}, {"--etcd-keyfile=", ds.KeyFile}} {
+			if f[1] != "" {
+				args = append(args, f[0]+f[1])
+			}
+		}
+	} else {
+		args = append(args, "--etcd-servers=unix://"+a.p.Layout.KineSocketName())
+	}
 	if ops := cfg.Ops; ops.EncryptionProviderConfig != "" {
 		args = append(args, "--encryption-provider-config="+ops.EncryptionProviderConfig,
 			"--encryption-provider-config-automatic-reload=true")
@@ -151,7 +169,11 @@ func (a apiserver) Args() []string {
 }
 
 func (a apiserver) Command() supervisor.Command {
-	args := append([]string{roleconfig.APIServer, roleconfig.KineFlag + a.kineConfig}, a.Args()...)
+	args := []string{roleconfig.APIServer}
+	if a.kineConfig != "" {
+		args = append(args, roleconfig.KineFlag+a.kineConfig)
+	}
+	args = append(args, a.Args()...)
 	return supervisor.Command{Path: a.p.Cfg.Executable, Args: args, Dir: a.p.Layout.ServerDir(), Settle: true}
 }
 

@@ -19,8 +19,8 @@ import (
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/datadir"
-
 	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
+	"github.com/k3sm-dev/k3sm/internal/server/datastore"
 	"github.com/spf13/pflag"
 )
 
@@ -69,6 +69,9 @@ type Config struct {
 	// NodeInstant makes the node mark pods Running without starting them:
 	// the floor of the pod-start benchmark, never for real use.
 	NodeInstant bool
+	// Datastore is --datastore-endpoint and its TLS files: empty for the
+	// embedded SQLite file, else an external PostgreSQL, MySQL or etcd.
+	Datastore datastore.Config
 	// Disk: container log rotation, image GC, DiskPressure.
 	Disk diskpolicy.Config
 	// Ops: snapshots, secrets encryption, the audit log (docs/operations.md).
@@ -254,6 +257,13 @@ func (c *Config) Validate() error {
 	}
 	if c.NodeName == "" || len(c.NodeName) > 253 || strings.Trim(strings.ToLower(c.NodeName), "abcdefghijklmnopqrstuvwxyz0123456789.-") != "" {
 		add("node-name", c.NodeName, "not a valid Kubernetes node name", "use lower-case letters, digits, '-' and '.'")
+	}
+	for _, e := range c.Datastore.Validate() {
+		add(e.Flag, e.Value, e.Problem, e.Fix)
+	}
+	if c.Datastore.External() && c.Ops.SnapshotSchedule > 0 {
+		add("snapshot-schedule", c.Ops.SnapshotSchedule.String(), "k3sm snapshots copy the embedded SQLite datastore, and this cluster lives in --datastore-endpoint",
+			"leave it at 0 and back the database up with "+c.Datastore.Kind().BackupTool())
 	}
 	c.validateExtraArgs(add)
 	c.validateProcessFlags(add)

@@ -30,13 +30,16 @@ type RunInfo struct {
 	ServiceProxy string `json:"serviceProxy,omitempty"`
 	// NetdSocket is the k3sm-netd run apart (--netd-socket), if any.
 	NetdSocket string `json:"netdSocket,omitempty"`
+	// Datastore is the datastore's endpoint without its password.
+	Datastore string `json:"datastore,omitempty"`
 }
 
 func (c *Config) runInfo(started time.Time) RunInfo {
 	return RunInfo{Pid: os.Getpid(), Started: started.UTC(), Version: version.Version, APIURL: c.LocalAPIURL(),
 		SchedulerPort: c.SchedulerPort, ControllerManagerPort: c.ControllerManagerPort, KubeletPort: c.KubeletPort,
 		NodeName: c.NodeName, ServiceCIDR: c.ServiceCIDR, ClusterDNS: c.ClusterDNS, ClusterDomain: c.ClusterDomain,
-		ServiceProxy: ServiceProxyMode(c.ServiceProxy, goruntime.GOOS, c.NetdAvailable(os.Geteuid()), c.PodNetwork), NetdSocket: c.NetdSocket}
+		ServiceProxy: ServiceProxyMode(c.ServiceProxy, goruntime.GOOS, c.NetdAvailable(os.Geteuid()), c.PodNetwork), NetdSocket: c.NetdSocket,
+		Datastore: c.Datastore.Redacted()}
 }
 
 func writeRunInfo(l datadir.Layout, ri RunInfo) error {

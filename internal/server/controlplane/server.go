@@ -9,6 +9,8 @@ import (
 
 	"k8s.io/client-go/rest"
 
+	"github.com/k3sm-dev/k3sm/internal/datadir"
+	"github.com/k3sm-dev/k3sm/internal/server/datastore"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -59,6 +61,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 		return err
 	}
 	defer release()
+	if err := checkDatastore(ctx, &cfg, log); err != nil {
+		return err
+	}
 	p, err := NewPlane(&cfg)
 	if err != nil {
 		return err
@@ -107,6 +112,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 		return err
 	}
 	log.Info("apiserver ready", "after", time.Since(start).Round(time.Millisecond).String())
+	if err := datastore.Write(p.Layout, cfg.Datastore); err != nil {
+		return fmt.Errorf("recording the datastore: %w", err)
+	}
 
 	// The scheduler and controller-manager (one process) start while
 	// authorization is verified: they serve no users, and if verification
@@ -181,6 +189,48 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 	supervisor.SettleSelf()
 	<-ctx.Done()
 	log.Info("stopping", "reason", context.Cause(ctx).Error())
+	return nil
+}
+
+// datastoreWait is how long the server waits at start for an external
+// database that does not answer yet (one started at the same boot).
+var datastoreWait = 10 * time.Second
+
+// checkDatastore refuses a datastore other than the one that holds the
+// data directory's cluster, and one that does not answer, before
+// anything is started.
+func checkDatastore(ctx context.Context, cfg *Config, log *slog.Logger) error {
+	ds := cfg.Datastore
+	if err := datastore.Match(datadir.New(cfg.DataDir), ds); err != nil {
+		return err
+	}
+	if !ds.External() {
+		return nil
+	}
+	log.Info("datastore", "kind", string(ds.Kind()), "endpoint", ds.Redacted())
+	if err := ds.WaitAnswer(ctx, datastoreWait, func(err error) {
+		log.Warn("the datastore does not answer yet; retrying", "endpoint", ds.Redacted(), "err", err)
+	}); err != nil {
+		return err
+	}
+	// A new data dir on a database that already holds a cluster would
+	// serve it with new certificates: the other server's nodes and
+	// credentials would stop working.
+	if _, recorded, _ := datastore.Recorded(datadir.New(cfg.DataDir)); recorded {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	holds, err := ds.HoldsCluster(cctx)
+	if err != nil {
+		return &datastore.FieldError{Flag: datastore.FlagEndpoint, Value: ds.Redacted(), Problem: "cannot tell whether the database already holds a cluster: " + err.Error(),
+			Fix: "check that the user may read the database; nothing was started"}
+	}
+	if holds {
+		return &datastore.FieldError{Flag: datastore.FlagEndpoint, Value: ds.Redacted(),
+			Problem: "the database already holds a cluster, made by the server of another --data-dir",
+			Fix:     "start with that server's --data-dir, or name an empty database (several servers on one database are not supported yet); nothing was started"}
+	}
 	return nil
 }
 
