@@ -2,6 +2,8 @@ package k3smcmd
 
 import (
 	"fmt"
+	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -9,6 +11,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/server/doctor"
 	"github.com/k3sm-dev/k3sm/internal/server/status"
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/grpclog"
 )
 
 // exitCode ends the process with code after the command printed its
@@ -30,6 +33,7 @@ func newStatus() *cobra.Command {
 			"5 not installed (no cluster at the data dir and no k3sm service).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			quietGRPC()
 			if err := checkOutput(output); err != nil {
 				return err
 			}
@@ -87,11 +91,12 @@ func newDoctor() *cobra.Command {
 		Long: "Checks privileges (and what they mean for the pod network), user namespaces, overlayfs, the Landlock\n" +
 			"ABI, which pod limits the runtime's cgroups enforce (the running runtime's report), nftables, the ports\n" +
 			"k3sm listens on, the data dir (writable, free space against the node's eviction thresholds), the\n" +
-			"clock and the cluster's certificates. On macOS:\n" +
+			"clock, the cluster's certificates and whether its datastore answers. On macOS:\n" +
 			"privileges, APFS under the data dir, ports, the data dir, the clock and the certificates.\n" +
 			"Exit status 1 when a check FAILs.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			quietGRPC()
 			if jsonOut {
 				output = "json"
 			}
@@ -125,4 +130,23 @@ func newDoctor() *cobra.Command {
 	outputFlag(cmd, &output)
 	cmd.Flags().BoolVar(&jsonOut, "json", false, "same as -o json")
 	return cmd
+}
+
+// quietGRPC keeps gRPC's own retry warnings (an etcd datastore that does
+// not answer) off the terminal of status and doctor: their report already
+// says it, and the lines would break -o json read from both outputs.
+func quietGRPC() {
+	grpclog.SetLoggerV2(quietLogger{grpclog.NewLoggerV2(io.Discard, io.Discard, io.Discard)})
+}
+
+// quietLogger also replaces the depth logger, which gRPC's own components
+// log through (the apiserver's storage package installs klog's at init).
+type quietLogger struct{ grpclog.LoggerV2 }
+
+func (quietLogger) InfoDepth(int, ...any)    {}
+func (quietLogger) WarningDepth(int, ...any) {}
+func (quietLogger) ErrorDepth(int, ...any)   {}
+func (quietLogger) FatalDepth(_ int, args ...any) {
+	fmt.Fprintln(os.Stderr, args...)
+	os.Exit(1)
 }

@@ -7,6 +7,7 @@
 package doctor
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
 	"github.com/k3sm-dev/k3sm/internal/server/certs"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/server/datastore"
 )
 
 // Verdicts.
@@ -95,6 +97,7 @@ func Run(o Options) *Report {
 	r.Checks = append(r.Checks, dataDir(o.DataDir, lockErr))
 	r.Checks = append(r.Checks, clock(o.Now))
 	r.Checks = append(r.Checks, certificates(o.DataDir, o.Now))
+	r.Checks = append(r.Checks, datastoreCheck(o.DataDir))
 	r.Result = Pass
 	for _, c := range r.Checks {
 		if c.Status == Fail {
@@ -188,4 +191,16 @@ func certificates(dir string, now time.Time) Check {
 	}
 	list, err := certs.Check(dir, now)
 	return certVerdict(list, err, now)
+}
+
+// datastoreCheck: the database the cluster lives in answers.
+func datastoreCheck(dir string) Check {
+	l := datadir.New(dir)
+	rec, ok, err := datastore.Recorded(l)
+	if err != nil || !ok {
+		return datastoreVerdict(l, rec, ok, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return datastoreVerdict(l, rec, true, rec.Answer(ctx, l))
 }

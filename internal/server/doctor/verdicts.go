@@ -9,10 +9,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
 	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
 	"github.com/k3sm-dev/k3sm/internal/runtime/limits"
 	"github.com/k3sm-dev/k3sm/internal/server/certs"
+	"github.com/k3sm-dev/k3sm/internal/server/datastore"
 	"github.com/k3sm-dev/k3sm/internal/syserr"
 	"github.com/k3sm-dev/k3sm/internal/units"
 )
@@ -368,6 +370,29 @@ func apfsVerdict(dir, fstype string, err error) Check {
 	default:
 		c.Status, c.Detail = Warn, dir+" is on "+fstype+", not APFS: pod roots are copied file by file (slower pod starts, more disk)"
 		c.Fix = "pass --data-dir on an APFS volume"
+	}
+	return c
+}
+
+// datastoreVerdict: rec is the data dir's datastore record (recorded: it
+// exists); err is reading it, or the database's answer.
+func datastoreVerdict(l datadir.Layout, rec datastore.Record, recorded bool, err error) Check {
+	c := Check{Name: "datastore"}
+	switch {
+	case !recorded && err == nil:
+		c.Status, c.Detail = Pass, "no cluster at "+l.Root+" yet: the first `k3sm server` makes it in the embedded SQLite, or in --datastore-endpoint"
+	case !recorded:
+		c.Status, c.Detail, c.Fix = Fail, err.Error(), "restore "+l.DatastoreFile()+" from a backup: it says which database holds the cluster"
+	case rec.Kind == datastore.SQLite && err != nil:
+		c.Status, c.Detail = Fail, "embedded SQLite "+l.DBFile()+": "+err.Error()
+		c.Fix = "restore it with `k3sm snapshot restore`, or start a new cluster with a new --data-dir"
+	case rec.Kind == datastore.SQLite:
+		c.Status, c.Detail = Pass, "embedded SQLite "+l.DBFile()
+	case err != nil:
+		c.Status, c.Detail = Fail, rec.Endpoint+" does not answer: "+err.Error()
+		c.Fix = "start the database, or fix the host, port, user, password or TLS files of --datastore-endpoint (and --datastore-cafile/certfile/keyfile)"
+	default:
+		c.Status, c.Detail = Pass, rec.Endpoint+" answers"
 	}
 	return c
 }

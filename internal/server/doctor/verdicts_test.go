@@ -10,11 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
 	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
 	"github.com/k3sm-dev/k3sm/internal/runtime/limits"
 	"github.com/k3sm-dev/k3sm/internal/runtime/sandbox"
 	"github.com/k3sm-dev/k3sm/internal/server/certs"
+	"github.com/k3sm-dev/k3sm/internal/server/datastore"
 )
 
 func want(t *testing.T, c Check, status, detail string) {
@@ -217,5 +219,21 @@ func TestPodIDsVerdict(t *testing.T) {
 	want(t, c, Warn, "has no subordinate range")
 	if c.Fix != "give k3sm a subordinate range" || strings.Contains(c.Detail, "to fix") {
 		t.Errorf("fix %q, detail %q", c.Fix, c.Detail)
+	}
+}
+
+func TestDatastoreVerdict(t *testing.T) {
+	l := datadir.New("/d")
+	want(t, datastoreVerdict(l, datastore.Record{}, false, nil), Pass, "no cluster at /d yet")
+	want(t, datastoreVerdict(l, datastore.Record{}, false, errors.New("bad json")), Fail, "bad json")
+	sqlite := datastore.Record{Kind: datastore.SQLite}
+	want(t, datastoreVerdict(l, sqlite, true, nil), Pass, "embedded SQLite /d/server/db/state.db")
+	want(t, datastoreVerdict(l, sqlite, true, os.ErrNotExist), Fail, "file does not exist")
+	pg := datastore.Record{Kind: datastore.Postgres, Endpoint: "postgres://k3s:xxxxx@127.0.0.1:5432/k"}
+	want(t, datastoreVerdict(l, pg, true, nil), Pass, "postgres://k3s:xxxxx@127.0.0.1:5432/k answers")
+	c := datastoreVerdict(l, pg, true, errors.New("connection refused"))
+	want(t, c, Fail, "does not answer: connection refused")
+	if !strings.Contains(c.Fix, "--datastore-endpoint") {
+		t.Errorf("fix %q does not name the flag", c.Fix)
 	}
 }

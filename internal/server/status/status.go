@@ -24,6 +24,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	"github.com/k3sm-dev/k3sm/internal/runtime/limits"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/server/datastore"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	"github.com/k3sm-dev/k3sm/internal/syserr"
 	corev1 "k8s.io/api/core/v1"
@@ -177,11 +178,18 @@ func (r *Report) checkRunning(ctx context.Context, l datadir.Layout, pid int, ti
 		children[c.Name] = c
 	}
 	p := prober{l: l, ri: ri, timeout: timeout}
+	// Which datastore the cluster lives in (written once the apiserver
+	// first served from it).
+	rec, recorded, _ := datastore.Recorded(l)
+	kineDetail := "datastore " + l.DBFile()
+	if recorded && rec.Kind != datastore.SQLite {
+		kineDetail = "datastore " + rec.Endpoint
+	}
 	probes := []struct {
 		name  string
 		probe func(context.Context) (string, error)
 	}{
-		{roleconfig.Kine, p.unix(l.KineSocket(), "datastore "+l.DBFile())},
+		{roleconfig.Kine, p.unix(l.KineSocket(), kineDetail)},
 		{roleconfig.APIServer, p.apiserver},
 		{roleconfig.Scheduler, p.healthz(ri.SchedulerPort)},
 		{roleconfig.ControllerManager, p.healthz(ri.ControllerManagerPort)},
@@ -203,6 +211,8 @@ func (r *Report) checkRunning(ctx context.Context, l datadir.Layout, pid int, ti
 		}
 		ch, ok := children[child]
 		switch {
+		case pr.name == roleconfig.Kine && recorded && rec.Kind == datastore.Etcd:
+			c.Health, c.Detail = Off, "the apiserver speaks to etcd at "+rec.Endpoint+" directly"
 		case pr.name == roleconfig.Netd && ri.NetdSocket != "":
 			// Run apart (as root): not the server's child.
 			pctx, cancel := context.WithTimeout(ctx, timeout)
@@ -241,6 +251,9 @@ func (r *Report) checkRunning(ctx context.Context, l datadir.Layout, pid int, ti
 			}
 		}
 		r.Components = append(r.Components, c)
+	}
+	if recorded {
+		r.Components = append(r.Components, datastoreComponent(ctx, l, rec, timeout))
 	}
 	// The Service proxy and the cluster DNS run inside the node process,
 	// and only with a pod network (netd).
@@ -288,6 +301,28 @@ func (r *Report) checkRunning(ctx context.Context, l datadir.Layout, pid int, ti
 		r.State = Degraded
 		r.Hint = strings.Join(hints, "; ")
 	}
+}
+
+// datastoreComponent says whether the database holding the cluster
+// answers: an external one that does not leaves the apiserver unable to
+// read or write anything, whatever its own health says.
+func datastoreComponent(ctx context.Context, l datadir.Layout, rec datastore.Record, timeout time.Duration) Component {
+	c := Component{Name: "datastore"}
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	err := rec.Answer(pctx, l)
+	cancel()
+	what := rec.Endpoint
+	if rec.Kind == datastore.SQLite {
+		what = "embedded SQLite " + l.DBFile()
+	}
+	if err != nil {
+		c.Health, c.Detail = Unhealthy, what+" does not answer: "+err.Error()+"; the apiserver can neither read nor write the cluster until it does"
+	} else if rec.Kind == datastore.SQLite {
+		c.Health, c.Detail = OK, what
+	} else {
+		c.Health, c.Detail = OK, what+" answers"
+	}
+	return c
 }
 
 func join(a, b string) string {
