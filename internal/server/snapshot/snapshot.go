@@ -37,6 +37,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/atomicfile"
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/server/datastore"
 	"github.com/k3sm-dev/k3sm/internal/server/kinedb"
 	"github.com/k3sm-dev/k3sm/internal/version"
 )
@@ -90,10 +91,20 @@ func ValidPrefix(p string) error {
 // ErrNoCluster is returned when a data dir holds no cluster.
 var ErrNoCluster = errors.New("no k3sm cluster")
 
+// ErrExternalDatastore is returned for a cluster whose datastore is an
+// external database: its own tools back it up.
+var ErrExternalDatastore = errors.New("k3sm snapshots and datastore reads work on the embedded SQLite datastore only")
+
 // CheckCluster returns an error naming what is missing when dataDir holds
 // no cluster (no datastore).
 func CheckCluster(dataDir string) error {
 	l := datadir.New(dataDir)
+	if rec, ok, err := datastore.Recorded(l); err != nil {
+		return err
+	} else if ok && rec.Kind != datastore.SQLite {
+		return fmt.Errorf("%w: the cluster of %s lives in %s (--datastore-endpoint), not in a SQLite file k3sm copies or reads: back it up with %s",
+			ErrExternalDatastore, dataDir, rec.Endpoint, rec.Kind.BackupTool())
+	}
 	if _, err := os.Stat(l.DBFile()); err != nil {
 		return fmt.Errorf("%w at %s (no %s): start `k3sm server --data-dir %s` first, or pass the data dir of an existing cluster with --data-dir or $K3SM_DATA_DIR",
 			ErrNoCluster, dataDir, l.DBFile(), dataDir)
@@ -376,6 +387,12 @@ func Restore(ctx context.Context, o RestoreOptions) (RestoreResult, error) {
 		return res, err
 	}
 	res.Snapshot = m
+	if rec, ok, err := datastore.Recorded(l); err != nil {
+		return res, err
+	} else if ok && rec.Kind != datastore.SQLite {
+		return res, fmt.Errorf("%w: the cluster of %s lives in %s: restore snapshot %s into a new --data-dir, or restore the database with its own tools",
+			ErrExternalDatastore, o.DataDir, rec.Endpoint, o.Name)
+	}
 	src := datadir.New(filepath.Join(o.Dir, o.Name))
 	if _, err := os.Stat(src.DBFile()); err != nil {
 		return res, fmt.Errorf("snapshot %s is incomplete: %w", o.Name, err)

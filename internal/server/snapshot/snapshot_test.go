@@ -3,6 +3,7 @@ package snapshot
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/pki"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/server/datastore"
 	"github.com/k3sm-dev/k3sm/internal/server/kinedb"
 )
 
@@ -190,5 +192,31 @@ func TestRetentionAndErrors(t *testing.T) {
 	}
 	if err := ValidPrefix("Bad Name"); err == nil {
 		t.Fatal("want an invalid name")
+	}
+}
+
+// TestExternalDatastoreRefused: a cluster on --datastore-endpoint has no
+// SQLite file to copy, and a SQLite snapshot restored over it would leave a
+// data dir pointing at two datastores: both are refused, naming the
+// database's own tool.
+func TestExternalDatastoreRefused(t *testing.T) {
+	l, _ := cluster(t)
+	saved, _, err := Save(context.Background(), SaveOptions{DataDir: l.Root, Prefix: "before"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := datastore.Write(l, datastore.Config{Endpoint: "postgres://u:pw-secret@127.0.0.1:5432/k"}); err != nil {
+		t.Fatal(err)
+	}
+	err = CheckCluster(l.Root)
+	if !errors.Is(err, ErrExternalDatastore) || !strings.Contains(err.Error(), "pg_dump") || strings.Contains(err.Error(), "pw-secret") {
+		t.Errorf("CheckCluster: %v", err)
+	}
+	if _, _, err := Save(context.Background(), SaveOptions{DataDir: l.Root}); !errors.Is(err, ErrExternalDatastore) {
+		t.Errorf("Save: %v", err)
+	}
+	_, err = Restore(context.Background(), RestoreOptions{DataDir: l.Root, Name: saved.Name, Force: true})
+	if !errors.Is(err, ErrExternalDatastore) || !strings.Contains(err.Error(), "new --data-dir") {
+		t.Errorf("Restore: %v", err)
 	}
 }
