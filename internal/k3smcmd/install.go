@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/server/datastore"
 	"github.com/k3sm-dev/k3sm/internal/server/install"
 	"github.com/k3sm-dev/k3sm/internal/version"
 	"github.com/spf13/cobra"
@@ -42,6 +43,7 @@ what it made (recorded in ` + install.ManifestPath + `).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// As given: Validate fills in defaults the server derives itself.
 			args := persistedFlags(cmd.Flags(), srv)
+			datastoreFromEnv(&cfg)
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
@@ -53,7 +55,7 @@ what it made (recorded in ` + install.ManifestPath + `).`,
 				return err
 			}
 			o := install.Options{
-				DataDir: cfg.DataDir, ServerArgs: args, Version: version.Version,
+				DataDir: cfg.DataDir, ServerArgs: args, Environment: secretEnv(cfg), Version: version.Version,
 				NoBinLink: !binLink, DataVolume: dataVolume, Timeout: timeout,
 				Out: cmd.OutOrStdout(), Runner: install.ExecRunner{},
 			}
@@ -146,7 +148,9 @@ func newUninstall() *cobra.Command {
 func persistedFlags(given, server *pflag.FlagSet) []string {
 	var args []string
 	given.Visit(func(f *pflag.Flag) {
-		if f.Name == "data-dir" || server.Lookup(f.Name) == nil {
+		// The endpoint may hold a password: it goes to the service's
+		// environment file (secretEnv), not its world-readable unit.
+		if f.Name == "data-dir" || f.Name == datastore.FlagEndpoint || server.Lookup(f.Name) == nil {
 			return
 		}
 		if sv, ok := f.Value.(pflag.SliceValue); ok {
@@ -163,6 +167,15 @@ func persistedFlags(given, server *pflag.FlagSet) []string {
 		}
 	})
 	return args
+}
+
+// secretEnv is the server's environment that install keeps out of the
+// unit: the datastore endpoint (given by flag or by $K3SM_DATASTORE_ENDPOINT).
+func secretEnv(cfg controlplane.Config) []string {
+	if cfg.Datastore.Endpoint == "" {
+		return nil
+	}
+	return []string{DatastoreEndpointEnv + "=" + cfg.Datastore.Endpoint}
 }
 
 // invokingUser is the user behind sudo, or the current one.
@@ -184,6 +197,11 @@ func printPlan(cmd *cobra.Command, svc install.Service, o install.Options) error
 	}
 	w := cmd.OutOrStdout()
 	for _, u := range units {
+		if u.Mode&0o077 == 0 {
+			// Only root reads it: it holds secrets (install.Options.Environment).
+			fmt.Fprintf(w, "# %s (mode %04o, %d bytes: not shown, it holds secrets)\n", u.Path, u.Mode, len(u.Content))
+			continue
+		}
 		fmt.Fprintf(w, "# %s\n%s\n", u.Path, u.Content)
 	}
 	fmt.Fprintf(w, "# commands\n%s", install.RenderCommands(append(svc.Setup(o), svc.Start(o, true)...)))

@@ -60,3 +60,24 @@ func TestInstallDryRunUsesTheNetdUnit(t *testing.T) {
 		}
 	}
 }
+
+// The datastore endpoint (and its password) goes to the unit's
+// environment file, which the dry run does not print.
+func TestInstallKeepsTheDatastorePasswordOutOfTheUnit(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the systemd unit is rendered on Linux")
+	}
+	root := New(Upstream{}, nil)
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetArgs([]string{"install", "--dry-run", "--data-dir", "/srv/k3sm", "--datastore-endpoint=postgres://k3sm:Pw-s3cret@db.internal:5432/k3sm"})
+	if err := root.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	if strings.Contains(got, "Pw-s3cret") || strings.Contains(got, "--datastore-endpoint=") ||
+		!strings.Contains(got, "EnvironmentFile=/etc/systemd/system/k3sm.service.env\n") ||
+		!strings.Contains(got, "# /etc/systemd/system/k3sm.service.env (mode 0600,") {
+		t.Errorf("dry run:\n%s", got)
+	}
+}

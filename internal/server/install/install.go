@@ -30,6 +30,11 @@ type Options struct {
 	// ServerArgs are the `k3sm server` flags persisted in the unit, after
 	// `server --data-dir DataDir`.
 	ServerArgs []string
+	// Environment (KEY=VALUE) is given to the server but kept out of its
+	// unit, which anyone may read: secrets such as the password in
+	// --datastore-endpoint (K3SM_DATASTORE_ENDPOINT) go to a file only root
+	// reads (systemd's EnvironmentFile; launchd's plist, then 0600).
+	Environment []string
 	// Source is the directory holding the binaries to install.
 	Source string
 	// Version goes into the units' header and the manifest.

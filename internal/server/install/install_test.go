@@ -279,3 +279,47 @@ func TestInstallRefusesForeignBinLink(t *testing.T) {
 		t.Fatalf("lib dir left: %v", err)
 	}
 }
+
+// TestSecretsOutOfTheUnit: Options.Environment (the datastore endpoint
+// with its password) reaches the server through a file only root reads,
+// never through the world-readable unit.
+func TestSecretsOutOfTheUnit(t *testing.T) {
+	o := goldenOptions()
+	const secret = `postgres://k3sm:pa$s"w\rd@db:5432/k3sm`
+	o.Environment = []string{"K3SM_DATASTORE_ENDPOINT=" + secret}
+	sd := Systemd{UID: 990}
+	units, err := sd.Units(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var env, unit *File
+	for i := range units {
+		switch units[i].Path {
+		case sd.EnvPath(o):
+			env = &units[i]
+		case sd.UnitPath(o):
+			unit = &units[i]
+		}
+	}
+	if env == nil || unit == nil {
+		t.Fatalf("units %v: want the unit and its environment file", units)
+	}
+	if env.Mode != 0o600 || string(env.Content) != `K3SM_DATASTORE_ENDPOINT="postgres://k3sm:pa\$s\"w\\rd@db:5432/k3sm"`+"\n" {
+		t.Errorf("environment file %o %q", env.Mode, env.Content)
+	}
+	if !strings.Contains(string(unit.Content), "\nEnvironmentFile="+sd.EnvPath(o)+"\n") || strings.Contains(string(unit.Content), "pa$s") {
+		t.Errorf("unit:\n%s", unit.Content)
+	}
+
+	l := Launchd{UID: 450}
+	plists, err := l.Units(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range plists {
+		holds := strings.Contains(string(p.Content), "<key>K3SM_DATASTORE_ENDPOINT</key>")
+		if server := p.Path == plistPath(o, LabelServer); holds != server || (server && p.Mode != 0o600) || (!server && p.Mode != 0o644) {
+			t.Errorf("%s: mode %o, holds the secret %v", p.Path, p.Mode, holds)
+		}
+	}
+}

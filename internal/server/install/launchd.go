@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig/netdconfig"
@@ -62,7 +63,11 @@ func (l Launchd) Units(o Options) ([]File, error) {
 		if err != nil {
 			return fmt.Errorf("%s: %w", label, err)
 		}
-		files = append(files, File{Path: plistPath(o, label), Mode: 0o644, Content: b})
+		mode := uint32(0o644)
+		if label == LabelServer && len(o.Environment) > 0 {
+			mode = 0o600 // it holds Options.Environment's secrets
+		}
+		files = append(files, File{Path: plistPath(o, label), Mode: mode, Content: b})
 		return nil
 	}
 	if o.DataVolume != "" {
@@ -91,6 +96,14 @@ func (l Launchd) Units(o Options) ([]File, error) {
 		return nil, err
 	}
 	server := append([]string{filepath.Join(o.libDir(), binK3sm), "server", "--data-dir", o.DataDir}, o.ServerArgs...)
+	env := plistDict{{"HOME", o.DataDir}}
+	for _, kv := range o.Environment {
+		k, v, _ := strings.Cut(kv, "=")
+		env = append(env, struct {
+			Key   string
+			Value any
+		}{k, v})
+	}
 	if err := add(LabelServer, plistDict{
 		{"Label", LabelServer},
 		{"ProgramArguments", server},
@@ -103,7 +116,7 @@ func (l Launchd) Units(o Options) ([]File, error) {
 		{"ExitTimeOut", 90},
 		{"SoftResourceLimits", plistDict{{"NumberOfFiles", 1048576}}},
 		{"HardResourceLimits", plistDict{{"NumberOfFiles", 1048576}}},
-		{"EnvironmentVariables", plistDict{{"HOME", o.DataDir}}},
+		{"EnvironmentVariables", env},
 		{"StandardOutPath", filepath.Join(logs, "server.log")},
 		{"StandardErrorPath", filepath.Join(logs, "server.log")},
 	}); err != nil {

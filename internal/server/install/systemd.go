@@ -64,6 +64,9 @@ func (Systemd) UnitPath(o Options) string {
 	return filepath.Join(o.unitDir("/etc/systemd/system"), SystemdUnit)
 }
 
+// EnvPath is the server's environment file (Options.Environment).
+func (s Systemd) EnvPath(o Options) string { return s.UnitPath(o) + ".env" }
+
 // netdPaths are the installed netd's configuration file, state directory
 // and namespace directory; tests (which set ManifestPath) get them beside
 // the manifest.
@@ -96,6 +99,24 @@ func (s Systemd) Units(o Options) ([]File, error) {
 		}
 		q[i] = v
 	}
+	var files []File
+	envLine := ""
+	if len(o.Environment) > 0 {
+		env := s.EnvPath(o)
+		qenv, err := systemdQuote(env)
+		if err != nil {
+			return nil, err
+		}
+		envLine = "# Secrets (--datastore-endpoint), in a file only root reads.\nEnvironmentFile=" + qenv + "\n"
+		var b strings.Builder
+		for _, kv := range o.Environment {
+			k, v, _ := strings.Cut(kv, "=")
+			// Double-quoted with \, ", $ and ` escaped: read back verbatim
+			// by systemd's shell-like parser, whether or not it expands.
+			fmt.Fprintf(&b, "%s=\"%s\"\n", k, strings.NewReplacer(`\`, `\\`, `"`, `\"`, `$`, `\$`, "`", "\\`").Replace(v))
+		}
+		files = append(files, File{Path: env, Mode: 0o600, Content: []byte(b.String())})
+	}
 	home, err := systemdQuote(o.DataDir)
 	if err != nil {
 		return nil, err
@@ -114,7 +135,7 @@ Type=simple
 User=%s
 Group=%s
 Environment=HOME=%s
-# The cluster DNS answers on port 53 of its Service address.
+%s# The cluster DNS answers on port 53 of its Service address.
 AmbientCapabilities=CAP_NET_BIND_SERVICE
 ExecStart=%s
 # Pods' shims run in this unit's cgroup and must outlive a stop or restart
@@ -136,7 +157,7 @@ TasksMax=infinity
 
 [Install]
 WantedBy=multi-user.target
-`, o.Version, SystemdNetdUnit, SystemdNetdUnit, SystemUser, SystemUser, home, strings.Join(q, " "))
+`, o.Version, SystemdNetdUnit, SystemdNetdUnit, SystemUser, SystemUser, home, envLine, strings.Join(q, " "))
 	cfgPath, _, _ := netdPaths(o)
 	netdExe, err := systemdQuote(filepath.Join(o.libDir(), "k3sm-netd"))
 	if err != nil {
@@ -163,11 +184,11 @@ WantedBy=multi-user.target
 	if err != nil {
 		return nil, err
 	}
-	return []File{
-		{Path: cfgPath, Mode: 0o644, Content: append(cfg, '\n')},
-		{Path: filepath.Join(o.unitDir("/etc/systemd/system"), SystemdNetdUnit), Mode: 0o644, Content: []byte(netdUnit)},
-		{Path: s.UnitPath(o), Mode: 0o644, Content: []byte(unit)},
-	}, nil
+	return append(files,
+		File{Path: cfgPath, Mode: 0o644, Content: append(cfg, '\n')},
+		File{Path: filepath.Join(o.unitDir("/etc/systemd/system"), SystemdNetdUnit), Mode: 0o644, Content: []byte(netdUnit)},
+		File{Path: s.UnitPath(o), Mode: 0o644, Content: []byte(unit)},
+	), nil
 }
 
 // Setup makes the k3sm user (and group, of one free id) unless it exists,
