@@ -122,57 +122,7 @@ func TestServerAPI(t *testing.T) {
 		}
 	})
 
-	t.Run("core objects CRUD and watch", func(t *testing.T) {
-		cx := ctx(t)
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "crud"}}
-		if _, err := c.CoreV1().Namespaces().Create(cx, ns, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		w, err := c.CoreV1().ConfigMaps("crud").Watch(cx, metav1.ListOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer w.Stop()
-		for i := range 3 {
-			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cm-%d", i)}, Data: map[string]string{"i": fmt.Sprint(i)}}
-			if _, err := c.CoreV1().ConfigMaps("crud").Create(cx, cm, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		got, err := c.CoreV1().ConfigMaps("crud").Get(cx, "cm-1", metav1.GetOptions{})
-		if err != nil || got.Data["i"] != "1" {
-			t.Fatalf("get: %v %v", got, err)
-		}
-		list, err := c.CoreV1().ConfigMaps("crud").List(cx, metav1.ListOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		// kube-root-ca.crt is published into every namespace by the controller-manager.
-		names := map[string]bool{}
-		for _, cm := range list.Items {
-			names[cm.Name] = true
-		}
-		for i := range 3 {
-			if !names[fmt.Sprintf("cm-%d", i)] {
-				t.Fatalf("list misses cm-%d: %v", i, names)
-			}
-		}
-		if err := c.CoreV1().ConfigMaps("crud").Delete(cx, "cm-0", metav1.DeleteOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		seen := map[watch.EventType]int{}
-		timeout := time.After(30 * time.Second)
-		for seen[watch.Added] < 3 || seen[watch.Deleted] < 1 {
-			select {
-			case ev := <-w.ResultChan():
-				if cm, ok := ev.Object.(*corev1.ConfigMap); ok && strings.HasPrefix(cm.Name, "cm-") {
-					seen[ev.Type]++
-				}
-			case <-timeout:
-				t.Fatalf("watch saw %v, want 3 ADDED and 1 DELETED", seen)
-			}
-		}
-	})
+	t.Run("core objects CRUD and watch", func(t *testing.T) { coreCRUDAndWatch(t, s) })
 
 	// The server makes what a first pod in default needs itself, as the
 	// controller-manager would (it does not rewrite it), and starts the
@@ -216,93 +166,9 @@ func TestServerAPI(t *testing.T) {
 		}
 	})
 
-	t.Run("CRD and custom object", func(t *testing.T) {
-		cx := ctx(t)
-		ext := apiextclient.NewForConfigOrDie(s.restConfig())
-		crd := &apiextv1.CustomResourceDefinition{
-			ObjectMeta: metav1.ObjectMeta{Name: "widgets.example.k3sm.dev"},
-			Spec: apiextv1.CustomResourceDefinitionSpec{
-				Group: "example.k3sm.dev",
-				Names: apiextv1.CustomResourceDefinitionNames{Plural: "widgets", Singular: "widget", Kind: "Widget", ListKind: "WidgetList"},
-				Scope: apiextv1.NamespaceScoped,
-				Versions: []apiextv1.CustomResourceDefinitionVersion{{
-					Name: "v1", Served: true, Storage: true,
-					Schema: &apiextv1.CustomResourceValidation{OpenAPIV3Schema: &apiextv1.JSONSchemaProps{
-						Type: "object",
-						Properties: map[string]apiextv1.JSONSchemaProps{
-							"spec": {Type: "object", Properties: map[string]apiextv1.JSONSchemaProps{"size": {Type: "integer"}}},
-						},
-					}},
-				}},
-			},
-		}
-		if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Create(cx, crd, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		waitFor(t, time.Minute, "CRD established", func() error {
-			got, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(cx, crd.Name, metav1.GetOptions{})
-			if err != nil {
-				return err
-			}
-			for _, cond := range got.Status.Conditions {
-				if cond.Type == apiextv1.Established && cond.Status == apiextv1.ConditionTrue {
-					return nil
-				}
-			}
-			return fmt.Errorf("conditions %v", got.Status.Conditions)
-		})
-		dyn := dynamic.NewForConfigOrDie(s.restConfig())
-		gvr := schema.GroupVersionResource{Group: "example.k3sm.dev", Version: "v1", Resource: "widgets"}
-		obj := &unstructured.Unstructured{Object: map[string]any{
-			"apiVersion": "example.k3sm.dev/v1", "kind": "Widget",
-			"metadata": map[string]any{"name": "w1"}, "spec": map[string]any{"size": int64(3)},
-		}}
-		waitFor(t, time.Minute, "create Widget", func() error {
-			_, err := dyn.Resource(gvr).Namespace("default").Create(cx, obj, metav1.CreateOptions{})
-			return err
-		})
-		got, err := dyn.Resource(gvr).Namespace("default").Get(cx, "w1", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if size, _, _ := unstructured.NestedInt64(got.Object, "spec", "size"); size != 3 {
-			t.Fatalf("spec.size = %d", size)
-		}
-		// A schema violation is rejected by the apiserver.
-		bad := obj.DeepCopy()
-		bad.SetName("w2")
-		_ = unstructured.SetNestedField(bad.Object, "big", "spec", "size")
-		if _, err := dyn.Resource(gvr).Namespace("default").Create(cx, bad, metav1.CreateOptions{}); !apierrors.IsInvalid(err) {
-			t.Fatalf("want Invalid for a string size, got %v", err)
-		}
-	})
+	t.Run("CRD and custom object", func(t *testing.T) { crdAndCustomObject(t, s) })
 
-	t.Run("server-side apply conflict", func(t *testing.T) {
-		cx := ctx(t)
-		apply := func(manager, value string, force bool) error {
-			body := fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"ssa","namespace":"default"},"data":{"owner":%q}}`, value)
-			_, err := c.CoreV1().ConfigMaps("default").Patch(cx, "ssa", types.ApplyPatchType, []byte(body),
-				metav1.PatchOptions{FieldManager: manager, Force: ptr.To(force)})
-			return err
-		}
-		if err := apply("alice", "a", false); err != nil {
-			t.Fatal(err)
-		}
-		err := apply("bob", "b", false)
-		if !apierrors.IsConflict(err) {
-			t.Fatalf("bob's apply: want a field-manager conflict, got %v", err)
-		}
-		if !strings.Contains(err.Error(), "alice") {
-			t.Fatalf("conflict should name the other manager: %v", err)
-		}
-		if err := apply("bob", "b", true); err != nil {
-			t.Fatalf("forced apply: %v", err)
-		}
-		got, _ := c.CoreV1().ConfigMaps("default").Get(cx, "ssa", metav1.GetOptions{})
-		if got.Data["owner"] != "b" {
-			t.Fatalf("owner = %q after forced apply", got.Data["owner"])
-		}
-	})
+	t.Run("server-side apply conflict", func(t *testing.T) { serverSideApplyConflict(t, s) })
 
 	t.Run("RBAC", func(t *testing.T) {
 		cx := ctx(t)
@@ -441,6 +307,154 @@ func TestServerAPI(t *testing.T) {
 			}
 		}
 	})
+}
+
+// coreCRUDAndWatch: ConfigMaps in a new namespace crud are created, read,
+// listed and deleted, and a watch sees it all.
+func coreCRUDAndWatch(t *testing.T, s *server) {
+	c := s.client()
+	cx := ctx(t)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "crud"}}
+	if _, err := c.CoreV1().Namespaces().Create(cx, ns, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := c.CoreV1().ConfigMaps("crud").Watch(cx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	for i := range 3 {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cm-%d", i)}, Data: map[string]string{"i": fmt.Sprint(i)}}
+		if _, err := c.CoreV1().ConfigMaps("crud").Create(cx, cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := c.CoreV1().ConfigMaps("crud").Get(cx, "cm-1", metav1.GetOptions{})
+	if err != nil || got.Data["i"] != "1" {
+		t.Fatalf("get: %v %v", got, err)
+	}
+	list, err := c.CoreV1().ConfigMaps("crud").List(cx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// kube-root-ca.crt is published into every namespace by the controller-manager.
+	names := map[string]bool{}
+	for _, cm := range list.Items {
+		names[cm.Name] = true
+	}
+	for i := range 3 {
+		if !names[fmt.Sprintf("cm-%d", i)] {
+			t.Fatalf("list misses cm-%d: %v", i, names)
+		}
+	}
+	if err := c.CoreV1().ConfigMaps("crud").Delete(cx, "cm-0", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[watch.EventType]int{}
+	timeout := time.After(30 * time.Second)
+	for seen[watch.Added] < 3 || seen[watch.Deleted] < 1 {
+		select {
+		case ev := <-w.ResultChan():
+			if cm, ok := ev.Object.(*corev1.ConfigMap); ok && strings.HasPrefix(cm.Name, "cm-") {
+				seen[ev.Type]++
+			}
+		case <-timeout:
+			t.Fatalf("watch saw %v, want 3 ADDED and 1 DELETED", seen)
+		}
+	}
+}
+
+// crdAndCustomObject: a CRD is established, serves its objects and
+// validates them against its schema.
+func crdAndCustomObject(t *testing.T, s *server) {
+	cx := ctx(t)
+	ext := apiextclient.NewForConfigOrDie(s.restConfig())
+	crd := &apiextv1.CustomResourceDefinition{
+		ObjectMeta: metav1.ObjectMeta{Name: "widgets.example.k3sm.dev"},
+		Spec: apiextv1.CustomResourceDefinitionSpec{
+			Group: "example.k3sm.dev",
+			Names: apiextv1.CustomResourceDefinitionNames{Plural: "widgets", Singular: "widget", Kind: "Widget", ListKind: "WidgetList"},
+			Scope: apiextv1.NamespaceScoped,
+			Versions: []apiextv1.CustomResourceDefinitionVersion{{
+				Name: "v1", Served: true, Storage: true,
+				Schema: &apiextv1.CustomResourceValidation{OpenAPIV3Schema: &apiextv1.JSONSchemaProps{
+					Type: "object",
+					Properties: map[string]apiextv1.JSONSchemaProps{
+						"spec": {Type: "object", Properties: map[string]apiextv1.JSONSchemaProps{"size": {Type: "integer"}}},
+					},
+				}},
+			}},
+		},
+	}
+	if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Create(cx, crd, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "CRD established", func() error {
+		got, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(cx, crd.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, cond := range got.Status.Conditions {
+			if cond.Type == apiextv1.Established && cond.Status == apiextv1.ConditionTrue {
+				return nil
+			}
+		}
+		return fmt.Errorf("conditions %v", got.Status.Conditions)
+	})
+	dyn := dynamic.NewForConfigOrDie(s.restConfig())
+	gvr := schema.GroupVersionResource{Group: "example.k3sm.dev", Version: "v1", Resource: "widgets"}
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "example.k3sm.dev/v1", "kind": "Widget",
+		"metadata": map[string]any{"name": "w1"}, "spec": map[string]any{"size": int64(3)},
+	}}
+	waitFor(t, time.Minute, "create Widget", func() error {
+		_, err := dyn.Resource(gvr).Namespace("default").Create(cx, obj, metav1.CreateOptions{})
+		return err
+	})
+	got, err := dyn.Resource(gvr).Namespace("default").Get(cx, "w1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if size, _, _ := unstructured.NestedInt64(got.Object, "spec", "size"); size != 3 {
+		t.Fatalf("spec.size = %d", size)
+	}
+	// A schema violation is rejected by the apiserver.
+	bad := obj.DeepCopy()
+	bad.SetName("w2")
+	_ = unstructured.SetNestedField(bad.Object, "big", "spec", "size")
+	if _, err := dyn.Resource(gvr).Namespace("default").Create(cx, bad, metav1.CreateOptions{}); !apierrors.IsInvalid(err) {
+		t.Fatalf("want Invalid for a string size, got %v", err)
+	}
+}
+
+// serverSideApplyConflict: a second field manager conflicts, names the
+// first, and wins when forced.
+func serverSideApplyConflict(t *testing.T, s *server) {
+	c := s.client()
+	cx := ctx(t)
+	apply := func(manager, value string, force bool) error {
+		body := fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"ssa","namespace":"default"},"data":{"owner":%q}}`, value)
+		_, err := c.CoreV1().ConfigMaps("default").Patch(cx, "ssa", types.ApplyPatchType, []byte(body),
+			metav1.PatchOptions{FieldManager: manager, Force: ptr.To(force)})
+		return err
+	}
+	if err := apply("alice", "a", false); err != nil {
+		t.Fatal(err)
+	}
+	err := apply("bob", "b", false)
+	if !apierrors.IsConflict(err) {
+		t.Fatalf("bob's apply: want a field-manager conflict, got %v", err)
+	}
+	if !strings.Contains(err.Error(), "alice") {
+		t.Fatalf("conflict should name the other manager: %v", err)
+	}
+	if err := apply("bob", "b", true); err != nil {
+		t.Fatalf("forced apply: %v", err)
+	}
+	got, _ := c.CoreV1().ConfigMaps("default").Get(cx, "ssa", metav1.GetOptions{})
+	if got.Data["owner"] != "b" {
+		t.Fatalf("owner = %q after forced apply", got.Data["owner"])
+	}
 }
 
 func readFile(t *testing.T, p string) string {
