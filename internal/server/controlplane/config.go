@@ -142,18 +142,10 @@ func Defaults() Config {
 // keeps such manifests off, as the admission policy does.
 func DefaultNodeTaint(goos string) bool { return goos != "linux" }
 
-// FieldError names the flag at fault and what to do about it.
-type FieldError struct {
-	Flag, Value, Problem, Fix string
-}
-
-func (e *FieldError) Error() string {
-	msg := fmt.Sprintf("--%s %q: %s", e.Flag, e.Value, e.Problem)
-	if e.Fix != "" {
-		msg += "; " + e.Fix
-	}
-	return msg
-}
+// FieldError names the flag at fault and what to do about it: one type
+// for every flag of the server, defined where the datastore's checks (a
+// package this one imports) return it too.
+type FieldError = datastore.FieldError
 
 // NetdAvailable reports whether pods can get their own network here: a
 // k3sm-netd the server starts (as root) or one run apart (NetdSocket).

@@ -223,11 +223,11 @@ func checkDatastore(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	defer cancel()
 	holds, err := ds.HoldsCluster(cctx)
 	if err != nil {
-		return &datastore.FieldError{Flag: datastore.FlagEndpoint, Value: ds.Redacted(), Problem: "cannot tell whether the database already holds a cluster: " + err.Error(),
+		return &FieldError{Flag: datastore.FlagEndpoint, Value: ds.Redacted(), Problem: "cannot tell whether the database already holds a cluster: " + err.Error(),
 			Fix: "check that the user may read the database; nothing was started"}
 	}
 	if holds {
-		return &datastore.FieldError{Flag: datastore.FlagEndpoint, Value: ds.Redacted(),
+		return &FieldError{Flag: datastore.FlagEndpoint, Value: ds.Redacted(),
 			Problem: "the database already holds a cluster, made by the server of another --data-dir",
 			Fix:     "start with that server's --data-dir, or name an empty database (several servers on one database are not supported yet); nothing was started"}
 	}

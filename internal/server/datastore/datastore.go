@@ -47,7 +47,8 @@ type Config struct {
 	KeyFile  string `json:"keyFile,omitempty"`
 }
 
-// FieldError names the flag at fault and what to do about it.
+// FieldError names the flag at fault and what to do about it (the
+// server's flags all use it: controlplane.FieldError).
 type FieldError struct {
 	Flag, Value, Problem, Fix string
 }
