@@ -44,6 +44,9 @@ func TestMain(m *testing.M) {
 		fallthrough
 	case "serve":
 		WatchParent(func() { os.Exit(3) })
+		// A killed predecessor leaves its socket file behind, as a real
+		// component's does: remove it first, as they do.
+		os.Remove(os.Getenv("K3SM_TEST_SOCK"))
 		l, err := net.Listen("unix", os.Getenv("K3SM_TEST_SOCK"))
 		if err != nil {
 			os.Exit(2)
