@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the k3sm benchmarks and records their figures in bench/RESULTS.md.
 #
-#   bench/run.sh [controlplane|runtime|pods|proxy|podnet|dns|dns-coredns|all]...    (default: all)
+#   bench/run.sh [controlplane|runtime|pods|proxy|podnet|dns|dns-coredns|datastore|all]...    (default: all)
 #
 # `all` is every benchmark but dns-coredns, which builds CoreDNS from its own
 # module (bench/coredns: downloads it on first use) and needs root.
@@ -18,6 +18,7 @@
 #   K3SM_BENCH_PROXY_ARGS extra flags for bench/proxy (see: go run ./bench/proxy -help)
 #   K3SM_BENCH_PODNET_ARGS extra flags for bench/podnet (see: go run ./bench/podnet -help)
 #   K3SM_BENCH_DNS_ARGS   extra flags for bench/dns, in both dns targets (see: go run ./bench/dns -help)
+#   K3SM_BENCH_DATASTORE_ARGS extra flags for bench/datastore (see: go run ./bench/datastore -help)
 # The runtime benchmark (bench/runtime) reads its own K3SM_BENCH_* variables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -126,17 +127,31 @@ dns_coredns() {
 		tee _output/bench/dns-coredns.md
 }
 
+datastore() {
+	# Owned by bench/datastore: one API load on the embedded SQLite, PostgreSQL, MariaDB and etcd
+	# (issue 32), side by side, each a fresh server on a database started here (Debian's postgresql
+	# and mariadb-server must be installed). Writes its section of bench/RESULTS.md.
+	if [[ ! -x $K3SM_BIN ]]; then
+		echo "bench: $K3SM_BIN is missing; build it with 'make bin/k3sm bin/k3sm-runtimed bin/k3sm-shim' or set K3SM_BIN" >&2
+		return 1
+	fi
+	$GO build -o _output/bench/datastore ./bench/datastore
+	# shellcheck disable=SC2086 # K3SM_BENCH_DATASTORE_ARGS is a list of flags
+	in_netns _output/bench/datastore -bin "$K3SM_BIN" -results "$RESULTS" -invocation "bench/run.sh datastore" \
+		${K3SM_BENCH_DATASTORE_ARGS:-} | tee _output/bench/datastore.md
+}
+
 targets=("$@")
-if [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]]; then targets=(controlplane runtime pods proxy podnet dns); fi
+if [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]]; then targets=(controlplane runtime pods proxy podnet dns datastore); fi
 failed=()
 for t in "${targets[@]}"; do
 	case $t in
-	controlplane | runtime | pods | proxy | podnet | dns | dns-coredns)
+	controlplane | runtime | pods | proxy | podnet | dns | dns-coredns | datastore)
 		echo "=== bench: $t" >&2
 		"${t//-/_}" || failed+=("$t")
 		;;
 	*)
-		echo "bench: unknown benchmark '$t'; choose controlplane, runtime, pods, proxy, podnet, dns, dns-coredns or all" >&2
+		echo "bench: unknown benchmark '$t'; choose controlplane, runtime, pods, proxy, podnet, dns, dns-coredns, datastore or all" >&2
 		exit 2
 		;;
 	esac

@@ -129,7 +129,8 @@ type Options struct {
 
 // Postgres runs Debian's PostgreSQL (initdb and postgres, as the postgres
 // account when root: it refuses root) with a password for user k3sm; kine
-// creates the database.
+// creates the database. As root, o.Dir's parents must let that account
+// through (os.MkdirTemp's 0700 does not).
 func Postgres(o Options) (*DB, error) {
 	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/postgres")
 	if len(bins) == 0 {
