@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -24,6 +23,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/runtime/client"
 	"github.com/k3sm-dev/k3sm/internal/runtime/daemon"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/tartree"
 	"github.com/k3sm-dev/k3sm/internal/units"
 )
 
@@ -554,41 +554,10 @@ func imageLoad(with runner, verb string) *cobra.Command {
 	return cmd
 }
 
-// tarDir writes dir's regular files and directories as a tarball.
+// tarDir writes the tree at dir (an OCI image layout) as a tarball.
 func tarDir(dir string, w io.Writer) error {
 	tw := tar.NewWriter(w)
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		if rel == "." {
-			return nil
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		h, err := tar.FileInfoHeader(fi, "")
-		if err != nil {
-			return err
-		}
-		h.Name = filepath.ToSlash(rel)
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if !fi.Mode().IsRegular() {
-			return nil
-		}
-		f, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		_, err = io.Copy(tw, f)
-		return err
-	})
-	if err != nil {
+	if err := tartree.Write(tw, dir, "", tartree.Options{}); err != nil {
 		return err
 	}
 	return tw.Close()
