@@ -112,9 +112,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 		return err
 	}
 	log.Info("apiserver ready", "after", time.Since(start).Round(time.Millisecond).String())
-	if err := datastore.Write(p.Layout, cfg.Datastore); err != nil {
-		return fmt.Errorf("recording the datastore: %w", err)
-	}
 
 	// The scheduler and controller-manager (one process) start while
 	// authorization is verified: they serve no users, and if verification
@@ -198,8 +195,20 @@ var datastoreWait = 10 * time.Second
 
 // checkDatastore refuses a datastore other than the one that holds the
 // data directory's cluster, and one that does not answer, before
-// anything is started.
+// anything is started; then records it as the data directory's (before
+// the apiserver writes anything: a first start stopped half-way must find
+// its own cluster, not "another data dir's", when it starts again).
 func checkDatastore(ctx context.Context, cfg *Config, log *slog.Logger) error {
+	if err := datastoreUsable(ctx, cfg, log); err != nil {
+		return err
+	}
+	if err := datastore.Write(datadir.New(cfg.DataDir), cfg.Datastore); err != nil {
+		return fmt.Errorf("recording the datastore: %w", err)
+	}
+	return nil
+}
+
+func datastoreUsable(ctx context.Context, cfg *Config, log *slog.Logger) error {
 	ds := cfg.Datastore
 	if err := datastore.Match(datadir.New(cfg.DataDir), ds); err != nil {
 		return err

@@ -11,9 +11,9 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 )
 
-// Record is <data-dir>/server/datastore.json, written once the apiserver
-// first serves from a datastore: which database holds the cluster whose
-// certificates this data directory keeps.
+// Record is <data-dir>/server/datastore.json, written at each start once
+// the datastore passed its checks, before the apiserver starts: which
+// database holds the cluster whose certificates this data directory keeps.
 type Record struct {
 	Kind     Kind   `json:"kind"`
 	Identity string `json:"identity"`
