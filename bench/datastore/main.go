@@ -249,16 +249,27 @@ func measure(o options, engine, dir, etcdBin string) (result, error) {
 	}
 	defer wch.Stop()
 	seenAll := make(chan time.Time, 1)
+	var seen int64
+	var watchEnd string
+	var seenMu sync.Mutex
 	go func() {
-		n := 0
 		for ev := range wch.ResultChan() {
+			seenMu.Lock()
 			if ev.Type == watch.Added {
-				if n++; n == o.objects {
-					seenAll <- time.Now()
-					return
-				}
+				seen++
+			} else {
+				watchEnd = fmt.Sprintf("%s %v", ev.Type, ev.Object)
+			}
+			n := seen
+			seenMu.Unlock()
+			if n == int64(o.objects) {
+				seenAll <- time.Now()
+				return
 			}
 		}
+		seenMu.Lock()
+		watchEnd += " (the watch ended)"
+		seenMu.Unlock()
 	}()
 	lat := make([]time.Duration, o.objects)
 	var next int
@@ -307,7 +318,9 @@ func measure(o options, engine, dir, etcdBin string) (result, error) {
 	case at := <-seenAll:
 		res.watchLag = max(0, at.Sub(lastAck))
 	case <-time.After(2 * time.Minute):
-		return res, errors.New("the watch did not see every create within 2m")
+		seenMu.Lock()
+		defer seenMu.Unlock()
+		return res, fmt.Errorf("the watch saw %d of the %d creates within 2m; other events: %q", seen, o.objects, watchEnd)
 	}
 	s := time.Now()
 	list, err := c.CoreV1().ConfigMaps("bench").List(ctx, metav1.ListOptions{LabelSelector: "bench=datastore"})
@@ -350,12 +363,13 @@ func render(o options, all []result) string {
 	var b strings.Builder
 	host, _ := os.Hostname()
 	fmt.Fprintf(&b, "## Datastores (issue 32)\n\n")
-	fmt.Fprintf(&b, "Measured by `bench/datastore` on %s (%s, %d CPUs), %s. Reproduce with `%s`\n",
-		time.Now().UTC().Format("2006-01-02 15:04 UTC"), host, runtime.NumCPU(), commit(), o.invocation)
-	fmt.Fprintf(&b, "(or `bench/run.sh datastore`). Every engine on 127.0.0.1 of one network namespace, durable (fsync on);\n")
+	fmt.Fprintf(&b, "Measured by `bench/datastore` on %s (%s, %d CPUs, load average %s at the end), %s.\n",
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), host, runtime.NumCPU(), loadavg(), commit())
+	fmt.Fprintf(&b, "Reproduce with `%s`. Every engine on 127.0.0.1 of one network namespace, durable (fsync on);\n", o.invocation)
 	fmt.Fprintf(&b, "a fresh `k3sm server` (`--pod-network host`) on each. Load: %d ConfigMaps of 512 bytes created by %d workers\n", o.objects, o.parallel)
 	fmt.Fprintf(&b, "(no client-side rate limit), a watch opened before them, then one list of all. Medians of %d rounds,\n", o.rounds)
-	fmt.Fprintf(&b, "the engines taking turns within each round. etcd is one external member (what `--cluster-init` would embed).\n\n")
+	fmt.Fprintf(&b, "the engines taking turns within each round. etcd is one external member (what `--cluster-init` would embed).\n")
+	fmt.Fprintf(&b, "The list is served from the apiserver's watch cache (consistent reads from cache), so it says little of the datastore.\n\n")
 	fmt.Fprintf(&b, "| datastore | server up | creates/s | create p50 | create p99 | watch saw all, after the last create | list of %d | creates/s vs SQLite |\n", o.objects)
 	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|\n")
 	var base float64
@@ -386,6 +400,14 @@ func render(o options, all []result) string {
 	}
 	b.WriteString("\n")
 	return b.String()
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.Join(strings.Fields(string(b))[:3], " ")
 }
 
 func commit() string {
