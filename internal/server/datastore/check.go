@@ -3,17 +3,16 @@ package datastore
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"database/sql"
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -177,26 +176,12 @@ func (c Config) checkEtcd(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// tlsConfig is the client TLS of the datastore flags.
+// tlsConfig is the client TLS of the datastore flags, loaded as kine and
+// the apiserver load them (etcd's transport.TLSInfo).
 func (c Config) tlsConfig() (*tls.Config, error) {
-	t := &tls.Config{MinVersion: tls.VersionTLS12}
-	if c.CAFile != "" {
-		pem, err := os.ReadFile(c.CAFile)
-		if err != nil {
-			return nil, err
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--%s %s: no PEM certificate in it", FlagCAFile, c.CAFile)
-		}
-		t.RootCAs = pool
-	}
-	if c.CertFile != "" {
-		kp, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("--%s/--%s: %w", FlagCertFile, FlagKeyFile, err)
-		}
-		t.Certificates = []tls.Certificate{kp}
+	t, err := (&transport.TLSInfo{CertFile: c.CertFile, KeyFile: c.KeyFile, TrustedCAFile: c.CAFile}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("--%s/--%s/--%s: %w", FlagCAFile, FlagCertFile, FlagKeyFile, err)
 	}
 	return t, nil
 }
