@@ -1,6 +1,7 @@
 package datastore
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,15 +16,17 @@ import (
 // the datastore passed its checks, before the apiserver starts: which
 // database holds the cluster whose certificates this data directory keeps.
 type Record struct {
-	Kind     Kind   `json:"kind"`
-	Identity string `json:"identity"`
-	// Endpoint is the redacted endpoint, for messages.
-	Endpoint string `json:"endpoint"`
 	// Config is the datastore as the server was given it, password
 	// included (the file is the server's alone, as its keys are), so that
 	// `k3sm status` and `doctor` can ask the database whether it answers.
 	Config Config `json:"config"`
 }
+
+// Kind is the recorded datastore's engine.
+func (r Record) Kind() Kind { return r.Config.Kind() }
+
+// Endpoint is the recorded endpoint without its password, for messages.
+func (r Record) Endpoint() string { return r.Config.Redacted() }
 
 // Recorded returns the record of l, if any. A data directory from before
 // records existed whose SQLite file exists is recorded as SQLite.
@@ -31,7 +34,7 @@ func Recorded(l datadir.Layout) (Record, bool, error) {
 	data, err := os.ReadFile(l.DatastoreFile())
 	if errors.Is(err, os.ErrNotExist) {
 		if _, err := os.Stat(l.DBFile()); err == nil {
-			return Record{Kind: SQLite, Identity: string(SQLite), Endpoint: Config{}.Redacted()}, true, nil
+			return Record{}, true, nil // the embedded SQLite
 		}
 		return Record{}, false, nil
 	} else if err != nil {
@@ -49,32 +52,36 @@ func Recorded(l datadir.Layout) (Record, bool, error) {
 // certificates, and the real one would look lost.
 func Match(l datadir.Layout, c Config) error {
 	r, ok, err := Recorded(l)
-	if err != nil || !ok || r.Identity == c.Identity() {
+	if err != nil || !ok || r.Config.Identity() == c.Identity() {
 		return err
 	}
 	fix := "start with --datastore-endpoint naming that database"
-	if r.Kind == SQLite {
+	if r.Kind() == SQLite {
 		fix = "start without --datastore-endpoint (its SQLite file is " + l.DBFile() + ")"
 	}
 	return &FieldError{Flag: FlagEndpoint, Value: c.Redacted(),
-		Problem: fmt.Sprintf("the cluster of --data-dir %s lives in %s, not %s", l.Root, r.Endpoint, c.Identity()),
+		Problem: fmt.Sprintf("the cluster of --data-dir %s lives in %s, not %s", l.Root, r.Endpoint(), c.Identity()),
 		Fix:     fix + ", or give a new --data-dir for a new cluster on " + c.Identity()}
 }
 
-// Write records c as the datastore holding l's cluster.
+// Write records c as the datastore holding l's cluster. It runs at every
+// start: an unchanged record is not written (and synced) again.
 func Write(l datadir.Layout, c Config) error {
-	r := Record{Kind: c.Kind(), Identity: c.Identity(), Endpoint: c.Redacted(), Config: c}
-	data, err := json.MarshalIndent(r, "", "  ")
+	data, err := json.MarshalIndent(Record{Config: c}, "", "  ")
 	if err != nil {
 		return err
 	}
-	return atomicfile.WriteFile(l.DatastoreFile(), append(data, '\n'), 0o600)
+	data = append(data, '\n')
+	if old, err := os.ReadFile(l.DatastoreFile()); err == nil && bytes.Equal(old, data) {
+		return nil
+	}
+	return atomicfile.WriteFile(l.DatastoreFile(), data, 0o600)
 }
 
 // Answer reports whether the recorded datastore answers: the SQLite file
 // exists, or the external database takes a connection within ctx.
 func (r Record) Answer(ctx context.Context, l datadir.Layout) error {
-	if r.Kind == SQLite {
+	if r.Kind() == SQLite {
 		_, err := os.Stat(l.DBFile())
 		return err
 	}

@@ -383,16 +383,16 @@ func datastoreVerdict(l datadir.Layout, rec datastore.Record, recorded bool, err
 		c.Status, c.Detail = Pass, "no cluster at "+l.Root+" yet: the first `k3sm server` makes it in the embedded SQLite, or in --datastore-endpoint"
 	case !recorded:
 		c.Status, c.Detail, c.Fix = Fail, err.Error(), "restore "+l.DatastoreFile()+" from a backup: it says which database holds the cluster"
-	case rec.Kind == datastore.SQLite && err != nil:
+	case rec.Kind() == datastore.SQLite && err != nil:
 		c.Status, c.Detail = Fail, "embedded SQLite "+l.DBFile()+": "+err.Error()
 		c.Fix = "restore it with `k3sm snapshot restore`, or start a new cluster with a new --data-dir"
-	case rec.Kind == datastore.SQLite:
+	case rec.Kind() == datastore.SQLite:
 		c.Status, c.Detail = Pass, "embedded SQLite "+l.DBFile()
 	case err != nil:
-		c.Status, c.Detail = Fail, rec.Endpoint+" does not answer: "+err.Error()
+		c.Status, c.Detail = Fail, rec.Endpoint()+" does not answer: "+err.Error()
 		c.Fix = "start the database, or fix the host, port, user, password or TLS files of --datastore-endpoint (and --datastore-cafile/certfile/keyfile)"
 	default:
-		c.Status, c.Detail = Pass, rec.Endpoint+" answers"
+		c.Status, c.Detail = Pass, rec.Endpoint()+" answers"
 	}
 	return c
 }

@@ -226,10 +226,10 @@ func TestDatastoreVerdict(t *testing.T) {
 	l := datadir.New("/d")
 	want(t, datastoreVerdict(l, datastore.Record{}, false, nil), Pass, "no cluster at /d yet")
 	want(t, datastoreVerdict(l, datastore.Record{}, false, errors.New("bad json")), Fail, "bad json")
-	sqlite := datastore.Record{Kind: datastore.SQLite}
+	sqlite := datastore.Record{}
 	want(t, datastoreVerdict(l, sqlite, true, nil), Pass, "embedded SQLite /d/server/db/state.db")
 	want(t, datastoreVerdict(l, sqlite, true, os.ErrNotExist), Fail, "file does not exist")
-	pg := datastore.Record{Kind: datastore.Postgres, Endpoint: "postgres://k3s:xxxxx@127.0.0.1:5432/k"}
+	pg := datastore.Record{Config: datastore.Config{Endpoint: "postgres://k3s:pw@127.0.0.1:5432/k"}}
 	want(t, datastoreVerdict(l, pg, true, nil), Pass, "postgres://k3s:xxxxx@127.0.0.1:5432/k answers")
 	c := datastoreVerdict(l, pg, true, errors.New("connection refused"))
 	want(t, c, Fail, "does not answer: connection refused")

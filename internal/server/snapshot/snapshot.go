@@ -101,9 +101,9 @@ func CheckCluster(dataDir string) error {
 	l := datadir.New(dataDir)
 	if rec, ok, err := datastore.Recorded(l); err != nil {
 		return err
-	} else if ok && rec.Kind != datastore.SQLite {
+	} else if ok && rec.Kind() != datastore.SQLite {
 		return fmt.Errorf("%w: the cluster of %s lives in %s (--datastore-endpoint), not in a SQLite file k3sm copies or reads: back it up with %s",
-			ErrExternalDatastore, dataDir, rec.Endpoint, rec.Kind.BackupTool())
+			ErrExternalDatastore, dataDir, rec.Endpoint(), rec.Kind().BackupTool())
 	}
 	if _, err := os.Stat(l.DBFile()); err != nil {
 		return fmt.Errorf("%w at %s (no %s): start `k3sm server --data-dir %s` first, or pass the data dir of an existing cluster with --data-dir or $K3SM_DATA_DIR",
@@ -389,9 +389,9 @@ func Restore(ctx context.Context, o RestoreOptions) (RestoreResult, error) {
 	res.Snapshot = m
 	if rec, ok, err := datastore.Recorded(l); err != nil {
 		return res, err
-	} else if ok && rec.Kind != datastore.SQLite {
+	} else if ok && rec.Kind() != datastore.SQLite {
 		return res, fmt.Errorf("%w: the cluster of %s lives in %s: restore snapshot %s into a new --data-dir, or restore the database with its own tools",
-			ErrExternalDatastore, o.DataDir, rec.Endpoint, o.Name)
+			ErrExternalDatastore, o.DataDir, rec.Endpoint(), o.Name)
 	}
 	src := datadir.New(filepath.Join(o.Dir, o.Name))
 	if _, err := os.Stat(src.DBFile()); err != nil {

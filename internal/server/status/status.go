@@ -182,8 +182,8 @@ func (r *Report) checkRunning(ctx context.Context, l datadir.Layout, pid int, ti
 	// first served from it).
 	rec, recorded, _ := datastore.Recorded(l)
 	kineDetail := "datastore " + l.DBFile()
-	if recorded && rec.Kind != datastore.SQLite {
-		kineDetail = "datastore " + rec.Endpoint
+	if recorded && rec.Kind() != datastore.SQLite {
+		kineDetail = "datastore " + rec.Endpoint()
 	}
 	probes := []struct {
 		name  string
@@ -211,8 +211,8 @@ func (r *Report) checkRunning(ctx context.Context, l datadir.Layout, pid int, ti
 		}
 		ch, ok := children[child]
 		switch {
-		case pr.name == roleconfig.Kine && recorded && rec.Kind == datastore.Etcd:
-			c.Health, c.Detail = Off, "the apiserver speaks to etcd at "+rec.Endpoint+" directly"
+		case pr.name == roleconfig.Kine && recorded && rec.Kind() == datastore.Etcd:
+			c.Health, c.Detail = Off, "the apiserver speaks to etcd at "+rec.Endpoint()+" directly"
 		case pr.name == roleconfig.Netd && ri.NetdSocket != "":
 			// Run apart (as root): not the server's child.
 			pctx, cancel := context.WithTimeout(ctx, timeout)
@@ -311,13 +311,13 @@ func datastoreComponent(ctx context.Context, l datadir.Layout, rec datastore.Rec
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	err := rec.Answer(pctx, l)
 	cancel()
-	what := rec.Endpoint
-	if rec.Kind == datastore.SQLite {
+	what := rec.Endpoint()
+	if rec.Kind() == datastore.SQLite {
 		what = "embedded SQLite " + l.DBFile()
 	}
 	if err != nil {
 		c.Health, c.Detail = Unhealthy, what+" does not answer: "+err.Error()+"; the apiserver can neither read nor write the cluster until it does"
-	} else if rec.Kind == datastore.SQLite {
+	} else if rec.Kind() == datastore.SQLite {
 		c.Health, c.Detail = OK, what
 	} else {
 		c.Health, c.Detail = OK, what+" answers"
