@@ -107,6 +107,14 @@ func TestRecordRefusesAnotherDatastore(t *testing.T) {
 	if fi, err := os.Stat(l.DatastoreFile()); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("record %v %v, want mode 0600 (it holds the password)", fi, err)
 	}
+	// Written at every start: the same record is left as it is.
+	before, _ := os.Stat(l.DatastoreFile())
+	if err := Write(l, pg); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := os.Stat(l.DatastoreFile()); !after.ModTime().Equal(before.ModTime()) {
+		t.Errorf("an unchanged record was written again")
+	}
 	if err := Match(l, Config{Endpoint: "postgres://other:pw@127.0.0.1:5432/k"}); err != nil {
 		t.Errorf("the same database with another user refused: %v", err)
 	}
