@@ -82,15 +82,18 @@ func TestFavorDynamicChanges(t *testing.T) {
 		t.Fatalf("second call: %+v, %v", again, err)
 	}
 	// A join now costs far less than a grace period.
+	// Into a container's cgroups, as the runtime joins: on v2 the subtree
+	// itself has controllers on for its children and takes no process.
 	m := realManager(t, Options{})
-	var dirs []string
-	for _, c := range []string{Memory, CPU} {
-		if d, ok := m.dirs[c]; ok {
-			dirs = append(dirs, d)
-		}
-	}
-	if len(dirs) == 0 {
+	if !m.Has(Memory) && !m.Has(CPU) {
 		t.Skip("no memory or cpu hierarchy")
+	}
+	if err := m.SetPod("u1", Resources{}); err != nil {
+		t.Fatal(err)
+	}
+	dirs, err := m.NewContainer("u1", "main", Resources{})
+	if err != nil {
+		t.Fatal(err)
 	}
 	var took []time.Duration
 	for range 7 {
@@ -114,7 +117,13 @@ func TestFavorDynamicChanges(t *testing.T) {
 		cmd.Wait()
 	}
 	slices.Sort(took)
-	// A grace period is 6-12 ms here; a median above 3 ms says none was saved.
+	// A grace period is 6-12 ms here; a median above 3 ms says none was
+	// saved. Under an emulated CPU (the test VM without KVM) every step is
+	// several times slower: the mount option above is what is checked.
+	if os.Getenv("K3SM_TEST_EMULATED_CPU") != "" {
+		t.Logf("emulated CPU: join with %s took %v (not judged)", FavorDynMods, took)
+		return
+	}
 	if took[len(took)/2] > 3*time.Millisecond {
 		t.Fatalf("joining %v took %v (median %v): favordynmods did not take effect", dirs, took, took[len(took)/2])
 	}
