@@ -2,9 +2,11 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -121,7 +123,7 @@ func TestIntegrationOOMKilledBySampler(t *testing.T) {
 }
 
 func TestIntegrationStatsFromCgroups(t *testing.T) {
-	e, _ := newResourcesEnv(t, false)
+	e, opts := newResourcesEnv(t, false)
 	spec := e.podSpec("stats", "alloc:50Mi", "forever")
 	spec.Containers = append(spec.Containers, &runtimev1.ContainerSpec{Name: "spin", Image: e.image, Args: []string{"spin:1h"},
 		Resources: &runtimev1.Resources{CpuLimitMillis: 100, CpuRequestMillis: 100}})
@@ -130,6 +132,22 @@ func TestIntegrationStatsFromCgroups(t *testing.T) {
 		cs := st.GetContainerStatuses()
 		return len(cs) == 2 && cs[0].GetState().GetRunning() != nil && cs[1].GetState().GetRunning() != nil
 	})
+	// On cgroup v2 the kernel creates the workload in its cgroup
+	// (CLONE_INTO_CGROUP); v1 has one directory per controller, and the
+	// shim moves it there before it runs.
+	v2 := cgroups.New(opts).Version() == cgroups.V2
+	for _, c := range []string{"main", "spin"} {
+		b, err := os.ReadFile(filepath.Join(e.dir, "pods", spec.GetUid(), "attempts", c, "0", "shim.json"))
+		var st struct {
+			BornInCgroup bool `json:"bornInCgroup"`
+		}
+		if err == nil {
+			err = json.Unmarshal(b, &st)
+		}
+		if err != nil || st.BornInCgroup != v2 {
+			t.Errorf("%s: shim.json %s (%v): bornInCgroup %v, want %v (cgroup v2: %v)", c, b, err, st.BornInCgroup, v2, v2)
+		}
+	}
 	read := func() map[string]*runtimev1.ContainerStats {
 		r, err := e.c.Runtime.ListPodStats(context.Background(), &runtimev1.ListPodStatsRequest{PodUid: spec.GetUid()})
 		if err != nil {

@@ -137,15 +137,33 @@ func Start(spec *Spec, ms []mounts.Mount, stage, scratch string, cgroups []strin
 		// there, and an unmapped uid loses its capabilities at exec.
 		a.Credential = &syscall.Credential{Uid: 0, Gid: 0, NoSetGroups: true}
 	}
-	cmd := &exec.Cmd{
-		Path: path, Args: args, Dir: "/", Env: env0,
-		Stdin: stdin, Stdout: stdout, Stderr: stderr,
-		ExtraFiles:  extra,
-		SysProcAttr: &a,
+	newCmd := func(a syscall.SysProcAttr) *exec.Cmd {
+		return &exec.Cmd{
+			Path: path, Args: args, Dir: "/", Env: env0,
+			Stdin: stdin, Stdout: stdout, Stderr: stderr,
+			ExtraFiles:  extra,
+			SysProcAttr: &a,
+		}
 	}
+	var cmd *exec.Cmd
 	if tgt != nil {
+		cmd = newCmd(a)
 		err = tgt.start(cmd)
+	} else if cg := openCgroup2(cgroups); cg != nil {
+		// One cgroup v2 directory: born in it (clone3 with
+		// CLONE_INTO_CGROUP), never a moment in the shim's cgroup and no
+		// migration. A kernel or sandbox that refuses it (ENOSYS, EPERM
+		// from a seccomp filter, EACCES) gets the join below.
+		born := a
+		born.UseCgroupFD, born.CgroupFD = true, int(cg.Fd())
+		cmd = newCmd(born)
+		if err = cmd.Start(); err != nil {
+			cmd = newCmd(a)
+			err = cmd.Start()
+		}
+		cg.Close()
 	} else {
+		cmd = newCmd(a)
 		err = cmd.Start()
 	}
 	cfgR.Close()
@@ -174,8 +192,10 @@ func Start(spec *Spec, ms []mounts.Mount, stage, scratch string, cgroups []strin
 	if err := unix.Sendmsg(cfgW, b, nil, nil, 0); err != nil {
 		return fail(fmt.Errorf("configure the container's init: %w", err))
 	}
-	if err := JoinCgroups(cgroups, cmd.Process.Pid); err != nil {
-		return fail(err)
+	if !BornInCgroup(cmd) {
+		if err := JoinCgroups(cgroups, cmd.Process.Pid); err != nil {
+			return fail(err)
+		}
 	}
 	if !rootless {
 		// A shim in its pod's user namespace (a runtime that is not
@@ -529,4 +549,27 @@ func (r *root) sys() error {
 		return fmt.Errorf("read-only: %w", err)
 	}
 	return nil
+}
+
+// openCgroup2 opens the one cgroup directory of dirs when it is on a
+// cgroup2 filesystem (for CLONE_INTO_CGROUP), else returns nil.
+func openCgroup2(dirs []string) *os.File {
+	if len(dirs) != 1 {
+		return nil
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dirs[0], &st); err != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+		return nil
+	}
+	f, err := os.OpenFile(dirs[0], os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	return f
+}
+
+// BornInCgroup reports whether cmd, started by Start, was created in its
+// cgroup by the kernel (CLONE_INTO_CGROUP) rather than moved there.
+func BornInCgroup(cmd *exec.Cmd) bool {
+	return cmd != nil && cmd.SysProcAttr != nil && cmd.SysProcAttr.UseCgroupFD
 }

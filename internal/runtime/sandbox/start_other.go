@@ -33,6 +33,9 @@ func Start(spec *Spec, ms []mounts.Mount, stage, scratch string, cgroups []strin
 	return nil, errLinuxOnly
 }
 
+// BornInCgroup is false: Start starts nothing here.
+func BornInCgroup(cmd *exec.Cmd) bool { return false }
+
 // EnterArgv is argv itself: there are no namespaces to enter.
 func EnterArgv(shim, attemptDir, dir string, argv []string) []string { return argv }
 

@@ -122,13 +122,16 @@ type Request struct {
 
 // Response answers a Request.
 type Response struct {
-	ShimPid    int         `json:"shimPid"`
-	Pid        int         `json:"pid"`
-	StartedAt  time.Time   `json:"startedAt"`
-	StartTicks uint64      `json:"startTicks,omitempty"`
-	Running    bool        `json:"running"`
-	Exit       *ExitStatus `json:"exit,omitempty"`
-	Error      string      `json:"error,omitempty"`
+	ShimPid    int       `json:"shimPid"`
+	Pid        int       `json:"pid"`
+	StartedAt  time.Time `json:"startedAt"`
+	StartTicks uint64    `json:"startTicks,omitempty"`
+	Running    bool      `json:"running"`
+	// BornInCgroup: the kernel created the workload in its cgroup
+	// (CLONE_INTO_CGROUP, cgroup v2); else it was moved there before it ran.
+	BornInCgroup bool        `json:"bornInCgroup,omitempty"`
+	Exit         *ExitStatus `json:"exit,omitempty"`
+	Error        string      `json:"error,omitempty"`
 }
 
 // Main runs the shim for the state directory given as the only argument and
@@ -326,7 +329,7 @@ func start(dir string) (*server, error) {
 	// background jobs end with it too.
 	s.group = procgroup.New(s.pid, s.cfg.TTY)
 	s.startTicks = procgroup.StartTicks(s.pid) // a child not yet reaped: its own
-	st, _ := json.Marshal(Response{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt, StartTicks: s.startTicks, Running: true})
+	st, _ := json.Marshal(Response{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt, StartTicks: s.startTicks, Running: true, BornInCgroup: sandbox.BornInCgroup(s.cmd)})
 	// Atomic, not fsynced: it describes processes that cannot outlive a
 	// crash of the machine, and it is on every container's start path.
 	if err := atomicfile.WriteFileNoSync(filepath.Join(dir, PidFile), st, 0o600); err != nil {
@@ -463,7 +466,7 @@ func (s *server) accept() {
 func (s *server) state() Response {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Response{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt, StartTicks: s.startTicks, Running: s.exit == nil, Exit: s.exit}
+	return Response{ShimPid: os.Getpid(), Pid: s.pid, StartedAt: s.startedAt, StartTicks: s.startTicks, Running: s.exit == nil, BornInCgroup: sandbox.BornInCgroup(s.cmd), Exit: s.exit}
 }
 
 func (s *server) serve(c *net.UnixConn) {
