@@ -23,7 +23,7 @@ LDFLAGS := -s -w \
 
 BINARIES := bin/k3sm bin/k3sm-runtimed bin/k3sm-shim bin/k3sm-netd bin/k3sm-helm bin/klimax
 
-.PHONY: all build run test test-unit test-e2e test-integration fuzz-netd darwin vet bench clean node-image FORCE
+.PHONY: all build run test test-unit test-e2e test-integration fuzz-netd darwin vet bench clean node-image test-vm FORCE
 all: build
 build: $(BINARIES)
 
@@ -51,15 +51,15 @@ run: bin/k3sm bin/k3sm-runtimed bin/k3sm-shim bin/k3sm-netd bin/k3sm-helm
 # Everything CI runs: vet, unit tests (with -race where there is
 # concurrency), the darwin build and vet, the offline kind node image (built
 # once per machine, then reused), then integration tests (klimax creates real
-# kind clusters from that image) and end-to-end tests against the real
-# binaries.
-test: vet test-unit darwin node-image test-integration test-e2e
+# kind clusters from that image), end-to-end tests against the real
+# binaries, and the VM stage (systemd on cgroup v2, which this machine is not).
+test: vet test-unit darwin node-image test-integration test-e2e test-vm
 
 vet:
 	@unformatted=$$(gofmt -l cmd internal api test bench hack 2>/dev/null); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
 
-UNIT_PKGS = $$($(GO) list ./... | grep -v -e /test/e2e -e /internal/upstream -e /cmd/k3sm$$)
+UNIT_PKGS = $$($(GO) list ./... | grep -v -e /test/ -e /internal/upstream -e /cmd/k3sm$$)
 test-unit:
 	CGO_ENABLED=1 $(GO) test -race -short -count=1 $(UNIT_PKGS)
 	# A count, not a duration: a duration races the fuzz coordinator's own
@@ -78,6 +78,13 @@ test-e2e: bin/k3sm bin/k3sm-runtimed bin/k3sm-shim bin/k3sm-netd bin/k3sm-helm
 	@mkdir -p _output
 	K3SM_BIN=$(CURDIR)/bin/k3sm $(GO) test -count=1 -v -timeout 40m ./test/e2e/... 2>&1 | tee _output/e2e.log | \
 		grep -E '^(=== RUN|\s*--- |PASS|FAIL|ok|panic)|_test\.go:[0-9]+:' ; exit $${PIPESTATUS[0]}
+
+# The test VM (internal/testutil/vmtest): a Debian 12 guest with systemd on
+# the unified cgroup v2 hierarchy under QEMU, its image built once per
+# machine and cached by version. It prints the guest's kernel and cgroup
+# filesystem as it starts; K3SM_REQUIRE_VM makes "no VM here" a failure.
+test-vm:
+	K3SM_REQUIRE_VM=1 $(GO) test -count=1 -timeout 20m ./test/vm/...
 
 # The offline kind node image (klimax node-image build) and kind; cached by
 # version outside the clone, a no-op when built. Without Docker it does

@@ -25,6 +25,9 @@ const childEnv = "K3SM_CGROUPS_TEST_CHILD"
 // a mount namespace where /sys was remounted (TestDetectUnderRemountedSys).
 const remountSysEnv = "K3SM_CGROUPS_TEST_REMOUNT_SYS"
 
+// strictCPUEnv holds TestCPULimitHoldsBusyLoop to 10 % ± 3 over 10 s.
+const strictCPUEnv = "K3SM_CGROUPS_TEST_STRICT_CPU"
+
 func TestMain(m *testing.M) {
 	if op := os.Getenv(childEnv); op != "" {
 		os.Exit(child(op))
@@ -315,16 +318,23 @@ func TestCPULimitHoldsBusyLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A shared, loaded CI host gets a short window and wide bounds; the
+	// test VM (test/vm), with nothing else running, the 10 s and
+	// 10 % ± 3.
+	window, lo, hi := 3*time.Second, 0.05, 0.20
+	if os.Getenv(strictCPUEnv) != "" {
+		window, lo, hi = 10*time.Second, 0.07, 0.13
+	}
 	t0 := time.Now()
-	time.Sleep(3 * time.Second)
+	time.Sleep(window)
 	u1, err := m.ContainerUsage("u1", "spin")
 	if err != nil {
 		t.Fatal(err)
 	}
 	share := float64(u1.CPUNanos-u0.CPUNanos) / float64(time.Since(t0).Nanoseconds())
-	t.Logf("busy loop under 100m: %.1f %% of a core", share*100)
-	if share < 0.05 || share > 0.20 {
-		t.Errorf("busy loop used %.1f %% of a core under a 100m limit, want 5-20 %%", share*100)
+	t.Logf("busy loop under 100m: %.1f %% of a core over %s (%s)", share*100, window, m.Version())
+	if share < lo || share > hi {
+		t.Errorf("busy loop used %.1f %% of a core under a 100m limit, want %.0f-%.0f %%", share*100, lo*100, hi*100)
 	}
 	if u1.Processes != 1 {
 		t.Errorf("processes %d, want 1", u1.Processes)

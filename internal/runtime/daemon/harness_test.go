@@ -36,6 +36,12 @@ var (
 
 const subprocessEnv = "K3SM_RUNTIME_TEST_DAEMON_DIR"
 
+// The shim and the test program, prebuilt (test/vm sets both).
+const (
+	prebuiltShimEnv = "K3SM_RUNTIME_TEST_SHIM_BIN"
+	prebuiltProgEnv = "K3SM_RUNTIME_TEST_PROG_BIN"
+)
+
 func TestMain(m *testing.M) {
 	// Re-exec mode: this test binary acts as a standalone daemon, so a test
 	// can kill -9 it.
@@ -46,17 +52,22 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	shimBin = filepath.Join(dir, "k3sm-shim")
-	// Static, as `make` builds it: the sandbox runs it inside pod roots.
-	build := exec.Command("go", "build", "-o", shimBin, "github.com/k3sm-dev/k3sm/cmd/k3sm-shim")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build shim: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	if progBin, err = imagetest.BuildProg(dir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+	// Prebuilt where no Go toolchain is (the test VM, test/vm): both, or
+	// neither.
+	shimBin, progBin = os.Getenv(prebuiltShimEnv), os.Getenv(prebuiltProgEnv)
+	if shimBin == "" || progBin == "" {
+		shimBin = filepath.Join(dir, "k3sm-shim")
+		// Static, as `make` builds it: the sandbox runs it inside pod roots.
+		build := exec.Command("go", "build", "-o", shimBin, "github.com/k3sm-dev/k3sm/cmd/k3sm-shim")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "build shim: %v\n%s", err, out)
+			os.Exit(1)
+		}
+		if progBin, err = imagetest.BuildProg(dir); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
