@@ -415,7 +415,11 @@ func mayEnableV2(d string, cs []string) error {
 }
 
 // delegatedV2: systemd marks a cgroup it delegated (Delegate=yes) with
-// trusted.delegate (system services, v251+) or user.delegate.
+// trusted.delegate (system services, v251+) or user.delegate. A user's
+// systemd (252, Debian 12's) marks nothing in its units, but delegation
+// gives the unit's cgroup to its uid: a cgroup an unprivileged process
+// owns is one handed to it (found under `systemd-run --user -p
+// Delegate=yes`, test/vm).
 func delegatedV2(d string) bool {
 	buf := make([]byte, 8)
 	for _, x := range []string{"trusted.delegate", "user.delegate"} {
@@ -423,7 +427,9 @@ func delegatedV2(d string) bool {
 			return true
 		}
 	}
-	return false
+	var st unix.Stat_t
+	euid := os.Geteuid()
+	return euid != 0 && unix.Stat(d, &st) == nil && int(st.Uid) == euid
 }
 
 // evacuate moves every process of cgroup d into d/supervisor, so that d
