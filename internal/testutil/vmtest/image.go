@@ -34,11 +34,11 @@ const Suite = "bookworm"
 const Mirror = "http://deb.debian.org/debian"
 
 // Packages are the guest's Debian packages beyond debootstrap's minbase:
-// systemd as init with logind (user delegation), Debian's cloud kernel, the
-// ssh control channel, and what k3sm uses on a host (iproute2, nftables,
-// uidmap for the rootless sandbox).
+// systemd as init with logind and a user bus (systemd-run --user, for user
+// delegation), Debian's cloud kernel, the ssh control channel, and what
+// k3sm uses on a host (iproute2, nftables, uidmap for the rootless sandbox).
 var Packages = []string{
-	"systemd", "systemd-sysv", "udev", "dbus", "libpam-systemd",
+	"systemd", "systemd-sysv", "udev", "dbus", "dbus-user-session", "libpam-systemd",
 	"linux-image-cloud-amd64", "openssh-server",
 	"iproute2", "nftables", "uidmap", "passwd", "procps", "kmod", "busybox-static",
 }
@@ -105,6 +105,13 @@ func Build(ctx context.Context, logf func(string, ...any)) (*Image, error) {
 	if _, err := os.Stat(filepath.Join(dir, "done")); err != nil {
 		if err := build(ctx, img, logf); err != nil {
 			return nil, fmt.Errorf("build the test VM image in %s: %w", dir, err)
+		}
+		// Other versions' images are of no more use here.
+		old, _ := filepath.Glob(filepath.Join(CacheDir(), Suite+"-*"))
+		for _, o := range old {
+			if o != dir {
+				os.RemoveAll(o)
+			}
 		}
 	}
 	key, err := os.ReadFile(filepath.Join(dir, "id_ed25519"))
