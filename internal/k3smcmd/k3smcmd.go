@@ -140,6 +140,7 @@ func serverFlags(f *pflag.FlagSet, cfg *controlplane.Config, dc *deployConfig) {
 	f.IntVar(&cfg.KubeletPort, "kubelet-port", cfg.KubeletPort, "port of this node's kubelet API")
 	f.IntVar(&cfg.RegistryPort, "registry-port", 0, "serve a node-local OCI registry backed by the image store on 127.0.0.1:PORT (0: off); pods run images pushed there")
 	f.IntVar(&cfg.MaxPods, "max-pods", cfg.MaxPods, "pods this node runs at most (the kubelet's --max-pods)")
+	f.Int64Var(&cfg.PodMaxPids, "pod-max-pids", cfg.PodMaxPids, "processes and threads each pod may have at once (cgroup pids.max; the kubelet's --pod-max-pids); -1: no limit")
 	f.StringVar(&cfg.DNSConfig, "dns-config", "", "file of per-domain forwards for the cluster DNS (forward: [{domain: corp.example, servers: [192.0.2.53]}])")
 	f.StringVar(&cfg.PodNetwork, "pod-network", cfg.PodNetwork, "auto: a network namespace and IP per pod (k3sm-netd) when run as root on Linux, else the node's network; netns: require it; host: pods share the node's network")
 	f.StringVar(&cfg.NetdSocket, "netd-socket", "", "use the k3sm-netd serving this socket, run apart as root, instead of starting one: pods get their own network while k3sm itself is not root (its uid must be netd's allowedUID)")

@@ -118,6 +118,9 @@ type RuntimeConfig struct {
 	// KeepCgroupAttachMode leaves the host's cgroup2 favordynmods as it is
 	// (--cgroup-favordynmods=false).
 	KeepCgroupAttachMode bool `json:"keepCgroupAttachMode,omitempty"`
+	// PodPidsLimit caps each pod's tasks (--pod-max-pids): 0 the runtime's
+	// default, -1 none.
+	PodPidsLimit int64 `json:"podPidsLimit,omitempty"`
 }
 
 // NodeConfig is the node role: the Virtual Kubelet of this machine.

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -58,5 +59,6 @@ func configFromRole(rc roleconfig.RuntimeConfig) (Config, error) {
 	}
 	return Config{DataDir: rc.DataDir, MemoryThreshold: memThreshold, HousekeepingInterval: rc.Disk.HousekeepingInterval, Socket: rc.Socket, RegistriesFile: rc.RegistriesFile, MaxPods: rc.MaxPods, RegistryPort: rc.RegistryPort,
 		NetdSocket: rc.NetdSocket, NoPodNetworkReason: rc.NoPodNetworkReason, ServiceCIDR: rc.ServiceCIDR, ClusterCIDR: rc.ClusterCIDR, KeepCgroupAttachMode: rc.KeepCgroupAttachMode,
+		Cgroups:             cgroups.Options{PodPidsLimit: rc.PodPidsLimit},
 		ContainerLogMaxSize: size, ContainerLogMaxFiles: rc.Disk.ContainerLogMaxFiles, Version: version.Version}, nil
 }

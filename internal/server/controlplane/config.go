@@ -20,6 +20,7 @@ import (
 
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
+	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
 	"github.com/k3sm-dev/k3sm/internal/server/datastore"
 	"github.com/spf13/pflag"
 )
@@ -39,6 +40,9 @@ type Config struct {
 	NodeIP           string
 	KubeletPort      int
 	MaxPods          int
+	// PodMaxPids (--pod-max-pids, the kubelet's flag) caps each pod's
+	// processes and threads (cgroup pids.max); -1: no limit.
+	PodMaxPids int64
 	// RegistryPort serves the node-local OCI registry on 127.0.0.1 (0: off).
 	RegistryPort int
 	// PodNetwork: "auto" (a network namespace and address per pod through
@@ -125,6 +129,7 @@ func Defaults() Config {
 		NodeName:              strings.ToLower(host),
 		KubeletPort:           10250,
 		MaxPods:               110,
+		PodMaxPids:            cgroups.DefaultPodPidsLimit,
 		PodNetwork:            "auto",
 		ServiceProxy:          "auto",
 		NodeTaint:             DefaultNodeTaint(goruntime.GOOS),
@@ -198,6 +203,9 @@ func (c *Config) Validate() error {
 	}
 	if c.RegistryPort < 0 || c.RegistryPort > 65535 {
 		add("registry-port", fmt.Sprint(c.RegistryPort), "must be a TCP port", "use e.g. 5000, or 0 for no registry")
+	}
+	if c.PodMaxPids < -1 || c.PodMaxPids == 0 {
+		add("pod-max-pids", fmt.Sprint(c.PodMaxPids), "must be -1 (no limit) or at least 1", fmt.Sprintf("use e.g. %d, the default", cgroups.DefaultPodPidsLimit))
 	}
 	if c.MaxPods < 1 {
 		add("max-pods", fmt.Sprint(c.MaxPods), "must be at least 1", "use e.g. 110")

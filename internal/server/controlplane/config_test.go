@@ -26,6 +26,8 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"pod range too small", func(c *Config) { c.ClusterCIDR = "100.64.0.0/28" }, []string{"--cluster-cidr", "/24"}},
 		{"pod range too small for max-pods", func(c *Config) { c.ClusterCIDR, c.MaxPods = "100.64.0.0/23", 510 }, []string{"--cluster-cidr", "/22", "--max-pods 510"}},
 		{"max-pods beyond a /16", func(c *Config) { c.MaxPods = 70000 }, []string{"--max-pods", "65533"}},
+		{"pod-max-pids zero", func(c *Config) { c.PodMaxPids = 0 }, []string{"--pod-max-pids", "-1 (no limit)", "4096"}},
+		{"pod-max-pids below -1", func(c *Config) { c.PodMaxPids = -5 }, []string{"--pod-max-pids", "-5"}},
 		{"san", func(c *Config) { c.TLSSANs = []string{"a b"} }, []string{"--tls-san"}},
 		{"node name", func(c *Config) { c.NodeName = "Bad_Name" }, []string{"--node-name"}},
 	}

@@ -246,7 +246,7 @@ func openStartGate(path string) error {
 func runtimeConfig(p *controlplane.Plane) roleconfig.RuntimeConfig {
 	return roleconfig.RuntimeConfig{DataDir: p.Cfg.DataDir, Socket: p.Layout.RuntimeSocket(),
 		RegistriesFile: p.Cfg.RegistriesConfig, MaxPods: int64(p.Cfg.MaxPods), RegistryPort: p.Cfg.RegistryPort, Disk: p.Cfg.Disk,
-		KeepCgroupAttachMode: !p.Cfg.CgroupFavorDynMods}
+		KeepCgroupAttachMode: !p.Cfg.CgroupFavorDynMods, PodPidsLimit: p.Cfg.PodMaxPids}
 }
 
 // nodeConfig is what the node runs with.
