@@ -26,7 +26,13 @@ import (
 var (
 	guest   *vmtest.VM
 	skipWhy string
+	// binSkip says why the k3sm binaries are not in the guest ("" when
+	// they are, in /mnt/k3sm/bin).
+	binSkip string
 )
+
+// k3smBinaries are what `k3sm install` installs, from beside $K3SM_BIN.
+var k3smBinaries = []string{"k3sm", "k3sm-runtimed", "k3sm-shim", "k3sm-netd", "k3sm-helm"}
 
 // testBinaries are the packages whose tests run in the guest, compiled
 // here (the guest has no Go): name in the share -> package.
@@ -63,7 +69,8 @@ func run(m *testing.M) int {
 		return 1
 	}
 	t1 := time.Now()
-	guest, err = vmtest.Boot(ctx, img, vmtest.Options{Share: share, Work: work})
+	// The server and its pods want more than the 2 GiB default.
+	guest, err = vmtest.Boot(ctx, img, vmtest.Options{Share: share, Work: work, MemoryMB: 3072})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -109,7 +116,25 @@ func buildShare(ctx context.Context, dir string) error {
 	if err != nil {
 		return err
 	}
-	return os.Rename(prog, filepath.Join(dir, "prog"))
+	if err := os.Rename(prog, filepath.Join(dir, "prog")); err != nil {
+		return err
+	}
+	// The real binaries `make` built (make test-vm sets K3SM_BIN).
+	k3sm := os.Getenv("K3SM_BIN")
+	if k3sm == "" {
+		binSkip = "K3SM_BIN is not set: make test-vm builds bin/ and sets it"
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
+		return err
+	}
+	for _, b := range k3smBinaries {
+		src := filepath.Join(filepath.Dir(k3sm), b)
+		if out, err := exec.CommandContext(ctx, "cp", src, filepath.Join(dir, "bin", b)).CombinedOutput(); err != nil {
+			return fmt.Errorf("%s: %v %s (build it with make bin/%s)", src, err, out, b)
+		}
+	}
+	return nil
 }
 
 func moduleRoot() (string, error) {
