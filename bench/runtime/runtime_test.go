@@ -81,16 +81,20 @@ func collect(t *testing.T, lat <-chan time.Duration, n int, timeout time.Duratio
 // shimAndImage builds the shim (static, as `make` does: the sandbox runs
 // it inside pod roots) and the test image, served from a local registry.
 func shimAndImage(t *testing.T) (shimBin, ref string) {
-	bin := t.TempDir()
-	shimBin = filepath.Join(bin, "k3sm-shim")
-	build := exec.Command("go", "build", "-o", shimBin, "github.com/k3sm-dev/k3sm/cmd/k3sm-shim")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("%v %s", err, out)
-	}
-	prog, err := imagetest.BuildProg(bin)
-	if err != nil {
-		t.Fatal(err)
+	// Prebuilt where there is no Go toolchain (the test VM: test/vm).
+	shimBin, prog := os.Getenv("K3SM_RUNTIME_TEST_SHIM_BIN"), os.Getenv("K3SM_RUNTIME_TEST_PROG_BIN")
+	if shimBin == "" || prog == "" {
+		bin := t.TempDir()
+		shimBin = filepath.Join(bin, "k3sm-shim")
+		build := exec.Command("go", "build", "-o", shimBin, "github.com/k3sm-dev/k3sm/cmd/k3sm-shim")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("%v %s", err, out)
+		}
+		var err error
+		if prog, err = imagetest.BuildProg(bin); err != nil {
+			t.Fatal(err)
+		}
 	}
 	reg := imagetest.StartRegistry(t, "", "")
 	img, _ := imagetest.Image(prog, v1.Platform{})

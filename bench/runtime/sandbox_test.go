@@ -79,66 +79,7 @@ func TestSandboxCost(t *testing.T) {
 	}
 
 	seq := 0
-	// start creates n pods at once and returns each one's create → Running.
-	start := func(c *client.Client, n int) []time.Duration {
-		ctx := context.Background()
-		stream, err := c.Runtime.WatchPodStatus(ctx, &runtimev1.WatchPodStatusRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var mu sync.Mutex
-		created := map[string]time.Time{}
-		lat := make(chan time.Duration, n)
-		go func() {
-			seen := map[string]bool{}
-			for {
-				m, err := stream.Recv()
-				if err != nil {
-					return
-				}
-				st := m.GetStatus()
-				if st == nil || seen[st.GetUid()] || st.GetPhase() != runtimev1.PodPhase_POD_PHASE_RUNNING {
-					continue
-				}
-				mu.Lock()
-				t0, ok := created[st.GetUid()]
-				mu.Unlock()
-				if ok {
-					seen[st.GetUid()] = true
-					lat <- time.Since(t0)
-				}
-			}
-		}()
-		var uids []string
-		var wg sync.WaitGroup
-		for i := 0; i < n; i++ {
-			seq++
-			uid := fmt.Sprintf("bench-%06d", seq)
-			uids = append(uids, uid)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				mu.Lock()
-				created[uid] = time.Now()
-				mu.Unlock()
-				if _, err := c.Runtime.CreatePod(ctx, &runtimev1.CreatePodRequest{Pod: benchPod(uid, ref)}); err != nil {
-					t.Error(err)
-				}
-			}()
-		}
-		wg.Wait()
-		ds := collect(t, lat, n, 3*time.Minute)
-		zero := int64(0)
-		for _, uid := range uids {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				c.Runtime.DeletePod(ctx, &runtimev1.DeletePodRequest{Uid: uid, GracePeriodSeconds: &zero, Wait: true})
-			}()
-		}
-		wg.Wait()
-		return ds
-	}
+	start := func(c *client.Client, n int) []time.Duration { return startPods(t, c, ref, n, &seq) }
 	one := map[string][]time.Duration{}
 	bursts := map[string][]time.Duration{}
 	for r := 0; r < rounds; r++ {
@@ -225,4 +166,67 @@ func rootlessDaemon(t *testing.T, shimBin, ref string) *client.Client {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// startPods creates n pods at once on c (uids from *seq on) and returns
+// each one's create → Running, seen through the runtime's watch; then
+// deletes them.
+func startPods(t *testing.T, c *client.Client, ref string, n int, seq *int) []time.Duration {
+	ctx := context.Background()
+	stream, err := c.Runtime.WatchPodStatus(ctx, &runtimev1.WatchPodStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	created := map[string]time.Time{}
+	lat := make(chan time.Duration, n)
+	go func() {
+		seen := map[string]bool{}
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			st := m.GetStatus()
+			if st == nil || seen[st.GetUid()] || st.GetPhase() != runtimev1.PodPhase_POD_PHASE_RUNNING {
+				continue
+			}
+			mu.Lock()
+			t0, ok := created[st.GetUid()]
+			mu.Unlock()
+			if ok {
+				seen[st.GetUid()] = true
+				lat <- time.Since(t0)
+			}
+		}
+	}()
+	var uids []string
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		*seq++
+		uid := fmt.Sprintf("bench-%06d", *seq)
+		uids = append(uids, uid)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mu.Lock()
+			created[uid] = time.Now()
+			mu.Unlock()
+			if _, err := c.Runtime.CreatePod(ctx, &runtimev1.CreatePodRequest{Pod: benchPod(uid, ref)}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	ds := collect(t, lat, n, 3*time.Minute)
+	zero := int64(0)
+	for _, uid := range uids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.Runtime.DeletePod(ctx, &runtimev1.DeletePodRequest{Uid: uid, GracePeriodSeconds: &zero, Wait: true})
+		}()
+	}
+	wg.Wait()
+	return ds
 }

@@ -12,6 +12,7 @@ package vm
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -97,7 +98,11 @@ func buildShare(ctx context.Context, dir string) error {
 	if err != nil {
 		return err
 	}
-	for name, pkg := range testBinaries {
+	bins := maps.Clone(testBinaries)
+	if os.Getenv(benchEnv) != "" {
+		bins["runtimebench.test"] = "./bench/runtime"
+	}
+	for name, pkg := range bins {
 		cmd := exec.CommandContext(ctx, "go", "test", "-c", "-o", filepath.Join(dir, name), pkg)
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")

@@ -46,6 +46,11 @@ type Config struct {
 	// DisableSandbox runs containers without the sandbox (benchmarks
 	// measuring its cost; see pod.Config).
 	DisableSandbox bool
+	// JoinCgroupsAfterStart moves each container's first process into its
+	// cgroup after it was created, where cgroup v2 would let the kernel
+	// create it there (CLONE_INTO_CGROUP): the benchmark's comparison,
+	// never for real use.
+	JoinCgroupsAfterStart bool
 	// ShimPath is the k3sm-shim binary; default: k3sm-shim next to the
 	// running executable, else on $PATH.
 	ShimPath string
@@ -192,7 +197,7 @@ func Run(ctx context.Context, cfg Config) error {
 		ln.Close()
 		return err
 	}
-	starter := &shimclient.Starter{ShimPath: cfg.ShimPath, SocketDir: shimDir}
+	starter := &shimclient.Starter{ShimPath: cfg.ShimPath, SocketDir: shimDir, JoinCgroupsAfterStart: cfg.JoinCgroupsAfterStart}
 	var network pod.Network
 	var netd *netdNetwork
 	if cfg.NetdSocket != "" {

@@ -58,9 +58,11 @@ const InitArg = "init"
 // Targets as the container sees them). With stage "" the container keeps
 // the shim's view of the host's files, with ms mounted on it by
 // mounts.Apply (scratch is its stage directory).
-// Start returns once the workload runs, or the error that kept it from
-// running.
-func Start(spec *Spec, ms []mounts.Mount, stage, scratch string, cgroups []string, argv, env []string, dir string, stdin, stdout, stderr *os.File, attrs *syscall.SysProcAttr) (*exec.Cmd, error) {
+// On cgroup v2 the init is created in its cgroup (CLONE_INTO_CGROUP)
+// unless joinCgroups, which moves it there after it was created (the
+// benchmark's comparison). Start returns once the workload runs, or the
+// error that kept it from running.
+func Start(spec *Spec, ms []mounts.Mount, stage, scratch string, cgroups []string, joinCgroups bool, argv, env []string, dir string, stdin, stdout, stderr *os.File, attrs *syscall.SysProcAttr) (*exec.Cmd, error) {
 	rootless := Rootless()
 	var tgt *target
 	path, args := fdPath(exeFD), []string{"k3sm-shim", InitArg}
@@ -145,11 +147,15 @@ func Start(spec *Spec, ms []mounts.Mount, stage, scratch string, cgroups []strin
 			SysProcAttr: &a,
 		}
 	}
+	var cg *os.File
+	if tgt == nil && !joinCgroups {
+		cg = openCgroup2(cgroups)
+	}
 	var cmd *exec.Cmd
 	if tgt != nil {
 		cmd = newCmd(a)
 		err = tgt.start(cmd)
-	} else if cg := openCgroup2(cgroups); cg != nil {
+	} else if cg != nil {
 		// One cgroup v2 directory: born in it (clone3 with
 		// CLONE_INTO_CGROUP), never a moment in the shim's cgroup and no
 		// migration. A kernel or sandbox that refuses it (ENOSYS, EPERM

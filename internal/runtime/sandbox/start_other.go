@@ -29,7 +29,7 @@ func Available() bool { return false }
 func Rootless() bool { return false }
 
 // Start is Linux-only.
-func Start(spec *Spec, ms []mounts.Mount, stage, scratch string, cgroups []string, argv, env []string, dir string, stdin, stdout, stderr *os.File, attrs *syscall.SysProcAttr) (*exec.Cmd, error) {
+func Start(spec *Spec, ms []mounts.Mount, stage, scratch string, cgroups []string, joinCgroups bool, argv, env []string, dir string, stdin, stdout, stderr *os.File, attrs *syscall.SysProcAttr) (*exec.Cmd, error) {
 	return nil, errLinuxOnly
 }
 

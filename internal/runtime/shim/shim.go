@@ -82,6 +82,10 @@ type Config struct {
 	// placed in before it runs: it and everything it forks are accounted
 	// and limited there.
 	Cgroups []string `json:"cgroups,omitempty"`
+	// JoinCgroupsAfterStart moves the workload into Cgroups after it was
+	// created even where the kernel could create it there
+	// (CLONE_INTO_CGROUP): a benchmark's comparison, never for real use.
+	JoinCgroupsAfterStart bool `json:"joinCgroupsAfterStart,omitempty"`
 }
 
 // Ready is the start-up report on ReadyFD.
@@ -290,7 +294,7 @@ func start(dir string) (*server, error) {
 		if imageRoot {
 			stage = filepath.Join(dir, RootStage)
 		}
-		s.cmd, startErr = sandbox.Start(s.cfg.Sandbox, s.cfg.Mounts, stage, filepath.Join(dir, MountStage), s.cfg.Cgroups,
+		s.cmd, startErr = sandbox.Start(s.cfg.Sandbox, s.cfg.Mounts, stage, filepath.Join(dir, MountStage), s.cfg.Cgroups, s.cfg.JoinCgroupsAfterStart,
 			s.cfg.Argv, s.cfg.Env, s.cfg.Dir, stdinR, outW, errW, attrs)
 	} else if len(s.cfg.Mounts) > 0 {
 		// Without the capability an unprivileged daemon's shim mounts
