@@ -1,15 +1,11 @@
 package runtimebench
 
 import (
-	"context"
 	"fmt"
 	"os"
-	"sort"
 	"testing"
 	"time"
 
-	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
-	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
 	"github.com/k3sm-dev/k3sm/internal/runtime/client"
 	"github.com/k3sm-dev/k3sm/internal/runtime/daemon"
@@ -44,26 +40,9 @@ func TestCgroupBirthCost(t *testing.T) {
 		name string
 		join bool
 	}{{"born", false}, {"joined", true}} {
-		dir, _ := os.MkdirTemp("", "k3sm-bench")
-		t.Cleanup(func() { os.RemoveAll(dir) })
 		cg := cgroups.Options{Name: "k3sm-bench-" + m.name}
 		t.Cleanup(func() { cgroups.New(cg).Remove() })
-		ctx, cancel := context.WithCancel(context.Background())
-		ready := make(chan struct{})
-		done := make(chan error, 1)
-		go func() {
-			done <- daemon.Run(ctx, daemon.Config{DataDir: dir, ShimPath: shimBin, MaxPods: int64(burst + 10), Cgroups: cg,
-				JoinCgroupsAfterStart: m.join, OnReady: func() { close(ready) }})
-		}()
-		<-ready
-		c, err := client.Dial(datadir.New(dir).RuntimeSocket())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close(); cancel(); <-done })
-		if _, err := c.Images.PullImage(ctx, &runtimev1.PullImageRequest{Image: ref}); err != nil {
-			t.Fatal(err)
-		}
+		c := benchDaemon(t, daemon.Config{ShimPath: shimBin, MaxPods: int64(burst + 10), Cgroups: cg, JoinCgroupsAfterStart: m.join}, ref)
 		modes = append(modes, mode{m.name, c})
 	}
 	seq := 0
@@ -77,12 +56,7 @@ func TestCgroupBirthCost(t *testing.T) {
 			bursts[m.name] = append(bursts[m.name], startPods(t, m.c, ref, burst, &seq)...)
 		}
 	}
-	q := func(ds []time.Duration, p float64) time.Duration {
-		s := append([]time.Duration(nil), ds...)
-		sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-		return pct(s, p)
-	}
-	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
+	q, ms := quantile, msec
 	attach, _ := cgroups.ReadAttachMode("/proc/self/mountinfo")
 	fmt.Printf("pod start, create -> Running (runtime only, sandboxed), %d rounds, modes alternating; %s:\n", rounds, attach.Describe())
 	for _, m := range modes {

@@ -57,24 +57,7 @@ func TestSandboxCost(t *testing.T) {
 		name string
 		off  bool
 	}{{"sandbox", false}, {"no sandbox", true}} {
-		dir, _ := os.MkdirTemp("", "k3sm-bench")
-		t.Cleanup(func() { os.RemoveAll(dir) })
-		ctx, cancel := context.WithCancel(context.Background())
-		ready := make(chan struct{})
-		done := make(chan error, 1)
-		go func() {
-			done <- daemon.Run(ctx, daemon.Config{DataDir: dir, ShimPath: shimBin, MaxPods: int64(burst + 10), DisableSandbox: m.off,
-				OnReady: func() { close(ready) }})
-		}()
-		<-ready
-		c, err := client.Dial(datadir.New(dir).RuntimeSocket())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close(); cancel(); <-done })
-		if _, err := c.Images.PullImage(ctx, &runtimev1.PullImageRequest{Image: ref}); err != nil {
-			t.Fatal(err)
-		}
+		c := benchDaemon(t, daemon.Config{ShimPath: shimBin, MaxPods: int64(burst + 10), DisableSandbox: m.off}, ref)
 		modes = append(modes, mode{m.name, c})
 	}
 
@@ -90,12 +73,7 @@ func TestSandboxCost(t *testing.T) {
 			bursts[m.name] = append(bursts[m.name], start(m.c, burst)...)
 		}
 	}
-	q := func(ds []time.Duration, p float64) time.Duration {
-		s := append([]time.Duration(nil), ds...)
-		sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-		return pct(s, p)
-	}
-	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
+	q, ms := quantile, msec
 	fmt.Printf("pod start, create -> Running (runtime only), %d rounds, modes alternating:\n", rounds)
 	for _, m := range modes {
 		fmt.Printf("  %-10s one at a time: p50 %s p99 %s (n=%d)   burst of %d: p50 %s p99 %s\n", m.name,
@@ -230,3 +208,35 @@ func startPods(t *testing.T, c *client.Client, ref string, n int, seq *int) []ti
 	wg.Wait()
 	return ds
 }
+
+// benchDaemon runs a runtime daemon in process with cfg on a data dir of
+// its own, stopped at the test's end, and returns a client with ref
+// pulled.
+func benchDaemon(t *testing.T, cfg daemon.Config, ref string) *client.Client {
+	dir, _ := os.MkdirTemp("", "k3sm-bench")
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	cfg.DataDir, cfg.OnReady = dir, func() { close(ready) }
+	go func() { done <- daemon.Run(ctx, cfg) }()
+	<-ready
+	c, err := client.Dial(datadir.New(dir).RuntimeSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); cancel(); <-done })
+	if _, err := c.Images.PullImage(ctx, &runtimev1.PullImageRequest{Image: ref}); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// quantile is the p quantile of ds (not sorted in place).
+func quantile(ds []time.Duration, p float64) time.Duration {
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return pct(s, p)
+}
+
+func msec(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000) }
