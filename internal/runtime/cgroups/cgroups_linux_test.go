@@ -361,7 +361,11 @@ func TestUsageAndPidsLimit(t *testing.T) {
 	if u.WorkingSetBytes < 50<<20 || u.RSSBytes < 45<<20 || u.WorkingSetBytes > u.MemoryBytes {
 		t.Errorf("usage after touching 50 MB: %+v", u)
 	}
-	if pu, err := m.PodUsage("u1"); err != nil || pu.WorkingSetBytes < u.WorkingSetBytes {
+	// The pod's figure includes its container's, but the two are read at
+	// two moments: the Go child's heap and page cache move between them
+	// (seen on v2, in the test VM: the pod 196 KiB below). 1 MiB of slack;
+	// a pod that did not count its container would be 50 MiB short.
+	if pu, err := m.PodUsage("u1"); err != nil || pu.WorkingSetBytes+1<<20 < u.WorkingSetBytes {
 		t.Errorf("pod usage %+v, %v: below its container's %d", pu, err, u.WorkingSetBytes)
 	}
 	if !m.Has(Pids) {
