@@ -82,9 +82,10 @@ test-e2e: bin/k3sm bin/k3sm-runtimed bin/k3sm-shim bin/k3sm-netd bin/k3sm-helm
 # The test VM (internal/testutil/vmtest): a Debian 12 guest with systemd on
 # the unified cgroup v2 hierarchy under QEMU, its image built once per
 # machine and cached by version. It prints the guest's kernel and cgroup
-# filesystem as it starts; K3SM_REQUIRE_VM makes "no VM here" a failure.
+# filesystem as it starts. Without root or QEMU its tests skip and say why;
+# with K3SM_REQUIRE_VM set (.ci/run sets it) that is a failure instead.
 test-vm: bin/k3sm bin/k3sm-runtimed bin/k3sm-shim bin/k3sm-netd bin/k3sm-helm
-	K3SM_REQUIRE_VM=1 K3SM_BIN=$(CURDIR)/bin/k3sm $(GO) test -count=1 -timeout 40m ./test/vm/...
+	K3SM_BIN=$(CURDIR)/bin/k3sm $(GO) test -count=1 -timeout 40m ./test/vm/...
 
 # The offline kind node image (klimax node-image build) and kind; cached by
 # version outside the clone, a no-op when built. Without Docker it does

@@ -5,8 +5,8 @@
 // package; each test runs its part over ssh.
 //
 // Where no VM can run (not root, QEMU missing) every test skips and says
-// why, unless K3SM_REQUIRE_VM is set (make test-vm sets it): then that is
-// a failure, so CI never passes with the stage skipped.
+// why, unless K3SM_REQUIRE_VM is set (.ci/run sets it): then that is a
+// failure, so CI never passes with the stage skipped.
 package vm
 
 import (
