@@ -2,11 +2,14 @@ package vm
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
 )
 
 // sh runs script in the guest and fails the test on a non-zero exit.
@@ -22,22 +25,21 @@ func sh(t *testing.T, timeout time.Duration, script string) string {
 }
 
 // waitGuest runs script every two seconds until it exits 0, and returns
-// its output then.
+// its output then (poll.Every fails the test naming what, with the last
+// output, when timeout passes first).
 func waitGuest(t *testing.T, timeout time.Duration, what, script string) string {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	var out string
+	poll.Every(t, context.Background(), timeout, 2*time.Second, what, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		out, err := guest.Output(ctx, script)
-		cancel()
-		if err == nil {
-			return out
+		defer cancel()
+		var err error
+		if out, err = guest.Output(ctx, script); err != nil {
+			return fmt.Errorf("%v: %s", err, out)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %v\n%s", what, timeout, err, out)
-		}
-		time.Sleep(2 * time.Second)
-	}
+		return nil
+	})
+	return out
 }
 
 // The guest's files, links and nft tables that install may touch and
