@@ -14,8 +14,8 @@ var resultLine = regexp.MustCompile(`(?m)^\s*--- (PASS|FAIL|SKIP): (\S+)`)
 // guestGoTest runs a compiled test binary in the guest (cmd is the whole
 // command line) and requires each test in want to have passed: a skip is a
 // failure here, since the guest is the host those tests skip elsewhere for
-// lack of. It returns the output.
-func guestGoTest(t *testing.T, timeout time.Duration, cmd string, want ...string) string {
+// lack of.
+func guestGoTest(t *testing.T, timeout time.Duration, cmd string, want ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -45,7 +45,6 @@ func guestGoTest(t *testing.T, timeout time.Duration, cmd string, want ...string
 	} else if testing.Verbose() {
 		t.Logf("guest: %s\n%s", cmd, out.String())
 	}
-	return out.String()
 }
 
 func orNone(s string) string {
