@@ -19,7 +19,8 @@ import (
 )
 
 // memAvailable is memory.available as the node and the runtime daemon
-// read it (MemAvailable from /proc/meminfo on Linux), in bytes.
+// read it (the machine's memory less the root cgroup's working set), in
+// bytes.
 func memAvailable(t *testing.T) int64 {
 	t.Helper()
 	m, err := pressure.ReadMemory()

@@ -16,10 +16,12 @@ func (s *server) runMemoryEviction(ctx context.Context) {
 		s.log.Info("memory eviction off: --eviction-hard has no memory.available threshold")
 		return
 	}
-	if _, err := pressure.ReadMemory(); err != nil {
+	m, err := pressure.ReadMemory()
+	if err != nil {
 		s.log.Warn("memory eviction off", "err", err)
 		return
 	}
+	s.log.Info("memory eviction on", "available", m.AvailableBytes, "signal", m.Source)
 	pressure.Run(ctx, pressure.Config{Threshold: *s.cfg.MemoryThreshold, Interval: s.cfg.HousekeepingInterval,
 		Pods: s.evictionCandidates, Log: s.log.With("component", "eviction"),
 		Evict: func(p pressure.Pod, msg string) error { return s.mgr.Evict(p.UID, msg) }})

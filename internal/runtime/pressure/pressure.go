@@ -1,6 +1,6 @@
 // Package pressure is the kubelet's eviction manager for the memory signal:
-// memory.available (the kernel's MemAvailable on Linux) against the hard
-// threshold, and under pressure the eviction of one pod per check, ranked
+// memory.available (on Linux the machine's memory less the root cgroup's
+// working set, as the kubelet computes it) against the hard threshold, and under pressure the eviction of one pod per check, ranked
 // as the kubelet ranks them (rank.go). The runtime daemon runs it with its
 // pods' usage; the node reads the same signal for its MemoryPressure
 // condition.
@@ -20,6 +20,8 @@ import (
 type Memory struct {
 	AvailableBytes uint64
 	TotalBytes     uint64
+	// Source says how AvailableBytes was computed (logged once at start).
+	Source string
 }
 
 // ErrUnsupported is returned where the memory signal cannot be read.
