@@ -69,3 +69,19 @@ func (d *diskManager) setMemoryPressure(obs pressure.Observation) {
 		d.recorder.Eventf(d.nodeRef, corev1.EventTypeNormal, event, "Node %s status is now: %s", d.nodeRef.Name, event)
 	})
 }
+
+// memoryEvicted: the runtime daemon evicted a pod for memory. It checks
+// memory.available apart from the node, and an eviction frees what it
+// measured, so the node's own check may never see the threshold met; as
+// the kubelet's single eviction manager does, the eviction itself counts
+// as the threshold met now (MemoryPressure True for the transition
+// period).
+func (d *diskManager) memoryEvicted(pod, message string) {
+	if d.mem == nil {
+		return
+	}
+	d.setCondition(&d.mem.cond, true, func(p bool) {
+		d.log.Warn("node has memory pressure: the runtime evicted a pod", "pod", pod, "message", message)
+		d.recorder.Eventf(d.nodeRef, corev1.EventTypeNormal, "NodeHasInsufficientMemory", "Node %s status is now: %s", d.nodeRef.Name, "NodeHasInsufficientMemory")
+	})
+}

@@ -6,9 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
+	"github.com/k3sm-dev/k3sm/internal/agent/podspec"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	"github.com/k3sm-dev/k3sm/internal/runtime/pressure"
 )
@@ -123,5 +126,84 @@ func TestEvictedPodStatus(t *testing.T) {
 		if c.Type == corev1.DisruptionTarget {
 			t.Errorf("DisruptionTarget on a pod that was not evicted: %+v", c)
 		}
+	}
+}
+
+// The runtime daemon checks memory apart from the node and its eviction
+// frees what it measured, so the node's own check may never see the
+// threshold met (seen in the test VM): a pod the runtime evicted for
+// memory makes MemoryPressure True for the transition period, as the
+// kubelet's single eviction manager does; a pod already evicted when the
+// node learns of it, or evicted for another reason, does not.
+func TestMemoryEvictionSetsPressure(t *testing.T) {
+	fs := &fsStats{CapacityBytes: 1000, AvailableBytes: 500, Inodes: 1000, InodesFree: 500}
+	d, rec, clock := testDisk(t, &fakeDiskRuntime{pods: &runtimev1.ListPodsResponse{}}, fs)
+	d.mem.read = func() (pressure.Memory, error) {
+		return pressure.Memory{AvailableBytes: 1 << 30, TotalBytes: 4 << 30}, nil
+	}
+	var got []*corev1.Node
+	d.setNode(nodeObject(Config{NodeConfig: roleconfig.NodeConfig{Name: "n1"}}, &runtimev1.GetRuntimeInfoResponse{}), func(n *corev1.Node) { got = append(got, n) })
+
+	p := newProvider(nil, podspec.New(podspec.Config{}), "127.0.0.1", nil, nil, false)
+	p.memoryEvicted = d.memoryEvicted
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p.NotifyPods(ctx, func(*corev1.Pod) {})
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "default", UID: "u1"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c"}}}}
+	p.adopt(pod)
+	// Already evicted when first heard of (a node restarted): no pressure.
+	evicted := running("u1", 1)
+	evicted.Phase, evicted.Reason = runtimev1.PodPhase_POD_PHASE_FAILED, "Evicted"
+	evicted.Message = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 80Mi. "
+	p.update(evicted)
+	if len(got) != 0 {
+		t.Fatalf("a pod evicted before the node knew it set MemoryPressure")
+	}
+
+	pod2 := pod.DeepCopy()
+	pod2.UID, pod2.Name = "u2", "q"
+	p.adopt(pod2)
+	r := running("u2", 1)
+	r.Name = "q"
+	p.update(r)
+	// Evicted for disk: not memory pressure.
+	disk := running("u2", 2)
+	disk.Name, disk.Phase, disk.Reason, disk.Message = "q", runtimev1.PodPhase_POD_PHASE_FAILED, "Evicted", "Usage of EmptyDir volume \"v\" exceeds the limit \"1Mi\". "
+	p.update(disk)
+	if len(got) != 0 {
+		t.Fatalf("an eviction for disk set MemoryPressure")
+	}
+
+	pod3 := pod.DeepCopy()
+	pod3.UID, pod3.Name = "u3", "r"
+	p.adopt(pod3)
+	r = running("u3", 1)
+	r.Name = "r"
+	p.update(r)
+	d.housekeeping(ctx)
+	if len(got) != 0 {
+		t.Fatal("1Gi available: pressure")
+	}
+	ev := proto.Clone(evicted).(*runtimev1.PodStatus)
+	ev.Uid, ev.Name, ev.Revision = "u3", "r", 2
+	p.update(ev)
+	if len(got) != 1 || memoryCondition(got[0]).Status != corev1.ConditionTrue {
+		t.Fatalf("after the runtime's eviction for memory: %d updates", len(got))
+	}
+	if e := strings.Join(events(rec), "\n"); !strings.Contains(e, "Normal NodeHasInsufficientMemory") {
+		t.Errorf("events %q", e)
+	}
+	// The node's checks find memory available: True for the transition
+	// period, then False.
+	clock.t = clock.t.Add(time.Minute)
+	d.housekeeping(ctx)
+	if len(got) != 1 {
+		t.Fatal("condition changed within the transition period")
+	}
+	clock.t = clock.t.Add(5 * time.Minute)
+	d.housekeeping(ctx)
+	if len(got) != 2 || memoryCondition(got[1]).Status != corev1.ConditionFalse {
+		t.Fatalf("after the transition period: %d updates", len(got))
 	}
 }

@@ -186,6 +186,7 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 		health.disk.setNode(nodeSpec, nil)
+		provider.memoryEvicted = health.disk.memoryEvicted
 	}
 	nc, err := vknode.NewNodeController(health, nodeSpec, kc.CoreV1().Nodes(),
 		vknode.WithNodeEnableLeaseV1(nodeutil.NodeLeaseV1Client(kc), vknode.DefaultLeaseDuration))

@@ -17,6 +17,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/agent/podspec"
 	"github.com/k3sm-dev/k3sm/internal/backoff"
 	"github.com/k3sm-dev/k3sm/internal/runtime/client"
+	"github.com/k3sm-dev/k3sm/internal/runtime/pressure"
 	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -73,6 +74,9 @@ type Provider struct {
 	// (reconcile.go) uses them to repair statuses lost on the way.
 	apiPod      func(ns, name string) (*corev1.Pod, bool)
 	writeStatus func(ctx context.Context, pod *corev1.Pod) error
+	// memoryEvicted learns that the runtime evicted a pod for memory
+	// (MemoryPressure goes True as the kubelet's does when it evicts).
+	memoryEvicted func(pod, message string)
 	// pos keeps where the runtime's event log was read up to (nil: not kept).
 	pos *eventPos
 }
@@ -482,11 +486,18 @@ func (p *Provider) update(rs *runtimev1.PodStatus) {
 		st.pod = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{UID: uid, Namespace: rs.Namespace, Name: rs.Name}}
 		p.byName[key(rs.Namespace, rs.Name)] = uid
 	}
+	wasKnown := st.known
 	st.known = true
+	evicted := false
 	if !st.gone {
+		evicted = wasKnown && st.pod.Status.Reason != "Evicted" && pressure.IsMemoryEviction(rs.Reason, rs.Message)
 		st.pod.Status = podStatus(st.pod, rs, p.nodeIP, p.podNetwork)
 	}
+	onEviction := p.memoryEvicted
 	p.mu.Unlock()
+	if evicted && onEviction != nil {
+		onEviction(rs.Namespace+"/"+rs.Name, rs.Message)
+	}
 	p.dirty <- uid
 }
 

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 )
@@ -85,7 +86,7 @@ func cmpFirst(firstSet bool) int {
 // threshold and what was available, then every container using more than
 // its request.
 func Message(obs Observation, p Pod) string {
-	msg := fmt.Sprintf("The node was low on resource: memory. Threshold quantity: %s, available: %s. ",
+	msg := fmt.Sprintf(messagePrefix+" Threshold quantity: %s, available: %s. ",
 		quantity(obs.ThresholdBytes), quantity(int64(obs.AvailableBytes)))
 	if !p.HasStats {
 		return msg
@@ -101,3 +102,12 @@ func Message(obs Observation, p Pod) string {
 
 // quantity renders bytes as the kubelet's resource.Quantity (BinarySI).
 func quantity(b int64) string { return resource.NewQuantity(b, resource.BinarySI).String() }
+
+// messagePrefix starts the message of an eviction for memory.
+const messagePrefix = "The node was low on resource: memory."
+
+// IsMemoryEviction reports whether a pod's status reason and message are
+// those of an eviction for memory (Message's).
+func IsMemoryEviction(reason, message string) bool {
+	return reason == "Evicted" && strings.HasPrefix(message, messagePrefix)
+}
