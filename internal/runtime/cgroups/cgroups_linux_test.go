@@ -555,3 +555,14 @@ func BenchmarkContainerCgroups(b *testing.B) {
 		}
 	}
 }
+
+// A controller missing under a user manager is user@.service's Delegate=
+// to change; elsewhere the parent's subtree_control.
+func TestNoControllerFix(t *testing.T) {
+	if fix := noControllerFix("/sys/fs/cgroup/user.slice/user-1000.slice/user@1000.service/app.slice/k3sm.service"); !strings.Contains(fix, "user@.service.d/delegate.conf") || !strings.Contains(fix, "Delegate=cpu cpuset io memory pids") {
+		t.Errorf("under a user manager: %s", fix)
+	}
+	if fix := noControllerFix("/sys/fs/cgroup/system.slice/k3sm.service"); !strings.Contains(fix, "subtree_control") {
+		t.Errorf("under a system unit: %s", fix)
+	}
+}

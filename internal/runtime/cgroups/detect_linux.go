@@ -354,7 +354,7 @@ func (m *Manager) setupV2(h hierarchy, name string, euid int, dry bool) {
 			want = append(want, c)
 		} else {
 			m.missing = append(m.missing, fmt.Sprintf("%s: not in %s", c, filepath.Join(parent, "cgroup.controllers")))
-			m.note(CauseNoController, "enable the controller for "+parent+" (its parent's cgroup.subtree_control; systemd's Delegate=yes does) and check the kernel command line for cgroup_disable=")
+			m.note(CauseNoController, noControllerFix(parent))
 		}
 	}
 	if len(want) == 0 {
@@ -459,4 +459,15 @@ func evacuate(d string) error {
 func readString(p string) string {
 	b, _ := os.ReadFile(p)
 	return string(b)
+}
+
+// noControllerFix says how to get a controller that parent lacks. Under a
+// user manager it is user@.service's Delegate= that decides which
+// controllers users get (systemd's default is cpu memory pids; some
+// distributions delegate only memory pids).
+func noControllerFix(parent string) string {
+	if strings.Contains(parent, "/user@") {
+		return "systemd hands users' units only the controllers user@.service delegates: as root, add /etc/systemd/system/user@.service.d/delegate.conf with `[Service]` and `Delegate=cpu cpuset io memory pids`, run `systemctl daemon-reload`, then restart the user's manager (log out and in, or `systemctl restart user@$(id -u).service`)"
+	}
+	return "enable the controller for " + parent + " (its parent's cgroup.subtree_control; systemd's Delegate=yes does) and check the kernel command line for cgroup_disable="
 }
