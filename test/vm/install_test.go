@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -51,57 +50,6 @@ const machineState = `find /etc /usr/local -xdev 2>/dev/null | grep -v -e '^/etc
 ip -o link show | cut -d: -f2 | sed 's/@.*//' | sort; ip route show | sort; nft list tables | sort
 find /sys/fs/cgroup -name '*k3sm*' | sort; systemctl list-unit-files --no-legend 'k3sm*' | sort`
 
-// pods run the host's programs (image: native); the test program is on the
-// share, which a native pod's Landlock policy reaches only as a volume.
-const pods = `apiVersion: v1
-kind: Pod
-metadata: {name: sleeper}
-spec:
-  containers:
-  - {name: main, image: native, command: [/bin/sleep, "3600"]}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: oom}
-spec:
-  restartPolicy: Never
-  containers:
-  - name: main
-    image: native
-    command: [/mnt/k3sm/prog, "echo:start", "alloc:200Mi", forever]
-    resources: {limits: {memory: 32Mi}}
-    volumeMounts: [{name: share, mountPath: /mnt/k3sm, readOnly: true}]
-  volumes: [{name: share, hostPath: {path: /mnt/k3sm}}]
----
-apiVersion: v1
-kind: Pod
-metadata: {name: spin}
-spec:
-  containers:
-  - name: main
-    image: native
-    command: [/mnt/k3sm/prog, "alloc:48Mi", "spin:1h"]
-    resources: {limits: {cpu: 100m, memory: 256Mi}}
-    volumeMounts: [{name: share, mountPath: /mnt/k3sm, readOnly: true}]
-  volumes: [{name: share, hostPath: {path: /mnt/k3sm}}]
----
-apiVersion: v1
-kind: Pod
-metadata: {name: forkbomb}
-spec:
-  containers:
-  - name: main
-    image: native
-    command: [/bin/bash, -c, "while :; do /bin/sleep 600 & done"]
-`
-
-// podCgroup is the cgroup directory of a pod's container, found by uid.
-func podCgroup(t *testing.T, pod string) string {
-	t.Helper()
-	uid := strings.TrimSpace(sh(t, time.Minute, "k3sm kubectl get pod "+pod+" -o jsonpath={.metadata.uid}"))
-	return strings.TrimSpace(waitGuest(t, time.Minute, pod+"'s cgroup", "d=$(find /sys/fs/cgroup -type d -path '*pod"+uid+"/main' | head -1); [ -n \"$d\" ] && echo $d"))
-}
-
 // k3sm install on the host users have: the unit runs the cluster with its
 // pods' limits in its delegated cgroup v2 subtree, `kubectl top` reads the
 // v2 files, a reboot brings the cluster and its pods back, and uninstall
@@ -126,7 +74,7 @@ func TestInstallRebootUninstall(t *testing.T) {
 		t.Fatalf("unit without Delegate=yes:\n%s", unit)
 	}
 	waitGuest(t, 5*time.Minute, "the node Ready", "k3sm kubectl get nodes --no-headers | grep -w Ready")
-	sh(t, time.Minute, "k3sm kubectl apply -f - <<'EOF'\n"+pods+"EOF")
+	sh(t, time.Minute, "k3sm kubectl apply -f - <<'EOF'\n"+sleeper+limitPods+"EOF")
 	t.Cleanup(func() {
 		if t.Failed() {
 			out, _ := guest.Output(context.Background(), "k3sm kubectl get pods -o wide; k3sm kubectl describe pods; for p in oom spin; do k3sm kubectl logs $p; done; journalctl -u k3sm --no-pager | tail -50")
@@ -134,64 +82,7 @@ func TestInstallRebootUninstall(t *testing.T) {
 		}
 	})
 
-	t.Run("memory limit: OOMKilled, exit 137, from memory.events", func(t *testing.T) {
-		out := waitGuest(t, 3*time.Minute, "oom terminated", `j='{.status.containerStatuses[0].state.terminated'; s=$(k3sm kubectl get pod oom -o jsonpath="$j.reason}"); [ -n "$s" ] && echo $s $(k3sm kubectl get pod oom -o jsonpath="$j.exitCode}")`)
-		if strings.TrimSpace(out) != "OOMKilled 137" {
-			t.Fatalf("oom pod ended %q, want OOMKilled 137", out)
-		}
-	})
-
-	t.Run("CPU limit and kubectl top against cpu.stat and memory.current", func(t *testing.T) {
-		waitGuest(t, 3*time.Minute, "spin Running", "k3sm kubectl get pod spin -o jsonpath={.status.phase} | grep -x Running")
-		cg := podCgroup(t, "spin")
-		if got := strings.TrimSpace(sh(t, time.Minute, "cat "+cg+"/cpu.max")); got != "10000 100000" {
-			t.Errorf("cpu.max %q, want 10000 100000", got)
-		}
-		// The share of a core over 10 s, from cpu.stat.
-		out := sh(t, time.Minute, "a=$(awk '/^usage_usec/{print $2}' "+cg+"/cpu.stat); sleep 10; b=$(awk '/^usage_usec/{print $2}' "+cg+"/cpu.stat); echo $((b-a))")
-		usec, _ := strconv.Atoi(strings.TrimSpace(out))
-		share := float64(usec) / 10e6
-		t.Logf("busy loop under 100m: %.1f %% of a core over 10 s (cpu.stat)", share*100)
-		if share < 0.07 || share > 0.13 {
-			t.Errorf("a busy loop under 100m used %.1f %% of a core, want 10 ± 3", share*100)
-		}
-		top := waitGuest(t, 4*time.Minute, "kubectl top pod spin", "k3sm kubectl top pod spin --no-headers")
-		f := strings.Fields(top)
-		if len(f) < 3 {
-			t.Fatalf("kubectl top: %q", top)
-		}
-		milli, _ := strconv.Atoi(strings.TrimSuffix(f[1], "m"))
-		mem := sh(t, time.Minute, "echo $(( $(cat "+cg+"/memory.current) - $(awk '/^inactive_file/{print $2}' "+cg+"/memory.stat) ))")
-		ws, _ := strconv.ParseFloat(strings.TrimSpace(mem), 64)
-		topMi, _ := strconv.ParseFloat(strings.TrimSuffix(f[2], "Mi"), 64)
-		t.Logf("kubectl top: %s; cgroup: %.0f Mi working set", strings.TrimSpace(top), ws/(1<<20))
-		if milli < 90 || milli > 110 {
-			t.Errorf("kubectl top says %dm for a busy loop held to 100m", milli)
-		}
-		if d := topMi - ws/(1<<20); d < -0.1*topMi || d > 0.1*topMi {
-			t.Errorf("kubectl top says %.0fMi, the cgroup's working set is %.0fMi", topMi, ws/(1<<20))
-		}
-	})
-
-	t.Run("pids.max 50 stops a fork bomb, the node stays Ready", func(t *testing.T) {
-		waitGuest(t, 3*time.Minute, "forkbomb Running", "k3sm kubectl get pod forkbomb -o jsonpath={.status.phase} | grep -x Running")
-		cg := podCgroup(t, "forkbomb")
-		pod := cg[:strings.LastIndex(cg, "/")]
-		if got := strings.TrimSpace(sh(t, time.Minute, "cat "+pod+"/pids.max")); got != "50" {
-			t.Errorf("the pod's pids.max %q, want 50 (--pod-max-pids)", got)
-		}
-		// The kernel counts a refused fork where the limit is (the pod)
-		// or, since Linux 6.x, where the fork was tried (the container).
-		out := waitGuest(t, 2*time.Minute, "forks refused", "n=$(cat "+pod+"/pids.events "+cg+"/pids.events | awk '/^max/{n+=$2} END{print n+0}'); [ \"$n\" -gt 0 ] && echo $n $(cat "+pod+"/pids.current)")
-		// bash retries a refused fork and goes on: the pod sits at its limit.
-		f := strings.Fields(out)
-		if cur, _ := strconv.Atoi(f[len(f)-1]); cur > 50 || cur < 40 {
-			t.Errorf("pids.current %d, want the limit of 50 reached and held", cur)
-		}
-		t.Logf("forks refused, pids.current: %s", strings.TrimSpace(out))
-		sh(t, time.Minute, "k3sm kubectl get nodes --no-headers | grep -w Ready")
-		sh(t, 3*time.Minute, "k3sm kubectl delete pod forkbomb --wait=true --timeout=2m")
-	})
+	checkPodLimits(t, "k3sm kubectl")
 
 	pid := strings.TrimSpace(waitGuest(t, time.Minute, "the sleeper's process", "pgrep -f '^/bin/sleep 3600'"))
 	t1 := time.Now()

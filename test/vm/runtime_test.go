@@ -22,15 +22,9 @@ func TestRuntimeDaemonV2(t *testing.T) {
 // own with Delegate=yes, and the kernel enforces the pods' limits there.
 func TestRuntimeRootlessUserDelegation(t *testing.T) {
 	need(t)
-	guestGoTest(t, 4*time.Minute, `set -e
-id k3smtest >/dev/null 2>&1 || useradd -m -s /bin/sh k3smtest
-loginctl enable-linger k3smtest
-uid=$(id -u k3smtest)
-for i in $(seq 200); do [ -S /run/user/$uid/bus ] && break; sleep 0.3; done
-echo "user@$uid.service delegates: $(cat /sys/fs/cgroup/user.slice/user-$uid.slice/user@$uid.service/cgroup.controllers)" >&2
+	guestGoTest(t, 4*time.Minute, "set -e\n"+userManager+`echo "user@$uid.service delegates: $(cat /sys/fs/cgroup/user.slice/user-$uid.slice/user@$uid.service/cgroup.controllers)" >&2
 cd /tmp
-runuser -u k3smtest -- env XDG_RUNTIME_DIR=/run/user/$uid DBUS_SESSION_BUS_ADDRESS=unix:path=/run/user/$uid/bus \
-  systemd-run --user --wait --pipe --quiet --collect -p Delegate=yes \
+`+asUser+`systemd-run --user --wait --pipe --quiet --collect -p Delegate=yes \
   -E K3SM_RUNTIME_TEST_SHIM_BIN=/mnt/k3sm/k3sm-shim -E K3SM_RUNTIME_TEST_PROG_BIN=/mnt/k3sm/prog \
   /mnt/k3sm/daemon.test -test.v -test.count=1 -test.run 'TestIntegrationRootlessUserDelegation$'`,
 		"TestIntegrationRootlessUserDelegation")
