@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -166,6 +167,9 @@ func serverFlags(f *pflag.FlagSet, cfg *controlplane.Config, dc *deployConfig) {
 	addDeployFlags(f, dc)
 	f.BoolVar(&cfg.NodeInstant, "node-instant", false, "benchmark floor: the node marks pods Running without starting anything")
 	_ = f.MarkHidden("node-instant")
+	f.Var(instantWritesValue{cfg}, "node-instant-writes", "benchmark fair floor: as --node-instant, but the node makes a real start's API writes (token, Pulled/Created/Started, two statuses)")
+	f.Lookup("node-instant-writes").NoOptDefVal = "true"
+	_ = f.MarkHidden("node-instant-writes")
 	f.IntVar(&cfg.SchedulerPort, "scheduler-port", cfg.SchedulerPort, "loopback port of the scheduler's health endpoint")
 	f.IntVar(&cfg.ControllerManagerPort, "controller-manager-port", cfg.ControllerManagerPort, "loopback port of the controller-manager's health endpoint")
 	_ = f.MarkHidden("scheduler-port")
@@ -282,3 +286,25 @@ func (v *extraArgsValue) Replace(ss []string) error {
 	return nil
 }
 func (v *extraArgsValue) GetSlice() []string { return append([]string(nil), v.m[v.role]...) }
+
+// instantWritesValue is --node-instant-writes, which implies --node-instant.
+type instantWritesValue struct{ cfg *controlplane.Config }
+
+func (v instantWritesValue) String() string {
+	if v.cfg == nil {
+		return "false"
+	}
+	return strconv.FormatBool(v.cfg.NodeInstantWrites)
+}
+
+func (v instantWritesValue) Set(s string) error {
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		return err
+	}
+	v.cfg.NodeInstantWrites = b
+	v.cfg.NodeInstant = v.cfg.NodeInstant || b
+	return nil
+}
+
+func (instantWritesValue) Type() string { return "bool" }

@@ -144,6 +144,9 @@ type NodeConfig struct {
 	LocalPathDir        string `json:"localPathDir,omitempty"`
 	// Instant is the benchmark floor: pods are marked Running, nothing starts.
 	Instant bool `json:"instant,omitempty"`
+	// InstantWrites is the fair floor: with Instant, the node makes the API
+	// writes a real start makes (token, Events, two statuses).
+	InstantWrites bool `json:"instantWrites,omitempty"`
 	// Taint registers the node with the provider taint (k3sm.io/provider=native:NoSchedule).
 	Taint bool `json:"taint,omitempty"`
 	// Services: with a pod network, the node serves the Service proxy and

@@ -144,6 +144,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	provider = newProvider(rt, podspec.New(translatorConfig), cfg.IP, recorder, log, cfg.Instant)
 	provider.nodeName = cfg.Name
+	provider.instantWrites = cfg.Instant && cfg.InstantWrites
 	provider.podNetwork = podNetwork
 	provider.remove = func(ns, name string, uid types.UID) {
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)

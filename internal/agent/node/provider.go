@@ -44,6 +44,9 @@ type Provider struct {
 	// instant marks pods Running without starting anything: the floor of
 	// the pod-start benchmark, never used for real workloads.
 	instant bool
+	// instantWrites (with instant) is the fair floor: a real start's API
+	// writes, nothing started (instant.go).
+	instantWrites bool
 
 	mu sync.Mutex
 	// pods is everything the node knows of each pod, by uid: see podState.
@@ -175,6 +178,9 @@ func (p *Provider) create(ctx context.Context, pod *corev1.Pod) error {
 	}
 	pod, known := p.adopt(pod)
 	if p.instant {
+		if p.instantWrites {
+			return p.instantWithWrites(ctx, pod)
+		}
 		p.publish(pod.UID, instantStatus(pod, p.nodeIP))
 		return nil
 	}

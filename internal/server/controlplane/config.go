@@ -73,6 +73,9 @@ type Config struct {
 	// NodeInstant makes the node mark pods Running without starting them:
 	// the floor of the pod-start benchmark, never for real use.
 	NodeInstant bool
+	// NodeInstantWrites (with NodeInstant) is the fair floor: the node
+	// makes every API write of a real start, but starts nothing.
+	NodeInstantWrites bool
 	// Datastore is --datastore-endpoint and its TLS files: empty for the
 	// embedded SQLite file, else an external PostgreSQL, MySQL or etcd.
 	Datastore datastore.Config

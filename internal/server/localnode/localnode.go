@@ -257,7 +257,7 @@ func nodeConfig(p *controlplane.Plane, m metricsAPI) roleconfig.NodeConfig {
 		Kubeconfig: l.NodeKubeconfig(), ServingCert: l.KubeletServingCert(), ServingKey: l.KubeletServingKey(),
 		ClientCAFile: l.KubeletClientCA(), RuntimeSocket: l.RuntimeSocket(), DataDir: cfg.DataDir,
 		LocalPathKubeconfig: l.LocalPathKubeconfig(), LocalPathDir: l.StorageDir(),
-		Instant: cfg.NodeInstant, Taint: cfg.NodeTaint, Metrics: m.serveConfig(p), Disk: cfg.Disk, StartGate: l.NodeStartGate(),
+		Instant: cfg.NodeInstant, InstantWrites: cfg.NodeInstantWrites, Taint: cfg.NodeTaint, Metrics: m.serveConfig(p), Disk: cfg.Disk, StartGate: l.NodeStartGate(),
 		ClusterDNS: cfg.ClusterDNS, ClusterDomain: cfg.ClusterDomain, DNSConfig: cfg.DNSConfig, APIServiceIP: apiServiceIP(cfg.ServiceCIDR),
 		ServiceCIDR: cfg.ServiceCIDR, ClusterCIDR: cfg.ClusterCIDR,
 	}
