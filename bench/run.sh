@@ -65,7 +65,8 @@ runtime() {
 }
 
 pods() {
-	# Owned by bench/pods: pod start through the whole server vs the --node-instant floor, density (issue 3),
+	# Owned by bench/pods: pod start through the whole server vs the --node-instant floor and the
+	# --node-instant-writes fair floor (issue 35), density (issue 3),
 	# and vs a peer node, an upstream kubelet + containerd + runc on the real server's control plane
 	# (issue 12; root only, in this network namespace; its programs come from bench/peer-bin.sh or
 	# `make node-image`, else it is skipped with a message; -peer=false in K3SM_BENCH_PODS_ARGS skips it).

@@ -285,7 +285,7 @@ func createPods(ctx context.Context, c kubernetes.Interface, t *tracker, n, work
 
 // burstResult is one round of one mode.
 type burstResult struct {
-	Mode     string // real, floor or peer
+	Mode     string // real, floor, fair, peer or upstreamRatesMode
 	Kind     string // single, pods or deployment
 	Round    int
 	Order    int // 1: this mode ran first in its round

@@ -1,10 +1,15 @@
 // Command pods measures issue 3's figures through the whole k3sm server
 // (control plane, Virtual Kubelet node, runtime daemon, shims):
 //
-//   - pod create -> Running, seen through a watch, over a burst of pods and
-//     over a Deployment, against the floor: a second server started with
-//     --node-instant, whose node marks pods Running without starting
-//     anything. Rounds alternate between the two so noise hits both.
+//   - pod create -> Running, seen through a watch, one pod at a time, over a
+//     burst of pods and over a Deployment, against two floors: a server
+//     started with --node-instant, whose node marks pods Running without
+//     starting anything (one status per pod: the API-only bound), and the
+//     fair floor, started with --node-instant-writes, whose node also starts
+//     nothing but makes a real start's API reads and writes (token, Pending
+//     status, Pulled/Created/Started Events, Running), so real ÷ fair floor
+//     is the node's own cost (issue 35). Each round starts with the next
+//     mode so noise hits all.
 //   - density: many pods of a small sleeping program on the one node; the
 //     node must stay Ready; memory per pod beyond the workload (shim PSS plus
 //     the growth of the runtime daemon and node processes); delete leaves
@@ -40,6 +45,7 @@ type options struct {
 	deployRounds int
 	// deployUpstream adds the upstreamRatesMode server to the Deployment rounds.
 	deployUpstream bool
+	fair           bool // run the fair floor (--node-instant-writes) beside the floor
 	density        int
 	creators       int
 	qps            float64
@@ -74,11 +80,13 @@ func main() {
 	}
 	flag.StringVar(&o.bin, "bin", def, "k3sm binary to measure; k3sm-shim must be beside it (default $K3SM_BIN or bin/k3sm)")
 	flag.IntVar(&o.pods, "pods", 100, "pods per burst (and replicas of the Deployment)")
-	flag.IntVar(&o.rounds, "rounds", 3, "burst rounds per mode; each round runs the real node and the floor, alternating which goes first")
+	flag.IntVar(&o.rounds, "rounds", 3, "burst rounds per mode; each round runs every mode, starting with the next one each round")
 	flag.IntVar(&o.singles, "singles", 10, "single pods (no burst) per mode, one at a time, before the bursts (0: skip)")
 	flag.IntVar(&o.deployRounds, "deploy-rounds", 1, "rounds of a Deployment with -pods replicas per mode (0: skip)")
-	flag.BoolVar(&o.deployUpstream, "deploy-upstream-rates", true, "also run the Deployment rounds on a third server whose scheduler and controller-manager "+
+	flag.BoolVar(&o.deployUpstream, "deploy-upstream-rates", true, "also run the Deployment rounds on another server whose scheduler and controller-manager "+
 		"have upstream's client rates (--kube-*-arg=kube-api-qps=...) and whose node is instant like the floor's: the pacing before k3sm raised them, side by side")
+	flag.BoolVar(&o.fair, "fair", true, "also run the single, burst and Deployment rounds on the fair floor: a server started with --node-instant-writes, "+
+		"whose node makes a real start's API writes (token, Pending status, Pulled/Created/Started Events, Running) but starts nothing (issue 35)")
 	flag.IntVar(&o.density, "density", 500, "pods for the density figure (0: skip); capped at what the node can take")
 	flag.IntVar(&o.creators, "creators", 16, "goroutines creating pods")
 	flag.Float64Var(&o.qps, "qps", 1000, "client QPS (burst twice that): the benchmark's client must not be the limit")
@@ -209,31 +217,37 @@ func run(ctx context.Context, o options) (err error) {
 	defer stopRegistry()
 	b.image = ref
 
-	// Both servers get the same flags; the floor's node ignores them.
+	// Every server gets the same flags; the floors' nodes ignore them.
 	b.extra = extraFlags(b.bin, o.density+10)
-	realSrv, err = startServer(ctx, b.bin, work, "real", false, float32(o.qps), b.extra)
+	realSrv, err = startServer(ctx, b.bin, work, "real", float32(o.qps), b.extra)
 	servers = append(servers, realSrv)
 	if err != nil {
 		return err
 	}
-	var floorSrv *server
+	// The modes of the single, burst and Deployment rounds, in rotation.
+	modes := []*server{realSrv}
 	if o.rounds+o.singles+o.deployRounds > 0 {
-		floorSrv, err = startServer(ctx, b.bin, work, "floor", true, float32(o.qps), b.extra)
-		servers = append(servers, floorSrv)
-		if err != nil {
-			return err
+		floorModes := []string{"floor"}
+		if o.fair {
+			floorModes = append(floorModes, "fair")
 		}
-		fmt.Println("bench/pods: both servers up")
-		for _, s := range []*server{realSrv, floorSrv} {
-			if err := b.warmUp(ctx, s); err != nil {
+		for _, mode := range floorModes {
+			s, err := startServer(ctx, b.bin, work, mode, float32(o.qps), b.extra)
+			servers = append(servers, s)
+			if err != nil {
 				return err
 			}
+			modes = append(modes, s)
 		}
-	} else if err := b.warmUp(ctx, realSrv); err != nil {
-		return err
+		fmt.Printf("bench/pods: %d servers up\n", len(modes))
 	}
-
-	modes := []*server{realSrv, floorSrv}
+	for _, s := range modes {
+		if err := b.warmUp(ctx, s); err != nil {
+			return err
+		}
+	}
+	floors := modes[1:]                             // stopped before the density run
+	deployModes := append([]*server(nil), modes...) // the peer takes no part
 	var peerSrv *server
 	if peerBins.dir != "" {
 		if pr, err = startPeer(ctx, peerBins, work, realSrv, strings.SplitN(ref, "/", 2)[0]); err != nil {
@@ -280,13 +294,13 @@ func run(ctx context.Context, o options) (err error) {
 		return err
 	}
 	pr = nil
-	deployModes := modes[:2]
+	var up *server
 	if o.deployRounds > 0 && o.deployUpstream {
 		// Started only now so it costs the other phases nothing; stopped
 		// after. An instant node, as the floor's: a second real node would
 		// share the pod network's bridge with the first, and the rates pace
 		// the controllers, not the node.
-		up, err := startServer(ctx, b.bin, work, upstreamRatesMode, true, float32(o.qps), append(append([]string(nil), b.extra...), upstreamRateFlags...))
+		up, err = startServer(ctx, b.bin, work, upstreamRatesMode, float32(o.qps), append(append([]string(nil), b.extra...), upstreamRateFlags...))
 		servers = append(servers, up)
 		if err != nil {
 			return err
@@ -299,16 +313,16 @@ func run(ctx context.Context, o options) (err error) {
 	if res.deploys, err = phase("deployment", o.deployRounds, o.settle, deployModes); err != nil {
 		return err
 	}
-	if len(deployModes) > 2 {
-		if err := deployModes[2].stop(); err != nil {
-			return err
-		}
+	if err := up.stop(); err != nil {
+		return err
 	}
 	if o.density > 0 {
-		// The floor server is stopped so that the k3sm binary's pages are
-		// shared by the same processes before and after the pods start.
-		if err := floorSrv.stop(); err != nil {
-			return err
+		// The floors' servers are stopped so that the k3sm binary's pages
+		// are shared by the same processes before and after the pods start.
+		for _, s := range floors {
+			if err := s.stop(); err != nil {
+				return err
+			}
 		}
 		if res.density, err = b.density(ctx, realSrv); err != nil {
 			return err
@@ -353,8 +367,9 @@ func copyFile(from, to string) error {
 
 // killLeftovers kills, by pid, shims and workloads of this run that are
 // still alive (after a failed run: shims outlive the server by design).
+// The floors' nodes start none; they are looked for all the same.
 func (b *bench) killLeftovers() {
-	for _, mode := range []string{"real", "floor"} {
+	for _, mode := range []string{"real", "floor", "fair"} {
 		for _, p := range classify(scan(), -1, b.bin, b.shim, filepath.Join(b.work, mode)) {
 			if p.Role == "k3sm-shim" || p.Role == "workload" {
 				syscall.Kill(p.Pid, syscall.SIGKILL)

@@ -202,15 +202,28 @@ func TestLeaseMaxGap(t *testing.T) {
 }
 
 func TestServerArgsLoopbackOnly(t *testing.T) {
-	args := strings.Join(serverArgs("/d", []int{1, 2, 3, 4}, true, "--max-pods", "510"), " ")
+	args := strings.Join(serverArgs("/d", []int{1, 2, 3, 4}, instantFlag("floor"), "--max-pods", "510"), " ")
 	for _, want := range []string{"--bind-address 127.0.0.1", "--advertise-address 127.0.0.1", "--https-listen-port 1",
 		"--scheduler-port 2", "--controller-manager-port 3", "--kubelet-port 4", "--node-instant", "--max-pods 510"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("%q lacks %q", args, want)
 		}
 	}
-	if strings.Contains(strings.Join(serverArgs("/d", []int{1, 2, 3, 4}, false), " "), "instant") {
-		t.Error("the real server must not get --node-instant")
+}
+
+// Each mode's server gets its own node flag and no other: the fair floor's
+// flag implies --node-instant, so it must not be given beside it.
+func TestServerArgsNodeFlags(t *testing.T) {
+	for mode, want := range map[string]string{"real": "", "floor": "--node-instant", "fair": "--node-instant-writes", upstreamRatesMode: "--node-instant"} {
+		var got []string
+		for _, a := range serverArgs("/d", []int{1, 2, 3, 4}, instantFlag(mode), "--max-pods", "510") {
+			if strings.Contains(a, "instant") {
+				got = append(got, a)
+			}
+		}
+		if want == "" && len(got) > 0 || want != "" && (len(got) != 1 || got[0] != want) {
+			t.Errorf("%s server: node flags %q, want %q", mode, got, want)
+		}
 	}
 }
 
@@ -329,12 +342,14 @@ func TestRoundOrderRotates(t *testing.T) {
 	}
 	two := []*server{{mode: "real"}, {mode: "floor"}}
 	three := append(two[:2:2], &server{mode: "peer"})
+	four := []*server{{mode: "real"}, {mode: "floor"}, {mode: "fair"}, {mode: "peer"}}
 	for _, c := range []struct {
 		modes []*server
 		round int
 		want  string
 	}{{two, 1, "real,floor"}, {two, 2, "floor,real"}, {two, 3, "real,floor"},
-		{three, 1, "real,floor,peer"}, {three, 2, "floor,peer,real"}, {three, 3, "peer,real,floor"}, {three, 4, "real,floor,peer"}} {
+		{three, 1, "real,floor,peer"}, {three, 2, "floor,peer,real"}, {three, 3, "peer,real,floor"}, {three, 4, "real,floor,peer"},
+		{four, 2, "floor,fair,peer,real"}, {four, 4, "peer,real,floor,fair"}, {four, 5, "real,floor,fair,peer"}} {
 		if got := names(roundOrder(c.modes, c.round)); got != c.want {
 			t.Errorf("%d modes, round %d: %s, want %s", len(c.modes), c.round, got, c.want)
 		}
@@ -413,7 +428,7 @@ func TestReportPeerColumns(t *testing.T) {
 	}
 	rep := renderReport(o, machine{}, res, nil)
 	for _, want := range []string{
-		"- Peer (issue 12): a third node, `bench-peer`, joined to the real server's control plane: upstream kubelet v1.37.2, containerd 2.2.9",
+		"- Peer (issue 12): another node, `bench-peer`, joined to the real server's control plane: upstream kubelet v1.37.2, containerd 2.2.9",
 		"| ms | real node | floor | peer (kubelet + containerd) | ratio real ÷ floor | ratio real ÷ peer |",
 		"| p50 | 200 | 100 | 800 | 2.00× | 0.25× |",
 		"| p99 | 300 | 100 | 1000 | 3.00× | 0.30× |",
@@ -433,12 +448,20 @@ func TestReportPeerColumns(t *testing.T) {
 		}
 	}
 
+	if !strings.Contains(rep, "Goals (issue 35): real ÷ kubelet + containerd ≤ 0.1× at p50 **not met** (0.25×), at p99 **not met** (0.25×).") {
+		t.Errorf("burst lacks the peer goal of issue 35:\n%s", rep)
+	}
+	if strings.Contains(rep, "fair") || !strings.Contains(rep, "- Setup: two servers side by side") ||
+		!strings.Contains(rep, "  binary: the **real** node, and the **floor**, the same binary with `--node-instant`") {
+		t.Errorf("fair floor shown though it did not run:\n%s", rep)
+	}
+
 	// Without the peer the tables keep their two modes, and the reason is shown.
 	res.peer, res.peerRan = "skipped: no kubelet", false
 	res.singles, res.bursts = res.singles[:2], res.bursts[:2]
 	res.singles[1].Round = 1
 	rep = renderReport(o, machine{}, res, nil)
-	if strings.Contains(rep, "peer (kubelet") || strings.Contains(rep, "peer p50") || strings.Contains(rep, "real ÷ peer") {
+	if strings.Contains(rep, "peer (kubelet") || strings.Contains(rep, "peer p50") || strings.Contains(rep, "real ÷ peer") || strings.Contains(rep, "issue 35") {
 		t.Errorf("peer columns without a peer:\n%s", rep)
 	}
 	for _, want := range []string{"- Peer (issue 12): skipped: no kubelet", "| ms | real node | floor | ratio real ÷ floor |",
@@ -466,5 +489,77 @@ func TestReportUpstreamRates(t *testing.T) {
 	res.deploys = res.deploys[:2]
 	if rep := renderReport(o, machine{}, res, nil); strings.Contains(rep, "upstream's rates") {
 		t.Errorf("rates table without that server:\n%s", rep)
+	}
+}
+
+// The fair floor (issue 35) gets a column, a ratio and its goals wherever
+// the floor has a column, and the setup says what its node does.
+func TestReportFairColumns(t *testing.T) {
+	o := options{pods: 4, creators: 2, qps: 100, rounds: 1, singles: 2, deployRounds: 1, fair: true, settle: time.Second, stall: time.Second}
+	fairBurst := burstOf("fair", "pods", 1, 3, 100, 180, 300, 350)
+	fairBurst.Updates, fairBurst.Events = 2, map[string]float64{"Pulled": 1, "Created": 1, "Started": 1}
+	res := &results{peer: "kubelet v1.37.2, containerd 2.2.9, runc 1.1.5", peerRan: true,
+		singles: []*burstResult{
+			burstOf("real", "single", 1, 1, 120), burstOf("floor", "single", 1, 2, 50), burstOf("fair", "single", 1, 3, 100), burstOf("peer", "single", 1, 4, 1000),
+			burstOf("floor", "single", 2, 1, 50), burstOf("fair", "single", 2, 2, 100), burstOf("peer", "single", 2, 3, 2000), burstOf("real", "single", 2, 4, 150),
+		},
+		bursts: []*burstResult{burstOf("real", "pods", 1, 1, 100, 200, 300, 400), burstOf("floor", "pods", 1, 2, 50, 60, 70, 80),
+			fairBurst, burstOf("peer", "pods", 1, 4, 1000, 2500, 2800, 3000)},
+		deploys: []*burstResult{burstOf("real", "deployment", 1, 1, 300, 400), burstOf("floor", "deployment", 1, 2, 100, 200),
+			burstOf("fair", "deployment", 1, 3, 200, 250)},
+	}
+	rep := renderReport(o, machine{}, res, nil)
+	singles, bursts, _ := strings.Cut(rep, "### Pod create → Running, burst")
+	bursts, deploys, _ := strings.Cut(bursts, "### Deployment")
+	for _, c := range []struct{ part, want string }{
+		{singles, "- Setup: three servers side by side, each on its own data dir and loopback ports, running a private copy of the\n" +
+			"  binary: the **real** node, the **floor**, the same binary with `--node-instant`"},
+		{singles, "and the **fair floor**, the same binary with `--node-instant-writes`: its node translates each pod's spec as a real\n" +
+			"  start does (requesting its service-account token, reading its ConfigMaps and Secrets), publishes the Pending status\n" +
+			"  with the containers waiting in ContainerCreating, emits Pulled, Created and Started per container"},
+		{singles, "| ms | real node | floor | fair floor | peer (kubelet + containerd) | ratio real ÷ floor | ratio real ÷ fair floor | ratio real ÷ peer |\n" +
+			"|---|---:|---:|---:|---:|---:|---:|---:|\n"},
+		{singles, "| p50 | 120 | 50 | 100 | 1000 | 2.40× | 1.20× | 0.12× |"},
+		{singles, "| p99 | 150 | 50 | 100 | 2000 | 3.00× | 1.50× | 0.07× |"},
+		{singles, "\nGoals (issue 35): real ÷ fair floor ≤ 1.3× at p50 met (1.20×), at p99 **not met** (1.50×).\n"},
+		{singles, "| step, p50 (ms) | real | floor | fair | peer |"},
+		{bursts, "| ms | real node | floor (`--node-instant`) | fair floor (`--node-instant-writes`) | peer (kubelet + containerd) | " +
+			"ratio real ÷ floor | ratio real ÷ fair floor | ratio real ÷ peer |"},
+		{bursts, "| **p50** | 200 | 60 | 180 | 2500 | 3.33× | 1.11× | 0.08× |"},
+		{bursts, "| **p99** | 400 | 80 | 350 | 3000 | 5.00× | 1.14× | 0.13× |"},
+		{bursts, "Goals (issue 3): p50 ≤ 100 ms **not met** (200 ms)"},
+		{bursts, "Goals (issue 35): real ÷ fair floor ≤ 1.3× at p50 met (1.11×), at p99 met (1.14×); " +
+			"real ÷ kubelet + containerd ≤ 0.1× at p50 met (0.08×), at p99 **not met** (0.13×).\n"},
+		{bursts, "| step | real p50 | real p99 | floor p50 | floor p99 | fair p50 | fair p99 | peer p50 | peer p99 |"},
+		{bursts, "| process | real | floor | fair | peer |"},
+		{bursts, "| kube-apiserver | 10.0 | 10.0 | 10.0 | 10.0 |"},
+		{bursts, "| writes per pod | real | floor | fair | peer |"},
+		{bursts, "| pod updates before Running (binding, status) | 0.0 | 0.0 | 2.0 | 0.0 |"},
+		{bursts, "| Event Started | – | – | 1.0 | – |"},
+		{bursts, "| 1 | fair | third | 180 | 350 |"},
+		{bursts, "| 1 | peer | fourth | 2500 | 3000 |"},
+		{deploys, "| ms | real node | floor (`--node-instant`) | fair floor (`--node-instant-writes`) | ratio real ÷ floor | ratio real ÷ fair floor |"},
+		{deploys, "| **p50** | 300 | 100 | 200 | 3.00× | 1.50× |"},
+	} {
+		if !strings.Contains(c.part, c.want) {
+			t.Errorf("report lacks %q:\n%s", c.want, rep)
+		}
+	}
+	if strings.Contains(singles, "≤ 0.1×") || strings.Contains(deploys, "issue 35") {
+		t.Errorf("issue 35's goals belong to the singles (fair floor) and bursts only:\n%s", rep)
+	}
+}
+
+// A goal is met only by measured figures: a pod never seen Running, or a
+// mode with no figure, meets none.
+func TestWithin(t *testing.T) {
+	ms := time.Millisecond
+	for _, c := range []struct {
+		a, b time.Duration
+		want bool
+	}{{130 * ms, 100 * ms, true}, {131 * ms, 100 * ms, false}, {never, 100 * ms, false}, {100 * ms, never, false}, {100 * ms, -1, false}, {-1, 100 * ms, false}} {
+		if got := within(c.a, c.b, 1.3); got != c.want {
+			t.Errorf("within(%v, %v, 1.3) = %v", c.a, c.b, got)
+		}
 	}
 }

@@ -23,8 +23,8 @@ const nodeName = "bench-node"
 
 // server is one `k3sm server` on its own data dir, loopback ports only.
 type server struct {
-	mode    string // "real", "floor" or "peer"
-	instant bool
+	mode    string // "real", "floor", "fair", "peer" or upstreamRatesMode
+	instant bool   // the node starts nothing (the floors)
 	node    string // the node its pods are pinned to
 	// The peer is no server of its own: it joins cp's control plane and
 	// uses cp's client.
@@ -90,7 +90,23 @@ var upstreamRateFlags = []string{
 	"--kube-scheduler-arg=kube-api-qps=50", "--kube-scheduler-arg=kube-api-burst=100",
 }
 
-func serverArgs(dir string, ports []int, instant bool, extra ...string) []string {
+// instantFlag is the hidden node flag that makes mode's server a floor: its
+// node starts nothing. The fair floor's --node-instant-writes implies
+// --node-instant and keeps a real start's API traffic (service-account
+// token, ConfigMaps and Secrets read, Pending status, Pulled/Created/Started
+// Events, Running status), so the real node's time beyond it is the cost of
+// starting the pods; the floor's one status per pod is the API-only bound.
+func instantFlag(mode string) string {
+	switch mode {
+	case "fair":
+		return "--node-instant-writes"
+	case "floor", upstreamRatesMode:
+		return "--node-instant"
+	}
+	return ""
+}
+
+func serverArgs(dir string, ports []int, nodeFlag string, extra ...string) []string {
 	args := []string{"server", "--data-dir", dir,
 		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
 		"--https-listen-port", strconv.Itoa(ports[0]),
@@ -98,16 +114,18 @@ func serverArgs(dir string, ports []int, instant bool, extra ...string) []string
 		"--controller-manager-port", strconv.Itoa(ports[2]),
 		"--kubelet-port", strconv.Itoa(ports[3]),
 		"--node-name", nodeName}
-	if instant {
-		args = append(args, "--node-instant")
+	if nodeFlag != "" {
+		args = append(args, nodeFlag)
 	}
 	return append(args, extra...)
 }
 
 // startServer starts the server and waits until it logs `k3sm is up` and
-// the "default" ServiceAccount exists (pods are refused before that).
-func startServer(ctx context.Context, bin, work, mode string, instant bool, qps float32, extra []string) (*server, error) {
-	s := &server{mode: mode, instant: instant, node: nodeName, dir: filepath.Join(work, mode), logPath: filepath.Join(work, mode+".log")}
+// the "default" ServiceAccount exists (pods are refused before that). The
+// mode says which node it runs (instantFlag).
+func startServer(ctx context.Context, bin, work, mode string, qps float32, extra []string) (*server, error) {
+	nodeFlag := instantFlag(mode)
+	s := &server{mode: mode, instant: nodeFlag != "", node: nodeName, dir: filepath.Join(work, mode), logPath: filepath.Join(work, mode+".log")}
 	ports, err := freePorts(4)
 	if err != nil {
 		return nil, err
@@ -117,7 +135,7 @@ func startServer(ctx context.Context, bin, work, mode string, instant bool, qps 
 		return nil, err
 	}
 	defer logf.Close()
-	s.cmd = exec.Command(bin, serverArgs(s.dir, ports, instant, extra...)...)
+	s.cmd = exec.Command(bin, serverArgs(s.dir, ports, nodeFlag, extra...)...)
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	if err := s.cmd.Start(); err != nil {
 		return nil, err
