@@ -118,15 +118,17 @@ func checkPodLimits(t *testing.T, kc string) {
 		}
 		// The kernel counts a refused fork where the limit is (the pod)
 		// or, since Linux 6.x, where the fork was tried (the container).
-		out := waitGuest(t, 2*time.Minute, "forks refused", "n=$(cat "+pod+"/pids.events "+cg+"/pids.events | awk '/^max/{n+=$2} END{print n+0}'); [ \"$n\" -gt 0 ] && echo $n $(cat "+pod+"/pids.current)")
-		// bash retries a refused fork and goes on: the pod sits at its limit.
+		// bash retries a refused fork a few times (about 15 s), then
+		// gives up and exits, and the container restarts: wait for the pod
+		// at its limit, with forks refused.
+		out := waitGuest(t, 3*time.Minute, "forks refused with the pod at its limit", "n=$(cat "+pod+"/pids.events "+cg+"/pids.events | awk '/^max/{n+=$2} END{print n+0}'); c=$(cat "+pod+"/pids.current); [ \"$n\" -gt 0 ] && [ \"$c\" -ge 45 ] && echo $n $c")
 		f := strings.Fields(out)
-		if cur, _ := strconv.Atoi(f[len(f)-1]); cur > 50 || cur < 40 {
-			t.Errorf("pids.current %d, want the limit of 50 reached and held", cur)
+		if cur, _ := strconv.Atoi(f[len(f)-1]); cur > 50 {
+			t.Errorf("pids.current %d, above the limit of 50", cur)
 		}
-		t.Logf("forks refused, pids.current: %s", strings.TrimSpace(out))
+		t.Logf("forks refused, pids.current: %s; the container restarted %s times", strings.TrimSpace(out),
+			strings.TrimSpace(sh(t, time.Minute, kc+" get pod forkbomb -o jsonpath={.status.containerStatuses[0].restartCount}")))
 		sh(t, time.Minute, kc+" get nodes --no-headers | grep -w Ready")
 		sh(t, 3*time.Minute, kc+" delete pod forkbomb --wait=true --timeout=2m")
 	})
-
 }
