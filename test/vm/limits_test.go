@@ -65,7 +65,8 @@ func podCgroup(t *testing.T, kc, pod string) string {
 
 // checkPodLimits checks limitPods, applied with kc (the kubectl command
 // line of the cluster under test), against the kernel's v2 files: the
-// memory limit ends in OOMKilled with exit 137, cpu.max holds a busy loop
+// memory limit ends in OOMKilled with exit 137, cpu.max (and cpu.weight
+// from the request) holds a busy loop
 // to 10 % ± 3 of a core by cpu.stat, kubectl top agrees with cpu.stat and
 // memory.current, and --pod-max-pids 50 stops a fork bomb while the node
 // stays Ready.
@@ -82,6 +83,11 @@ func checkPodLimits(t *testing.T, kc string) {
 		cg := podCgroup(t, kc, "spin")
 		if got := strings.TrimSpace(sh(t, time.Minute, "cat "+cg+"/cpu.max")); got != "10000 100000" {
 			t.Errorf("cpu.max %q, want 10000 100000", got)
+		}
+		// The request (100m, from the limit) as the kubelet's shares, 102,
+		// in v2's weight as runc converts them: 1 + (102-2)*9999/262142.
+		if got := strings.TrimSpace(sh(t, time.Minute, "cat "+cg+"/cpu.weight")); got != "4" {
+			t.Errorf("cpu.weight %q, want 4 (a 100m request)", got)
 		}
 		// The share of a core over 10 s, from cpu.stat.
 		out := sh(t, time.Minute, "a=$(awk '/^usage_usec/{print $2}' "+cg+"/cpu.stat); sleep 10; b=$(awk '/^usage_usec/{print $2}' "+cg+"/cpu.stat); echo $((b-a))")
