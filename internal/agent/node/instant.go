@@ -10,6 +10,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -48,11 +49,37 @@ func (p *Provider) instantWithWrites(ctx context.Context, pod *corev1.Pod) error
 		return err
 	}
 	p.publish(pod.UID, creatingStatus(pod, p.nodeIP))
-	for _, c := range pod.Spec.Containers {
-		p.event(pod, c.Name, corev1.EventTypeNormal, "Pulled", fmt.Sprintf("Container image %q already present on machine", c.Image))
-		p.event(pod, c.Name, corev1.EventTypeNormal, "Created", "Created container "+c.Name)
-		p.event(pod, c.Name, corev1.EventTypeNormal, "Started", "Started container "+c.Name)
-	}
-	p.publish(pod.UID, instantStatus(pod, p.nodeIP))
+	// The rest comes later, as the runtime's events and statuses do after
+	// CreatePod returned. A real start's Running comes tens of milliseconds
+	// after its Pending, so both are written; published back to back, the
+	// notifier would send only the newest: Running waits for Pending to be
+	// in the API.
+	ctx = context.WithoutCancel(ctx) // CreatePod's may end as it returns
+	go func() {
+		p.waitWritten(ctx, pod, func(st corev1.PodStatus) bool {
+			return len(st.ContainerStatuses) > 0 && st.ContainerStatuses[0].State.Waiting != nil
+		})
+		for _, c := range pod.Spec.Containers {
+			p.event(pod, c.Name, corev1.EventTypeNormal, "Pulled", fmt.Sprintf("Container image %q already present on machine", c.Image))
+			p.event(pod, c.Name, corev1.EventTypeNormal, "Created", "Created container "+c.Name)
+			p.event(pod, c.Name, corev1.EventTypeNormal, "Started", "Started container "+c.Name)
+		}
+		p.publish(pod.UID, instantStatus(pod, p.nodeIP))
+	}()
 	return nil
+}
+
+// waitWritten polls the informer's copy of pod until written reports its
+// status (or 10 s pass, or no informer is wired: unit tests).
+func (p *Provider) waitWritten(ctx context.Context, pod *corev1.Pod, written func(corev1.PodStatus) bool) {
+	if p.apiPod == nil {
+		return
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if cur, ok := p.apiPod(pod.Namespace, pod.Name); ok && cur.UID == pod.UID && written(cur.Status) {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
