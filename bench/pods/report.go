@@ -607,7 +607,7 @@ func renderReport(o options, m machine, res *results, extra []string) string {
 			fair = ";\n  and the **fair floor**, the same binary with `--node-instant-writes`: its node translates each pod's spec as a real\n" +
 				"  start does (requesting its service-account token, reading its ConfigMaps and Secrets), publishes the Pending status\n" +
 				"  with the containers waiting in ContainerCreating, emits Pulled, Created and Started per container with the real\n" +
-				"  runtime's messages, then publishes Running, and starts nothing: the real node's time beyond it is the node's own\n" +
+				"  runtime's messages, then, once the Pending status is in the API, publishes Running, and starts nothing: the real node's time beyond it is the node's own\n" +
 				"  cost (issue 35), and the floor stays beside it as the bound of the API alone"
 		}
 		fmt.Fprintf(&sb, "- Setup: %s side by side, each on its own data dir and loopback ports, running a private copy of the\n"+
