@@ -3,7 +3,6 @@ package vm
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -55,13 +54,7 @@ find /sys/fs/cgroup -name '*k3sm*' | sort; systemctl list-unit-files --no-legend
 // v2 files, a reboot brings the cluster and its pods back, and uninstall
 // --purge leaves the machine as it was.
 func TestInstallRebootUninstall(t *testing.T) {
-	need(t)
-	if binSkip != "" {
-		if os.Getenv("K3SM_REQUIRE_VM") != "" {
-			t.Fatal(binSkip)
-		}
-		t.Skip(binSkip)
-	}
+	needBinaries(t)
 	before := sh(t, time.Minute, machineState)
 	t0 := time.Now()
 	out := sh(t, 20*time.Minute, "/mnt/k3sm/bin/k3sm install --timeout 15m --pod-max-pids 50 2>&1")

@@ -161,3 +161,15 @@ func need(t *testing.T) {
 	}
 	t.Skip(skipWhy)
 }
+
+// needBinaries is need, and the k3sm binaries in the guest.
+func needBinaries(t *testing.T) {
+	t.Helper()
+	need(t)
+	if binSkip != "" {
+		if os.Getenv("K3SM_REQUIRE_VM") != "" {
+			t.Fatal(binSkip)
+		}
+		t.Skip(binSkip)
+	}
+}

@@ -3,7 +3,6 @@ package vm
 import (
 	"context"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -39,13 +38,7 @@ const memAvailable = `echo $(( ($(awk '/^MemFree:/{print $2}' /proc/meminfo) * 1
 // (checkPodLimits), doctor passes, and memory pressure from the v2 files
 // sets MemoryPressure and evicts the pod that causes it.
 func TestRootlessServerUserDelegation(t *testing.T) {
-	need(t)
-	if binSkip != "" {
-		if os.Getenv("K3SM_REQUIRE_VM") != "" {
-			t.Fatal(binSkip)
-		}
-		t.Skip(binSkip)
-	}
+	needBinaries(t)
 	kc := "/mnt/k3sm/bin/k3sm kubectl --data-dir " + rootlessData
 	sh(t, 2*time.Minute, "set -e\n"+userManager)
 	t.Logf("user@.service delegates: %s", sh(t, time.Minute, userManager+"cat /sys/fs/cgroup/user.slice/user-$uid.slice/user@$uid.service/cgroup.controllers"))

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/agent/podspec"
@@ -63,16 +64,7 @@ func TestMemoryPressureCondition(t *testing.T) {
 	}
 	// Above the threshold again: True for the transition period, then False.
 	avail = 200 << 20
-	clock.t = clock.t.Add(time.Minute)
-	d.housekeeping(ctx)
-	if len(got) != 1 {
-		t.Fatal("condition changed within the transition period")
-	}
-	clock.t = clock.t.Add(5 * time.Minute)
-	d.housekeeping(ctx)
-	if len(got) != 2 {
-		t.Fatalf("after the transition period: %d updates", len(got))
-	}
+	pressureEnds(t, d, clock, &got)
 	if c := memoryCondition(got[1]); c.Status != corev1.ConditionFalse || c.Reason != "KubeletHasSufficientMemory" || !c.LastTransitionTime.Time.Equal(clock.t) {
 		t.Errorf("cleared condition %+v", c)
 	}
@@ -161,12 +153,16 @@ func TestMemoryEvictionSetsPressure(t *testing.T) {
 		t.Fatalf("a pod evicted before the node knew it set MemoryPressure")
 	}
 
-	pod2 := pod.DeepCopy()
-	pod2.UID, pod2.Name = "u2", "q"
-	p.adopt(pod2)
-	r := running("u2", 1)
-	r.Name = "q"
-	p.update(r)
+	// A pod the runtime runs, known to the node.
+	runningPod := func(uid, name string) {
+		pod := pod.DeepCopy()
+		pod.UID, pod.Name = types.UID(uid), name
+		p.adopt(pod)
+		r := running(uid, 1)
+		r.Name = name
+		p.update(r)
+	}
+	runningPod("u2", "q")
 	// Evicted for disk: not memory pressure.
 	disk := running("u2", 2)
 	disk.Name, disk.Phase, disk.Reason, disk.Message = "q", runtimev1.PodPhase_POD_PHASE_FAILED, "Evicted", "Usage of EmptyDir volume \"v\" exceeds the limit \"1Mi\". "
@@ -175,12 +171,7 @@ func TestMemoryEvictionSetsPressure(t *testing.T) {
 		t.Fatalf("an eviction for disk set MemoryPressure")
 	}
 
-	pod3 := pod.DeepCopy()
-	pod3.UID, pod3.Name = "u3", "r"
-	p.adopt(pod3)
-	r = running("u3", 1)
-	r.Name = "r"
-	p.update(r)
+	runningPod("u3", "r")
 	d.housekeeping(ctx)
 	if len(got) != 0 {
 		t.Fatal("1Gi available: pressure")
@@ -196,14 +187,22 @@ func TestMemoryEvictionSetsPressure(t *testing.T) {
 	}
 	// The node's checks find memory available: True for the transition
 	// period, then False.
+	pressureEnds(t, d, clock, &got)
+}
+
+// pressureEnds: with memory available again, MemoryPressure (reported
+// once, in *got) stays True a minute later, within the 5m transition
+// period, and is False after it.
+func pressureEnds(t *testing.T, d *diskManager, clock *fakeClock, got *[]*corev1.Node) {
+	t.Helper()
 	clock.t = clock.t.Add(time.Minute)
-	d.housekeeping(ctx)
-	if len(got) != 1 {
+	d.housekeeping(context.Background())
+	if len(*got) != 1 {
 		t.Fatal("condition changed within the transition period")
 	}
 	clock.t = clock.t.Add(5 * time.Minute)
-	d.housekeeping(ctx)
-	if len(got) != 2 || memoryCondition(got[1]).Status != corev1.ConditionFalse {
-		t.Fatalf("after the transition period: %d updates", len(got))
+	d.housekeeping(context.Background())
+	if len(*got) != 2 || memoryCondition((*got)[1]).Status != corev1.ConditionFalse {
+		t.Fatalf("after the transition period: %d updates", len(*got))
 	}
 }
