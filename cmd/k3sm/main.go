@@ -12,6 +12,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/k3smcmd"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/server/join"
 	"github.com/k3sm-dev/k3sm/internal/server/localnode"
 	"github.com/k3sm-dev/k3sm/internal/upstream"
 )
@@ -25,6 +26,6 @@ func main() {
 		}
 	}
 	os.Exit(k3smcmd.Execute(k3smcmd.Upstream{Kubectl: upstream.Kubectl, Flags: upstream.Flags}, func(*controlplane.Config) []controlplane.Addon {
-		return []controlplane.Addon{localnode.Addon(nil)}
+		return []controlplane.Addon{localnode.Addon(nil), join.Addon(nil)}
 	}))
 }

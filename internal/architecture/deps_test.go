@@ -17,7 +17,7 @@ var (
 	serverSide = []string{"internal/server", "internal/upstream"}
 	agentSide  = []string{"internal/agent", "internal/runtime", "internal/netd"}
 	shared     = []string{"internal/datadir", "internal/roleconfig", "internal/supervisor", "internal/pki",
-		"internal/atomicfile", "internal/kubeconfig", "internal/version", "internal/diskpolicy", "internal/units", "internal/syserr", "internal/backoff", "internal/tartree", "api/runtime/v1"}
+		"internal/atomicfile", "internal/kubeconfig", "internal/version", "internal/diskpolicy", "internal/units", "internal/syserr", "internal/backoff", "internal/tartree", "api/runtime/v1", "api/join/v1"}
 )
 
 type pkg struct {

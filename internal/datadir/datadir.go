@@ -89,6 +89,15 @@ func (l Layout) KubeletServingKey() string {
 	return filepath.Join(l.AgentTLSDir(), "serving-kubelet.key")
 }
 func (l Layout) KubeletClientCA() string { return filepath.Join(l.AgentTLSDir(), "client-ca.crt") }
+
+// A node that joined a server (k3sm agent): the client certificate and key
+// its kubeconfig holds, the CA it trusts the servers by, its password (the
+// server stores only a hash), and the cluster settings the join returned.
+func (l Layout) NodeClientCert() string   { return filepath.Join(l.AgentTLSDir(), "client-kubelet.crt") }
+func (l Layout) NodeClientKey() string    { return filepath.Join(l.AgentTLSDir(), "client-kubelet.key") }
+func (l Layout) AgentServerCA() string    { return filepath.Join(l.AgentTLSDir(), "server-ca.crt") }
+func (l Layout) NodePasswordFile() string { return filepath.Join(l.AgentDir(), "node-password") }
+func (l Layout) JoinFile() string         { return filepath.Join(l.AgentDir(), "join.json") }
 func (l Layout) LocalPathKubeconfig() string {
 	return filepath.Join(l.AgentDir(), "local-path.kubeconfig")
 }

@@ -22,7 +22,7 @@ import (
 // `k3sm server` explain a path given to a bare --audit-log after a space.
 func addOps(root *cobra.Command) {
 	root.AddCommand(newSnapshot(), newSecretsEncrypt(), newCertificate(), newStatus(), newDoctor(), newImage())
-	root.AddCommand(newInstall(), newUninstall())
+	root.AddCommand(newInstall(), newUninstall(), newToken(), newAgent())
 	for _, c := range root.Commands() {
 		if c.Name() != "server" {
 			continue

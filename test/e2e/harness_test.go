@@ -153,7 +153,7 @@ func newServer(t *testing.T, extra ...string) *server {
 			t.Logf("data dir kept for inspection: %s", dir)
 		}
 	})
-	return &server{t: t, dataDir: dir, ports: []int{freePort(t), freePort(t), freePort(t), freePort(t)}, extra: extra}
+	return &server{t: t, dataDir: dir, ports: []int{freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)}, extra: extra}
 }
 
 // testEvictionHard keeps the disk thresholds out of a test's way: the
@@ -174,6 +174,10 @@ func (s *server) args() []string {
 		"--controller-manager-port", strconv.Itoa(s.ports[2]),
 		"--kubelet-port", strconv.Itoa(s.ports[3]),
 		"--node-name", "e2e-node"}
+	if !slices.ContainsFunc(extra, func(a string) bool { return strings.HasPrefix(a, "--supervisor-port") }) {
+		// Servers of one test run side by side (a shared datastore).
+		args = append(args, "--supervisor-port", strconv.Itoa(s.ports[4]))
+	}
 	if !s.defaultAddrs {
 		args = append(args, "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1")
 	}

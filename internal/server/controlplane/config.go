@@ -27,8 +27,11 @@ import (
 
 // Config is what `k3sm server` is asked to run.
 type Config struct {
-	DataDir          string
-	HTTPSPort        int
+	DataDir   string
+	HTTPSPort int
+	// SupervisorPort serves the join (HTTPS, /v1-k3sm/) on the bind
+	// address; 0: no node can join.
+	SupervisorPort   int
 	BindAddress      string
 	AdvertiseAddress string
 	ServiceCIDR      string
@@ -124,6 +127,7 @@ func Defaults() Config {
 	return Config{
 		DataDir:               DefaultDataDir(),
 		HTTPSPort:             6443,
+		SupervisorPort:        DefaultSupervisorPort,
 		BindAddress:           "0.0.0.0",
 		ServiceCIDR:           "10.43.0.0/16",
 		ClusterCIDR:           "100.64.0.0/10",
@@ -143,6 +147,11 @@ func Defaults() Config {
 		Ops:                   Ops{SnapshotRetention: 5},
 	}
 }
+
+// DefaultSupervisorPort is the join endpoint's port: RKE2's supervisor
+// port, as k3s serves its join on the API port, which here is the
+// apiserver's own.
+const DefaultSupervisorPort = 9345
 
 // DefaultNodeTaint is whether a node of this OS carries the provider taint
 // unless told otherwise. A pod that names no OS is a Linux pod, so a Linux
@@ -178,6 +187,11 @@ func (c *Config) Validate() error {
 		if p.v < 1 || p.v > 65535 {
 			add(p.flag, fmt.Sprint(p.v), "not a TCP port", "use a number from 1 to 65535")
 		}
+	}
+	if c.SupervisorPort < 0 || c.SupervisorPort > 65535 {
+		add("supervisor-port", fmt.Sprint(c.SupervisorPort), "not a TCP port", "use a number from 1 to 65535, or 0 for no join endpoint")
+	} else if c.SupervisorPort != 0 && slices.Contains([]int{c.HTTPSPort, c.SchedulerPort, c.ControllerManagerPort, c.KubeletPort, c.RegistryPort}, c.SupervisorPort) {
+		add("supervisor-port", fmt.Sprint(c.SupervisorPort), "is already another port of this server", fmt.Sprintf("use another port, e.g. the default %d", DefaultSupervisorPort))
 	}
 	bind, err := netip.ParseAddr(c.BindAddress)
 	if err != nil {
@@ -418,13 +432,13 @@ func (o *Ops) validate(dataDir string, add func(flag, value, problem, fix string
 // command that must not run beside a server (snapshot restore, certificate
 // rotate). The error says which server holds it.
 func LockDataDir(dataDir string) (release func(), err error) {
-	return lockDataDir(datadir.New(dataDir).LockFile())
+	return datadir.Lock(datadir.New(dataDir).LockFile(), "server")
 }
 
 // ServerHoldsLock reports whether a server runs on the data dir (holds
 // k3sm.lock) and its pid, without creating anything there.
 func ServerHoldsLock(dataDir string) (running bool, pid int, err error) {
-	return lockHeld(datadir.New(dataDir).LockFile())
+	return datadir.LockHeld(datadir.New(dataDir).LockFile())
 }
 
 // maxPodsPerNode is what a node's largest pod range, a /16, holds: all but

@@ -23,6 +23,8 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"dns is api ip", func(c *Config) { c.ClusterDNS = "10.43.0.1" }, []string{"--cluster-dns", "API Service"}},
 		{"port", func(c *Config) { c.HTTPSPort = 70000 }, []string{"--https-listen-port", "1 to 65535"}},
 		{"bind", func(c *Config) { c.BindAddress = "localhost" }, []string{"--bind-address"}},
+		{"supervisor port is the API's", func(c *Config) { c.SupervisorPort = c.HTTPSPort }, []string{"--supervisor-port", "another port"}},
+		{"supervisor port", func(c *Config) { c.SupervisorPort = -1 }, []string{"--supervisor-port", "0 for no join endpoint"}},
 		{"pod range too small", func(c *Config) { c.ClusterCIDR = "100.64.0.0/28" }, []string{"--cluster-cidr", "/24"}},
 		{"pod range too small for max-pods", func(c *Config) { c.ClusterCIDR, c.MaxPods = "100.64.0.0/23", 510 }, []string{"--cluster-cidr", "/22", "--max-pods 510"}},
 		{"max-pods beyond a /16", func(c *Config) { c.MaxPods = 70000 }, []string{"--max-pods", "65533"}},

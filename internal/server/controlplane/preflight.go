@@ -18,7 +18,7 @@ func Preflight(cfg *Config) (release func(), err error) {
 			Fix: "run as root for /var/lib/k3sm or pass --data-dir under your home"}
 	}
 	l := datadir.New(cfg.DataDir)
-	release, err = lockDataDir(l.LockFile())
+	release, err = datadir.Lock(l.LockFile(), "server")
 	if err != nil {
 		return nil, &FieldError{Flag: "data-dir", Value: cfg.DataDir, Problem: err.Error(),
 			Fix: "stop that server first, or pass another --data-dir"}
@@ -47,8 +47,12 @@ func Preflight(cfg *Config) (release func(), err error) {
 		{"scheduler-port", "127.0.0.1", cfg.SchedulerPort},
 		{"controller-manager-port", "127.0.0.1", cfg.ControllerManagerPort},
 		{"kubelet-port", cfg.NodeIP, cfg.KubeletPort},
+		{"supervisor-port", cfg.BindAddress, cfg.SupervisorPort},
 	}
 	for _, p := range ports {
+		if p.port == 0 { // --supervisor-port=0: off
+			continue
+		}
 		addr := net.JoinHostPort(p.host, strconv.Itoa(p.port))
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {

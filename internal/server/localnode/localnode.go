@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"net"
 	"os"
 	goruntime "runtime"
 	"time"
@@ -23,6 +22,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/agent/dns"
 	"github.com/k3sm-dev/k3sm/internal/agent/localpath"
 	"github.com/k3sm-dev/k3sm/internal/agent/netpol"
+	"github.com/k3sm-dev/k3sm/internal/agent/nodeproc"
 	"github.com/k3sm-dev/k3sm/internal/agent/proxy"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
@@ -87,7 +87,9 @@ func Addon(log *slog.Logger) controlplane.Addon {
 			if err != nil {
 				return err
 			}
-			n, err = sup.Start(ctx, nodeComponent{p, admin, args})
+			n, err = sup.Start(ctx, nodeproc.Node(p.Cfg.Executable, p.Cfg.DataDir, args, func(ctx context.Context) error {
+				return nodeReady(ctx, admin, p.Cfg.NodeName)
+			}))
 			return err
 		},
 		Verified: func(ctx context.Context, p *controlplane.Plane, _ *supervisor.Supervisor) error {
@@ -193,7 +195,7 @@ func startRuntime(ctx context.Context, p *controlplane.Plane, sup *supervisor.Su
 	if err != nil {
 		return nil, metrics, err
 	}
-	bin, err := runtimedPath(p.Cfg.Executable)
+	bin, err := nodeproc.RuntimedPath(p.Cfg.Executable)
 	if err != nil {
 		return nil, metrics, err
 	}
@@ -203,7 +205,7 @@ func startRuntime(ctx context.Context, p *controlplane.Plane, sup *supervisor.Su
 		}
 	}
 	rcfg := runtimeConfig(p)
-	netns, reason, err := podNetworkMode(p.Cfg.PodNetwork, goruntime.GOOS, os.Geteuid(), p.Cfg.NetdSocket)
+	netns, reason, err := nodeproc.PodNetworkMode(p.Cfg.PodNetwork, goruntime.GOOS, os.Geteuid(), p.Cfg.NetdSocket)
 	if err != nil {
 		return nil, metrics, err
 	}
@@ -215,7 +217,7 @@ func startRuntime(ctx context.Context, p *controlplane.Plane, sup *supervisor.Su
 		rcfg.NetdSocket = p.Cfg.NetdSocket
 		rcfg.ServiceCIDR, rcfg.ClusterCIDR = p.Cfg.ServiceCIDR, p.Cfg.ClusterCIDR
 	} else if netns {
-		if err := startNetd(ctx, p, sup); err != nil {
+		if err := nodeproc.StartNetd(ctx, sup, p.Cfg.Executable, p.Cfg.DataDir, p.Cfg.ClusterCIDR, p.Cfg.ServiceCIDR); err != nil {
 			return nil, metrics, err
 		}
 		rcfg.NetdSocket = p.Layout.NetdSocket()
@@ -228,7 +230,7 @@ func startRuntime(ctx context.Context, p *controlplane.Plane, sup *supervisor.Su
 	if err != nil {
 		return nil, metrics, err
 	}
-	rt, err := sup.Start(ctx, runtimeComponent{bin, p, args})
+	rt, err := sup.Start(ctx, nodeproc.Runtime(bin, p.Cfg.DataDir, args))
 	return rt, metrics, err
 }
 
@@ -280,38 +282,9 @@ func apiServiceIP(serviceCIDR string) string {
 	return ip.String()
 }
 
-type runtimeComponent struct {
-	bin  string
-	p    *controlplane.Plane
-	args []string
-}
-
-func (r runtimeComponent) Name() string { return roleconfig.Runtime }
-func (r runtimeComponent) Command() supervisor.Command {
-	return supervisor.Command{Path: r.bin, Dir: r.p.Cfg.DataDir, Args: r.args, Settle: true}
-}
-func (r runtimeComponent) Ready(ctx context.Context) error {
-	c, err := (&net.Dialer{}).DialContext(ctx, "unix", r.p.Layout.RuntimeSocket())
-	if err != nil {
-		return err
-	}
-	return c.Close()
-}
-
-type nodeComponent struct {
-	p     *controlplane.Plane
-	admin kubernetes.Interface
-	args  []string
-}
-
-func (n nodeComponent) Name() string { return roleconfig.Node }
-func (n nodeComponent) Command() supervisor.Command {
-	return supervisor.Command{Path: n.p.Cfg.Executable, Dir: n.p.Cfg.DataDir, Args: append([]string{roleconfig.Node}, n.args...), Settle: true}
-}
-
-// Ready: the Node object exists and reports Ready.
-func (n nodeComponent) Ready(ctx context.Context) error {
-	node, err := n.admin.CoreV1().Nodes().Get(ctx, n.p.Cfg.NodeName, metav1.GetOptions{})
+// nodeReady: the Node object exists and reports Ready.
+func nodeReady(ctx context.Context, admin kubernetes.Interface, name string) error {
+	node, err := admin.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package localnode
+package nodeproc
 
 import (
 	"os"
@@ -22,7 +22,7 @@ func TestRuntimedPath(t *testing.T) {
 		{"a directory", func() { os.Remove(want); os.Mkdir(want, 0o755) }},
 	} {
 		c.setup()
-		_, err := runtimedPath(exe)
+		_, err := RuntimedPath(exe)
 		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "make bin/k3sm-runtimed") {
 			t.Errorf("%s: err %v, want one naming %s and make bin/k3sm-runtimed", c.name, err, want)
 		}
@@ -31,7 +31,7 @@ func TestRuntimedPath(t *testing.T) {
 	if err := os.WriteFile(want, []byte("#!/bin/sh\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := runtimedPath(exe); err != nil || got != want {
+	if got, err := RuntimedPath(exe); err != nil || got != want {
 		t.Errorf("runtimedPath = %q, %v; want %q", got, err, want)
 	}
 }
@@ -40,7 +40,7 @@ func TestRuntimedPath(t *testing.T) {
 // to run without it.
 func TestNetdPathMissing(t *testing.T) {
 	dir := t.TempDir()
-	_, err := netdPath(filepath.Join(dir, "k3sm"))
+	_, err := NetdPath(filepath.Join(dir, "k3sm"))
 	want := filepath.Join(dir, NetdBinary)
 	for _, s := range []string{"pod network: " + want + " not found", "make bin/k3sm-netd", "--pod-network=host"} {
 		if err == nil || !strings.Contains(err.Error(), s) {

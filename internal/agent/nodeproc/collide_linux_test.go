@@ -1,4 +1,4 @@
-package localnode
+package nodeproc
 
 import (
 	"net/netip"
@@ -40,7 +40,7 @@ func TestRouteCollision(t *testing.T) {
 	// may report it as 0.0.0.0/0).
 	run("route", "add", "default", "via", "192.0.2.254", "dev", "d0")
 	ranges := map[string]netip.Prefix{"cluster-cidr": netip.MustParsePrefix("100.64.0.0/10"), "service-cidr": netip.MustParsePrefix("10.43.0.0/16")}
-	if err := routeCollision(ranges, "k3sm0"); err != nil {
+	if err := RouteCollision(ranges, "k3sm0"); err != nil {
 		t.Fatalf("no overlapping route, yet: %v", err)
 	}
 	// The pod network's own routes are not a collision.
@@ -49,14 +49,14 @@ func TestRouteCollision(t *testing.T) {
 	run("link", "set", "k3sm0", "up")
 	run("route", "add", "unreachable", "100.64.0.0/10")
 	run("route", "add", "local", "10.43.0.0/16", "dev", "lo", "table", "local", "proto", "static")
-	if err := routeCollision(ranges, "k3sm0"); err != nil {
+	if err := RouteCollision(ranges, "k3sm0"); err != nil {
 		t.Fatalf("k3sm's own routes reported: %v", err)
 	}
 	// A VPN's 100.64.0.0/10 route (Tailscale's range) is.
 	run("link", "add", "tun9", "type", "veth", "peer", "name", "tun9p")
 	run("link", "set", "tun9", "up")
 	run("route", "add", "100.100.0.0/16", "dev", "tun9")
-	err := routeCollision(ranges, "k3sm0")
+	err := RouteCollision(ranges, "k3sm0")
 	if err == nil || !strings.Contains(err.Error(), "--cluster-cidr 100.64.0.0/10 overlaps") || !strings.Contains(err.Error(), "dev tun9") {
 		t.Fatalf("overlapping route: %v", err)
 	}

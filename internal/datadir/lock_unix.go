@@ -1,6 +1,6 @@
 //go:build unix
 
-package controlplane
+package datadir
 
 import (
 	"errors"
@@ -12,10 +12,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// lockDataDir takes an exclusive, non-blocking lock on the data directory so
-// that a second server cannot run on the same datastore. The kernel drops the
-// lock when the process dies, however it dies.
-func lockDataDir(path string) (release func(), err error) {
+// Lock takes an exclusive, non-blocking lock on the data directory's lock
+// file (LockFile) so that a second server or agent cannot run on the same
+// data. The kernel drops the lock when the process dies, however it dies.
+// role names the holder in the refusal the next one gets ("server", "agent").
+func Lock(path, role string) (release func(), err error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, err
@@ -28,7 +29,7 @@ func lockDataDir(path string) (release func(), err error) {
 			if _, perr := strconv.Atoi(pid); perr != nil {
 				pid = "unknown"
 			}
-			return nil, fmt.Errorf("another k3sm server (pid %s) is using this data directory", pid)
+			return nil, fmt.Errorf("another k3sm %s (pid %s) is using this data directory", role, pid)
 		}
 		return nil, err
 	}
@@ -37,11 +38,11 @@ func lockDataDir(path string) (release func(), err error) {
 	return func() { f.Close() }, nil
 }
 
-// lockHeld reports whether a process holds the lock file at path, and the
+// LockHeld reports whether a process holds the lock file at path, and the
 // pid it wrote, without creating the file. Testing takes the lock for an
 // instant, as `k3sm snapshot restore` does: a server starting in that
 // instant fails its preflight and says another server runs.
-func lockHeld(path string) (held bool, pid int, err error) {
+func LockHeld(path string) (held bool, pid int, err error) {
 	f, err := os.OpenFile(path, os.O_RDONLY, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return false, 0, nil

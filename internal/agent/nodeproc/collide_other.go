@@ -1,8 +1,8 @@
 //go:build !linux
 
-package localnode
+package nodeproc
 
 import "net/netip"
 
 // routeCollision: only the Linux pod network routes ranges on the machine.
-func routeCollision(map[string]netip.Prefix, string) error { return nil }
+func RouteCollision(map[string]netip.Prefix, string) error { return nil }

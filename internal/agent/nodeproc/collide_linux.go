@@ -1,6 +1,6 @@
 //go:build linux
 
-package localnode
+package nodeproc
 
 import (
 	"fmt"
@@ -14,7 +14,7 @@ import (
 // network's own) that overlaps one of ranges: 100.64.0.0/10 is also
 // Tailscale's and carrier-grade NAT's, and pods given such addresses would
 // shadow, or be shadowed by, the machine's real network.
-func routeCollision(ranges map[string]netip.Prefix, ownLink string) error {
+func RouteCollision(ranges map[string]netip.Prefix, ownLink string) error {
 	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 	if err != nil {
 		return nil // cannot tell: netd's own checks still apply

@@ -1,4 +1,4 @@
-package localnode
+package nodeproc
 
 import "testing"
 
@@ -19,7 +19,7 @@ func TestPodNetworkMode(t *testing.T) {
 		{"netns", "linux", 1000, "/run/k3sm/netd.sock", true, false},
 		{"auto", "darwin", 1000, "/run/k3sm/netd.sock", false, true},
 	} {
-		netns, reason, err := podNetworkMode(tc.mode, tc.goos, tc.euid, tc.external)
+		netns, reason, err := PodNetworkMode(tc.mode, tc.goos, tc.euid, tc.external)
 		if netns != tc.netns || (err != nil) != tc.err || (!netns && err == nil && reason == "") {
 			t.Errorf("%+v: netns %v, reason %q, err %v", tc, netns, reason, err)
 		}

@@ -1,0 +1,100 @@
+package join
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	joinv1 "github.com/k3sm-dev/k3sm/api/join/v1"
+	"github.com/k3sm-dev/k3sm/internal/agent/dns"
+	"github.com/k3sm-dev/k3sm/internal/agent/netpol"
+	"github.com/k3sm-dev/k3sm/internal/agent/proxy"
+	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/supervisor"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Addon serves the join endpoint on the bind address and
+// --supervisor-port once authorization is verified, over TLS with the
+// apiserver's serving certificate (the names and addresses nodes reach
+// the server by). A port taken by another process fails the start.
+func Addon(log *slog.Logger) controlplane.Addon {
+	if log == nil {
+		log = slog.Default()
+	}
+	return controlplane.Addon{
+		Verified: func(ctx context.Context, p *controlplane.Plane, _ *supervisor.Supervisor) error {
+			if p.Cfg.SupervisorPort == 0 {
+				return nil
+			}
+			rc, err := p.AdminConfig()
+			if err != nil {
+				return err
+			}
+			cs, err := kubernetes.NewForConfig(rc)
+			if err != nil {
+				return err
+			}
+			cert, err := tls.LoadX509KeyPair(p.Certs.Serving.CertPath, p.Certs.Serving.KeyPath)
+			if err != nil {
+				return fmt.Errorf("join endpoint: %w", err)
+			}
+			addr := net.JoinHostPort(p.Cfg.BindAddress, strconv.Itoa(p.Cfg.SupervisorPort))
+			ln, err := net.Listen("tcp", addr)
+			if err != nil {
+				return &controlplane.FieldError{Flag: "supervisor-port", Value: strconv.Itoa(p.Cfg.SupervisorPort),
+					Problem: "cannot listen on " + addr + ": " + err.Error(), Fix: "stop what listens there, or pass another --supervisor-port (0: no join endpoint)"}
+			}
+			e := &Endpoint{Client: cs, ServerCA: p.Certs.ServerCA, ClientCA: p.Certs.ClientCA, Settings: Settings(p.Cfg), Log: log,
+				OnJoin: func(ctx context.Context, node string) error { return NodeRBAC(ctx, cs, joinv1.NodeUser(node)) }}
+			srv := &http.Server{Handler: e.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+				WriteTimeout: time.Minute, MaxHeaderBytes: 16 << 10,
+				TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
+				ErrorLog:  slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
+			go func() {
+				if err := srv.ServeTLS(ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					log.Error("join endpoint stopped", "err", err)
+				}
+			}()
+			go func() {
+				<-ctx.Done()
+				_ = srv.Close()
+			}()
+			log.Info("join endpoint listening", "addr", addr)
+			return nil
+		},
+	}
+}
+
+// Settings are the cluster settings a joining node receives.
+func Settings(cfg *controlplane.Config) joinv1.ClusterSettings {
+	s := joinv1.ClusterSettings{
+		Servers:     []string{"https://" + net.JoinHostPort(cfg.AdvertiseAddress, strconv.Itoa(cfg.HTTPSPort))},
+		ClusterCIDR: cfg.ClusterCIDR, ServiceCIDR: cfg.ServiceCIDR, ClusterDNS: cfg.ClusterDNS, ClusterDomain: cfg.ClusterDomain,
+	}
+	if ip, err := controlplane.APIServiceIP(cfg.ServiceCIDR); err == nil {
+		s.APIServiceIP = ip.String()
+	}
+	return s
+}
+
+// NodeRBAC binds a node's user to what its agent parts read beyond the
+// Node authorizer's grant: the Service proxy, the cluster DNS and the
+// NetworkPolicy enforcer, as the server's own node is bound.
+func NodeRBAC(ctx context.Context, cs kubernetes.Interface, user string) error {
+	for _, f := range []struct {
+		what   string
+		ensure func(context.Context, kubernetes.Interface, string) error
+	}{{"service proxy", proxy.EnsureRBAC}, {"cluster DNS", dns.EnsureRBAC}, {"NetworkPolicy", netpol.EnsureRBAC}} {
+		if err := f.ensure(ctx, cs, user); err != nil {
+			return fmt.Errorf("%s RBAC: %w", f.what, err)
+		}
+	}
+	return nil
+}

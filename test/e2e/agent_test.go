@@ -1,0 +1,305 @@
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// nodeNet is a network namespace of the test's own, joined to the test's
+// namespace by a veth pair: the test's end hostIP, the namespace's nsIP
+// (192.168.77.0/24 exists only between these two ends).
+type nodeNet struct {
+	name, hostIP, nsIP string
+}
+
+func newNodeNet(t *testing.T) *nodeNet {
+	t.Helper()
+	n := &nodeNet{name: fmt.Sprintf("k3sm-e2e-%d", os.Getpid()), hostIP: "192.168.77.1", nsIP: "192.168.77.2"}
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	run("netns", "add", n.name)
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", n.name).Run() })
+	run("link", "add", "k3sme2e0", "type", "veth", "peer", "name", "k3sme2e1", "netns", n.name)
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", "k3sme2e0").Run() })
+	run("addr", "add", n.hostIP+"/24", "dev", "k3sme2e0")
+	run("link", "set", "k3sme2e0", "up")
+	run("-n", n.name, "addr", "add", n.nsIP+"/24", "dev", "k3sme2e1")
+	run("-n", n.name, "link", "set", "k3sme2e1", "up")
+	run("-n", n.name, "link", "set", "lo", "up")
+	return n
+}
+
+// agentProc is one `k3sm agent` in a node namespace.
+type agentProc struct {
+	t       *testing.T
+	dataDir string
+	args    []string
+	ns      string
+	cmd     *exec.Cmd
+	out     *lockedWriter
+	done    chan error
+}
+
+func newAgentDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "k3sm-e2e-agent-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if n := killLeftovers(dir); n > 0 {
+			t.Logf("killed %d pod processes left under %s", n, dir)
+		}
+		nsFiles, _ := filepath.Glob(filepath.Join(dir, "run", "netns", "*"))
+		for _, f := range nsFiles {
+			unmountDetach(f)
+		}
+		if !t.Failed() {
+			os.RemoveAll(dir)
+		} else {
+			t.Logf("agent data dir kept for inspection: %s", dir)
+		}
+	})
+	return dir
+}
+
+func (a *agentProc) start() {
+	a.t.Helper()
+	a.cmd = exec.Command("ip", append([]string{"netns", "exec", a.ns, k3smBin, "agent", "--data-dir", a.dataDir}, a.args...)...)
+	a.out = &lockedWriter{w: &bytes.Buffer{}}
+	a.cmd.Stdout, a.cmd.Stderr = a.out, a.out
+	if err := a.cmd.Start(); err != nil {
+		a.t.Fatal(err)
+	}
+	a.done = make(chan error, 1)
+	go func() { a.done <- a.cmd.Wait() }()
+}
+
+// run starts the agent and returns its output once it exits (a refusal).
+func (a *agentProc) run() (string, error) {
+	a.start()
+	select {
+	case err := <-a.done:
+		return a.out.String(), err
+	case <-time.After(time.Minute):
+		a.stop()
+		return a.out.String(), fmt.Errorf("k3sm agent still running after 1m")
+	}
+}
+
+func (a *agentProc) waitUp() {
+	a.t.Helper()
+	deadline := time.After(2 * time.Minute)
+	for !strings.Contains(a.out.String(), "k3sm agent is up") {
+		select {
+		case err := <-a.done:
+			a.done <- err
+			a.t.Fatalf("agent exited before it was up (%v):\n%s", err, a.out.String())
+		case <-deadline:
+			a.t.Fatalf("agent not up after 2m:\n%s", a.out.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (a *agentProc) stop() {
+	if a.cmd == nil || a.cmd.Process == nil {
+		return
+	}
+	_ = a.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-a.done:
+	case <-time.After(time.Minute):
+		a.t.Errorf("agent did not stop within 1m after SIGTERM")
+		_ = a.cmd.Process.Kill()
+		<-a.done
+	}
+	a.cmd = nil
+}
+
+// joinedFiles are what a join leaves in an agent's data dir: none of them
+// may exist after a refused one.
+func joinedFiles(dir string) []string {
+	var found []string
+	for _, p := range []string{"agent/tls", "agent/node.kubeconfig", "agent/node-password", "agent/join.json"} {
+		if _, err := os.Stat(filepath.Join(dir, p)); err == nil {
+			found = append(found, p)
+		}
+	}
+	return found
+}
+
+// TestAgentJoin: a second machine (a network namespace joined to the
+// server's by a veth pair) joins with `k3sm token create`'s token, runs a
+// pod that kubectl logs and exec reach through its kubelet API, and
+// survives its own restart with the pod untouched; wrong CA hashes,
+// deleted tokens and a taken node name are refused, leaving nothing.
+func TestAgentJoin(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the agent runs in a network namespace of its own")
+	}
+	nn := newNodeNet(t)
+	supPort := freePort(t)
+	s := newServer(t, "--bind-address", "0.0.0.0", "--advertise-address", nn.hostIP, "--supervisor-port", strconv.Itoa(supPort))
+	s.defaultAddrs = true
+	s.start()
+	c := s.client()
+	server := fmt.Sprintf("https://%s:%d", nn.hostIP, supPort)
+
+	token := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(k3smBin, append([]string{"token", "--data-dir", s.dataDir}, args...)...).Output()
+		if err != nil {
+			t.Fatalf("k3sm token %v: %v", args, err)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		return lines[len(lines)-1]
+	}
+	tok := token("create", "--description", "e2e")
+	if !strings.HasPrefix(tok, "K10") {
+		t.Fatalf("token create printed %q", tok)
+	}
+	if out := token("list"); !strings.Contains(out, tok[strings.Index(tok, "::")+2:][:6]) {
+		t.Fatalf("token list does not show the token's id:\n%s", out)
+	}
+	revoked := token("create")
+	token("delete", revoked)
+	kubeletPort := strconv.Itoa(freePort(t))
+	agentArgs := func(tok, node string) []string {
+		return []string{"--server", server, "--token", tok, "--node-name", node, "--kubelet-port", kubeletPort, testEvictionHard}
+	}
+
+	refusals := []struct {
+		name, tok, node, want string
+	}{
+		{"wrong CA hash", "K10" + strings.Repeat("0", 64) + tok[strings.Index(tok, "::"):], "refused-1", "not the one the token pins"},
+		{"deleted token", revoked, "refused-2", "not valid"},
+	}
+	for _, r := range refusals {
+		t.Run(r.name, func(t *testing.T) {
+			a := &agentProc{t: t, dataDir: newAgentDir(t), ns: nn.name, args: agentArgs(r.tok, r.node)}
+			out, err := a.run()
+			if err == nil || !strings.Contains(out, r.want) {
+				t.Fatalf("agent: %v, want a refusal saying %q:\n%s", err, r.want, out)
+			}
+			if f := joinedFiles(a.dataDir); len(f) > 0 {
+				t.Errorf("a refused join left %v", f)
+			}
+			if _, err := c.CoreV1().Secrets("kube-system").Get(ctx(t), r.node+".node-password.k3sm", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				t.Errorf("a refused join stored a node password (%v)", err)
+			}
+		})
+	}
+
+	// The agent's image is loaded into its store beforehand: its loopback
+	// is not the test's, where the test registry listens.
+	agentDir := newAgentDir(t)
+	imgTar := filepath.Join(t.TempDir(), "prog.tar")
+	ref, err := name.ParseReference("e2e.local/prog:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tarball.WriteToFile(imgTar, ref, progImage(t)); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(k3smBin, "image", "load", "--data-dir", agentDir, "-i", imgTar).CombinedOutput(); err != nil {
+		t.Fatalf("k3sm image load: %v\n%s", err, out)
+	}
+
+	a := &agentProc{t: t, dataDir: agentDir, ns: nn.name, args: agentArgs(tok, "agent-1")}
+	a.start()
+	t.Cleanup(a.stop)
+	a.waitUp()
+	waitFor(t, time.Minute, "node agent-1 Ready", func() error {
+		n, err := c.CoreV1().Nodes().Get(ctx(t), "agent-1", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if ip := n.Status.Addresses[0].Address; ip != nn.nsIP {
+			return fmt.Errorf("address %s, want %s", ip, nn.nsIP)
+		}
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+				return nil
+			}
+		}
+		return fmt.Errorf("not Ready: %+v", n.Status.Conditions)
+	})
+
+	t.Run("name taken", func(t *testing.T) {
+		b := &agentProc{t: t, dataDir: newAgentDir(t), ns: nn.name, args: agentArgs(tok, "agent-1")}
+		out, err := b.run()
+		if err == nil || !strings.Contains(out, "taken by another node") {
+			t.Fatalf("second agent-1: %v, want a refusal saying the name is taken:\n%s", err, out)
+		}
+		if f := joinedFiles(b.dataDir); len(f) > 0 {
+			t.Errorf("a refused join left %v", f)
+		}
+	})
+
+	s.deletePodsAtCleanup(t)
+	pod := nativePod("on-agent", "e2e.local/prog:v1", "echo:hello from agent-1", "forever")
+	pod.Spec.NodeSelector["kubernetes.io/hostname"] = "agent-1"
+	pod.Spec.Containers[0].ImagePullPolicy = corev1.PullNever
+	s.createPod(t, pod)
+	p := waitPod(t, c, "on-agent", 2*time.Minute, running)
+	if p.Spec.NodeName != "agent-1" {
+		t.Fatalf("pod on %s", p.Spec.NodeName)
+	}
+	started := p.Status.ContainerStatuses[0].State.Running.StartedAt
+
+	// Logs and exec go apiserver → the agent's kubelet API over the veth.
+	waitFor(t, 30*time.Second, "kubectl logs", func() error {
+		out, err := s.kubectl("logs", "on-agent")
+		if err != nil || !strings.Contains(out, "hello from agent-1") {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
+	if out, err := s.kubectl("exec", "on-agent", "--", "prog", "echo:exec on agent-1"); err != nil || !strings.Contains(out, "exec on agent-1") {
+		t.Fatalf("kubectl exec: %v: %s", err, out)
+	}
+
+	// An agent restart joins again and re-attaches to the running pod.
+	a.stop()
+	a.start()
+	a.waitUp()
+	if !strings.Contains(a.out.String(), "joined") {
+		t.Errorf("the restarted agent did not join again:\n%s", a.out.String())
+	}
+	waitFor(t, time.Minute, "on-agent re-attached", func() error {
+		p, err := c.CoreV1().Pods("default").Get(ctx(t), "on-agent", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if err := running(p); err != nil {
+			return err
+		}
+		cs := p.Status.ContainerStatuses[0]
+		if cs.RestartCount != 0 || cs.State.Running == nil || !cs.State.Running.StartedAt.Equal(&started) {
+			return fmt.Errorf("container restarted: %+v", cs)
+		}
+		return nil
+	})
+	if out, err := s.kubectl("exec", "on-agent", "--", "prog", "echo:after restart"); err != nil || !strings.Contains(out, "after restart") {
+		t.Fatalf("kubectl exec after the agent's restart: %v: %s", err, out)
+	}
+}
