@@ -23,7 +23,7 @@ LDFLAGS := -s -w \
 
 BINARIES := bin/k3sm bin/k3sm-runtimed bin/k3sm-shim bin/k3sm-netd bin/k3sm-helm bin/klimax
 
-.PHONY: all build run test test-unit test-e2e test-integration fuzz-netd darwin vet bench clean node-image test-vm FORCE
+.PHONY: all build run test test-unit test-e2e test-integration fuzz-netd fuzz-join darwin vet bench clean node-image test-vm FORCE
 all: build
 build: $(BINARIES)
 
@@ -53,7 +53,14 @@ run: bin/k3sm bin/k3sm-runtimed bin/k3sm-shim bin/k3sm-netd bin/k3sm-helm
 # once per machine, then reused), then integration tests (klimax creates real
 # kind clusters from that image), end-to-end tests against the real
 # binaries, and the VM stage (systemd on cgroup v2, which this machine is not).
-test: vet test-unit darwin node-image test-integration test-e2e test-vm
+# Each stage's time is printed, so CI's log says where its minutes go.
+TEST_STAGES := vet test-unit darwin node-image test-integration test-e2e test-vm
+test:
+	@for stage in $(TEST_STAGES); do \
+		start=$$(date +%s); \
+		$(MAKE) --no-print-directory $$stage || exit 1; \
+		echo "make test: $$stage took $$(( $$(date +%s) - start ))s"; \
+	done
 
 vet:
 	@unformatted=$$(gofmt -l cmd internal api test bench hack 2>/dev/null); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
@@ -66,6 +73,15 @@ test-unit:
 	# deadline on a loaded machine and fails with "context deadline exceeded"
 	# though no input failed (golang/go#75804). 400k execs is ~10 s here.
 	$(GO) test -run '^$$' -fuzz FuzzReadRequest -fuzztime 400000x -timeout 5m ./internal/netd/wire
+	# The join endpoint's request parser (it faces the network before any
+	# credential is checked) and the token parser; fuzz-join runs longer.
+	$(GO) test -run '^$$' -fuzz FuzzDecodeJoinRequest -fuzztime 50000x -timeout 5m ./api/join/v1
+	$(GO) test -run '^$$' -fuzz FuzzParseToken -fuzztime 200000x -timeout 5m ./api/join/v1
+
+# The join endpoint's parsers under the fuzzer for longer (issue 31: 10 minutes each, recorded).
+fuzz-join:
+	$(GO) test -run '^$$' -fuzz FuzzDecodeJoinRequest -fuzztime 10m -timeout 15m ./api/join/v1
+	$(GO) test -run '^$$' -fuzz FuzzParseToken -fuzztime 10m -timeout 15m ./api/join/v1
 
 # The parser of k3sm-netd, the root helper, under the fuzzer for longer.
 fuzz-netd:
