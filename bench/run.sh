@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the k3sm benchmarks and records their figures in bench/RESULTS.md.
 #
-#   bench/run.sh [controlplane|runtime|pods|proxy|podnet|dns|dns-coredns|datastore|all]...    (default: all)
+#   bench/run.sh [controlplane|runtime|pods|proxy|podnet|dns|dns-coredns|datastore|join|all]...    (default: all)
 #
 # `all` is every benchmark but dns-coredns, which builds CoreDNS from its own
 # module (bench/coredns: downloads it on first use) and needs root.
@@ -19,6 +19,7 @@
 #   K3SM_BENCH_PODNET_ARGS extra flags for bench/podnet (see: go run ./bench/podnet -help)
 #   K3SM_BENCH_DNS_ARGS   extra flags for bench/dns, in both dns targets (see: go run ./bench/dns -help)
 #   K3SM_BENCH_DATASTORE_ARGS extra flags for bench/datastore (see: go run ./bench/datastore -help)
+#   K3SM_BENCH_JOIN_ARGS  extra flags for bench/join (see: go run ./bench/join -help)
 # The runtime benchmark (bench/runtime) reads its own K3SM_BENCH_* variables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -142,17 +143,36 @@ datastore() {
 		${K3SM_BENCH_DATASTORE_ARGS:-} | tee _output/bench/datastore.md
 }
 
+join() {
+	# Owned by bench/join: `k3sm agent` start -> Node Ready over fresh joins (p50), and the memory of
+	# an idle agent beside the server's own node (issue 31). Needs root (it fails with a message
+	# otherwise): the server runs in this network namespace, each agent in one bench/join makes
+	# (ip netns add), plugged by a veth pair into a bridge here; it deletes them at exit. Writes its
+	# section of bench/RESULTS.md.
+	if [[ ! -x $K3SM_BIN ]]; then
+		echo "bench: $K3SM_BIN is missing; build it with 'make bin/k3sm bin/k3sm-runtimed bin/k3sm-shim bin/k3sm-netd' or set K3SM_BIN" >&2
+		return 1
+	fi
+	$GO build -o _output/bench/join ./bench/join
+	local invocation="bench/run.sh join"
+	if [[ -n ${K3SM_BENCH_JOIN_ARGS:-} ]]; then invocation="K3SM_BENCH_JOIN_ARGS='$K3SM_BENCH_JOIN_ARGS' $invocation"; fi
+	if [[ $K3SM_BIN != "$PWD/bin/k3sm" ]]; then invocation="K3SM_BIN=$K3SM_BIN $invocation"; fi
+	# shellcheck disable=SC2086 # K3SM_BENCH_JOIN_ARGS is a list of flags
+	in_netns _output/bench/join -bin "$K3SM_BIN" -results "$RESULTS" -invocation "$invocation" \
+		${K3SM_BENCH_JOIN_ARGS:-} | tee _output/bench/join.md
+}
+
 targets=("$@")
-if [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]]; then targets=(controlplane runtime pods proxy podnet dns datastore); fi
+if [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]]; then targets=(controlplane runtime pods proxy podnet dns datastore join); fi
 failed=()
 for t in "${targets[@]}"; do
 	case $t in
-	controlplane | runtime | pods | proxy | podnet | dns | dns-coredns | datastore)
+	controlplane | runtime | pods | proxy | podnet | dns | dns-coredns | datastore | join)
 		echo "=== bench: $t" >&2
 		"${t//-/_}" || failed+=("$t")
 		;;
 	*)
-		echo "bench: unknown benchmark '$t'; choose controlplane, runtime, pods, proxy, podnet, dns, dns-coredns, datastore or all" >&2
+		echo "bench: unknown benchmark '$t'; choose controlplane, runtime, pods, proxy, podnet, dns, dns-coredns, datastore, join or all" >&2
 		exit 2
 		;;
 	esac

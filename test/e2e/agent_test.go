@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,9 +15,11 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 )
 
 // nodeNet is a network namespace of the test's own, joined to the test's
@@ -158,7 +161,9 @@ func TestAgentJoin(t *testing.T) {
 	}
 	nn := newNodeNet(t)
 	supPort := freePort(t)
-	s := newServer(t, "--bind-address", "0.0.0.0", "--advertise-address", nn.hostIP, "--supervisor-port", strconv.Itoa(supPort))
+	// A lost node is NotReady after 20 s, not upstream's 50 s.
+	s := newServer(t, "--bind-address", "0.0.0.0", "--advertise-address", nn.hostIP, "--supervisor-port", strconv.Itoa(supPort),
+		"--kube-controller-manager-arg=node-monitor-grace-period=20s")
 	s.defaultAddrs = true
 	s.start()
 	c := s.client()
@@ -220,8 +225,10 @@ func TestAgentJoin(t *testing.T) {
 	if err := tarball.WriteToFile(imgTar, ref, progImage(t)); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(k3smBin, "image", "load", "--data-dir", agentDir, "-i", imgTar).CombinedOutput(); err != nil {
-		t.Fatalf("k3sm image load: %v\n%s", err, out)
+	for _, dir := range []string{agentDir, s.dataDir} {
+		if out, err := exec.Command(k3smBin, "image", "load", "--data-dir", dir, "-i", imgTar).CombinedOutput(); err != nil {
+			t.Fatalf("k3sm image load: %v\n%s", err, out)
+		}
 	}
 
 	a := &agentProc{t: t, dataDir: agentDir, ns: nn.name, args: agentArgs(tok, "agent-1")}
@@ -256,6 +263,49 @@ func TestAgentJoin(t *testing.T) {
 	})
 
 	s.deletePodsAtCleanup(t)
+	// "evictable" tolerates a lost node for 1 s: it is replaced elsewhere
+	// when agent-1 is lost. The server's node is cordoned until the
+	// Deployment's pod runs on agent-1.
+	if out, err := s.kubectl("cordon", "e2e-node"); err != nil {
+		t.Fatalf("cordon: %v: %s", err, out)
+	}
+	evictable := nativeSpec("e2e.local/prog:v1", "forever")
+	evictable.Containers[0].ImagePullPolicy = corev1.PullNever
+	for _, key := range []string{corev1.TaintNodeUnreachable, corev1.TaintNodeNotReady} {
+		evictable.Tolerations = append(evictable.Tolerations, corev1.Toleration{Key: key, Operator: corev1.TolerationOpExists,
+			Effect: corev1.TaintEffectNoExecute, TolerationSeconds: ptr.To[int64](1)})
+	}
+	labels := map[string]string{"app": "evictable"}
+	if _, err := c.AppsV1().Deployments("default").Create(ctx(t), &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "evictable"},
+		Spec: appsv1.DeploymentSpec{Replicas: ptr.To[int32](1), Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: evictable}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.AppsV1().Deployments("default").Delete(context.Background(), "evictable", metav1.DeleteOptions{})
+	})
+	podsOf := func(app string) []corev1.Pod {
+		t.Helper()
+		l, err := c.CoreV1().Pods("default").List(ctx(t), metav1.ListOptions{LabelSelector: "app=" + app})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.Items
+	}
+	var evicted string
+	waitFor(t, 2*time.Minute, "evictable Running on agent-1", func() error {
+		ps := podsOf("evictable")
+		if len(ps) != 1 || ps[0].Spec.NodeName != "agent-1" || running(&ps[0]) != nil {
+			return fmt.Errorf("%d pods", len(ps))
+		}
+		evicted = ps[0].Name
+		return nil
+	})
+	if out, err := s.kubectl("uncordon", "e2e-node"); err != nil {
+		t.Fatalf("uncordon: %v: %s", err, out)
+	}
 	pod := nativePod("on-agent", "e2e.local/prog:v1", "echo:hello from agent-1", "forever")
 	pod.Spec.NodeSelector["kubernetes.io/hostname"] = "agent-1"
 	pod.Spec.Containers[0].ImagePullPolicy = corev1.PullNever
@@ -265,6 +315,36 @@ func TestAgentJoin(t *testing.T) {
 		t.Fatalf("pod on %s", p.Spec.NodeName)
 	}
 	started := p.Status.ContainerStatuses[0].State.Running.StartedAt
+	notRestarted := func(name string, started metav1.Time) func() error {
+		return func() error {
+			p, err := c.CoreV1().Pods("default").Get(ctx(t), name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if err := running(p); err != nil {
+				return err
+			}
+			cs := p.Status.ContainerStatuses[0]
+			if cs.RestartCount != 0 || cs.State.Running == nil || !cs.State.Running.StartedAt.Equal(&started) {
+				return fmt.Errorf("container restarted: %+v", cs)
+			}
+			return nil
+		}
+	}
+	nodeReady := func(want corev1.ConditionStatus) func() error {
+		return func() error {
+			n, err := c.CoreV1().Nodes().Get(ctx(t), "agent-1", metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			for _, cond := range n.Status.Conditions {
+				if cond.Type == corev1.NodeReady && cond.Status == want {
+					return nil
+				}
+			}
+			return fmt.Errorf("Ready is not %s: %+v", want, n.Status.Conditions)
+		}
+	}
 
 	// Logs and exec go apiserver → the agent's kubelet API over the veth.
 	waitFor(t, 30*time.Second, "kubectl logs", func() error {
@@ -285,21 +365,63 @@ func TestAgentJoin(t *testing.T) {
 	if !strings.Contains(a.out.String(), "joined") {
 		t.Errorf("the restarted agent did not join again:\n%s", a.out.String())
 	}
-	waitFor(t, time.Minute, "on-agent re-attached", func() error {
-		p, err := c.CoreV1().Pods("default").Get(ctx(t), "on-agent", metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		if err := running(p); err != nil {
-			return err
-		}
-		cs := p.Status.ContainerStatuses[0]
-		if cs.RestartCount != 0 || cs.State.Running == nil || !cs.State.Running.StartedAt.Equal(&started) {
-			return fmt.Errorf("container restarted: %+v", cs)
-		}
-		return nil
-	})
+	waitFor(t, time.Minute, "on-agent re-attached", notRestarted("on-agent", started))
 	if out, err := s.kubectl("exec", "on-agent", "--", "prog", "echo:after restart"); err != nil || !strings.Contains(out, "after restart") {
 		t.Fatalf("kubectl exec after the agent's restart: %v: %s", err, out)
 	}
+	// A server restart: the agent and its pods go on; nothing restarts.
+	s.stop()
+	s.start()
+	c = s.client()
+	waitFor(t, time.Minute, "agent-1 Ready after the server's restart", nodeReady(corev1.ConditionTrue))
+	waitFor(t, 30*time.Second, "on-agent untouched by the server's restart", notRestarted("on-agent", started))
+
+	// kill -9 of the agent (its children die with it; the pods do not):
+	// the Node goes NotReady, "evictable" is replaced on the server's
+	// node after its 1 s; on-agent (300 s) stays. The agent back: it
+	// re-attaches to on-agent and ends the evicted pod.
+	if err := a.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-a.done
+	a.cmd = nil
+	waitFor(t, time.Minute, "agent-1 NotReady", func() error {
+		if nodeReady(corev1.ConditionTrue)() == nil {
+			return fmt.Errorf("still Ready")
+		}
+		return nil
+	})
+	waitFor(t, time.Minute, "evictable replaced on e2e-node", func() error {
+		for _, p := range podsOf("evictable") {
+			if p.Name != evicted && p.Spec.NodeName == "e2e-node" && running(&p) == nil {
+				return nil
+			}
+		}
+		return fmt.Errorf("no replacement Running on e2e-node")
+	})
+	a.start()
+	a.waitUp()
+	waitFor(t, time.Minute, "agent-1 Ready again", nodeReady(corev1.ConditionTrue))
+	waitFor(t, 30*time.Second, "on-agent re-attached after kill -9", notRestarted("on-agent", started))
+	waitFor(t, time.Minute, "the evicted pod ended by agent-1", func() error {
+		_, err := c.CoreV1().Pods("default").Get(ctx(t), evicted, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("pod %s still there (%v)", evicted, err)
+	})
+
+	// Everything ends through the API, on both nodes: a pod object is
+	// gone once its node ended its processes.
+	fg := metav1.DeletePropagationForeground
+	if err := c.AppsV1().Deployments("default").Delete(ctx(t), "evictable", metav1.DeleteOptions{PropagationPolicy: &fg}); err != nil {
+		t.Fatal(err)
+	}
+	s.deletePod(t, "on-agent", 0)
+	waitFor(t, time.Minute, "evictable's pods gone", func() error {
+		if ps := podsOf("evictable"); len(ps) > 0 {
+			return fmt.Errorf("%d left", len(ps))
+		}
+		return nil
+	})
 }
