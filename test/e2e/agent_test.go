@@ -61,29 +61,6 @@ type agentProc struct {
 	done    chan error
 }
 
-func newAgentDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "k3sm-e2e-agent-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if n := killLeftovers(dir); n > 0 {
-			t.Logf("killed %d pod processes left under %s", n, dir)
-		}
-		nsFiles, _ := filepath.Glob(filepath.Join(dir, "run", "netns", "*"))
-		for _, f := range nsFiles {
-			unmountDetach(f)
-		}
-		if !t.Failed() {
-			os.RemoveAll(dir)
-		} else {
-			t.Logf("agent data dir kept for inspection: %s", dir)
-		}
-	})
-	return dir
-}
-
 func (a *agentProc) start() {
 	a.t.Helper()
 	a.cmd = exec.Command("ip", append([]string{"netns", "exec", a.ns, k3smBin, "agent", "--data-dir", a.dataDir}, a.args...)...)
@@ -200,7 +177,7 @@ func TestAgentJoin(t *testing.T) {
 	}
 	for _, r := range refusals {
 		t.Run(r.name, func(t *testing.T) {
-			a := &agentProc{t: t, dataDir: newAgentDir(t), ns: nn.name, args: agentArgs(r.tok, r.node)}
+			a := &agentProc{t: t, dataDir: newDataDir(t, "k3sm-e2e-agent-"), ns: nn.name, args: agentArgs(r.tok, r.node)}
 			out, err := a.run()
 			if err == nil || !strings.Contains(out, r.want) {
 				t.Fatalf("agent: %v, want a refusal saying %q:\n%s", err, r.want, out)
@@ -216,7 +193,7 @@ func TestAgentJoin(t *testing.T) {
 
 	// The agent's image is loaded into its store beforehand: its loopback
 	// is not the test's, where the test registry listens.
-	agentDir := newAgentDir(t)
+	agentDir := newDataDir(t, "k3sm-e2e-agent-")
 	imgTar := filepath.Join(t.TempDir(), "prog.tar")
 	ref, err := name.ParseReference("e2e.local/prog:v1")
 	if err != nil {
@@ -252,7 +229,7 @@ func TestAgentJoin(t *testing.T) {
 	})
 
 	t.Run("name taken", func(t *testing.T) {
-		b := &agentProc{t: t, dataDir: newAgentDir(t), ns: nn.name, args: agentArgs(tok, "agent-1")}
+		b := &agentProc{t: t, dataDir: newDataDir(t, "k3sm-e2e-agent-"), ns: nn.name, args: agentArgs(tok, "agent-1")}
 		out, err := b.run()
 		if err == nil || !strings.Contains(out, "taken by another node") {
 			t.Fatalf("second agent-1: %v, want a refusal saying the name is taken:\n%s", err, out)

@@ -131,8 +131,17 @@ var (
 // newServer prepares a server on a fresh data dir with loopback-only ports.
 func newServer(t *testing.T, extra ...string) *server {
 	t.Helper()
+	dir := newDataDir(t, "k3sm-e2e-")
+	return &server{t: t, dataDir: dir, ports: []int{freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)}, extra: extra}
+}
+
+// newDataDir makes a node's data dir (a server's or an agent's), and at
+// the test's end ends what runs from it and removes it (kept when the
+// test failed).
+func newDataDir(t *testing.T, prefix string) string {
+	t.Helper()
 	// Short path: unix sockets live under the data dir.
-	dir, err := os.MkdirTemp("", "k3sm-e2e-")
+	dir, err := os.MkdirTemp("", prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +162,7 @@ func newServer(t *testing.T, extra ...string) *server {
 			t.Logf("data dir kept for inspection: %s", dir)
 		}
 	})
-	return &server{t: t, dataDir: dir, ports: []int{freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)}, extra: extra}
+	return dir
 }
 
 // testEvictionHard keeps the disk thresholds out of a test's way: the
