@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	encryptionconfigcontroller "k8s.io/apiserver/pkg/server/options/encryptionconfig/controller"
 	"math"
 	"net"
 	"os"
@@ -66,6 +67,10 @@ func runKine(args []string) int {
 // datastore. A kill -9 ends both; SQLite's WAL keeps every committed write.
 func runAPIServer(args []string) int {
 	supervisor.RunAsChild()
+	if err := encryptionReloadFromEnv(); err != nil {
+		fmt.Fprintln(os.Stderr, "k3sm:", err)
+		return 2
+	}
 	path, upstreamArgs := roleconfig.SplitKine(args)
 	var (
 		wg         sync.WaitGroup
@@ -197,5 +202,25 @@ func serveKineReady(ctx context.Context, wg *sync.WaitGroup, kc roleconfig.KineC
 	defer t.Stop()
 	g.GracefulStop()
 	bcancel()
+	return nil
+}
+
+// EncryptionReloadEnv sets how often the apiserver re-reads its encryption
+// configuration (upstream's fixed poll is a minute, which `k3sm
+// secrets-encrypt rotate-keys` waits for twice): a Go duration from 1s to
+// 1m. The e2e test of rotation sets it short, as RestartMaxDelayEnv
+// shortens the supervisor's back-off.
+const EncryptionReloadEnv = "K3SM_ENCRYPTION_CONFIG_RELOAD"
+
+func encryptionReloadFromEnv() error {
+	v := os.Getenv(EncryptionReloadEnv)
+	if v == "" {
+		return nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < time.Second || d > time.Minute {
+		return fmt.Errorf("%s=%q: want a duration from 1s to 1m", EncryptionReloadEnv, v)
+	}
+	encryptionconfigcontroller.EncryptionConfigFileChangePollDuration = d
 	return nil
 }

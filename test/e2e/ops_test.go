@@ -171,6 +171,9 @@ func encStatus(t *testing.T, dataDir string) encryption.Status {
 // rotate-keys moves every one to a new key while the server serves.
 func TestSecretsEncryption(t *testing.T) {
 	s := newServer(t, "--secrets-encryption")
+	// The apiserver re-reads the configuration every 3 s, not every
+	// minute: rotate-keys waits for two reloads.
+	s.env = []string{"K3SM_ENCRYPTION_CONFIG_RELOAD=3s"}
 	s.start()
 	if !strings.Contains(s.output(), "secrets encryption at rest: on for this new cluster") {
 		t.Fatalf("no log line for encryption:\n%s", s.output())
