@@ -13,7 +13,7 @@ package main
 import (
 	"flag"
 	"fmt"
-	"io"
+	"github.com/k3sm-dev/k3sm/bench/internal/execfile"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -167,7 +167,7 @@ func runBench(o options) error {
 	b.kubeletPortFlag = strings.Contains(string(help), "--kubelet-port")
 	if o.privateBin {
 		b.bin = filepath.Join(work, "k3sm")
-		if err := copyFile(bin, b.bin); err != nil {
+		if err := execfile.Copy(bin, b.bin); err != nil {
 			return err
 		}
 		// The runtime daemon looks for its shim, and the server for
@@ -175,7 +175,7 @@ func runBench(o options) error {
 		// (HelmCharts), next to the executable.
 		for _, helper := range []string{"k3sm-runtimed", "k3sm-shim", "k3sm-netd", "k3sm-helm"} {
 			if src := filepath.Join(filepath.Dir(bin), helper); fileExists(src) {
-				if err := copyFile(src, filepath.Join(work, helper)); err != nil {
+				if err := execfile.Copy(src, filepath.Join(work, helper)); err != nil {
 					return err
 				}
 			}
@@ -405,23 +405,6 @@ func measureMemory(i instance) ([]memory, error) {
 		return nil, fmt.Errorf("no process to measure")
 	}
 	return out, nil
-}
-
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
 
 func fileExists(path string) bool {

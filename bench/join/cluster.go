@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/k3sm-dev/k3sm/bench/internal/execfile"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -544,7 +545,7 @@ func copyBinaries(from, to string) (string, error) {
 		return "", err
 	}
 	for _, name := range append(binaries, "k3sm-helm") {
-		if err := copyFile(filepath.Join(from, name), filepath.Join(to, name)); err != nil {
+		if err := execfile.Copy(filepath.Join(from, name), filepath.Join(to, name)); err != nil {
 			if name == "k3sm-helm" && errors.Is(err, os.ErrNotExist) {
 				continue // only HelmCharts need it; the benchmark has none
 			}
@@ -552,21 +553,4 @@ func copyBinaries(from, to string) (string, error) {
 		}
 	}
 	return filepath.Join(to, "k3sm"), nil
-}
-
-func copyFile(from, to string) error {
-	in, err := os.Open(from)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }

@@ -26,7 +26,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
+	"github.com/k3sm-dev/k3sm/bench/internal/execfile"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -182,18 +182,18 @@ func run(ctx context.Context, o options) (err error) {
 	if err := os.MkdirAll(filepath.Join(work, "bin"), 0o755); err != nil {
 		return err
 	}
-	if err := copyFile(bin, b.bin); err != nil {
+	if err := execfile.Copy(bin, b.bin); err != nil {
 		return err
 	}
-	if err := copyFile(shim, b.shim); err != nil {
+	if err := execfile.Copy(shim, b.shim); err != nil {
 		return err
 	}
-	if err := copyFile(runtimed, filepath.Join(work, "bin", "k3sm-runtimed")); err != nil {
+	if err := execfile.Copy(runtimed, filepath.Join(work, "bin", "k3sm-runtimed")); err != nil {
 		return err
 	}
 	// As root the server runs the pod network through k3sm-netd beside it.
 	if netd := filepath.Join(filepath.Dir(bin), "k3sm-netd"); os.Geteuid() == 0 {
-		if err := copyFile(netd, filepath.Join(work, "bin", "k3sm-netd")); err != nil {
+		if err := execfile.Copy(netd, filepath.Join(work, "bin", "k3sm-netd")); err != nil {
 			return fmt.Errorf("%w: as root the server needs k3sm-netd beside k3sm: build it with `make bin/k3sm-netd`", err)
 		}
 	}
@@ -346,23 +346,6 @@ func run(ctx context.Context, o options) (err error) {
 func roundOrder(modes []*server, r int) []*server {
 	k := (r - 1) % len(modes)
 	return append(append([]*server(nil), modes[k:]...), modes[:k]...)
-}
-
-func copyFile(from, to string) error {
-	in, err := os.Open(from)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
 
 // killLeftovers kills, by pid, shims and workloads of this run that are
