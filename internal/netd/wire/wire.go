@@ -60,6 +60,9 @@ type Request struct {
 	TeardownPod *TeardownPodArgs `json:"teardownPod,omitempty"`
 	SetPolicy   *SetPolicyArgs   `json:"setPolicy,omitempty"`
 	SetServices *SetServicesArgs `json:"setServices,omitempty"`
+	// The mesh verbs (mesh.go); MeshStatus and RemoveMesh take none.
+	ConfigureMesh *ConfigureMeshArgs `json:"configureMesh,omitempty"`
+	SetMeshPeers  *SetMeshPeersArgs  `json:"setMeshPeers,omitempty"`
 }
 
 // ConfigureArgs sets up the node's side of the pod network.
@@ -190,6 +193,7 @@ type Response struct {
 	Configure *NodeResult `json:"configure,omitempty"`
 	Pod       *PodResult  `json:"pod,omitempty"`
 	Pods      []PodResult `json:"pods,omitempty"`
+	Mesh      *MeshResult `json:"mesh,omitempty"`
 }
 
 // NodeResult is the node's pod network.
