@@ -195,13 +195,7 @@ func (v *VM) dial() (*ssh.Client, error) {
 // its stderr to stderr (either may be nil: discarded; the same writer for
 // both is serialized). A non-zero exit is an error (*ssh.ExitError).
 func (v *VM) Run(ctx context.Context, script string, stdout, stderr io.Writer) error {
-	v.mu.Lock()
-	c := v.client
-	v.mu.Unlock()
-	if c == nil {
-		return errors.New("the guest is not up")
-	}
-	s, err := c.NewSession()
+	s, err := v.session(ctx)
 	if err != nil {
 		return err
 	}
@@ -221,6 +215,53 @@ func (v *VM) Run(ctx context.Context, script string, stdout, stderr io.Writer) e
 	case <-ctx.Done():
 		s.Signal(ssh.SIGKILL)
 		return ctx.Err()
+	}
+}
+
+// session opens a session on the connection, dialing again once when the
+// connection is gone (EOF: the guest rebooted, or sshd restarted), so one
+// lost connection does not fail every later call. A guest that rebooted
+// on its own is a bug to find: the new boot and the console's tail are
+// logged to stderr.
+func (v *VM) session(ctx context.Context) (*ssh.Session, error) {
+	v.mu.Lock()
+	c := v.client
+	v.mu.Unlock()
+	if c == nil {
+		return nil, errors.New("the guest is not up")
+	}
+	s, err := c.NewSession()
+	if err == nil {
+		return s, nil
+	}
+	first := err
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		select {
+		case <-v.done:
+			return nil, fmt.Errorf("%v, and qemu exited (%v); console: %s", first, v.waitErr, v.consoleTail())
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%v; reconnecting: %w", first, ctx.Err())
+		case <-time.After(500 * time.Millisecond):
+		}
+		nc, err := v.dial()
+		if err == nil {
+			if s, err = nc.NewSession(); err == nil {
+				v.mu.Lock()
+				old := v.client
+				v.client = nc
+				v.mu.Unlock()
+				if old != nil {
+					old.Close()
+				}
+				fmt.Fprintf(os.Stderr, "vmtest: the ssh connection to the guest was lost (%v) and made again; console: %s\n", first, v.consoleTail())
+				return s, nil
+			}
+			nc.Close()
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%v; reconnecting for 2m: %v; console: %s", first, err, v.consoleTail())
+		}
 	}
 }
 
