@@ -15,6 +15,7 @@ require (
 	github.com/virtual-kubelet/virtual-kubelet v1.14.1
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
+	golang.zx2c4.com/wireguard v0.0.0-20260522210424-ecfc5a8d5446
 	helm.sh/helm/v3 v3.22.0
 	k8s.io/kubectl v0.37.0
 	k8s.io/kubernetes v1.37.2
@@ -66,6 +67,7 @@ require (
 	github.com/shopspring/decimal v1.4.0 // indirect
 	github.com/spf13/cast v1.7.0 // indirect
 	go.opentelemetry.io/contrib/instrumentation/github.com/emicklei/go-restful/otelrestful v0.69.0 // indirect
+	golang.zx2c4.com/wintun v0.0.0-20230126152724-0fa3db229ce2 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 	k8s.io/cri-streaming v0.0.0 // indirect
 	k8s.io/system-validators v1.12.1 // indirect

@@ -1,8 +1,8 @@
 // Command k3sm-netd is k3sm's only privileged process: it gives each pod an
 // address on the node's pod network (see internal/netd/server) and serves
 // only k3sm's own uid. It stays small, linking the standard library, x/sys,
-// the data path's netlink and nftables libraries and a few small k3sm
-// packages (checked by internal/architecture).
+// the data path's netlink and nftables libraries, wireguard-go for the
+// mesh and a few small k3sm packages (checked by internal/architecture).
 package main
 
 import (
@@ -36,7 +36,7 @@ func run(args []string) int {
 		return 2
 	}
 	newDataplane := func() (dataplane.Dataplane, error) {
-		return dataplane.New(dataplane.Options{NetNSDir: cfg.NetNSDir})
+		return dataplane.New(dataplane.Options{NetNSDir: cfg.NetNSDir, Logger: log})
 	}
 	if remove {
 		n, err := server.RemoveNetwork(server.Config{StateFile: cfg.StateFile, NetNSDir: cfg.NetNSDir, NewDataplane: newDataplane})
@@ -48,7 +48,7 @@ func run(args []string) int {
 		return 0
 	}
 	srv, err := server.Start(server.Config{
-		Socket: cfg.Socket, StateFile: cfg.StateFile, NetNSDir: cfg.NetNSDir, AllowedUID: cfg.AllowedUID,
+		Socket: cfg.Socket, StateFile: cfg.StateFile, NetNSDir: cfg.NetNSDir, KeyDir: cfg.KeyDir, AllowedUID: cfg.AllowedUID,
 		NewDataplane: newDataplane,
 		Logger:       log,
 	})

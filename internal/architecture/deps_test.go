@@ -17,7 +17,7 @@ var (
 	serverSide = []string{"internal/server", "internal/upstream"}
 	agentSide  = []string{"internal/agent", "internal/runtime", "internal/netd"}
 	shared     = []string{"internal/datadir", "internal/roleconfig", "internal/supervisor", "internal/pki",
-		"internal/atomicfile", "internal/kubeconfig", "internal/version", "internal/diskpolicy", "internal/units", "internal/syserr", "internal/backoff", "internal/tartree", "api/runtime/v1", "api/join/v1"}
+		"internal/atomicfile", "internal/kubeconfig", "internal/version", "internal/diskpolicy", "internal/units", "internal/syserr", "internal/backoff", "internal/tartree", "api/runtime/v1", "api/join/v1", "api/net/v1"}
 )
 
 type pkg struct {
@@ -142,8 +142,8 @@ func TestShimStaysSmall(t *testing.T) {
 
 // k3sm-netd runs as root, so it links as little as it can: the standard
 // library, x/sys, the data path's netlink and nftables libraries (and
-// their own dependencies), and a few small k3sm packages. Nothing of
-// Kubernetes, gRPC or protobuf.
+// their own dependencies), wireguard-go for the mesh, and a few small k3sm
+// packages. Nothing of Kubernetes, gRPC or protobuf.
 func TestNetdStaysSmall(t *testing.T) {
 	pkgs := list(t, "./cmd/k3sm-netd")
 	netd := pkgs[module+"cmd/k3sm-netd"]
@@ -153,7 +153,10 @@ func TestNetdStaysSmall(t *testing.T) {
 	allowed := []string{"internal/netd", "internal/roleconfig/netdconfig", "internal/atomicfile", "internal/datadir"}
 	thirdParty := []string{"golang.org/x/sys/", "golang.org/x/net/", "golang.org/x/sync/",
 		"github.com/vishvananda/netlink", "github.com/vishvananda/netns", "github.com/google/nftables",
-		"github.com/mdlayher/netlink", "github.com/mdlayher/socket", "github.com/josharian/native"}
+		"github.com/mdlayher/netlink", "github.com/mdlayher/socket", "github.com/josharian/native",
+		// The mesh: wireguard-go's device, tun and conn packages and the
+		// x/crypto primitives they use (not wintun, which is Windows').
+		"golang.zx2c4.com/wireguard/", "golang.org/x/crypto/"}
 	for _, d := range netd.Deps {
 		switch {
 		case pkgs[d].Standard, strings.HasPrefix(d, "vendor/"):

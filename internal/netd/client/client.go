@@ -39,7 +39,8 @@ func (e *Error) Error() string { return "k3sm-netd: " + e.Message + " (" + e.Cod
 // IsNotFound reports whether err is netd saying it owns no network for the pod.
 func IsNotFound(err error) bool { return hasCode(err, wire.CodeNotFound) }
 
-// IsNotConfigured reports whether err is SetupPod before Configure.
+// IsNotConfigured reports whether err is SetupPod (or ConfigureMesh)
+// before Configure, or a mesh verb before ConfigureMesh.
 func IsNotConfigured(err error) bool { return hasCode(err, wire.CodeNotConfigured) }
 
 func hasCode(err error, code string) bool {
@@ -168,6 +169,51 @@ func (c *Client) ListPods(ctx context.Context) ([]wire.PodResult, error) {
 		return nil, err
 	}
 	return resp.Pods, nil
+}
+
+// ConfigureMesh brings up the node's mesh device with the key netd keeps
+// under a.KeyRef (made at the first call that names it) and returns the
+// device with its public key. It needs Configure first
+// (IsNotConfigured otherwise); an *Error with wire.CodeUnsupported where
+// the data path has no mesh.
+func (c *Client) ConfigureMesh(ctx context.Context, a wire.ConfigureMeshArgs) (wire.MeshResult, error) {
+	return c.mesh(ctx, &wire.Request{Verb: wire.VerbConfigureMesh, ConfigureMesh: &a})
+}
+
+// SetMeshPeers replaces the mesh's peers with peers (none: no peers) and
+// returns the device's state. It needs ConfigureMesh first
+// (IsNotConfigured otherwise).
+func (c *Client) SetMeshPeers(ctx context.Context, peers []wire.MeshPeer) (wire.MeshResult, error) {
+	a := wire.SetMeshPeersArgs{Peers: peers}
+	if len(peers) == 0 {
+		a.Peers = nil // an empty list is sent as none
+	}
+	return c.mesh(ctx, &wire.Request{Verb: wire.VerbSetMeshPeers, SetMeshPeers: &a})
+}
+
+// MeshStatus returns the mesh device and what it knows of each peer
+// (IsNotConfigured when there is no mesh).
+func (c *Client) MeshStatus(ctx context.Context) (wire.MeshResult, error) {
+	return c.mesh(ctx, &wire.Request{Verb: wire.VerbMeshStatus})
+}
+
+// RemoveMesh takes the mesh device down for good (idempotent); netd keeps
+// the key file, so a later ConfigureMesh with the same KeyRef brings the
+// same public key back.
+func (c *Client) RemoveMesh(ctx context.Context) error {
+	_, err := c.do(ctx, &wire.Request{Verb: wire.VerbRemoveMesh})
+	return err
+}
+
+func (c *Client) mesh(ctx context.Context, req *wire.Request) (wire.MeshResult, error) {
+	resp, err := c.do(ctx, req)
+	if err != nil {
+		return wire.MeshResult{}, err
+	}
+	if resp.Mesh == nil {
+		return wire.MeshResult{}, fmt.Errorf("k3sm-netd: %s answered without a result", req.Verb)
+	}
+	return *resp.Mesh, nil
 }
 
 func (c *Client) do(ctx context.Context, req *wire.Request) (*wire.Response, error) {

@@ -2,14 +2,16 @@
 // pod network: on Linux a network namespace per pod, a veth pair to the
 // node's bridge, addresses, routes and the nftables rules (masquerade, the
 // forward accepts, each pod's NetworkPolicy and source guard); on darwin the lo0 aliases and the pf anchor, rendered as
-// commands netd runs itself. Every name and argument is rendered here from
-// typed values; nothing a client sent is ever used as text.
+// commands netd runs itself. Both also run the node's WireGuard mesh
+// device (MeshPlane, mesh.go). Every name and argument is rendered here
+// from typed values; nothing a client sent is ever used as text.
 package dataplane
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"log/slog"
 	"net/netip"
 )
 
@@ -85,6 +87,9 @@ type Options struct {
 	NetNSDir string
 	// MTU (Linux) of the bridge and of both ends of every veth; 0 = 1500.
 	MTU int
+	// Logger gets the mesh device's errors (wireguard-go's: a failed
+	// handshake or send); nil discards them.
+	Logger *slog.Logger
 
 	// Runner (darwin) runs one rendered command (argv, never a shell);
 	// nil runs it with os/exec.

@@ -16,7 +16,12 @@ func New(o Options) (Dataplane, error) {
 	if o.Output == nil {
 		o.Output = commandOutput
 	}
-	return newLoPlane(o)
+	d, err := newLoPlane(o)
+	if err != nil {
+		return nil, err
+	}
+	d.newWG = newUTUN(o.Logger)
+	return d, nil
 }
 
 // runCommand runs argv directly, no shell, and puts its output in the

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -30,6 +31,10 @@ type linuxPlane struct {
 
 	svcMu      sync.Mutex
 	svcApplied [32]byte // digest of the Services set in the kernel (zero: none known)
+
+	log    *slog.Logger // the mesh device's errors
+	meshMu sync.Mutex
+	mesh   *meshDev // nil: none
 }
 
 // New returns the Linux dataplane: netlink handles bound to the host and
@@ -55,7 +60,7 @@ func New(o Options) (Dataplane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dataplane: host network namespace: %w", err)
 	}
-	return &linuxPlane{hostNS: ns, netnsDir: filepath.Clean(o.NetNSDir), mtu: mtu}, nil
+	return &linuxPlane{hostNS: ns, netnsDir: filepath.Clean(o.NetNSDir), mtu: mtu, log: o.Logger}, nil
 }
 
 func (d *linuxPlane) hostHandle() (*netlink.Handle, error) {

@@ -29,6 +29,12 @@ type loPlane struct {
 	// A restarted netd takes a new one; pf then stays enabled until
 	// reboot, which is what the user's own -E would do too.
 	token string
+
+	// newWG makes the mesh device (darwin: wireguard-go on a new utun);
+	// nil: no mesh here. mesh is the device made (loplane_mesh.go).
+	newWG  func(mtu int) (wgDevice, error)
+	meshMu sync.Mutex
+	mesh   *loMesh
 }
 
 func newLoPlane(o Options) (*loPlane, error) {

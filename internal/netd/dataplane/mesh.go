@@ -1,7 +1,10 @@
 package dataplane
 
 import (
+	"fmt"
+	"io"
 	"net/netip"
+	"strings"
 	"time"
 )
 
@@ -15,7 +18,7 @@ type Mesh struct {
 	Device string
 	// PrivateKey is read by netd from its key file; it is handed to the
 	// device and never logged or returned.
-	PrivateKey [32]byte
+	PrivateKey PrivateKey
 	ListenPort uint16
 	// MTU of the device (wire.MeshMTU).
 	MTU int
@@ -60,3 +63,67 @@ type MeshPlane interface {
 
 // MeshDevice is the mesh link's name on Linux.
 const MeshDevice = "k3sm-wg"
+
+// PrivateKey is a WireGuard private key. It prints as "(private key)" in
+// every fmt verb and marshals so in JSON and text, so that a Mesh put in
+// a log line or an error never shows it.
+type PrivateKey [32]byte
+
+const redacted = "(private key)"
+
+func (PrivateKey) Format(f fmt.State, _ rune)   { io.WriteString(f, redacted) }
+func (PrivateKey) MarshalText() ([]byte, error) { return []byte(redacted), nil }
+
+// Bounds of a Mesh: an MTU an IPv4 link can have and WireGuard can
+// carry, and a peer count as wire.MaxMeshPeers (which the server checks
+// first).
+const (
+	meshMinMTU   = 576
+	meshMaxMTU   = 9000
+	meshMaxPeers = 1024
+)
+
+// checkMesh refuses a mesh no implementation could apply.
+func checkMesh(m Mesh) error {
+	if m.Device != "" && (len(m.Device) > ifNameMax || !isIfName(m.Device) || strings.HasPrefix(m.Device, HostIfPrefix)) {
+		return fmt.Errorf("dataplane: mesh device name %q is not a valid interface name outside the pods' prefix", m.Device)
+	}
+	if m.ListenPort == 0 {
+		return fmt.Errorf("dataplane: mesh listen port 0")
+	}
+	if m.MTU < meshMinMTU || m.MTU > meshMaxMTU {
+		return fmt.Errorf("dataplane: mesh MTU %d out of range (%d-%d)", m.MTU, meshMinMTU, meshMaxMTU)
+	}
+	return nil
+}
+
+// checkMeshPeers refuses peers whose routes would be wrong: a key twice,
+// an endpoint that cannot be sent to, a range that is not masked IPv4 or
+// that overlaps the node's or another peer's.
+func checkMeshPeers(n Node, peers []MeshPeer) error {
+	if len(peers) > meshMaxPeers {
+		return fmt.Errorf("dataplane: %d mesh peers, at most %d", len(peers), meshMaxPeers)
+	}
+	keys := map[[32]byte]bool{}
+	for i, p := range peers {
+		switch {
+		case keys[p.PublicKey]:
+			return fmt.Errorf("dataplane: mesh peer %d: its public key is another peer's", i)
+		case !p.Endpoint.IsValid() || p.Endpoint.Port() == 0 || p.Endpoint.Addr().IsUnspecified() || p.Endpoint.Addr().IsMulticast() || p.Endpoint.Addr().Zone() != "":
+			return fmt.Errorf("dataplane: mesh peer %d: endpoint %v cannot be sent to", i, p.Endpoint)
+		case !p.CIDR.IsValid() || !p.CIDR.Addr().Is4() || p.CIDR.Masked() != p.CIDR:
+			return fmt.Errorf("dataplane: mesh peer %d: range %v is not a masked IPv4 prefix", i, p.CIDR)
+		case p.CIDR.Overlaps(n.CIDR):
+			return fmt.Errorf("dataplane: mesh peer %d: range %v overlaps the node's %v", i, p.CIDR, n.CIDR)
+		case p.Keepalive < 0 || p.Keepalive > 65535*time.Second:
+			return fmt.Errorf("dataplane: mesh peer %d: keepalive %v out of range", i, p.Keepalive)
+		}
+		keys[p.PublicKey] = true
+		for j, q := range peers[:i] {
+			if q.CIDR.Overlaps(p.CIDR) {
+				return fmt.Errorf("dataplane: mesh peer %d: range %v overlaps peer %d's %v", i, p.CIDR, j, q.CIDR)
+			}
+		}
+	}
+	return nil
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
+	"net/netip"
 	"strings"
 
 	"github.com/google/nftables"
@@ -166,23 +167,31 @@ func findForward(c *nftables.Conn) (*nftables.Chain, error) {
 	return nil, nil
 }
 
-// masqueradeExprs: ip saddr <cidr> ip daddr != <cidr> oifname != <bridge>
-// counter masquerade. Pod-to-pod and host-to-pod traffic keeps its source.
+// masqueradeExprs: ip saddr <cidr> ip daddr != <cluster> oifname !=
+// <bridge> oifname != <mesh> counter masquerade, where <cluster> is the
+// cluster range, or the node's range without one. Traffic between pods,
+// on this node or across the mesh, and from the host to pods keeps its
+// source; so does anything leaving by the mesh device, which the mesh's
+// own rule translates only when its source is outside the node's range.
 func masqueradeExprs(n Node) []expr.Any {
-	network := n.CIDR.Addr().AsSlice()
-	mask := []byte(net.CIDRMask(n.CIDR.Bits(), 32))
-	inCIDR := func(offset uint32, op expr.CmpOp) []expr.Any {
+	inPrefix := func(p netip.Prefix, offset uint32, op expr.CmpOp) []expr.Any {
 		return []expr.Any{
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
-			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
-			&expr.Cmp{Op: op, Register: 1, Data: network},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: net.CIDRMask(p.Bits(), 32), Xor: make([]byte, 4)},
+			&expr.Cmp{Op: op, Register: 1, Data: p.Addr().AsSlice()},
 		}
 	}
-	e := inCIDR(12, expr.CmpOpEq) // IPv4 source address
-	e = append(e, inCIDR(16, expr.CmpOpNeq)...)
+	dst := n.CIDR
+	if n.ClusterCIDR.IsValid() {
+		dst = n.ClusterCIDR
+	}
+	e := inPrefix(n.CIDR, 12, expr.CmpOpEq) // IPv4 source address
+	e = append(e, inPrefix(dst, 16, expr.CmpOpNeq)...)
 	e = append(e,
 		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifnameBytes(n.Bridge)},
+		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ifnameBytes(MeshDevice)},
 		&expr.Counter{},
 		&expr.Masq{},
 	)

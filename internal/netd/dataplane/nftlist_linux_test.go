@@ -86,7 +86,7 @@ func TestNFTListsRules(t *testing.T) {
 	text := f.nftListing("list", "ruleset")
 	for _, want := range []string{
 		"table ip k3sm {",
-		`ip saddr 100.64.7.0/24 ip daddr != 100.64.7.0/24 oifname != "k3sm0" counter`,
+		`ip saddr 100.64.7.0/24 ip daddr != 100.64.7.0/24 oifname != "k3sm0" oifname != "k3sm-wg" counter`,
 		`oifname "k3sm0" ct state related,established counter`,
 		"table ip k3sm-services {",
 		"ip daddr . meta l4proto . th dport vmap @services",

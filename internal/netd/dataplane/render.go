@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"net/netip"
+	"strconv"
 	"strings"
 )
 
@@ -65,6 +66,19 @@ func argvPFFlush() []string { return []string{pfctlPath, "-a", PFAnchor, "-F", "
 func argvPFEnable() []string { return []string{pfctlPath, "-E"} }
 
 func argvPFRelease(token string) []string { return []string{pfctlPath, "-X", token} }
+
+// argvMeshUp addresses the mesh's utun with the gateway at both ends (a
+// point-to-point link needs a destination; the routes, not it, lead into
+// the tunnel), sets its MTU and brings it up.
+func argvMeshUp(dev string, gw netip.Addr, mtu int) []string {
+	return []string{ifconfigPath, dev, "inet", gw.String(), gw.String(), "mtu", strconv.Itoa(mtu), "up"}
+}
+
+// argvMeshRoute adds (or deletes) a peer's pod range into the utun: the
+// node's own traffic to it leaves from the utun's address, the gateway.
+func argvMeshRoute(verb string, cidr netip.Prefix, dev string) []string {
+	return []string{routePath, "-q", "-n", verb, "-inet", cidr.String(), "-interface", dev}
+}
 
 // renderAnchor is the anchor's rule set. The rule names the egress
 // interface rather than `on ! lo0`: the translation address is that

@@ -45,6 +45,9 @@ func TestRenderCommands(t *testing.T) {
 		{"release pf", argvPFRelease("11259375482112376")},
 		{"show anchor nat", argvPFShowNAT()},
 		{"flush anchor", argvPFFlush()},
+		{"mesh device up", argvMeshUp("utun7", macNode.Gateway, 1380)},
+		{"mesh route", argvMeshRoute("add", netip.MustParsePrefix("100.64.8.0/24"), "utun7")},
+		{"mesh route removal", argvMeshRoute("delete", netip.MustParsePrefix("100.64.8.0/24"), "utun7")},
 	} {
 		fmt.Fprintf(&b, "%s: %q\n", c.name, c.argv)
 	}

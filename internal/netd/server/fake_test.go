@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/netd/dataplane"
 )
@@ -29,6 +30,14 @@ type fakeDP struct {
 	// on delEntered, then waits for delRelease to close.
 	delEntered chan string
 	delRelease chan struct{}
+
+	// The mesh device: nil when there is none (never made, removed, or
+	// gone with a restart: a new fakeDP).
+	mesh      *dataplane.Mesh
+	meshPeers []dataplane.MeshPeer
+	// handshake is what MeshStatus reports of every peer.
+	handshake time.Time
+	failMesh  error
 }
 
 func newFakeDP(netnsDir string) *fakeDP {
@@ -188,4 +197,78 @@ func (f *fakeDP) linkCount() int {
 	return len(f.links)
 }
 
-var _ dataplane.Dataplane = (*fakeDP)(nil)
+func (f *fakeDP) EnsureMesh(n dataplane.Node, m dataplane.Mesh) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("EnsureMesh %d", m.ListenPort)
+	switch {
+	case f.node == nil || *f.node != n:
+		return "", errors.New("EnsureMesh before EnsureNode of its node")
+	case m.PrivateKey == dataplane.PrivateKey{}:
+		return "", errors.New("EnsureMesh without a private key")
+	case m.Device != dataplane.MeshDevice || m.MTU != 1380 || m.ListenPort == 0:
+		return "", fmt.Errorf("bad mesh %+v", m)
+	case f.failMesh != nil:
+		return "", f.failMesh
+	}
+	if f.mesh == nil {
+		f.meshPeers = nil // a new device has no peers
+	}
+	f.mesh = &m
+	return m.Device, nil
+}
+
+func (f *fakeDP) SetMeshPeers(n dataplane.Node, m dataplane.Mesh, peers []dataplane.MeshPeer) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("SetMeshPeers %d", len(peers))
+	switch {
+	case f.node == nil || *f.node != n:
+		return errors.New("SetMeshPeers before EnsureNode of its node")
+	case f.mesh == nil || *f.mesh != m:
+		return errors.New("SetMeshPeers of another mesh than the device's")
+	}
+	for _, p := range peers {
+		if p.CIDR.Overlaps(n.CIDR) || p.Keepalive != 25*time.Second || !p.Endpoint.IsValid() {
+			return fmt.Errorf("bad peer %+v", p)
+		}
+	}
+	f.meshPeers = slices.Clone(peers)
+	return nil
+}
+
+func (f *fakeDP) MeshStatus() ([]dataplane.MeshPeerStatus, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.mesh == nil {
+		return nil, nil
+	}
+	var out []dataplane.MeshPeerStatus
+	for _, p := range f.meshPeers {
+		out = append(out, dataplane.MeshPeerStatus{PublicKey: p.PublicKey, Endpoint: p.Endpoint, LastHandshake: f.handshake, RxBytes: 7, TxBytes: 9})
+	}
+	return out, nil
+}
+
+func (f *fakeDP) DelMesh(n dataplane.Node) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.record("DelMesh %s", n.CIDR)
+	f.mesh, f.meshPeers = nil, nil
+	return nil
+}
+
+// meshState is the device's key and peers (ok false: no device).
+func (f *fakeDP) meshState() (m dataplane.Mesh, peers []dataplane.MeshPeer, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.mesh == nil {
+		return m, nil, false
+	}
+	return *f.mesh, slices.Clone(f.meshPeers), true
+}
+
+var (
+	_ dataplane.Dataplane = (*fakeDP)(nil)
+	_ dataplane.MeshPlane = (*fakeDP)(nil)
+)

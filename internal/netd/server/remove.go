@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+
+	"github.com/k3sm-dev/k3sm/internal/netd/dataplane"
 )
 
 // RemoveNetwork takes the node's pod network off the machine for good
@@ -18,7 +20,7 @@ func RemoveNetwork(cfg Config) (int, error) {
 	if !filepath.IsAbs(cfg.StateFile) || !filepath.IsAbs(cfg.NetNSDir) {
 		return 0, fmt.Errorf("netd: stateFile and netnsDir must be absolute paths (got %q, %q)", cfg.StateFile, cfg.NetNSDir)
 	}
-	cidr, _, rs, pods, err := loadState(cfg.StateFile)
+	cidr, _, rs, pods, _, err := loadState(cfg.StateFile)
 	if err != nil {
 		return 0, fmt.Errorf("netd: %w", err)
 	}
@@ -43,6 +45,12 @@ func RemoveNetwork(cfg Config) (int, error) {
 	// What a crash left unrecorded: our links and namespace files.
 	if inv, err := dp.Inventory(s.node()); err == nil {
 		errs = append(errs, s.removeUnclaimed(inv)...)
+	}
+	// The mesh device went with netd; its rules stay until removed.
+	if mp, ok := dp.(dataplane.MeshPlane); ok {
+		if err := mp.DelMesh(s.node()); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := dp.DelNode(s.node()); err != nil {
 		errs = append(errs, err)

@@ -33,6 +33,10 @@ func TestRemoveNetwork(t *testing.T) {
 	if e.dp.linkCount() != 0 || e.dp.node != nil {
 		t.Fatalf("left %d links, node %v", e.dp.linkCount(), e.dp.node)
 	}
+	// The mesh's rules outlive its device (which went with netd).
+	if e.dp.count("DelMesh 100.64.0.0/24") != 1 {
+		t.Fatalf("RemoveNetwork did not remove the mesh: %v", e.dp.calls)
+	}
 	if entries, _ := os.ReadDir(e.netns); len(entries) != 0 {
 		t.Fatalf("namespace files left: %v", entries)
 	}

@@ -2,8 +2,10 @@
 // socket to the one uid allowed to call (checked from the kernel's peer
 // credentials on every connection), allocates each pod an address from the
 // node's range, keeps the allocations in a state file, and applies them
-// through the dataplane. At start it resyncs the system to that file, so
-// running pods keep their addresses across a netd restart.
+// through the dataplane; it also runs the node's WireGuard mesh device
+// (mesh.go), with a private key only it reads. At start it resyncs the
+// system to that file, so running pods keep their addresses across a netd
+// restart and the mesh comes back.
 package server
 
 import (
@@ -41,6 +43,10 @@ type Config struct {
 	StateFile string
 	// NetNSDir holds the pods' network namespace files (Linux).
 	NetNSDir string
+	// KeyDir holds the mesh's private keys, one file per KeyRef; netd
+	// makes it 0700 and refuses one others may enter. Empty: mesh-keys
+	// beside StateFile.
+	KeyDir string
 	// AllowedUID is the only uid that may call: k3sm's own.
 	AllowedUID int
 	// NewDataplane builds the data path.
@@ -65,6 +71,8 @@ type Server struct {
 	pods map[string]*pod
 	// svcs is the unfinished SetServices generation, chunks so far.
 	svcs *pendingServices
+	// mesh is the node's mesh (nil: none).
+	mesh *meshState
 
 	conns     sync.WaitGroup
 	connMu    sync.Mutex
@@ -84,6 +92,9 @@ func Start(cfg Config) (*Server, error) {
 	if !filepath.IsAbs(cfg.Socket) || !filepath.IsAbs(cfg.StateFile) || !filepath.IsAbs(cfg.NetNSDir) {
 		return nil, fmt.Errorf("netd: socket, stateFile and netnsDir must be absolute paths (got %q, %q, %q)", cfg.Socket, cfg.StateFile, cfg.NetNSDir)
 	}
+	if cfg.KeyDir != "" && !filepath.IsAbs(cfg.KeyDir) {
+		return nil, fmt.Errorf("netd: keyDir must be an absolute path (got %q)", cfg.KeyDir)
+	}
 	if cfg.AllowedUID < 0 {
 		return nil, fmt.Errorf("netd: allowedUID %d is not a uid", cfg.AllowedUID)
 	}
@@ -98,7 +109,7 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, open: map[net.Conn]struct{}{}, done: make(chan struct{})}
 	var err error
-	if s.cidr, s.last, s.rs, s.pods, err = loadState(cfg.StateFile); err != nil {
+	if s.cidr, s.last, s.rs, s.pods, s.mesh, err = loadState(cfg.StateFile); err != nil {
 		return nil, fmt.Errorf("netd: %w", err)
 	}
 	if s.dp, err = cfg.NewDataplane(); err != nil {
@@ -289,6 +300,14 @@ func (s *Server) dispatch(req *wire.Request) *wire.Response {
 		return s.setPolicy(req.SetPolicy)
 	case wire.VerbSetServices:
 		return s.setServices(req.SetServices)
+	case wire.VerbConfigureMesh:
+		return s.configureMesh(req.ConfigureMesh)
+	case wire.VerbSetMeshPeers:
+		return s.setMeshPeers(req.SetMeshPeers)
+	case wire.VerbMeshStatus:
+		return s.meshStatus()
+	case wire.VerbRemoveMesh:
+		return s.removeMesh()
 	case wire.VerbListPods:
 		resp := &wire.Response{Pods: []wire.PodResult{}}
 		for _, p := range sortedPods(s.pods) {
@@ -328,7 +347,7 @@ func (s *Server) podResult(p *pod) wire.PodResult {
 }
 
 func (s *Server) save() error {
-	return saveState(s.cfg.StateFile, s.cidr, s.last, s.rs, s.pods)
+	return saveState(s.cfg.StateFile, s.cidr, s.last, s.rs, s.pods, s.mesh)
 }
 
 func (s *Server) configure(a *wire.ConfigureArgs) *wire.Response {
@@ -354,7 +373,8 @@ func (s *Server) configure(a *wire.ConfigureArgs) *wire.Response {
 		}
 		s.log.Info("pod CIDR changed", "from", s.cidr, "to", cidr)
 	}
-	if cidr != s.cidr || rs != s.rs {
+	changed := cidr != s.cidr || rs != s.rs
+	if changed {
 		// Recorded before the system changes, so a crash in between is
 		// resynced at the next start.
 		if cidr != s.cidr {
@@ -368,6 +388,22 @@ func (s *Server) configure(a *wire.ConfigureArgs) *wire.Response {
 	n := s.node()
 	if err := s.dp.EnsureNode(n); err != nil {
 		return failure(wire.CodeInternal, "setting up the node's network for %s: %v", cidr, err)
+	}
+	if changed && s.mesh != nil && s.mesh.up {
+		// The device's address and rules follow the node's range.
+		if mp, ok := s.dp.(dataplane.MeshPlane); ok {
+			if err := s.checkPeers(s.mesh, s.mesh.peers); err != nil {
+				s.log.Warn("dropping the recorded mesh peers", "err", err)
+				s.mesh.peers = nil
+				if err := s.save(); err != nil {
+					return failure(wire.CodeInternal, "%v", err)
+				}
+			}
+			if err := s.applyMesh(mp, s.mesh); err != nil {
+				s.mesh.up = false
+				return failure(wire.CodeInternal, "the node's ranges changed, and the mesh could not follow: %v", err)
+			}
+		}
 	}
 	res := &wire.NodeResult{PodCIDR: cidr.String(), Gateway: n.Gateway.String(), Bridge: n.Bridge}
 	if svc.IsValid() {
@@ -661,6 +697,8 @@ func (s *Server) resync() error {
 		return err
 	}
 	s.removeUnclaimed(inv)
+	// Last, and never stopping the start: the pods matter more.
+	s.resyncMesh()
 	return nil
 }
 

@@ -773,10 +773,10 @@ func TestStateKeepsUserNSPods(t *testing.T) {
 	cidr := netip.MustParsePrefix("100.64.0.0/24")
 	pods := map[string]*pod{uidN(1): {uid: uidN(1), namespace: "default", name: "a", ip: netip.MustParseAddr("100.64.0.2"), userns: true},
 		uidN(2): {uid: uidN(2), namespace: "default", name: "b", ip: netip.MustParseAddr("100.64.0.3")}}
-	if err := saveState(path, cidr, netip.Addr{}, ranges{}, pods); err != nil {
+	if err := saveState(path, cidr, netip.Addr{}, ranges{}, pods, nil); err != nil {
 		t.Fatal(err)
 	}
-	_, _, _, got, err := loadState(path)
+	_, _, _, got, _, err := loadState(path)
 	if err != nil {
 		t.Fatal(err)
 	}

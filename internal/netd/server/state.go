@@ -28,6 +28,17 @@ type stateFile struct {
 	// just-released address out again at once.
 	LastIP string      `json:"lastIP,omitempty"`
 	Pods   []podRecord `json:"pods"`
+	// Mesh is the mesh of the last ConfigureMesh and SetMeshPeers, none
+	// after RemoveMesh: public data only (the key stays in its file). A
+	// restart loses the device with the process, and resync makes it
+	// again from this. Absent in files of netds before the mesh.
+	Mesh *meshRecord `json:"mesh,omitempty"`
+}
+
+type meshRecord struct {
+	KeyRef     string          `json:"keyRef"`
+	ListenPort uint16          `json:"listenPort"`
+	Peers      []wire.MeshPeer `json:"peers,omitempty"`
 }
 
 type podRecord struct {
@@ -55,14 +66,35 @@ type pod struct {
 // loadState reads path; a missing file is an empty state. A file that does
 // not parse or contradicts itself stops netd: guessing would take running
 // pods' addresses away or hand them out twice.
-func loadState(path string) (cidr netip.Prefix, last netip.Addr, rs ranges, pods map[string]*pod, err error) {
+func loadState(path string) (cidr netip.Prefix, last netip.Addr, rs ranges, pods map[string]*pod, mesh *meshState, err error) {
+	cidr, last, rs, pods, rec, err := loadStateFile(path)
+	if err != nil || rec == nil {
+		return cidr, last, rs, pods, nil, err
+	}
+	fail := func(format string, a ...any) error {
+		return fmt.Errorf("state %s: mesh: %s (fix or remove the file; removing it forgets every pod's address)", path, fmt.Sprintf(format, a...))
+	}
+	if !cidr.IsValid() {
+		return cidr, last, rs, nil, nil, fail("recorded without a podCIDR")
+	}
+	if err := wire.CheckConfigureMesh(&wire.ConfigureMeshArgs{KeyRef: rec.KeyRef, ListenPort: rec.ListenPort}); err != nil {
+		return cidr, last, rs, nil, nil, fail("%v", err)
+	}
+	peers, err := wire.ParseMeshPeers(&wire.SetMeshPeersArgs{Peers: rec.Peers})
+	if err != nil {
+		return cidr, last, rs, nil, nil, fail("%v", err)
+	}
+	return cidr, last, rs, pods, &meshState{keyRef: rec.KeyRef, port: rec.ListenPort, peers: peers}, nil
+}
+
+func loadStateFile(path string) (cidr netip.Prefix, last netip.Addr, rs ranges, pods map[string]*pod, mesh *meshRecord, err error) {
 	pods = map[string]*pod{}
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return cidr, last, rs, pods, nil
+		return cidr, last, rs, pods, nil, nil
 	}
 	if err != nil {
-		return cidr, last, rs, nil, err
+		return cidr, last, rs, nil, nil, err
 	}
 	fail := func(format string, a ...any) error {
 		return fmt.Errorf("state %s: %s (fix or remove the file; removing it forgets every pod's address)", path, fmt.Sprintf(format, a...))
@@ -71,23 +103,23 @@ func loadState(path string) (cidr netip.Prefix, last netip.Addr, rs ranges, pods
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&st); err != nil {
-		return cidr, last, rs, nil, fail("%v", err)
+		return cidr, last, rs, nil, nil, fail("%v", err)
 	}
 	if st.Version != stateVersion {
-		return cidr, last, rs, nil, fail("version %d, this netd reads %d", st.Version, stateVersion)
+		return cidr, last, rs, nil, nil, fail("version %d, this netd reads %d", st.Version, stateVersion)
 	}
 	if st.PodCIDR == "" {
 		if len(st.Pods) > 0 {
-			return cidr, last, rs, nil, fail("pods recorded without a podCIDR")
+			return cidr, last, rs, nil, nil, fail("pods recorded without a podCIDR")
 		}
-		return cidr, last, rs, pods, nil
+		return cidr, last, rs, pods, st.Mesh, nil
 	}
 	if cidr, rs.svc, rs.cluster, err = wire.ParseRanges(&wire.ConfigureArgs{PodCIDR: st.PodCIDR, ServiceCIDR: st.ServiceCIDR, ClusterCIDR: st.ClusterCIDR}); err != nil {
-		return cidr, last, rs, nil, fail("%v", err)
+		return cidr, last, rs, nil, nil, fail("%v", err)
 	}
 	if st.LastIP != "" {
 		if last, err = netip.ParseAddr(st.LastIP); err != nil || !cidr.Contains(last) {
-			return cidr, last, rs, nil, fail("lastIP %q is not in %s", st.LastIP, cidr)
+			return cidr, last, rs, nil, nil, fail("lastIP %q is not in %s", st.LastIP, cidr)
 		}
 	}
 	used := map[netip.Addr]string{}
@@ -95,22 +127,22 @@ func loadState(path string) (cidr netip.Prefix, last netip.Addr, rs ranges, pods
 		ip, err := netip.ParseAddr(r.IP)
 		switch {
 		case wire.CheckUID(r.UID) != nil || wire.CheckNamespace(r.Namespace) != nil || wire.CheckName(r.Name) != nil:
-			return cidr, last, rs, nil, fail("pod %q/%q uid %q is not valid", r.Namespace, r.Name, r.UID)
+			return cidr, last, rs, nil, nil, fail("pod %q/%q uid %q is not valid", r.Namespace, r.Name, r.UID)
 		case err != nil || !usable(cidr, ip):
-			return cidr, last, rs, nil, fail("pod %s has IP %q, not a pod address of %s", r.UID, r.IP, cidr)
+			return cidr, last, rs, nil, nil, fail("pod %s has IP %q, not a pod address of %s", r.UID, r.IP, cidr)
 		case pods[r.UID] != nil:
-			return cidr, last, rs, nil, fail("pod %s recorded twice", r.UID)
+			return cidr, last, rs, nil, nil, fail("pod %s recorded twice", r.UID)
 		case used[ip] != "":
-			return cidr, last, rs, nil, fail("pods %s and %s share %s", used[ip], r.UID, ip)
+			return cidr, last, rs, nil, nil, fail("pods %s and %s share %s", used[ip], r.UID, ip)
 		}
 		used[ip] = r.UID
 		pods[r.UID] = &pod{uid: r.UID, namespace: r.Namespace, name: r.Name, ip: ip, userns: r.UserNS}
 	}
-	return cidr, last, rs, pods, nil
+	return cidr, last, rs, pods, st.Mesh, nil
 }
 
 // saveState replaces path atomically (fsynced) with the state.
-func saveState(path string, cidr netip.Prefix, last netip.Addr, rs ranges, pods map[string]*pod) error {
+func saveState(path string, cidr netip.Prefix, last netip.Addr, rs ranges, pods map[string]*pod, mesh *meshState) error {
 	st := stateFile{Version: stateVersion, Pods: []podRecord{}}
 	if cidr.IsValid() {
 		st.PodCIDR = cidr.String()
@@ -126,6 +158,9 @@ func saveState(path string, cidr netip.Prefix, last netip.Addr, rs ranges, pods 
 	}
 	for _, p := range sortedPods(pods) {
 		st.Pods = append(st.Pods, podRecord{UID: p.uid, Namespace: p.namespace, Name: p.name, IP: p.ip.String(), UserNS: p.userns})
+	}
+	if mesh != nil {
+		st.Mesh = &meshRecord{KeyRef: mesh.keyRef, ListenPort: mesh.port, Peers: mesh.wirePeers()}
 	}
 	data, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {

@@ -1,5 +1,12 @@
 package wire
 
+import (
+	"encoding/base64"
+	"fmt"
+	"net/netip"
+	"regexp"
+)
+
 // The mesh verbs: a WireGuard device netd owns, whose peers are the other
 // nodes. The node's private key is made by netd and kept in a root-owned
 // file netd alone reads; requests name it by KeyRef and responses carry
@@ -72,4 +79,105 @@ type MeshPeerStatus struct {
 	LastHandshake int64  `json:"lastHandshake,omitempty"`
 	RxBytes       uint64 `json:"rxBytes,omitempty"`
 	TxBytes       uint64 `json:"txBytes,omitempty"`
+}
+
+var keyRefRE = regexp.MustCompile(`^[a-z0-9-]{1,32}$`)
+
+// CheckConfigureMesh checks ConfigureMesh's arguments: a key name that is
+// a plain file name in netd's key directory, and a port.
+func CheckConfigureMesh(a *ConfigureMeshArgs) error {
+	if !keyRefRE.MatchString(a.KeyRef) {
+		return fmt.Errorf("keyRef: %q is not a key name ([a-z0-9-], 1 to 32 characters)", a.KeyRef)
+	}
+	if a.ListenPort == 0 {
+		return fmt.Errorf("listenPort: 0 (want 1-65535)")
+	}
+	return nil
+}
+
+// ParsedMeshPeer is a MeshPeer ParseMeshPeers accepted.
+type ParsedMeshPeer struct {
+	PublicKey [32]byte
+	Endpoint  netip.AddrPort
+	PodCIDR   netip.Prefix
+}
+
+// ParseMeshPeers checks a SetMeshPeers: at most MaxMeshPeers, each with a
+// public key (canonical base64 of 32 bytes), an endpoint (a canonical
+// IP:port, port not 0, address neither unspecified nor multicast) and a
+// pod range as ParsePodCIDR accepts a node's; no key twice and no two
+// ranges overlapping.
+func ParseMeshPeers(a *SetMeshPeersArgs) ([]ParsedMeshPeer, error) {
+	// An empty list is left out: it would not survive a round trip.
+	if a.Peers != nil && len(a.Peers) == 0 {
+		return nil, fmt.Errorf("setMeshPeers: peers is an empty list (leave it out for no peers)")
+	}
+	if len(a.Peers) > MaxMeshPeers {
+		return nil, fmt.Errorf("setMeshPeers: %d peers, at most %d", len(a.Peers), MaxMeshPeers)
+	}
+	out := make([]ParsedMeshPeer, 0, len(a.Peers))
+	keys := map[[32]byte]int{}
+	for i, p := range a.Peers {
+		key, err := ParseMeshKey(p.PublicKey)
+		if err != nil {
+			return nil, fmt.Errorf("setMeshPeers: peer %d: publicKey: %w", i, err)
+		}
+		if j, dup := keys[key]; dup {
+			return nil, fmt.Errorf("setMeshPeers: peer %d: publicKey %s is peer %d's too", i, p.PublicKey, j)
+		}
+		keys[key] = i
+		ep, err := ParseMeshEndpoint(p.Endpoint)
+		if err != nil {
+			return nil, fmt.Errorf("setMeshPeers: peer %d: endpoint: %w", i, err)
+		}
+		cidr, err := ParsePodCIDR(p.PodCIDR)
+		if err != nil {
+			return nil, fmt.Errorf("setMeshPeers: peer %d: %w", i, err)
+		}
+		for j, q := range out {
+			if q.PodCIDR.Overlaps(cidr) {
+				return nil, fmt.Errorf("setMeshPeers: peer %d: podCIDR %s overlaps peer %d's %s", i, cidr, j, q.PodCIDR)
+			}
+		}
+		out = append(out, ParsedMeshPeer{PublicKey: key, Endpoint: ep, PodCIDR: cidr})
+	}
+	return out, nil
+}
+
+// ParseMeshKey decodes a WireGuard public key: standard base64 with
+// padding of exactly 32 bytes, in canonical form (so one key has one
+// spelling, and duplicates are found by text as well as by value).
+func ParseMeshKey(s string) ([32]byte, error) {
+	var k [32]byte
+	b, err := base64.StdEncoding.Strict().DecodeString(s)
+	switch {
+	case err != nil:
+		return k, fmt.Errorf("%q is not base64: %v", s, err)
+	case len(b) != len(k):
+		return k, fmt.Errorf("%q is %d bytes, a key is %d", s, len(b), len(k))
+	case base64.StdEncoding.EncodeToString(b) != s:
+		return k, fmt.Errorf("%q is not in canonical base64", s)
+	}
+	copy(k[:], b)
+	return k, nil
+}
+
+// ParseMeshEndpoint parses where a peer listens: IPv4:port or
+// [IPv6]:port in canonical form, no zone, port 1-65535, an address that
+// can be sent to (not unspecified, not multicast).
+func ParseMeshEndpoint(s string) (netip.AddrPort, error) {
+	ap, err := netip.ParseAddrPort(s)
+	switch {
+	case err != nil:
+		return ap, fmt.Errorf("%q is not IP:port (want e.g. 192.0.2.10:51820 or [2001:db8::1]:51820): %v", s, err)
+	case ap.String() != s:
+		return ap, fmt.Errorf("%q is not in canonical form (want %s)", s, ap)
+	case ap.Addr().Zone() != "" || ap.Addr().Is4In6():
+		return ap, fmt.Errorf("%s: an address with a zone or an IPv4-mapped IPv6 address is not an endpoint", s)
+	case ap.Port() == 0:
+		return ap, fmt.Errorf("%s: port 0 (want 1-65535)", s)
+	case ap.Addr().IsUnspecified() || ap.Addr().IsMulticast():
+		return ap, fmt.Errorf("%s: %s cannot be sent to", s, ap.Addr())
+	}
+	return ap, nil
 }

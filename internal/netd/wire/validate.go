@@ -31,7 +31,8 @@ func (r *Request) Validate() error {
 		return fmt.Errorf("version: got %d, k3sm-netd speaks %d (run k3sm and k3sm-netd of the same release)", r.Version, Version)
 	}
 	n := 0
-	for _, set := range []bool{r.Configure != nil, r.SetupPod != nil, r.TeardownPod != nil, r.SetPolicy != nil, r.SetServices != nil} {
+	for _, set := range []bool{r.Configure != nil, r.SetupPod != nil, r.TeardownPod != nil, r.SetPolicy != nil, r.SetServices != nil,
+		r.ConfigureMesh != nil, r.SetMeshPeers != nil} {
 		if set {
 			n++
 		}
@@ -85,13 +86,24 @@ func (r *Request) Validate() error {
 			return err
 		}
 		return CheckSetServices(r.SetServices)
-	case VerbListPods:
+	case VerbConfigureMesh:
+		if err := want("configureMesh", r.ConfigureMesh != nil); err != nil {
+			return err
+		}
+		return CheckConfigureMesh(r.ConfigureMesh)
+	case VerbSetMeshPeers:
+		if err := want("setMeshPeers", r.SetMeshPeers != nil); err != nil {
+			return err
+		}
+		_, err := ParseMeshPeers(r.SetMeshPeers)
+		return err
+	case VerbListPods, VerbMeshStatus, VerbRemoveMesh:
 		if n != 0 {
-			return fmt.Errorf("verb ListPods takes no arguments")
+			return fmt.Errorf("verb %s takes no arguments", r.Verb)
 		}
 		return nil
 	default:
-		return fmt.Errorf("verb: %q is not one of Configure, SetupPod, TeardownPod, ListPods, SetPolicy, SetServices", r.Verb)
+		return fmt.Errorf("verb: %q is not one of Configure, SetupPod, TeardownPod, ListPods, SetPolicy, SetServices, ConfigureMesh, SetMeshPeers, MeshStatus, RemoveMesh", r.Verb)
 	}
 }
 

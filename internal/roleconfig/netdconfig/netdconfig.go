@@ -26,6 +26,9 @@ type Config struct {
 	NetNSDir string `json:"netnsDir"`
 	// AllowedUID is the only uid netd answers: k3sm's own.
 	AllowedUID int `json:"allowedUID"`
+	// KeyDir (optional) holds the mesh's private keys; empty: mesh-keys
+	// beside StateFile.
+	KeyDir string `json:"keyDir,omitempty"`
 }
 
 // Read parses k3sm-netd's arguments (`--config=<file>`) strictly, as

@@ -15,6 +15,11 @@ func TestRead(t *testing.T) {
 	if err != nil || cfg != (Config{Socket: "/d/run/netd.sock", StateFile: "/d/agent/netd-state.json", NetNSDir: "/d/run/netns", AllowedUID: 1000}) {
 		t.Fatalf("%+v %v", cfg, err)
 	}
+	withKeys := filepath.Join(dir, "keys.json")
+	os.WriteFile(withKeys, []byte(`{"socket":"/s","stateFile":"/f","netnsDir":"/n","allowedUID":1,"keyDir":"/d/agent/mesh-keys"}`), 0o600)
+	if cfg, err := Read([]string{"--config=" + withKeys}); err != nil || cfg.KeyDir != "/d/agent/mesh-keys" {
+		t.Fatalf("%+v %v", cfg, err)
+	}
 	typo := filepath.Join(dir, "typo.json")
 	os.WriteFile(typo, []byte(`{"socket":"/s","allowedUser":0}`), 0o600)
 	trailing := filepath.Join(dir, "trailing.json")
