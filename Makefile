@@ -73,6 +73,7 @@ test-unit:
 	# deadline on a loaded machine and fails with "context deadline exceeded"
 	# though no input failed (golang/go#75804). 400k execs is ~10 s here.
 	$(GO) test -run '^$$' -fuzz FuzzReadRequest -fuzztime 400000x -timeout 5m ./internal/netd/wire
+	$(GO) test -run '^$$' -fuzz FuzzMeshRequest -fuzztime 200000x -timeout 5m ./internal/netd/wire
 	# The join endpoint's request parser (it faces the network before any
 	# credential is checked) and the token parser; fuzz-join runs longer.
 	$(GO) test -run '^$$' -fuzz FuzzDecodeJoinRequest -fuzztime 50000x -timeout 5m ./api/join/v1
@@ -83,9 +84,11 @@ fuzz-join:
 	$(GO) test -run '^$$' -fuzz FuzzDecodeJoinRequest -fuzztime 10m -timeout 15m ./api/join/v1
 	$(GO) test -run '^$$' -fuzz FuzzParseToken -fuzztime 10m -timeout 15m ./api/join/v1
 
-# The parser of k3sm-netd, the root helper, under the fuzzer for longer.
+# The parser of k3sm-netd, the root helper, under the fuzzer for longer;
+# its mesh verbs for 10 minutes (issue 31).
 fuzz-netd:
 	$(GO) test -run '^$$' -fuzz FuzzReadRequest -fuzztime 25000000x -timeout 30m ./internal/netd/wire
+	$(GO) test -run '^$$' -fuzz FuzzMeshRequest -fuzztime 10m -timeout 15m ./internal/netd/wire
 
 test-integration:
 	$(GO) test -count=1 -run Integration -timeout 20m $(UNIT_PKGS)

@@ -30,7 +30,7 @@ const (
 
 func newAgent() *cobra.Command {
 	host, _ := os.Hostname()
-	cfg := agent.Config{DataDir: controlplane.DefaultDataDir(), NodeName: strings.ToLower(host), KubeletPort: 10250, MaxPods: 110,
+	cfg := agent.Config{DataDir: controlplane.DefaultDataDir(), NodeName: strings.ToLower(host), KubeletPort: 10250, MeshPort: controlplane.DefaultMeshPort, MaxPods: 110,
 		PodMaxPids: cgroups.DefaultPodPidsLimit, PodNetwork: "auto", NodeTaint: controlplane.DefaultNodeTaint(goruntime.GOOS), Disk: diskpolicy.Default()}
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -78,6 +78,7 @@ func newAgent() *cobra.Command {
 	f.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "this machine's node name")
 	f.StringVar(&cfg.NodeIP, "node-ip", "", "this node's address (default: the one this machine reaches the server from)")
 	f.IntVar(&cfg.KubeletPort, "kubelet-port", cfg.KubeletPort, "port of this node's kubelet API")
+	f.IntVar(&cfg.MeshPort, "mesh-port", cfg.MeshPort, "UDP port of this node's WireGuard mesh device, which carries pod traffic between nodes; 0: no mesh")
 	f.IntVar(&cfg.MaxPods, "max-pods", cfg.MaxPods, "pods this node runs at most (the kubelet's --max-pods)")
 	f.Int64Var(&cfg.PodMaxPids, "pod-max-pids", cfg.PodMaxPids, "processes and threads each pod may have at once (cgroup pids.max); -1: no limit")
 	f.StringVar(&cfg.PodNetwork, "pod-network", cfg.PodNetwork, "auto: a network namespace and IP per pod (k3sm-netd) when run as root on Linux, else the node's network; netns: require it; host: pods share the node's network")

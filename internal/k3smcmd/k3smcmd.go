@@ -130,6 +130,7 @@ func serverFlags(f *pflag.FlagSet, cfg *controlplane.Config, dc *deployConfig) {
 	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the datastore, certificates, logs and pods")
 	f.IntVar(&cfg.HTTPSPort, "https-listen-port", cfg.HTTPSPort, "apiserver port")
 	f.IntVar(&cfg.SupervisorPort, "supervisor-port", cfg.SupervisorPort, "port of the join endpoint (HTTPS, on --bind-address) that `k3sm agent` joins through; 0: off")
+	f.IntVar(&cfg.MeshPort, "mesh-port", cfg.MeshPort, "UDP port of this node's WireGuard mesh device, which carries pod traffic between nodes (needs the pod network); 0: no mesh")
 	f.StringVar(&cfg.BindAddress, "bind-address", cfg.BindAddress, "address the apiserver listens on")
 	f.StringVar(&cfg.AdvertiseAddress, "advertise-address", "", "address advertised for the apiserver (default: the bind address, or the host's first IPv4)")
 	f.StringVar(&cfg.ServiceCIDR, "service-cidr", cfg.ServiceCIDR, "IPv4 range for Service cluster IPs")

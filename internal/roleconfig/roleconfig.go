@@ -165,6 +165,9 @@ type NodeConfig struct {
 	// NetdSocket, when set, is k3sm-netd's socket: the Service proxy puts
 	// ClusterIPs in the kernel through it (--service-proxy).
 	NetdSocket string `json:"netdSocket,omitempty"`
+	// Mesh, when its Port is set, joins this node to the cluster's
+	// WireGuard mesh (internal/agent/mesh) through k3sm-netd.
+	Mesh MeshConfig `json:"mesh,omitempty"`
 	// Metrics is the metrics.k8s.io API the node serves (off when Addr is empty).
 	Metrics MetricsAPI `json:"metrics"`
 	// Disk: image GC and DiskPressure are the node's part of it.
@@ -174,6 +177,14 @@ type NodeConfig struct {
 	// process going while the apiserver starts, but until the file exists
 	// it neither uses the API nor touches its pods.
 	StartGate string `json:"startGate,omitempty"`
+}
+
+// MeshConfig is the node's part in the WireGuard mesh.
+type MeshConfig struct {
+	// Port is the UDP port of the node's mesh device (0: no mesh).
+	Port int `json:"port,omitempty"`
+	// NetdSocket is the k3sm-netd that owns the device and the key.
+	NetdSocket string `json:"netdSocket,omitempty"`
 }
 
 // MetricsAPI is how the node serves metrics.k8s.io to the aggregator.

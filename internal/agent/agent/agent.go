@@ -44,8 +44,11 @@ type Config struct {
 	NodeIP      string
 	DataDir     string
 	KubeletPort int
-	MaxPods     int
-	PodMaxPids  int64
+	// MeshPort is the UDP port of this node's WireGuard mesh device (0: no
+	// mesh: pods here reach no other node's pods).
+	MeshPort   int
+	MaxPods    int
+	PodMaxPids int64
 	// PodNetwork is auto, netns or host, as the server's --pod-network.
 	PodNetwork string
 	NodeTaint  bool
@@ -74,6 +77,9 @@ func (c *Config) Validate() error {
 	}
 	if c.KubeletPort < 1 || c.KubeletPort > 65535 {
 		errs = append(errs, fmt.Errorf("--kubelet-port %d: not a TCP port", c.KubeletPort))
+	}
+	if c.MeshPort < 0 || c.MeshPort > 65535 {
+		errs = append(errs, fmt.Errorf("--mesh-port %d: not a UDP port; use 1 to 65535 (default 51820), or 0 for no mesh", c.MeshPort))
 	}
 	if c.MaxPods < 1 {
 		errs = append(errs, fmt.Errorf("--max-pods %d: must be at least 1", c.MaxPods))
@@ -196,6 +202,9 @@ func start(ctx context.Context, cfg Config, s *joinv1.ClusterSettings, sup *supe
 		}
 		rcfg.NetdSocket, rcfg.ServiceCIDR, rcfg.ClusterCIDR = l.NetdSocket(), s.ServiceCIDR, s.ClusterCIDR
 		ncfg.NetdSocket = l.NetdSocket()
+		if cfg.MeshPort != 0 {
+			ncfg.Mesh = roleconfig.MeshConfig{Port: cfg.MeshPort, NetdSocket: l.NetdSocket()}
+		}
 	} else {
 		rcfg.NoPodNetworkReason = reason
 		log.Info("pod network off", "reason", reason)

@@ -27,11 +27,13 @@ import (
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/agent/localpath"
+	"github.com/k3sm-dev/k3sm/internal/agent/mesh"
 	"github.com/k3sm-dev/k3sm/internal/agent/metrics"
 	"github.com/k3sm-dev/k3sm/internal/agent/netpol"
 	"github.com/k3sm-dev/k3sm/internal/agent/podspec"
 	"github.com/k3sm-dev/k3sm/internal/agent/trim"
 	"github.com/k3sm-dev/k3sm/internal/datadir"
+	netdclient "github.com/k3sm-dev/k3sm/internal/netd/client"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	"github.com/k3sm-dev/k3sm/internal/runtime/client"
 	"github.com/k3sm-dev/k3sm/internal/version"
@@ -46,6 +48,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -257,7 +260,7 @@ func Run(ctx context.Context, cfg Config) error {
 		cancel()
 	}
 	go provider.reconcileStatuses(ctx, ReconcilePeriod)
-	errc := make(chan error, 4)
+	errc := make(chan error, 5)
 	go func() { errc <- nc.Run(ctx) }()
 	select {
 	case <-nc.Ready():
@@ -271,6 +274,18 @@ func Run(ctx context.Context, cfg Config) error {
 		// Pods have addresses of their own: enforce their NetworkPolicies.
 		np := netpol.New(netpol.Config{Client: kc, NodeName: cfg.Name, Applier: netpol.RuntimeApplier{Runtime: rt.Runtime}, Log: log.With("component", "netpol")})
 		go func() { errc <- np.Run(ctx) }()
+		if cfg.Mesh.Port != 0 {
+			// Pods on other nodes: the WireGuard mesh (it waits for the
+			// pod range and netd itself).
+			dyn, err := dynamic.NewForConfig(rc)
+			if err != nil {
+				return err
+			}
+			mc := mesh.New(mesh.Config{Dynamic: dyn, Nodes: kc.CoreV1().Nodes(), NodeName: cfg.Name, NodeIP: cfg.IP,
+				ListenPort: uint16(cfg.Mesh.Port), ClusterCIDR: cfg.ClusterCIDR,
+				Netd: netdclient.New(cfg.Mesh.NetdSocket), Log: log.With("component", "mesh")})
+			go func() { errc <- mc.Run(ctx) }()
+		}
 		go func() {
 			if !syncPodCIDR(ctx, kc.CoreV1().Nodes(), cfg.Name, rt.Runtime, log) || !services {
 				return

@@ -31,7 +31,10 @@ type Config struct {
 	HTTPSPort int
 	// SupervisorPort serves the join (HTTPS, /v1-k3sm/) on the bind
 	// address; 0: no node can join.
-	SupervisorPort   int
+	SupervisorPort int
+	// MeshPort is the UDP port of this node's WireGuard mesh device, which
+	// carries pod traffic to and from the other nodes; 0: no mesh.
+	MeshPort         int
 	BindAddress      string
 	AdvertiseAddress string
 	ServiceCIDR      string
@@ -128,6 +131,7 @@ func Defaults() Config {
 		DataDir:               DefaultDataDir(),
 		HTTPSPort:             6443,
 		SupervisorPort:        DefaultSupervisorPort,
+		MeshPort:              DefaultMeshPort,
 		BindAddress:           "0.0.0.0",
 		ServiceCIDR:           "10.43.0.0/16",
 		ClusterCIDR:           "100.64.0.0/10",
@@ -152,6 +156,10 @@ func Defaults() Config {
 // port, as k3s serves its join on the API port, which here is the
 // apiserver's own.
 const DefaultSupervisorPort = 9345
+
+// DefaultMeshPort is the mesh's UDP port: WireGuard's, as k3s's
+// wireguard-native backend uses.
+const DefaultMeshPort = 51820
 
 // DefaultNodeTaint is whether a node of this OS carries the provider taint
 // unless told otherwise. A pod that names no OS is a Linux pod, so a Linux
@@ -192,6 +200,9 @@ func (c *Config) Validate() error {
 		add("supervisor-port", fmt.Sprint(c.SupervisorPort), "not a TCP port", "use a number from 1 to 65535, or 0 for no join endpoint")
 	} else if c.SupervisorPort != 0 && slices.Contains([]int{c.HTTPSPort, c.SchedulerPort, c.ControllerManagerPort, c.KubeletPort, c.RegistryPort}, c.SupervisorPort) {
 		add("supervisor-port", fmt.Sprint(c.SupervisorPort), "is already another port of this server", fmt.Sprintf("use another port, e.g. the default %d", DefaultSupervisorPort))
+	}
+	if c.MeshPort < 0 || c.MeshPort > 65535 {
+		add("mesh-port", fmt.Sprint(c.MeshPort), "not a UDP port", fmt.Sprintf("use a number from 1 to 65535 (default %d), or 0 for no mesh", DefaultMeshPort))
 	}
 	bind, err := netip.ParseAddr(c.BindAddress)
 	if err != nil {

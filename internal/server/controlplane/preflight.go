@@ -62,6 +62,19 @@ func Preflight(cfg *Config) (release func(), err error) {
 		}
 		ln.Close()
 	}
+	// The mesh device's UDP port, taken by netd later: a netd run apart
+	// (--netd-socket) holds it across server restarts, so it is not ours
+	// to check then.
+	if cfg.MeshPort != 0 && cfg.NetdSocket == "" && cfg.PodNetwork != "host" {
+		addr := net.JoinHostPort("0.0.0.0", strconv.Itoa(cfg.MeshPort))
+		pc, err := net.ListenPacket("udp4", addr)
+		if err != nil {
+			release()
+			return nil, &FieldError{Flag: "mesh-port", Value: strconv.Itoa(cfg.MeshPort), Problem: fmt.Sprintf("cannot listen on UDP %s: %v", addr, syserr.Cause(err)),
+				Fix: "stop what uses it (another k3sm or WireGuard on this machine?) or choose another port with --mesh-port, or 0 for no mesh"}
+		}
+		pc.Close()
+	}
 	return release, nil
 }
 

@@ -30,6 +30,8 @@ type RunInfo struct {
 	ServiceProxy string `json:"serviceProxy,omitempty"`
 	// NetdSocket is the k3sm-netd run apart (--netd-socket), if any.
 	NetdSocket string `json:"netdSocket,omitempty"`
+	// MeshPort is the node's mesh device's UDP port (0: no mesh).
+	MeshPort int `json:"meshPort,omitempty"`
 	// Datastore is the datastore's endpoint without its password.
 	Datastore string `json:"datastore,omitempty"`
 }
@@ -39,7 +41,7 @@ func (c *Config) runInfo(started time.Time) RunInfo {
 		SchedulerPort: c.SchedulerPort, ControllerManagerPort: c.ControllerManagerPort, KubeletPort: c.KubeletPort,
 		NodeName: c.NodeName, ServiceCIDR: c.ServiceCIDR, ClusterDNS: c.ClusterDNS, ClusterDomain: c.ClusterDomain,
 		ServiceProxy: ServiceProxyMode(c.ServiceProxy, goruntime.GOOS, c.NetdAvailable(os.Geteuid()), c.PodNetwork), NetdSocket: c.NetdSocket,
-		Datastore: c.Datastore.Redacted()}
+		MeshPort: c.MeshPort, Datastore: c.Datastore.Redacted()}
 }
 
 func writeRunInfo(l datadir.Layout, ri RunInfo) error {

@@ -13,6 +13,7 @@ import (
 
 	joinv1 "github.com/k3sm-dev/k3sm/api/join/v1"
 	"github.com/k3sm-dev/k3sm/internal/agent/dns"
+	"github.com/k3sm-dev/k3sm/internal/agent/mesh"
 	"github.com/k3sm-dev/k3sm/internal/agent/netpol"
 	"github.com/k3sm-dev/k3sm/internal/agent/proxy"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
@@ -85,13 +86,14 @@ func Settings(cfg *controlplane.Config) joinv1.ClusterSettings {
 }
 
 // NodeRBAC binds a node's user to what its agent parts read beyond the
-// Node authorizer's grant: the Service proxy, the cluster DNS and the
-// NetworkPolicy enforcer, as the server's own node is bound.
+// Node authorizer's grant: the Service proxy, the cluster DNS, the
+// NetworkPolicy enforcer and the mesh (MeshPeers), as the server's own
+// node is bound.
 func NodeRBAC(ctx context.Context, cs kubernetes.Interface, user string) error {
 	for _, f := range []struct {
 		what   string
 		ensure func(context.Context, kubernetes.Interface, string) error
-	}{{"service proxy", proxy.EnsureRBAC}, {"cluster DNS", dns.EnsureRBAC}, {"NetworkPolicy", netpol.EnsureRBAC}} {
+	}{{"service proxy", proxy.EnsureRBAC}, {"cluster DNS", dns.EnsureRBAC}, {"NetworkPolicy", netpol.EnsureRBAC}, {"mesh", mesh.EnsureRBAC}} {
 		if err := f.ensure(ctx, cs, user); err != nil {
 			return fmt.Errorf("%s RBAC: %w", f.what, err)
 		}

@@ -2,9 +2,10 @@
 // node. It is the server side of that node: it issues the node's
 // credentials, installs what the node needs in the cluster (the OS
 // admission policy, the local-path StorageClass and the provisioner's RBAC,
-// the metrics.k8s.io registration), and supervises the agent-side processes
-// (the runtime daemon and the node) with their typed role configs. What
-// those processes do is the agent's (internal/agent, internal/runtime).
+// the metrics.k8s.io registration, the MeshPeer API of every node's mesh),
+// and supervises the agent-side processes (the runtime daemon and the
+// node) with their typed role configs. What those processes do is the
+// agent's (internal/agent, internal/runtime).
 package localnode
 
 import (
@@ -21,15 +22,18 @@ import (
 
 	"github.com/k3sm-dev/k3sm/internal/agent/dns"
 	"github.com/k3sm-dev/k3sm/internal/agent/localpath"
+	"github.com/k3sm-dev/k3sm/internal/agent/mesh"
 	"github.com/k3sm-dev/k3sm/internal/agent/netpol"
 	"github.com/k3sm-dev/k3sm/internal/agent/nodeproc"
 	"github.com/k3sm-dev/k3sm/internal/agent/proxy"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/server/meshapi"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	aggregator "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
 )
@@ -39,10 +43,11 @@ import (
 // runtime daemon early (they need only the data dir); it starts the node
 // with the apiserver, held at its start gate; once authorization is
 // verified it installs the node's RBAC and opens the gate, while it installs the admission policy,
-// the storage class and the metrics reader role and Service; when the
-// control plane is healthy it waits for the Node to be Ready, labels it, and
-// registers the metrics APIService (so the aggregator's first check finds
-// the node listening).
+// the MeshPeer CRD and its policy (internal/server/meshapi), the storage
+// class and the metrics reader role and Service; when the control plane is
+// healthy it waits for the Node to be Ready, labels it, and registers the
+// metrics APIService (so the aggregator's first check finds the node
+// listening).
 func Addon(log *slog.Logger) controlplane.Addon {
 	if log == nil {
 		log = slog.Default()
@@ -50,6 +55,7 @@ func Addon(log *slog.Logger) controlplane.Addon {
 	var (
 		rt, n   *supervisor.Child
 		admin   kubernetes.Interface
+		dyn     dynamic.Interface
 		agg     aggregator.Interface
 		metrics metricsAPI
 	)
@@ -79,6 +85,9 @@ func Addon(log *slog.Logger) controlplane.Addon {
 				return err
 			}
 			if agg, err = aggregator.NewForConfig(rc); err != nil {
+				return err
+			}
+			if dyn, err = dynamic.NewForConfig(rc); err != nil {
 				return err
 			}
 			// The node starts now, so its process start-up overlaps the
@@ -124,11 +133,22 @@ func Addon(log *slog.Logger) controlplane.Addon {
 				}
 				return nil
 			})
+			rbac.Go(func() error {
+				if err := mesh.EnsureRBAC(ctx, admin, nodeUser); err != nil {
+					return fmt.Errorf("mesh RBAC: %w", err)
+				}
+				return nil
+			})
 			installs.Go(func() error {
 				if err := EnsureOSPolicy(ctx, admin, osOfNodes(), p.Cfg.NodeTaint); err != nil {
 					return fmt.Errorf("admission policy: %w", err)
 				}
 				return nil
+			})
+			// Every node's MeshPeer: the CRD and the policy that keeps a
+			// node to its own. The node waits for them to be served.
+			installs.Go(func() error {
+				return meshapi.Ensure(ctx, admin, dyn)
 			})
 			installs.Go(func() error {
 				if err := localpath.EnsureStorageClass(ctx, admin); err != nil {
@@ -262,6 +282,15 @@ func nodeConfig(p *controlplane.Plane, m metricsAPI) roleconfig.NodeConfig {
 		Instant: cfg.NodeInstant, InstantWrites: cfg.NodeInstantWrites, Taint: cfg.NodeTaint, Metrics: m.serveConfig(p), Disk: cfg.Disk, StartGate: l.NodeStartGate(),
 		ClusterDNS: cfg.ClusterDNS, ClusterDomain: cfg.ClusterDomain, DNSConfig: cfg.DNSConfig, APIServiceIP: apiServiceIP(cfg.ServiceCIDR),
 		ServiceCIDR: cfg.ServiceCIDR, ClusterCIDR: cfg.ClusterCIDR,
+	}
+	netd := l.NetdSocket()
+	if cfg.NetdSocket != "" {
+		netd = cfg.NetdSocket
+	}
+	if cfg.MeshPort != 0 {
+		if netns, _, err := nodeproc.PodNetworkMode(cfg.PodNetwork, goruntime.GOOS, os.Geteuid(), cfg.NetdSocket); err == nil && netns {
+			nc.Mesh = roleconfig.MeshConfig{Port: cfg.MeshPort, NetdSocket: netd}
+		}
 	}
 	if controlplane.ServiceProxyMode(cfg.ServiceProxy, goruntime.GOOS, cfg.NetdAvailable(os.Geteuid()), cfg.PodNetwork) == "nftables" {
 		nc.NetdSocket = l.NetdSocket()

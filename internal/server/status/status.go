@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	netv1 "github.com/k3sm-dev/k3sm/api/net/v1"
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
 	"github.com/k3sm-dev/k3sm/internal/runtime/limits"
@@ -29,6 +30,8 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/syserr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -281,6 +284,7 @@ func (r *Report) checkRunning(ctx context.Context, l datadir.Layout, pid int, ti
 		}
 		r.Components = append(r.Components, c)
 	}
+	r.Components = append(r.Components, p.meshComponent(ctx, netd, children))
 	var bad, weak []string
 	for _, c := range r.Components {
 		switch c.Health {
@@ -491,6 +495,79 @@ func (p prober) dns(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("%s at %s: %w", name, server, err)
 	}
 	return fmt.Sprintf("%s -> %v at %s", name, addrs, server), nil
+}
+
+// meshComponent reports the node's place in the WireGuard mesh from the
+// MeshPeers: its own exists, and its device has had a recent handshake
+// with every other node's (the node's mesh controller writes that into its
+// MeshPeer's status). A peer without one is Impaired, named.
+func (p prober) meshComponent(ctx context.Context, netd bool, children map[string]supervisor.ChildState) Component {
+	c := Component{Name: "mesh"}
+	if !netd || p.ri.MeshPort == 0 {
+		c.Health, c.Detail = Off, "no WireGuard mesh (--mesh-port 0, or no pod network): pods here reach no other node's pods"
+		return c
+	}
+	if n, ok := children[roleconfig.Node]; !ok || n.Pid == 0 {
+		c.Health, c.Detail = Down, "runs in the node process, which is down"
+		return c
+	}
+	c.Pid = children[roleconfig.Node].Pid
+	pctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	rc, err := clientcmd.BuildConfigFromFlags("", p.l.AdminKubeconfig())
+	if err == nil {
+		rc.Timeout = p.timeout
+		var dyn dynamic.Interface
+		if dyn, err = dynamic.NewForConfig(rc); err == nil {
+			var list *unstructured.UnstructuredList
+			if list, err = dyn.Resource(netv1.MeshPeerGVR).List(pctx, metav1.ListOptions{}); err == nil {
+				c.Health, c.Detail, err = meshHealth(list, p.ri.NodeName, p.ri.MeshPort)
+			}
+		}
+	}
+	if err != nil {
+		c.Health, c.Detail = Unhealthy, err.Error()+": see "+p.l.LogDir()+"/node.log"
+	}
+	return c
+}
+
+// meshHealth judges the mesh from the MeshPeers, as node names this one.
+func meshHealth(list *unstructured.UnstructuredList, node string, port int) (string, string, error) {
+	var own *netv1.MeshPeer
+	others := 0
+	for i := range list.Items {
+		mp, err := netv1.FromUnstructured(&list.Items[i])
+		if err != nil {
+			continue
+		}
+		if mp.Name == node {
+			own = mp
+		} else {
+			others++
+		}
+	}
+	if own == nil {
+		return "", "", fmt.Errorf("node %s has no MeshPeer yet (its mesh device is not up)", node)
+	}
+	var late []string
+	for _, ps := range own.Status.Peers {
+		if !ps.Reachable {
+			when := "never"
+			if ps.LastHandshakeTime != nil {
+				when = "last " + ps.LastHandshakeTime.Local().Format(time.DateTime)
+			}
+			late = append(late, ps.NodeName+" ("+when+")")
+		}
+	}
+	switch {
+	case len(late) > 0:
+		return Impaired, fmt.Sprintf("no recent WireGuard handshake with %s: pods there are unreachable from here; is UDP %d open between the nodes, and is each node's endpoint (kubectl get meshpeers) an address the others reach?", strings.Join(late, ", "), port), nil
+	case others == 0:
+		return OK, fmt.Sprintf("device up (UDP %d, key %s); no other node yet", port, own.Spec.PublicKey), nil
+	case len(own.Status.Peers) < others:
+		return Impaired, fmt.Sprintf("%d other nodes have a MeshPeer but the device has %d peers (see node.log for the ones skipped)", others, len(own.Status.Peers)), nil
+	}
+	return OK, fmt.Sprintf("%d peers, each with a recent handshake (UDP %d)", others, port), nil
 }
 
 // netdSocket is where the server's k3sm-netd serves: its own child's, or
