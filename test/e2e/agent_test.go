@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,32 +23,45 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-// nodeNet is a network namespace of the test's own, joined to the test's
-// namespace by a veth pair: the test's end hostIP, the namespace's nsIP
-// (192.168.77.0/24 exists only between these two ends).
+// nodeNet is a network namespace of the test's own, one node's "machine",
+// joined to the test's namespace (where the server runs) by a bridge the
+// test makes: the test's end hostIP on the bridge, the namespace's nsIP
+// (192.168.77.0/24 exists only on that bridge).
 type nodeNet struct {
 	name, hostIP, nsIP string
 }
 
-func newNodeNet(t *testing.T) *nodeNet {
+// newNodeNets makes n node namespaces on one bridge, so that they reach
+// the server and each other.
+func newNodeNets(t *testing.T, n int) []*nodeNet {
 	t.Helper()
-	n := &nodeNet{name: fmt.Sprintf("k3sm-e2e-%d", os.Getpid()), hostIP: "192.168.77.1", nsIP: "192.168.77.2"}
 	run := func(args ...string) {
 		t.Helper()
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 			t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
-	run("netns", "add", n.name)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", n.name).Run() })
-	run("link", "add", "k3sme2e0", "type", "veth", "peer", "name", "k3sme2e1", "netns", n.name)
-	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", "k3sme2e0").Run() })
-	run("addr", "add", n.hostIP+"/24", "dev", "k3sme2e0")
-	run("link", "set", "k3sme2e0", "up")
-	run("-n", n.name, "addr", "add", n.nsIP+"/24", "dev", "k3sme2e1")
-	run("-n", n.name, "link", "set", "k3sme2e1", "up")
-	run("-n", n.name, "link", "set", "lo", "up")
-	return n
+	const br, hostIP = "k3sme2ebr", "192.168.77.1"
+	run("link", "add", br, "type", "bridge")
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", br).Run() })
+	run("addr", "add", hostIP+"/24", "dev", br)
+	run("link", "set", br, "up")
+	var nets []*nodeNet
+	for i := range n {
+		nn := &nodeNet{name: fmt.Sprintf("k3sm-e2e-%d-%d", os.Getpid(), i), hostIP: hostIP, nsIP: fmt.Sprintf("192.168.77.%d", i+2)}
+		host := fmt.Sprintf("k3sme2e%d", i)
+		run("netns", "add", nn.name)
+		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", nn.name).Run() })
+		run("link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", nn.name)
+		t.Cleanup(func() { _ = exec.Command("ip", "link", "del", host).Run() })
+		run("link", "set", host, "master", br)
+		run("link", "set", host, "up")
+		run("-n", nn.name, "addr", "add", nn.nsIP+"/24", "dev", "eth0")
+		run("-n", nn.name, "link", "set", "eth0", "up")
+		run("-n", nn.name, "link", "set", "lo", "up")
+		nets = append(nets, nn)
+	}
+	return nets
 }
 
 // agentProc is one `k3sm agent` in a node namespace.
@@ -136,7 +150,8 @@ func TestAgentJoin(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the agent runs in a network namespace of its own")
 	}
-	nn := newNodeNet(t)
+	nets := newNodeNets(t, 2)
+	nn := nets[0]
 	supPort := freePort(t)
 	// A lost node is NotReady after 20 s, not upstream's 50 s.
 	s := newServer(t, "--bind-address", "0.0.0.0", "--advertise-address", nn.hostIP, "--supervisor-port", strconv.Itoa(supPort),
@@ -240,6 +255,27 @@ func TestAgentJoin(t *testing.T) {
 	})
 
 	s.deletePodsAtCleanup(t)
+	t.Cleanup(func() {
+		_ = c.AppsV1().Deployments("default").Delete(context.Background(), "spread", metav1.DeleteOptions{})
+	})
+
+	// A third node, for the mesh: agent-2 on the same bridge.
+	agent2Dir := newDataDir(t, "k3sm-e2e-agent-")
+	if out, err := exec.Command(k3smBin, "image", "load", "--data-dir", agent2Dir, "-i", imgTar).CombinedOutput(); err != nil {
+		t.Fatalf("k3sm image load: %v\n%s", err, out)
+	}
+	a2 := &agentProc{t: t, dataDir: agent2Dir, ns: nets[1].name, args: agentArgs(tok, "agent-2")}
+	a2.start()
+	t.Cleanup(a2.stop)
+	a2.waitUp()
+	mc := &meshCluster{s: s, c: c, nodes: []string{"e2e-node", "agent-1", "agent-2"},
+		netns:  map[string]string{"agent-1": nn.name, "agent-2": nets[1].name},
+		agents: map[string]*agentProc{"agent-1": a, "agent-2": a2}}
+	t.Run("mesh", func(t *testing.T) { testMesh(t, mc) })
+	if t.Failed() {
+		return
+	}
+
 	// "evictable" tolerates a lost node for 1 s: it is replaced elsewhere
 	// when agent-1 is lost. The server's node is cordoned until the
 	// Deployment's pod runs on agent-1.
@@ -380,6 +416,15 @@ func TestAgentJoin(t *testing.T) {
 	a.waitUp()
 	waitFor(t, time.Minute, "agent-1 Ready again", nodeReady(corev1.ConditionTrue))
 	waitFor(t, 30*time.Second, "on-agent re-attached after kill -9", notRestarted("on-agent", started))
+	// The agent's new netd made the mesh device again: pods reach across.
+	waitFor(t, time.Minute, "the mesh back after kill -9", func() error {
+		pods := mc.spreadPods(t)
+		from, to := pods["e2e-node"], pods["agent-1"]
+		if from.Name == "" || to.Name == "" {
+			return fmt.Errorf("spread pods on %d nodes", len(pods))
+		}
+		return mc.dialFrom(from, net.JoinHostPort(to.Status.PodIP, "8080"), to.Status.PodIP)
+	})
 	waitFor(t, time.Minute, "the evicted pod ended by agent-1", func() error {
 		_, err := c.CoreV1().Pods("default").Get(ctx(t), evicted, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
