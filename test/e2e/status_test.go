@@ -95,7 +95,7 @@ func TestStatusLifecycle(t *testing.T) {
 		}
 		return nil
 	})
-	names := []string{"server", "kine", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "runtimed", "netd", "node", "service-proxy", "dns"}
+	names := []string{"server", "kine", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "runtimed", "netd", "node", "service-proxy", "dns", "mesh"}
 	text, code := runExit(t, "status", "--data-dir", s.dataDir)
 	if code != 0 || !strings.HasPrefix(text, "k3sm is running") {
 		t.Fatalf("status text: exit %d\n%s", code, text)
