@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the k3sm benchmarks and records their figures in bench/RESULTS.md.
 #
-#   bench/run.sh [controlplane|runtime|pods|proxy|podnet|dns|dns-coredns|datastore|join|all]...    (default: all)
+#   bench/run.sh [controlplane|runtime|pods|proxy|podnet|mesh|dns|dns-coredns|datastore|join|all]...    (default: all)
 #
 # `all` is every benchmark but dns-coredns, which builds CoreDNS from its own
 # module (bench/coredns: downloads it on first use) and needs root.
@@ -17,6 +17,7 @@
 #   K3SM_BENCH_PODS_ARGS  extra flags for bench/pods (see: go run ./bench/pods -help)
 #   K3SM_BENCH_PROXY_ARGS extra flags for bench/proxy (see: go run ./bench/proxy -help)
 #   K3SM_BENCH_PODNET_ARGS extra flags for bench/podnet (see: go run ./bench/podnet -help)
+#   K3SM_BENCH_MESH_ARGS  extra flags for bench/mesh (see: go run ./bench/mesh -help)
 #   K3SM_BENCH_DNS_ARGS   extra flags for bench/dns, in both dns targets (see: go run ./bench/dns -help)
 #   K3SM_BENCH_DATASTORE_ARGS extra flags for bench/datastore (see: go run ./bench/datastore -help)
 #   K3SM_BENCH_JOIN_ARGS  extra flags for bench/join (see: go run ./bench/join -help)
@@ -104,6 +105,20 @@ podnet() {
 	_output/bench/podnet ${K3SM_BENCH_PODNET_ARGS:-} | tee _output/bench/podnet.md
 }
 
+mesh() {
+	# Owned by bench/mesh: pod→pod across two k3sm nodes over the WireGuard mesh (internal/netd/dataplane's
+	# EnsureMesh and SetMeshPeers, wireguard-go in-process) against a bare wireguard-go tunnel (the floor)
+	# and same-node pod→pod, side by side: one TCP stream's throughput and 1-byte round trips. Needs root
+	# (it skips with a message otherwise) and /dev/net/tun; it re-runs itself under `unshare --net --mount`
+	# and makes every node in a network namespace of its own, so it touches nothing of the machine's
+	# network. Needs no k3sm binary. Writes its section of bench/RESULTS.md.
+	$GO build -o _output/bench/mesh ./bench/mesh
+	local invocation="bench/run.sh mesh"
+	if [[ -n ${K3SM_BENCH_MESH_ARGS:-} ]]; then invocation="K3SM_BENCH_MESH_ARGS='$K3SM_BENCH_MESH_ARGS' $invocation"; fi
+	# shellcheck disable=SC2086 # K3SM_BENCH_MESH_ARGS is a list of flags
+	_output/bench/mesh -results "$RESULTS" -invocation "$invocation" ${K3SM_BENCH_MESH_ARGS:-} | tee _output/bench/mesh.md
+}
+
 dns() {
 	# Owned by bench/dns: queries/s of the node's resolver on one core over a fake clientset of
 	# 1000 Services. Needs no k3sm binary; prints only (figures go in bench/RESULTS.md by hand).
@@ -163,16 +178,16 @@ join() {
 }
 
 targets=("$@")
-if [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]]; then targets=(controlplane runtime pods proxy podnet dns datastore join); fi
+if [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]]; then targets=(controlplane runtime pods proxy podnet mesh dns datastore join); fi
 failed=()
 for t in "${targets[@]}"; do
 	case $t in
-	controlplane | runtime | pods | proxy | podnet | dns | dns-coredns | datastore | join)
+	controlplane | runtime | pods | proxy | podnet | mesh | dns | dns-coredns | datastore | join)
 		echo "=== bench: $t" >&2
 		"${t//-/_}" || failed+=("$t")
 		;;
 	*)
-		echo "bench: unknown benchmark '$t'; choose controlplane, runtime, pods, proxy, podnet, dns, dns-coredns, datastore, join or all" >&2
+		echo "bench: unknown benchmark '$t'; choose controlplane, runtime, pods, proxy, podnet, mesh, dns, dns-coredns, datastore, join or all" >&2
 		exit 2
 		;;
 	esac
