@@ -38,23 +38,17 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"os/signal"
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/k3sm-dev/k3sm/bench/internal/isolated"
 
 	"github.com/k3sm-dev/k3sm/bench/internal/resultsfile"
 )
 
-// innerEnv, set by the outer process, holds the temp dir the inner one
-// (already in its own network and mount namespaces) works in.
-const innerEnv = "K3SM_BENCH_MESH_DIR"
-
-// outerNSEnv identifies the network namespace the outer process ran in,
-// which the inner one checks it has left.
-const outerNSEnv = "K3SM_BENCH_MESH_OUTER_NETNS"
+// prog runs in namespaces of its own (bench/internal/isolated).
+const prog = isolated.Program("mesh")
 
 type options struct {
 	rounds     int
@@ -80,7 +74,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench/mesh: -rounds must be 1 to 999, -duration at least 100ms, -chunk 1 to 64 MiB, -pings at least 1, -mtu 576 to 9000")
 		os.Exit(2)
 	}
-	if dir := os.Getenv(innerEnv); dir != "" {
+	if dir := prog.InnerDir(); dir != "" {
 		if err := inner(dir, o); err != nil {
 			fmt.Fprintln(os.Stderr, "bench/mesh:", err)
 			os.Exit(1)
@@ -101,59 +95,12 @@ func outer() int {
 		fmt.Fprintln(os.Stderr, "bench/mesh: needs /dev/net/tun (the TUN driver) for wireguard-go:", err)
 		return 1
 	}
-	unshare, err := exec.LookPath("unshare")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench/mesh: needs unshare(1) from util-linux:", err)
-		return 1
-	}
-	self, err := os.Executable()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench/mesh:", err)
-		return 1
-	}
-	outerNS, err := nsID("/proc/self/ns/net")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench/mesh:", err)
-		return 1
-	}
-	dir, err := os.MkdirTemp("", "k3sm-bench-mesh-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench/mesh:", err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	// unshare(1) execs the program itself: the child's pid is the inner
-	// benchmark's. Private propagation keeps its bind mounts (the
-	// namespace files) out of the machine's mount table.
-	cmd := exec.Command(unshare, append([]string{"--net", "--mount", "--propagation", "private", "--", self}, os.Args[1:]...)...)
-	cmd.Env = append(os.Environ(), innerEnv+"="+dir, outerNSEnv+"="+outerNS)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-	if err := cmd.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, "bench/mesh:", err)
-		return 1
-	}
-	go func() {
-		for s := range sigs {
-			cmd.Process.Signal(s)
-		}
-	}()
-	if err := cmd.Wait(); err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) && ee.ExitCode() > 0 {
-			return ee.ExitCode()
-		}
-		fmt.Fprintln(os.Stderr, "bench/mesh:", err)
-		return 1
-	}
-	return 0
+	return prog.Reexec()
 }
 
 // inner is the benchmark proper, in the namespaces outer made.
 func inner(dir string, o options) (err error) {
-	if err := checkIsolated(); err != nil {
+	if err := prog.CheckIsolated(); err != nil {
 		return err
 	}
 	m := collectMachine()
@@ -198,32 +145,4 @@ func inner(dir string, o options) (err error) {
 		fmt.Fprintf(os.Stderr, "bench/mesh: recorded in %s\n", o.results)
 	}
 	return nil
-}
-
-// checkIsolated refuses to run in the network namespace the outer process
-// ran in (or, where it can be read, that of pid 1): everything below
-// assumes a namespace of its own.
-func checkIsolated() error {
-	self, err := nsID("/proc/self/ns/net")
-	if err != nil {
-		return err
-	}
-	outer := os.Getenv(outerNSEnv)
-	if outer == "" {
-		return errors.New("the outer process did not say which namespace it ran in (" + outerNSEnv + ")")
-	}
-	init, _ := nsID("/proc/1/ns/net") // not readable in every container
-	if self == outer || self == init {
-		return errors.New("refusing to run in the machine's network namespace (run the program without " + innerEnv + ")")
-	}
-	return nil
-}
-
-// nsID identifies a namespace by the device and inode of its file.
-func nsID(path string) (string, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		return "", err
-	}
-	return fmt.Sprintf("%d:%d", st.Dev, st.Ino), nil
 }

@@ -10,47 +10,12 @@ import (
 	"os"
 	"runtime"
 
+	"github.com/k3sm-dev/k3sm/bench/internal/isolated"
+
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
-
-// onThread runs fn on an OS thread switched into the network namespace
-// at nsPath: a socket, a TUN link and a netlink socket belong to the
-// namespace of the thread that creates them, and keep it whatever thread
-// later uses them. If the thread cannot be switched back it stays locked,
-// and the runtime discards it with its goroutine.
-func onThread(nsPath string, fn func() error) error {
-	target, err := os.Open(nsPath)
-	if err != nil {
-		return fmt.Errorf("network namespace: %w", err)
-	}
-	defer target.Close()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		own, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer own.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter %s: %w", nsPath, err)
-			return
-		}
-		ferr := fn()
-		if err := unix.Setns(int(own.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- errors.Join(ferr, fmt.Errorf("leave %s: %w", nsPath, err))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
-}
 
 // createNS makes a fresh network namespace and bind-mounts it on path (in
 // this process's private mount namespace), with lo up.
@@ -88,7 +53,7 @@ func createNS(path string) error {
 		os.Remove(path)
 		return err
 	}
-	return loUp(path)
+	return isolated.LoUp(path)
 }
 
 // removeNS unmounts and removes a namespace file createNS made (the
@@ -103,38 +68,13 @@ func removeNS(path string) error {
 	return nil
 }
 
-// handleAt is a netlink handle inside the namespace at nsPath.
-func handleAt(nsPath string) (*netlink.Handle, error) {
-	ns, err := netns.GetFromPath(nsPath)
-	if err != nil {
-		return nil, err
-	}
-	defer ns.Close()
-	return netlink.NewHandleAt(ns)
-}
-
-// loUp brings lo up in the namespace at nsPath (a fresh namespace has it
-// down).
-func loUp(nsPath string) error {
-	h, err := handleAt(nsPath)
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	lo, err := h.LinkByName("lo")
-	if err != nil {
-		return err
-	}
-	return h.LinkSetUp(lo)
-}
-
 // wanName is the underlay link between two "machines" (node namespaces).
 const wanName = "wan0"
 
 // joinByVeth plugs the namespaces at nsA and nsB together by a veth pair,
 // wanName on each side, with addresses a and b in one subnet of len bits.
 func joinByVeth(nsA, nsB string, a, b netip.Addr, bits int) error {
-	hA, err := handleAt(nsA)
+	hA, err := isolated.HandleAt(nsA)
 	if err != nil {
 		return err
 	}
@@ -163,7 +103,7 @@ func joinByVeth(nsA, nsB string, a, b netip.Addr, bits int) error {
 // addrUp gives link name in the namespace at nsPath the address p and
 // brings it up.
 func addrUp(nsPath, name string, p netip.Prefix) error {
-	h, err := handleAt(nsPath)
+	h, err := isolated.HandleAt(nsPath)
 	if err != nil {
 		return err
 	}
@@ -180,14 +120,4 @@ func addrUp(nsPath, name string, p netip.Prefix) error {
 		return fmt.Errorf("%s up: %w", name, err)
 	}
 	return nil
-}
-
-// listenIn listens on addr (TCP, IPv4) inside the namespace at nsPath.
-func listenIn(nsPath, addr string) (net.Listener, error) {
-	var ln net.Listener
-	err := onThread(nsPath, func() (err error) {
-		ln, err = net.Listen("tcp4", addr)
-		return err
-	})
-	return ln, err
 }

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/bench/internal/isolated"
+
 	"golang.zx2c4.com/wireguard/conn"
 	"golang.zx2c4.com/wireguard/device"
 	"golang.zx2c4.com/wireguard/tun"
@@ -219,7 +221,7 @@ func buildBare(dir string, o options, cl *cleanups) (*bareTun, error) {
 		// The TUN link, its netlink listener and the device's MTU query
 		// are the namespace's when made on a thread inside it.
 		var dev *device.Device
-		err := onThread(ns, func() error {
+		err := isolated.OnThread(ns, func() error {
 			t, err := tun.CreateTUN(bareDevice, o.mtu)
 			if err != nil {
 				return err
@@ -244,7 +246,7 @@ func buildBare(dir string, o options, cl *cleanups) (*bareTun, error) {
 			return nil, err
 		}
 		// Up opens the UDP sockets: on a thread inside the namespace.
-		if err := onThread(ns, dev.Up); err != nil {
+		if err := isolated.OnThread(ns, dev.Up); err != nil {
 			return nil, fmt.Errorf("wireguard-go up in %s: %w", filepath.Base(ns), err)
 		}
 	}
@@ -281,7 +283,7 @@ func newNSTUN(t tun.Device, ns string) *nsTUN {
 func (w *nsTUN) Events() <-chan tun.Event { return w.events }
 
 func (w *nsTUN) MTU() (mtu int, err error) {
-	err = onThread(w.ns, func() error {
+	err = isolated.OnThread(w.ns, func() error {
 		mtu, err = w.Device.MTU()
 		return err
 	})

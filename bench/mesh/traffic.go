@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/bench/internal/isolated"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/k3sm-dev/k3sm/bench/internal/traffic"
@@ -202,7 +204,7 @@ func warmUp(ctx context.Context, paths [nPaths]path, o options) error {
 // times, rotating which path goes first.
 func runRounds(ctx context.Context, paths [nPaths]path, o options) (out [nPaths][]round, err error) {
 	for i, p := range paths {
-		ln, err := listenIn(p.serverNS, net.JoinHostPort("0.0.0.0", strconv.Itoa(int(p.server.Port()))))
+		ln, err := isolated.ListenIn(p.serverNS, net.JoinHostPort("0.0.0.0", strconv.Itoa(int(p.server.Port()))))
 		if err != nil {
 			return out, fmt.Errorf("%s: server: %w", pathNames[i], err)
 		}

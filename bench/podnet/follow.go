@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/bench/internal/isolated"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
@@ -84,7 +86,7 @@ func followBench(ctx context.Context, dir, hostNS string, o options) (_ *followR
 
 	names := map[netip.Addr]string{r.podA.IP: "a", r.podB.IP: "b"}
 	for _, p := range []dataplane.Pod{r.podA, r.podB} {
-		ln, err := listenIn(p.NetNS, net.JoinHostPort("0.0.0.0", strconv.Itoa(backendPort)))
+		ln, err := isolated.ListenIn(p.NetNS, net.JoinHostPort("0.0.0.0", strconv.Itoa(backendPort)))
 		if err != nil {
 			return nil, fmt.Errorf("name server in pod %s: %w", names[p.IP], err)
 		}
@@ -112,7 +114,7 @@ func followBench(ctx context.Context, dir, hostNS string, o options) (_ *followR
 
 	// The whole loop runs on a thread in pod C's namespace: every try's
 	// socket is C's, without a namespace switch per try.
-	err = inNS(r.podC.NetNS, func() error {
+	err = isolated.OnThread(r.podC.NetNS, func() error {
 		for path := range nFollows {
 			if _, _, err := waitAnswer(ctx, svcs[path].addr, "a"); err != nil {
 				return fmt.Errorf("%s before the first change: %w", followNames[path], err)

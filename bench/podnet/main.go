@@ -44,12 +44,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
@@ -57,18 +55,15 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/bench/internal/isolated"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/k3sm-dev/k3sm/internal/netd/dataplane"
 )
 
-// innerEnv, set by the outer process, holds the temp dir the inner one
-// (already in its own network and mount namespaces) works in.
-const innerEnv = "K3SM_BENCH_PODNET_DIR"
-
-// outerNSEnv identifies the network namespace the outer process ran in,
-// which the inner one checks it has left.
-const outerNSEnv = "K3SM_BENCH_PODNET_OUTER_NETNS"
+// prog runs in namespaces of its own (bench/internal/isolated).
+const prog = isolated.Program("podnet")
 
 type options struct {
 	rounds      int
@@ -111,7 +106,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench/podnet: -rounds 0 -pods 0 -follows 0 leaves nothing to measure; set one of them above 0")
 		os.Exit(2)
 	}
-	if dir := os.Getenv(innerEnv); dir != "" {
+	if dir := prog.InnerDir(); dir != "" {
 		if err := inner(dir, o); err != nil {
 			fmt.Fprintln(os.Stderr, "bench/podnet:", err)
 			os.Exit(1)
@@ -132,59 +127,12 @@ func outer() int {
 		fmt.Fprintln(os.Stderr, "bench/podnet: skipped: needs root (it creates network namespaces, veths and nftables rules; run it with sudo)")
 		return 0
 	}
-	unshare, err := exec.LookPath("unshare")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench/podnet: needs unshare(1) from util-linux:", err)
-		return 1
-	}
-	self, err := os.Executable()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench/podnet:", err)
-		return 1
-	}
-	outerNS, err := nsID("/proc/self/ns/net")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench/podnet:", err)
-		return 1
-	}
-	dir, err := os.MkdirTemp("", "k3sm-bench-podnet-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench/podnet:", err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	// unshare(1) execs the program itself: the child's pid is the inner
-	// benchmark's. Private propagation keeps its bind mounts (the host and
-	// pod namespace files) out of the machine's mount table.
-	cmd := exec.Command(unshare, append([]string{"--net", "--mount", "--propagation", "private", "--", self}, os.Args[1:]...)...)
-	cmd.Env = append(os.Environ(), innerEnv+"="+dir, outerNSEnv+"="+outerNS)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-	if err := cmd.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, "bench/podnet:", err)
-		return 1
-	}
-	go func() {
-		for s := range sigs {
-			cmd.Process.Signal(s)
-		}
-	}()
-	if err := cmd.Wait(); err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) && ee.ExitCode() > 0 {
-			return ee.ExitCode()
-		}
-		fmt.Fprintln(os.Stderr, "bench/podnet:", err)
-		return 1
-	}
-	return 0
+	return prog.Reexec()
 }
 
 // inner is the benchmark proper, in the namespaces outer made.
 func inner(dir string, o options) (err error) {
-	if err := checkIsolated(); err != nil {
+	if err := prog.CheckIsolated(); err != nil {
 		return err
 	}
 	loadStart := loadAvg()
@@ -193,7 +141,7 @@ func inner(dir string, o options) (err error) {
 		return err
 	}
 	defer unmount(hostNS)
-	if err := loUp(hostNS); err != nil {
+	if err := isolated.LoUp(hostNS); err != nil {
 		return err
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -223,34 +171,6 @@ func inner(dir string, o options) (err error) {
 	}
 	report(o, tr, st, fr, loadStart, loadAvg())
 	return nil
-}
-
-// checkIsolated refuses to run in the network namespace the outer process
-// ran in (or, where it can be read, that of pid 1): everything below
-// assumes a namespace of its own.
-func checkIsolated() error {
-	self, err := nsID("/proc/self/ns/net")
-	if err != nil {
-		return err
-	}
-	outer := os.Getenv(outerNSEnv)
-	if outer == "" {
-		return errors.New("the outer process did not say which namespace it ran in (" + outerNSEnv + ")")
-	}
-	init, _ := nsID("/proc/1/ns/net") // not readable in every container
-	if self == outer || self == init {
-		return errors.New("refusing to run in the machine's network namespace (run the program without " + innerEnv + ")")
-	}
-	return nil
-}
-
-// nsID identifies a namespace by the device and inode of its file.
-func nsID(path string) (string, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err != nil {
-		return "", err
-	}
-	return fmt.Sprintf("%d:%d", st.Dev, st.Ino), nil
 }
 
 // bindOwnNetNS bind-mounts the process's network namespace on path, which

@@ -17,6 +17,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/bench/internal/isolated"
+
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -124,7 +126,7 @@ func trafficBench(ctx context.Context, dir, hostNS string, o options) (_ *traffi
 	}()
 	r.setup = took
 
-	ln, err := listenIn(r.podB.NetNS, net.JoinHostPort("0.0.0.0", strconv.Itoa(backendPort)))
+	ln, err := isolated.ListenIn(r.podB.NetNS, net.JoinHostPort("0.0.0.0", strconv.Itoa(backendPort)))
 	if err != nil {
 		return nil, fmt.Errorf("backend in pod B: %w", err)
 	}
