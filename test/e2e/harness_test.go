@@ -132,7 +132,7 @@ var (
 func newServer(t *testing.T, extra ...string) *server {
 	t.Helper()
 	dir := newDataDir(t, "k3sm-e2e-")
-	return &server{t: t, dataDir: dir, ports: []int{freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)}, extra: extra}
+	return &server{t: t, dataDir: dir, ports: []int{freePort(t), freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)}, extra: extra}
 }
 
 // newDataDir makes a node's data dir (a server's or an agent's), and at
@@ -186,6 +186,11 @@ func (s *server) args() []string {
 	if !slices.ContainsFunc(extra, func(a string) bool { return strings.HasPrefix(a, "--supervisor-port") }) {
 		// Servers of one test run side by side (a shared datastore).
 		args = append(args, "--supervisor-port", strconv.Itoa(s.ports[4]))
+	}
+	if !slices.ContainsFunc(extra, func(a string) bool { return strings.HasPrefix(a, "--mesh-port") }) {
+		// The mesh device's UDP port: the same reason (a number free for
+		// TCP is, in practice, free for UDP too).
+		args = append(args, "--mesh-port", strconv.Itoa(s.ports[5]))
 	}
 	if !s.defaultAddrs {
 		args = append(args, "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1")

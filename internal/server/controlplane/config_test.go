@@ -1,7 +1,9 @@
 package controlplane
 
 import (
+	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -25,6 +27,7 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"bind", func(c *Config) { c.BindAddress = "localhost" }, []string{"--bind-address"}},
 		{"supervisor port is the API's", func(c *Config) { c.SupervisorPort = c.HTTPSPort }, []string{"--supervisor-port", "another port"}},
 		{"supervisor port", func(c *Config) { c.SupervisorPort = -1 }, []string{"--supervisor-port", "0 for no join endpoint"}},
+		{"mesh port", func(c *Config) { c.MeshPort = 70000 }, []string{"--mesh-port", "0 for no mesh"}},
 		{"pod range too small", func(c *Config) { c.ClusterCIDR = "100.64.0.0/28" }, []string{"--cluster-cidr", "/24"}},
 		{"pod range too small for max-pods", func(c *Config) { c.ClusterCIDR, c.MaxPods = "100.64.0.0/23", 510 }, []string{"--cluster-cidr", "/22", "--max-pods 510"}},
 		{"max-pods beyond a /16", func(c *Config) { c.MaxPods = 70000 }, []string{"--max-pods", "65533"}},
@@ -229,5 +232,38 @@ func TestDefaultAdvertiseStable(t *testing.T) {
 	}
 	if got := defaultAdvertise(netip.MustParseAddr("192.0.2.5"), list(eth), ranges...); got != "192.0.2.5" {
 		t.Errorf("a specific bind address: %s", got)
+	}
+}
+
+// A mesh port something else holds fails preflight, naming the flag,
+// before anything starts (the netd this server starts would fail later).
+func TestPreflightMeshPortTaken(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: only a root server starts the netd that takes the port")
+	}
+	pc, err := net.ListenPacket("udp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	c := Defaults()
+	c.DataDir = t.TempDir()
+	c.BindAddress, c.NodeIP = "127.0.0.1", "127.0.0.1"
+	for _, p := range []*int{&c.HTTPSPort, &c.SchedulerPort, &c.ControllerManagerPort, &c.KubeletPort, &c.SupervisorPort} {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		*p = l.Addr().(*net.TCPAddr).Port
+		l.Close()
+	}
+	c.MeshPort = pc.LocalAddr().(*net.UDPAddr).Port
+	release, err := Preflight(&c)
+	if err == nil {
+		release()
+		t.Fatal("preflight passed with the mesh port taken")
+	}
+	if !strings.Contains(err.Error(), "--mesh-port") || !strings.Contains(err.Error(), strconv.Itoa(c.MeshPort)) {
+		t.Fatalf("error %q does not name --mesh-port and the port", err)
 	}
 }

@@ -62,10 +62,10 @@ func Preflight(cfg *Config) (release func(), err error) {
 		}
 		ln.Close()
 	}
-	// The mesh device's UDP port, taken by netd later: a netd run apart
-	// (--netd-socket) holds it across server restarts, so it is not ours
-	// to check then.
-	if cfg.MeshPort != 0 && cfg.NetdSocket == "" && cfg.PodNetwork != "host" {
+	// The mesh device's UDP port, taken later by the netd this server
+	// starts (as root); a netd run apart (--netd-socket) holds it across
+	// server restarts, so it is not ours to check then.
+	if cfg.MeshPort != 0 && cfg.NetdSocket == "" && cfg.PodNetwork != "host" && os.Geteuid() == 0 {
 		addr := net.JoinHostPort("0.0.0.0", strconv.Itoa(cfg.MeshPort))
 		pc, err := net.ListenPacket("udp4", addr)
 		if err != nil {
