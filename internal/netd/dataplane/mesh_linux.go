@@ -385,38 +385,7 @@ func (d *linuxPlane) ensureMeshRules(n Node, dev string) error {
 }
 
 func (d *linuxPlane) delMeshRules(n Node, dev string) error {
-	c, err := d.nftConn()
-	if err != nil {
-		return err
-	}
-	dropTable(c, &nftables.Table{Family: nftables.TableFamilyIPv4, Name: meshTable})
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("dataplane: remove table ip %s: %w", meshTable, err)
-	}
-	fwd, err := findForward(c)
-	if err != nil || fwd == nil {
-		return err
-	}
-	rules, err := c.GetRules(fwd.Table, fwd)
-	if err != nil {
-		return fmt.Errorf("dataplane: list ip filter FORWARD: %w", err)
-	}
-	del := false
-	for _, r := range rules {
-		if isOurs(r, [][]expr.Any{meshForwardRule(n, dev)}) {
-			if err := c.DelRule(r); err != nil {
-				return fmt.Errorf("dataplane: ip filter FORWARD: %w", err)
-			}
-			del = true
-		}
-	}
-	if !del {
-		return nil
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("dataplane: remove our mesh rule from ip filter FORWARD: %w", err)
-	}
-	return nil
+	return d.dropTableAndForward(meshTable, [][]expr.Any{meshForwardRule(n, dev)})
 }
 
 // meshSNATExprs: oifname <dev> ip saddr != <cidr> counter snat to <gw>.

@@ -118,13 +118,19 @@ func (d *linuxPlane) rulesReady(n Node) (bool, error) {
 
 // delRules removes our table and our accepts from ip filter FORWARD.
 func (d *linuxPlane) delRules(n Node) error {
+	return d.dropTableAndForward(natTable, forwardRules(n))
+}
+
+// dropTableAndForward removes table ip name and the rules of ip filter
+// FORWARD that are one of want (the node's and the mesh's own accepts).
+func (d *linuxPlane) dropTableAndForward(name string, want [][]expr.Any) error {
 	c, err := d.nftConn()
 	if err != nil {
 		return err
 	}
-	dropTable(c, &nftables.Table{Family: nftables.TableFamilyIPv4, Name: natTable})
+	dropTable(c, &nftables.Table{Family: nftables.TableFamilyIPv4, Name: name})
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("dataplane: remove table ip %s: %w", natTable, err)
+		return fmt.Errorf("dataplane: remove table ip %s: %w", name, err)
 	}
 	fwd, err := findForward(c)
 	if err != nil || fwd == nil {
@@ -134,7 +140,6 @@ func (d *linuxPlane) delRules(n Node) error {
 	if err != nil {
 		return fmt.Errorf("dataplane: list ip filter FORWARD: %w", err)
 	}
-	want := forwardRules(n)
 	del := false
 	for _, r := range rules {
 		if isOurs(r, want) {
