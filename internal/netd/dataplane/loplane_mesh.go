@@ -92,7 +92,7 @@ func (d *loPlane) SetMeshPeers(n Node, m Mesh, peers []MeshPeer) error {
 	if err := checkNode(n); err != nil {
 		return err
 	}
-	if err := checkMeshPeers(n, peers); err != nil {
+	if err := CheckMeshPeers(n, peers); err != nil {
 		return err
 	}
 	d.meshMu.Lock()

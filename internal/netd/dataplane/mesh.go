@@ -97,10 +97,11 @@ func checkMesh(m Mesh) error {
 	return nil
 }
 
-// checkMeshPeers refuses peers whose routes would be wrong: a key twice,
+// CheckMeshPeers refuses peers whose routes would be wrong: a key twice,
 // an endpoint that cannot be sent to, a range that is not masked IPv4 or
-// that overlaps the node's or another peer's.
-func checkMeshPeers(n Node, peers []MeshPeer) error {
+// that overlaps the node's or another peer's. Every MeshPlane applies it
+// (and fakes of one, so they refuse what the real ones do).
+func CheckMeshPeers(n Node, peers []MeshPeer) error {
 	if len(peers) > meshMaxPeers {
 		return fmt.Errorf("dataplane: %d mesh peers, at most %d", len(peers), meshMaxPeers)
 	}

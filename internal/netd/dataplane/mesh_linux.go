@@ -199,7 +199,7 @@ func (d *linuxPlane) SetMeshPeers(n Node, m Mesh, peers []MeshPeer) error {
 	if err := checkNode(n); err != nil {
 		return err
 	}
-	if err := checkMeshPeers(n, peers); err != nil {
+	if err := CheckMeshPeers(n, peers); err != nil {
 		return err
 	}
 	d.meshMu.Lock()

@@ -385,7 +385,7 @@ func TestMeshRefuses(t *testing.T) {
 		}
 	}
 	overlap := MeshPeer{Endpoint: netip.MustParseAddrPort("10.99.0.2:1"), CIDR: netip.MustParsePrefix("100.64.0.0/16")}
-	if err := checkMeshPeers(m.node, []MeshPeer{overlap}); err == nil {
+	if err := CheckMeshPeers(m.node, []MeshPeer{overlap}); err == nil {
 		t.Error("a peer overlapping the node's range was accepted")
 	}
 }

@@ -228,9 +228,12 @@ func (f *fakeDP) SetMeshPeers(n dataplane.Node, m dataplane.Mesh, peers []datapl
 	case f.mesh == nil || *f.mesh != m:
 		return errors.New("SetMeshPeers of another mesh than the device's")
 	}
+	if err := dataplane.CheckMeshPeers(n, peers); err != nil {
+		return err
+	}
 	for _, p := range peers {
-		if p.CIDR.Overlaps(n.CIDR) || p.Keepalive != 25*time.Second || !p.Endpoint.IsValid() {
-			return fmt.Errorf("bad peer %+v", p)
+		if p.Keepalive != 25*time.Second {
+			return fmt.Errorf("peer %+v: keepalive is not the mesh's", p)
 		}
 	}
 	f.meshPeers = slices.Clone(peers)
