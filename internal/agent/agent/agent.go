@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	goruntime "runtime"
 	"time"
 
@@ -53,6 +54,10 @@ type Config struct {
 	PodNetwork string
 	NodeTaint  bool
 	Disk       diskpolicy.Config
+	// NetdSocket is a k3sm-netd run apart, as root (k3sm install's netd
+	// unit), which serves this agent's uid: the agent itself then needs no
+	// privilege. "": the agent starts k3sm-netd itself (as root).
+	NetdSocket string
 	// Executable is k3sm itself: the node role, with k3sm-runtimed and
 	// k3sm-netd beside it.
 	Executable string
@@ -86,6 +91,12 @@ func (c *Config) Validate() error {
 	}
 	if c.DataDir == "" {
 		errs = append(errs, errors.New("--data-dir: must not be empty"))
+	}
+	if c.NetdSocket != "" && !filepath.IsAbs(c.NetdSocket) {
+		errs = append(errs, fmt.Errorf("--netd-socket %q: not an absolute path; give the socket k3sm-netd serves, e.g. /run/k3sm/netd.sock", c.NetdSocket))
+	}
+	if c.NetdSocket != "" && c.PodNetwork == "host" {
+		errs = append(errs, fmt.Errorf("--netd-socket %s: given with --pod-network=host, which uses no k3sm-netd; drop one of them", c.NetdSocket))
 	}
 	return errors.Join(errs...)
 }
@@ -182,7 +193,7 @@ func loadSettings(path string) (*joinv1.ClusterSettings, error) {
 // and waits for the Node to be Ready.
 func start(ctx context.Context, cfg Config, s *joinv1.ClusterSettings, sup *supervisor.Supervisor, log *slog.Logger) error {
 	l := datadir.New(cfg.DataDir)
-	netns, reason, err := nodeproc.PodNetworkMode(cfg.PodNetwork, goruntime.GOOS, os.Geteuid(), "")
+	netns, reason, err := nodeproc.PodNetworkMode(cfg.PodNetwork, goruntime.GOOS, os.Geteuid(), cfg.NetdSocket)
 	if err != nil {
 		return err
 	}
@@ -197,13 +208,17 @@ func start(ctx context.Context, cfg Config, s *joinv1.ClusterSettings, sup *supe
 		ServiceCIDR: s.ServiceCIDR, ClusterCIDR: s.ClusterCIDR,
 	}
 	if netns {
-		if err := nodeproc.StartNetd(ctx, sup, cfg.Executable, cfg.DataDir, s.ClusterCIDR, s.ServiceCIDR); err != nil {
-			return err
+		netd := cfg.NetdSocket
+		if netd == "" {
+			if err := nodeproc.StartNetd(ctx, sup, cfg.Executable, cfg.DataDir, s.ClusterCIDR, s.ServiceCIDR); err != nil {
+				return err
+			}
+			netd = l.NetdSocket()
 		}
-		rcfg.NetdSocket, rcfg.ServiceCIDR, rcfg.ClusterCIDR = l.NetdSocket(), s.ServiceCIDR, s.ClusterCIDR
-		ncfg.NetdSocket = l.NetdSocket()
+		rcfg.NetdSocket, rcfg.ServiceCIDR, rcfg.ClusterCIDR = netd, s.ServiceCIDR, s.ClusterCIDR
+		ncfg.NetdSocket = netd
 		if cfg.MeshPort != 0 {
-			ncfg.Mesh = roleconfig.MeshConfig{Port: cfg.MeshPort, NetdSocket: l.NetdSocket()}
+			ncfg.Mesh = roleconfig.MeshConfig{Port: cfg.MeshPort, NetdSocket: netd}
 		}
 	} else {
 		rcfg.NoPodNetworkReason = reason

@@ -28,6 +28,8 @@ func TestValidate(t *testing.T) {
 		{"node ip", func(c *Config) { c.NodeIP = "worker" }, "--node-ip"},
 		{"kubelet port", func(c *Config) { c.KubeletPort = 0 }, "--kubelet-port"},
 		{"max pods", func(c *Config) { c.MaxPods = 0 }, "--max-pods"},
+		{"relative netd socket", func(c *Config) { c.NetdSocket = "run/netd.sock" }, "--netd-socket"},
+		{"netd socket with host network", func(c *Config) { c.NetdSocket, c.PodNetwork = "/run/k3sm/netd.sock", "host" }, "--pod-network=host"},
 	} {
 		cfg := good
 		c.mut(&cfg)
