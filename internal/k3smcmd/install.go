@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/internal/agent/agent"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
 	"github.com/k3sm-dev/k3sm/internal/server/datastore"
 	"github.com/k3sm-dev/k3sm/internal/server/install"
@@ -28,8 +29,14 @@ func newInstall() *cobra.Command {
 	var dc deployConfig
 	srv := pflag.NewFlagSet("server", pflag.ContinueOnError)
 	serverFlags(srv, &cfg, &dc)
+	// `k3sm agent`'s flags: those the server lacks (--server, --token...)
+	// are install's too; agentInstall checks and persists them.
+	agentFS := pflag.NewFlagSet("agent", pflag.ContinueOnError)
+	agentCfg := agentDefaults()
+	agentFlags(agentFS, &agentCfg)
+	var asAgent bool
 	cmd := &cobra.Command{
-		Use:   "install [server flags]",
+		Use:   "install [server flags] | install --agent --server URL --token T [agent flags]",
 		Short: "Run k3sm at boot: install the binaries and the service, start it, merge the admin kubeconfig",
 		Long: `Install copies k3sm, k3sm-runtimed, k3sm-shim, k3sm-netd and k3sm-helm to ` + install.LibDir + ` (linked from
 ` + install.BinLink + `), writes the service (Linux: systemd ` + install.SystemdUnit + `, as root; macOS:
@@ -38,26 +45,44 @@ cluster and merges the admin kubeconfig into the invoking user's ~/.kube/config.
 ` + "`k3sm server`" + ` flag given here (for example --secrets-encryption, --pod-network,
 --node-name) is persisted in the service. Re-running it updates the service; the server
 restarts only when something changed, and pods keep running. ` + "`k3sm uninstall`" + ` removes exactly
-what it made (recorded in ` + install.ManifestPath + `).`,
+what it made (recorded in ` + install.ManifestPath + `).
+
+With --agent it installs ` + "`k3sm agent`" + ` instead (Linux: ` + install.SystemdAgentUnit + `; macOS: ` + install.LabelAgent + `),
+which joins the server at --server with the token from ` + "`k3sm token create`" + ` there ($` + AgentTokenEnv + `
+works too; the token goes to a file only root reads, never into the unit). It takes ` + "`k3sm agent`" + `'s
+flags and waits for this node to be Ready.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			// As given: Validate fills in defaults the server derives itself.
-			args := persistedFlags(cmd.Flags(), srv)
-			datastoreFromEnv(&cfg)
-			if err := cfg.Validate(); err != nil {
-				return err
-			}
 			if dataVolume != "" && runtime.GOOS != "darwin" {
 				return errors.New("--data-volume: an APFS volume for the data dir exists only on macOS; on Linux mount a file system at the data dir in /etc/fstab")
 			}
-			svc, err := install.NativeFor(cfg.DataDir)
+			o := install.Options{Version: version.Version, NoBinLink: !binLink, DataVolume: dataVolume, Timeout: timeout,
+				Out: cmd.OutOrStdout(), Runner: install.ExecRunner{}}
+			if asAgent {
+				if cmd.Flags().Changed("kubeconfig") {
+					return errors.New("--kubeconfig: an agent has no admin kubeconfig to merge (use the server's); leave the flag out")
+				}
+				mergeKC = false
+				a, err := agentInstall(cmd.Flags())
+				if err != nil {
+					return err
+				}
+				o.Role, o.DataDir, o.ServerArgs, o.Environment, o.NodeName = install.RoleAgent, a.DataDir, a.args, a.env, a.NodeName
+			} else {
+				if err := refuseAgentFlags(cmd.Flags(), srv, agentFS); err != nil {
+					return err
+				}
+				// As given: Validate fills in defaults the server derives itself.
+				o.ServerArgs = persistedFlags(cmd.Flags(), srv)
+				datastoreFromEnv(&cfg)
+				if err := cfg.Validate(); err != nil {
+					return err
+				}
+				o.DataDir, o.Environment = cfg.DataDir, secretEnv(cfg)
+			}
+			svc, err := install.NativeFor(o.DataDir)
 			if err != nil {
 				return err
-			}
-			o := install.Options{
-				DataDir: cfg.DataDir, ServerArgs: args, Environment: secretEnv(cfg), Version: version.Version,
-				NoBinLink: !binLink, DataVolume: dataVolume, Timeout: timeout,
-				Out: cmd.OutOrStdout(), Runner: install.ExecRunner{},
 			}
 			if dryRun {
 				return printPlan(cmd, svc, o)
@@ -68,7 +93,7 @@ what it made (recorded in ` + install.ManifestPath + `).`,
 			if err := svc.Available(); err != nil {
 				return err
 			}
-			if err := install.CheckDataDir(cfg.DataDir); err != nil {
+			if err := install.CheckDataDir(o.DataDir); err != nil {
 				return err
 			}
 			exe, err := os.Executable()
@@ -99,6 +124,12 @@ what it made (recorded in ` + install.ManifestPath + `).`,
 	}
 	f := cmd.Flags()
 	f.AddFlagSet(srv)
+	agentFS.VisitAll(func(a *pflag.Flag) {
+		if srv.Lookup(a.Name) == nil {
+			f.AddFlag(a)
+		}
+	})
+	f.BoolVar(&asAgent, "agent", false, "install `k3sm agent` (with --server and --token) instead of the server")
 	f.BoolVar(&binLink, "bin-link", true, "link "+install.BinLink+" to the installed k3sm")
 	f.BoolVar(&mergeKC, "merge-kubeconfig", true, "merge the admin kubeconfig (context k3sm) into the invoking user's kubeconfig")
 	f.StringVar(&kcPath, "kubeconfig", "", "kubeconfig to merge into (default ~/.kube/config of $SUDO_USER, or of root)")
@@ -153,20 +184,99 @@ func persistedFlags(given, server *pflag.FlagSet) []string {
 		if f.Name == "data-dir" || f.Name == datastore.FlagEndpoint || server.Lookup(f.Name) == nil {
 			return
 		}
-		if sv, ok := f.Value.(pflag.SliceValue); ok {
-			for _, v := range sv.GetSlice() {
-				args = append(args, "--"+f.Name+"="+v)
-			}
-			return
-		}
-		switch v := f.Value.String(); {
-		case f.NoOptDefVal != "" && v == f.NoOptDefVal:
-			args = append(args, "--"+f.Name)
-		default:
-			args = append(args, "--"+f.Name+"="+v)
-		}
+		args = append(args, renderFlag(f)...)
 	})
 	return args
+}
+
+// renderFlag is f as given, in the form its flag set parses back.
+func renderFlag(f *pflag.Flag) []string {
+	if sv, ok := f.Value.(pflag.SliceValue); ok {
+		var args []string
+		for _, v := range sv.GetSlice() {
+			args = append(args, "--"+f.Name+"="+v)
+		}
+		return args
+	}
+	if v := f.Value.String(); f.NoOptDefVal != "" && v == f.NoOptDefVal {
+		return []string{"--" + f.Name}
+	}
+	return []string{"--" + f.Name + "=" + f.Value.String()}
+}
+
+// installOwn are install's own flags: neither the server's nor the agent's.
+var installOwn = map[string]bool{"agent": true, "bin-link": true, "merge-kubeconfig": true, "kubeconfig": true,
+	"timeout": true, "dry-run": true, "data-volume": true}
+
+// refuseAgentFlags: a server install given an agent's flag (--server,
+// --token...) lacks --agent.
+func refuseAgentFlags(given, server, agentFS *pflag.FlagSet) error {
+	var errs []error
+	given.Visit(func(f *pflag.Flag) {
+		if !installOwn[f.Name] && server.Lookup(f.Name) == nil && agentFS.Lookup(f.Name) != nil {
+			errs = append(errs, fmt.Errorf("--%s: a `k3sm agent` flag; add --agent to install an agent, or leave it out to install a server", f.Name))
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// installedAgent is what `k3sm install --agent` persists: the agent's
+// flags for the unit, and the join token for its root-only environment.
+type installedAgent struct {
+	agent.Config
+	args, env []string
+}
+
+// agentInstall checks the flags given to `install --agent` as `k3sm agent`
+// parses them (naming a server flag it does not take) and renders them.
+// The token (flag or $K3SM_TOKEN) goes to the environment, never the unit.
+func agentInstall(given *pflag.FlagSet) (installedAgent, error) {
+	a := installedAgent{Config: agentDefaults()}
+	af := pflag.NewFlagSet("agent", pflag.ContinueOnError)
+	agentFlags(af, &a.Config)
+	var errs []error
+	given.Visit(func(f *pflag.Flag) {
+		switch {
+		case installOwn[f.Name]:
+		case af.Lookup(f.Name) == nil:
+			errs = append(errs, fmt.Errorf("--%s: a `k3sm server` flag; `k3sm install --agent` takes `k3sm agent`'s flags (see k3sm agent --help)", f.Name))
+		case f.Name == "netd-socket":
+			errs = append(errs, errors.New("--netd-socket: k3sm install runs k3sm-netd as a unit of its own and points the agent at it; leave the flag out"))
+		default:
+			if err := af.Parse(renderFlag(f)); err != nil {
+				errs = append(errs, err)
+				return
+			}
+			if f.Name != "token" && f.Name != "data-dir" {
+				a.args = append(a.args, renderFlag(f)...)
+			}
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return a, err
+	}
+	if a.Server == "" {
+		a.Server = os.Getenv(AgentServerEnv)
+		if a.Server != "" {
+			a.args = append(a.args, "--server="+a.Server)
+		}
+	}
+	if a.Token == "" {
+		a.Token = os.Getenv(AgentTokenEnv)
+	}
+	if err := checkDisk(a.Disk); err != nil {
+		return a, err
+	}
+	if err := a.Validate(); err != nil {
+		return a, err
+	}
+	abs, err := filepath.Abs(a.DataDir)
+	if err != nil {
+		return a, fmt.Errorf("--data-dir %s: %w", a.DataDir, err)
+	}
+	a.DataDir = abs
+	a.env = []string{AgentTokenEnv + "=" + a.Token}
+	return a, nil
 }
 
 // secretEnv is the server's environment that install keeps out of the

@@ -81,3 +81,64 @@ func TestInstallKeepsTheDatastorePasswordOutOfTheUnit(t *testing.T) {
 		t.Errorf("dry run:\n%s", got)
 	}
 }
+
+const testToken = "K10abababababababababababababababababababababababababababababababab::abcdef.0123456789abcdef"
+
+// install --agent: `k3sm agent` in k3sm-agent.service with the agent's
+// flags as given, the installed netd's socket, and the token (flag or
+// environment) nowhere in what anyone may read.
+func TestInstallAgentDryRun(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the systemd unit is rendered on Linux")
+	}
+	for _, viaEnv := range []bool{false, true} {
+		root := New(Upstream{}, nil)
+		var out bytes.Buffer
+		root.SetOut(&out)
+		args := []string{"install", "--agent", "--dry-run", "--data-dir", "/srv/k3sm", "--server", "https://192.0.2.10:9345",
+			"--node-name", "worker-1", "--max-pods", "50", "--mesh-port", "51821", "--node-taint=false"}
+		if viaEnv {
+			t.Setenv(AgentTokenEnv, testToken)
+		} else {
+			args = append(args, "--token", testToken)
+		}
+		root.SetArgs(args)
+		if err := root.Execute(); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"# /etc/systemd/system/k3sm-agent.service\n",
+			"ExecStart=/usr/local/lib/k3sm/k3sm agent --data-dir /srv/k3sm --netd-socket /run/k3sm/netd.sock --max-pods=50 --mesh-port=51821 --node-name=worker-1 --node-taint=false --server=https://192.0.2.10:9345\n",
+			"EnvironmentFile=/etc/systemd/system/k3sm-agent.service.env\n", "(mode 0600", "systemctl restart k3sm-agent.service\n"} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("dry run lacks %q:\n%s", want, out.String())
+			}
+		}
+		if strings.Contains(out.String(), "0123456789abcdef") || strings.Contains(out.String(), "k3sm server ") {
+			t.Errorf("the dry run shows the token or runs a server:\n%s", out.String())
+		}
+	}
+}
+
+func TestInstallAgentRefusesWhatTheAgentWouldNot(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--agent", "--token", testToken}, "--server"},
+		{[]string{"--agent", "--server", "https://192.0.2.10:9345"}, "k3sm token create"},
+		{[]string{"--agent", "--server", "https://192.0.2.10:9345", "--token", "abcdef.0123456789abcdef"}, "--token"},
+		{[]string{"--agent", "--server", "https://192.0.2.10:9345", "--token", testToken, "--secrets-encryption"}, "--secrets-encryption: a `k3sm server` flag"},
+		{[]string{"--agent", "--server", "https://192.0.2.10:9345", "--token", testToken, "--netd-socket", "/x.sock"}, "--netd-socket"},
+		{[]string{"--agent", "--server", "https://192.0.2.10:9345", "--token", testToken, "--kubeconfig", "/x"}, "--kubeconfig"},
+		{[]string{"--agent", "--server", "https://192.0.2.10:9345", "--token", testToken, "--node-name", "Bad_Name"}, "--node-name"},
+		{[]string{"--server", "https://192.0.2.10:9345", "--token", testToken}, "add --agent"},
+	} {
+		root := New(Upstream{}, nil)
+		root.SetOut(&bytes.Buffer{})
+		root.SetErr(&bytes.Buffer{})
+		root.SetArgs(append([]string{"install", "--dry-run"}, c.args...))
+		if err := root.Execute(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("install %q: %v, want an error naming %q", c.args, err, c.want)
+		}
+	}
+}

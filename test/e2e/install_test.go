@@ -26,6 +26,13 @@ type systemdNode struct {
 
 func newSystemdNode(t *testing.T) *systemdNode {
 	t.Helper()
+	return newSystemdNodeOn(t, "none", "k3sm-node")
+}
+
+// newSystemdNodeOn is a systemd node on a Docker network (one the test
+// made, or none), with its own hostname (a node's default name).
+func newSystemdNodeOn(t *testing.T, network, hostname string) *systemdNode {
+	t.Helper()
 	if out, err := exec.Command("docker", "info", "--format", "{{.ServerVersion}}").CombinedOutput(); err != nil {
 		t.Skipf("no Docker engine answers (hack/start-docker.sh starts one): %v %s", err, out)
 	}
@@ -43,8 +50,8 @@ func newSystemdNode(t *testing.T) *systemdNode {
 	n := &systemdNode{t: t, name: "k3sm-e2e-install-" + hex.EncodeToString(b)}
 	// As kind runs its nodes: privileged, /run and /tmp on tmpfs (a
 	// reboot empties them), /var on a volume (not overlay on overlay).
-	args := []string{"run", "-d", "--name", n.name, "--hostname", "k3sm-node", "--privileged",
-		"--network", "none", "--tmpfs", "/run", "--tmpfs", "/tmp", "--volume", "/var",
+	args := []string{"run", "-d", "--name", n.name, "--hostname", hostname, "--privileged",
+		"--network", network, "--tmpfs", "/run", "--tmpfs", "/tmp", "--volume", "/var",
 		"--volume", "/lib/modules:/lib/modules:ro", "--security-opt", "seccomp=unconfined",
 		"--env", "container=docker", image}
 	if out, err := exec.Command("docker", args...).CombinedOutput(); err != nil {
@@ -52,8 +59,8 @@ func newSystemdNode(t *testing.T) *systemdNode {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			out, _ := n.exec("journalctl", "-u", "k3sm", "--no-pager", "-n", "80")
-			t.Logf("journalctl -u k3sm:\n%s", out)
+			out, _ := n.exec("journalctl", "-u", "k3sm", "-u", "k3sm-agent", "-u", "k3sm-netd", "--no-pager", "-n", "120")
+			t.Logf("journalctl -u k3sm -u k3sm-agent -u k3sm-netd (%s):\n%s", hostname, out)
 			out, _ = n.kubectl("get", "nodes,pods,events", "-A", "-o", "wide")
 			t.Logf("nodes, pods and events:\n%s", out)
 			out, _ = n.kubectl("get", "nodes", "-o", "jsonpath={.items[*].spec.taints}")
@@ -66,6 +73,22 @@ func newSystemdNode(t *testing.T) *systemdNode {
 	// which systemctl cannot mask) must not hold the node API's port.
 	n.must("systemctl", "disable", "--now", "kubelet.service")
 	return n
+}
+
+// copyBinaries puts the built k3sm binaries in /root/k3sm-bin, where
+// install takes them from.
+func (n *systemdNode) copyBinaries() {
+	n.t.Helper()
+	bin := filepath.Dir(k3smBin)
+	n.must("mkdir", "-p", "/root/k3sm-bin")
+	for _, b := range []string{"k3sm", "k3sm-runtimed", "k3sm-shim", "k3sm-netd", "k3sm-helm"} {
+		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
+			n.t.Fatalf("%v: build it with make bin/%s", err, b)
+		}
+		if out, err := exec.Command("docker", "cp", filepath.Join(bin, b), n.name+":/root/k3sm-bin/"+b).CombinedOutput(); err != nil {
+			n.t.Fatalf("docker cp %s: %v %s", b, err, out)
+		}
+	}
 }
 
 func (n *systemdNode) exec(args ...string) (string, error) {
@@ -148,10 +171,16 @@ func (n *systemdNode) waitPodRunning(name string) {
 
 func (n *systemdNode) install(args ...string) string {
 	n.t.Helper()
+	return n.installWaiting("cluster is up", args...)
+}
+
+// installWaiting runs k3sm install and wants its wait to end saying want.
+func (n *systemdNode) installWaiting(want string, args ...string) string {
+	n.t.Helper()
 	start := time.Now()
 	// The machine's free space must not taint the node (testEvictionHard).
 	out, err := n.execEnv([]string{"SUDO_USER=alice"}, append([]string{"/root/k3sm-bin/k3sm", "install", "--timeout", "4m", testEvictionHard}, args...)...)
-	if err != nil || !strings.Contains(out, "cluster is up") {
+	if err != nil || !strings.Contains(out, want) {
 		n.t.Fatalf("k3sm install %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	n.t.Logf("k3sm install %s took %s:\n%s", strings.Join(args, " "), time.Since(start).Round(time.Second), out)
@@ -164,16 +193,7 @@ func (n *systemdNode) install(args ...string) string {
 // removes exactly what install made (the data dir only with --purge).
 func TestInstallSystemd(t *testing.T) {
 	n := newSystemdNode(t)
-	bin := filepath.Dir(k3smBin)
-	n.must("mkdir", "-p", "/root/k3sm-bin")
-	for _, b := range []string{"k3sm", "k3sm-runtimed", "k3sm-shim", "k3sm-netd", "k3sm-helm"} {
-		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
-			t.Fatalf("%v: build it with make bin/%s", err, b)
-		}
-		if out, err := exec.Command("docker", "cp", filepath.Join(bin, b), n.name+":/root/k3sm-bin/"+b).CombinedOutput(); err != nil {
-			t.Fatalf("docker cp %s: %v %s", b, err, out)
-		}
-	}
+	n.copyBinaries()
 	n.must("useradd", "--create-home", "alice")
 	before, netBefore := n.listing(), n.network()
 

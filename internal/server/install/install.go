@@ -25,10 +25,15 @@ import (
 // Options say what to install where. The zero values of the paths are the
 // fixed locations; tests point them into a temporary root.
 type Options struct {
-	// DataDir is the server's data dir (absolute).
+	// Role is RoleServer ("" too) or RoleAgent: `k3sm server` or `k3sm
+	// agent` in the service.
+	Role string
+	// NodeName is the agent's node (what its readiness waits for).
+	NodeName string
+	// DataDir is the server's (or agent's) data dir (absolute).
 	DataDir string
-	// ServerArgs are the `k3sm server` flags persisted in the unit, after
-	// `server --data-dir DataDir`.
+	// ServerArgs are the role's flags persisted in the unit, after
+	// `server --data-dir DataDir` (or `agent ...`).
 	ServerArgs []string
 	// Environment (KEY=VALUE) is given to the server but kept out of its
 	// unit, which anyone may read: secrets such as the password in
@@ -58,6 +63,9 @@ type Options struct {
 }
 
 func (o Options) libDir() string { return or(o.LibDir, LibDir) }
+
+// role is RoleServer or RoleAgent.
+func (o Options) role() string { return or(o.Role, RoleServer) }
 func (o Options) binLink() string {
 	if o.NoBinLink {
 		return ""
@@ -78,6 +86,9 @@ func or(a, b string) string {
 type Manifest struct {
 	Version string `json:"version"`
 	Service string `json:"service"`
+	// Role is what the service runs; "" (manifests before agents) is
+	// RoleServer.
+	Role    string `json:"role,omitempty"`
 	DataDir string `json:"dataDir"`
 	// Created lists files, links and directories install created (a
 	// directory only when it did not exist before), in creation order.
@@ -234,12 +245,18 @@ func Install(ctx context.Context, svc Service, o Options) error {
 	}
 	m := &Manifest{}
 	if prev != nil {
+		if r := or(prev.Role, RoleServer); r != o.role() {
+			return fmt.Errorf("this machine runs an installed k3sm %s: run `k3sm uninstall` first to install k3sm %s here (a machine is one node of one cluster)", r, o.role())
+		}
 		if prev.DataDir != o.DataDir {
 			return fmt.Errorf("k3sm is installed with --data-dir %s: pass --data-dir %s to update it, or run `k3sm uninstall` first", prev.DataDir, prev.DataDir)
 		}
 		m = prev
 	}
 	m.Version, m.Service, m.DataDir = o.Version, svc.Name(), o.DataDir
+	if o.role() == RoleAgent {
+		m.Role = RoleAgent
+	}
 
 	// The manifest is written before anything else and after every step,
 	// so that an install cut short can still be uninstalled.
@@ -319,7 +336,11 @@ func Install(ctx context.Context, svc Service, o Options) error {
 		}
 	}
 	if o.Ready != nil {
-		say("waiting for the cluster (up to %s)...", o.Timeout)
+		what := "the cluster"
+		if o.role() == RoleAgent {
+			what = "this node to join and be Ready"
+		}
+		say("waiting for %s (up to %s)...", what, o.Timeout)
 		wctx, cancel := context.WithTimeout(ctx, o.Timeout)
 		err := o.Ready(wctx, o, func(s string) { say("  %s", s) })
 		cancel()
@@ -336,7 +357,7 @@ func Install(ctx context.Context, svc Service, o Options) error {
 		}
 		say("merged context %q into %s", "k3sm", o.Kubeconfig)
 	}
-	say("k3sm is installed (%s); `k3sm uninstall` removes it", svc.Name())
+	say("k3sm %s is installed (%s); `k3sm uninstall` removes it", o.role(), svc.Name())
 	return nil
 }
 
@@ -421,18 +442,19 @@ func Uninstall(ctx context.Context, svc Service, o Options, u UninstallOptions) 
 	if m == nil {
 		return fmt.Errorf("k3sm is not installed: %s is missing (nothing to uninstall; a cluster run by hand stops with Ctrl-C)", o.manifestPath())
 	}
-	o.DataDir = m.DataDir
+	o.DataDir, o.Role = m.DataDir, or(m.Role, RoleServer)
 	for _, c := range svc.Stop(o) {
 		if _, err := o.Runner.Run(ctx, c); err != nil {
 			say("warning: %v", err)
 		}
 	}
 	// The pods: SIGTERM, StopGrace, then SIGKILL for what is left.
-	leftovers := leftoverProcesses()
+	unit := svc.UnitName(o)
+	leftovers := leftoverProcesses(unit)
 	for _, pid := range leftovers {
 		_ = syscall.Kill(pid, syscall.SIGTERM)
 	}
-	for deadline := time.Now().Add(u.StopGrace); len(leftovers) > 0 && time.Now().Before(deadline); leftovers = leftoverProcesses() {
+	for deadline := time.Now().Add(u.StopGrace); len(leftovers) > 0 && time.Now().Before(deadline); leftovers = leftoverProcesses(unit) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	for _, pid := range leftovers {
@@ -441,7 +463,7 @@ func Uninstall(ctx context.Context, svc Service, o Options, u UninstallOptions) 
 	if len(leftovers) > 0 {
 		say("killed %d pod processes that outlived SIGTERM", len(leftovers))
 	}
-	say("stopped k3sm")
+	say("stopped k3sm %s", o.Role)
 	removePodNetwork(ctx, o, say)
 
 	for _, k := range m.Kubeconfigs {
@@ -487,7 +509,11 @@ func Uninstall(ctx context.Context, svc Service, o Options, u UninstallOptions) 
 		}
 		say("removed the data dir %s", m.DataDir)
 	} else {
-		say("kept the data dir %s (`k3sm uninstall --purge` removes it; `k3sm install --data-dir %s` brings the cluster back)", m.DataDir, m.DataDir)
+		again := "`k3sm install --data-dir " + m.DataDir + "` brings the cluster back"
+		if o.Role == RoleAgent {
+			again = "`k3sm install --agent --data-dir " + m.DataDir + " ...` joins this node again"
+		}
+		say("kept the data dir %s (`k3sm uninstall --purge` removes it; %s)", m.DataDir, again)
 	}
 	return nil
 }

@@ -49,6 +49,32 @@ func TestSystemdGolden(t *testing.T) {
 	golden.Check(t, "systemd-commands.txt", renderLifecycle(sd, o))
 }
 
+// An agent: `k3sm agent` in k3sm-agent.service beside the same netd unit,
+// its join token only in the root-only environment file.
+func agentGoldenOptions() Options {
+	return Options{
+		Role:        RoleAgent,
+		DataDir:     "/var/lib/k3sm",
+		ServerArgs:  []string{"--node-name=worker-1", "--server=https://192.0.2.10:9345"},
+		Environment: []string{"K3SM_TOKEN=K10" + strings.Repeat("ab", 32) + "::abcdef.0123456789abcdef"},
+		Version:     "v0.0.0-test",
+	}
+}
+
+func TestSystemdAgentGolden(t *testing.T) {
+	o := agentGoldenOptions()
+	sd := Systemd{UID: 990, AddSubIDs: true}
+	golden.Check(t, "k3sm-agent.service", renderUnits(t, sd, o))
+	golden.Check(t, "systemd-agent-commands.txt", renderLifecycle(sd, o))
+}
+
+func TestLaunchdAgentGolden(t *testing.T) {
+	o := agentGoldenOptions()
+	l := Launchd{UID: 450}
+	golden.Check(t, "launchd-agent.plists", renderUnits(t, l, o))
+	golden.Check(t, "launchd-agent-commands.txt", renderLifecycle(l, o))
+}
+
 func TestLaunchdGolden(t *testing.T) {
 	o := goldenOptions()
 	l := Launchd{UID: 450}
@@ -321,5 +347,55 @@ func TestSecretsOutOfTheUnit(t *testing.T) {
 		if server := p.Path == plistPath(o, LabelServer); holds != server || (server && p.Mode != 0o600) || (!server && p.Mode != 0o644) {
 			t.Errorf("%s: mode %o, holds the secret %v", p.Path, p.Mode, holds)
 		}
+	}
+}
+
+// An agent's install: its unit and token file, the manifest's role, a
+// server install refused over it, and an uninstall (given no role: the
+// manifest says) that stops the agent's unit.
+func TestInstallUninstallAgent(t *testing.T) {
+	root := t.TempDir()
+	src := filepath.Join(root, "src")
+	os.MkdirAll(src, 0o755)
+	for _, b := range Binaries {
+		os.WriteFile(filepath.Join(src, b), []byte(b), 0o755)
+	}
+	data := filepath.Join(root, "data")
+	rec := &recorder{}
+	o := Options{Role: RoleAgent, NodeName: "worker-1", DataDir: data, Source: src, Version: "test", NoBinLink: true,
+		LibDir: filepath.Join(root, "lib"), UnitDir: filepath.Join(root, "units"), ManifestPath: filepath.Join(root, "etc/install.json"),
+		ServerArgs: []string{"--server=https://192.0.2.10:9345"}, Environment: []string{"K3SM_TOKEN=secret-token"},
+		Out: &strings.Builder{}, Runner: rec}
+	sd := Systemd{UID: 990, UserExists: true}
+	if err := Install(context.Background(), sd, o); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(rec.cmds, "systemctl restart k3sm-agent.service") || slices.ContainsFunc(rec.cmds, func(c string) bool { return strings.Contains(c, "k3sm.service") }) {
+		t.Fatalf("agent install ran %q", rec.cmds)
+	}
+	unit, _ := os.ReadFile(filepath.Join(o.UnitDir, SystemdAgentUnit))
+	if !strings.Contains(string(unit), " agent --data-dir "+data+" --netd-socket /run/k3sm/netd.sock --server=https://192.0.2.10:9345\n") || strings.Contains(string(unit), "secret-token") {
+		t.Fatalf("agent unit:\n%s", unit)
+	}
+	if fi, err := os.Stat(filepath.Join(o.UnitDir, SystemdAgentUnit+".env")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("token file: %v", err)
+	}
+	if m, err := ReadManifest(o.ManifestPath); err != nil || m.Role != RoleAgent {
+		t.Fatalf("manifest %+v %v", m, err)
+	}
+	srv := o
+	srv.Role = ""
+	if err := Install(context.Background(), sd, srv); err == nil || !strings.Contains(err.Error(), "installed k3sm agent") {
+		t.Fatalf("a server installed over an agent: %v", err)
+	}
+	rec.cmds = nil
+	if err := Uninstall(context.Background(), sd, Options{ManifestPath: o.ManifestPath, UnitDir: o.UnitDir, LibDir: o.LibDir, Out: &strings.Builder{}, Runner: rec}, UninstallOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(rec.cmds, "systemctl stop k3sm-agent.service") || slices.Contains(rec.cmds, "systemctl stop k3sm.service") {
+		t.Fatalf("uninstall of an agent ran %q", rec.cmds)
+	}
+	if _, err := os.Stat(filepath.Join(o.UnitDir, SystemdAgentUnit+".env")); !os.IsNotExist(err) {
+		t.Fatalf("the token file outlived uninstall: %v", err)
 	}
 }

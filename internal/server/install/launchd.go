@@ -15,6 +15,7 @@ import (
 // launchd labels; `k3sm status` looks for /Library/LaunchDaemons/<label>.plist.
 const (
 	LabelServer  = "dev.k3sm.server"
+	LabelAgent   = "dev.k3sm.agent"
 	LabelNetd    = "dev.k3sm.netd"
 	LabelDataVol = "dev.k3sm.datavol"
 	// ServiceUser is the unprivileged user the server runs as on macOS.
@@ -47,12 +48,20 @@ func plistPath(o Options, label string) string {
 	return filepath.Join(o.unitDir("/Library/LaunchDaemons"), label+".plist")
 }
 
+// UnitName is the role's label: dev.k3sm.server or dev.k3sm.agent.
+func (Launchd) UnitName(o Options) string {
+	if o.role() == RoleAgent {
+		return LabelAgent
+	}
+	return LabelServer
+}
+
 func (l Launchd) labels(o Options) []string {
 	ls := []string{}
 	if o.DataVolume != "" {
 		ls = append(ls, LabelDataVol)
 	}
-	return append(ls, LabelNetd, LabelServer)
+	return append(ls, LabelNetd, l.UnitName(o))
 }
 
 func (l Launchd) Units(o Options) ([]File, error) {
@@ -64,7 +73,7 @@ func (l Launchd) Units(o Options) ([]File, error) {
 			return fmt.Errorf("%s: %w", label, err)
 		}
 		mode := uint32(0o644)
-		if label == LabelServer && len(o.Environment) > 0 {
+		if label == l.UnitName(o) && len(o.Environment) > 0 {
 			mode = 0o600 // it holds Options.Environment's secrets
 		}
 		files = append(files, File{Path: plistPath(o, label), Mode: mode, Content: b})
@@ -95,7 +104,7 @@ func (l Launchd) Units(o Options) ([]File, error) {
 	}); err != nil {
 		return nil, err
 	}
-	server := append([]string{filepath.Join(o.libDir(), binK3sm), "server", "--data-dir", o.DataDir}, o.ServerArgs...)
+	server := append([]string{filepath.Join(o.libDir(), binK3sm), o.role(), "--data-dir", o.DataDir}, o.ServerArgs...)
 	env := plistDict{{"HOME", o.DataDir}}
 	for _, kv := range o.Environment {
 		k, v, _ := strings.Cut(kv, "=")
@@ -104,8 +113,9 @@ func (l Launchd) Units(o Options) ([]File, error) {
 			Value any
 		}{k, v})
 	}
-	if err := add(LabelServer, plistDict{
-		{"Label", LabelServer},
+	label, log := l.UnitName(o), filepath.Join(logs, o.role()+".log")
+	if err := add(label, plistDict{
+		{"Label", label},
 		{"ProgramArguments", server},
 		{"UserName", ServiceUser},
 		{"GroupName", ServiceUser},
@@ -117,8 +127,8 @@ func (l Launchd) Units(o Options) ([]File, error) {
 		{"SoftResourceLimits", plistDict{{"NumberOfFiles", 1048576}}},
 		{"HardResourceLimits", plistDict{{"NumberOfFiles", 1048576}}},
 		{"EnvironmentVariables", env},
-		{"StandardOutPath", filepath.Join(logs, "server.log")},
-		{"StandardErrorPath", filepath.Join(logs, "server.log")},
+		{"StandardOutPath", log},
+		{"StandardErrorPath", log},
 	}); err != nil {
 		return nil, err
 	}
@@ -186,12 +196,12 @@ func (Launchd) Teardown(_ Options, m *Manifest) [][]string {
 	}
 }
 
-func (Launchd) ActiveCommand(Options) []string {
-	return []string{"launchctl", "print", "system/" + LabelServer}
+func (l Launchd) ActiveCommand(o Options) []string {
+	return []string{"launchctl", "print", "system/" + l.UnitName(o)}
 }
 
 func (l Launchd) LogHint(o Options) string {
-	return filepath.Join(l.logDir(o), "server.log")
+	return filepath.Join(l.logDir(o), o.role()+".log")
 }
 
 // plistDict is an ordered property-list dictionary: values are string,

@@ -10,9 +10,9 @@ import (
 	"syscall"
 )
 
-// leftoverProcesses are the processes still in the server unit's cgroup
-// (the pods: KillMode=process leaves them there), any hierarchy.
-func leftoverProcesses() []int {
+// leftoverProcesses are the processes still in the unit's cgroup (the
+// pods: KillMode=process leaves them there), any hierarchy.
+func leftoverProcesses(unit string) []int {
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	var pids []int
 	for _, d := range dirs {
@@ -25,7 +25,7 @@ func leftoverProcesses() []int {
 			continue
 		}
 		for _, line := range strings.Split(string(b), "\n") {
-			if strings.HasSuffix(line, "/"+SystemdUnit) || strings.Contains(line, "/"+SystemdUnit+"/") {
+			if strings.HasSuffix(line, "/"+unit) || strings.Contains(line, "/"+unit+"/") {
 				pids = append(pids, pid)
 				break
 			}

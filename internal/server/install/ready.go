@@ -33,7 +33,11 @@ func WaitReady(svc Service) func(ctx context.Context, o Options, progress func(s
 		for {
 			s, err := readyStage(ctx, svc, o)
 			if s == "" {
-				report("cluster is up")
+				if o.role() == RoleAgent {
+					report("node " + o.NodeName + " joined and is Ready")
+				} else {
+					report("cluster is up")
+				}
 				return nil
 			}
 			lastErr = err
@@ -54,6 +58,9 @@ func WaitReady(svc Service) func(ctx context.Context, o Options, progress func(s
 func readyStage(ctx context.Context, svc Service, o Options) (string, error) {
 	if _, err := o.Runner.Run(ctx, svc.ActiveCommand(o)); err != nil {
 		return "waiting for the service to run", err
+	}
+	if o.role() == RoleAgent {
+		return agentReadyStage(ctx, o)
 	}
 	kc := datadir.New(o.DataDir).AdminKubeconfig()
 	if _, err := os.Stat(kc); err != nil {
@@ -92,4 +99,32 @@ func readyStage(ctx context.Context, svc Service, o Options) (string, error) {
 		return "node Ready; waiting for kube-root-ca.crt", err
 	}
 	return "", nil
+}
+
+// agentReadyStage: the agent joined (its node credential is there) and
+// its Node is Ready, read with that credential.
+func agentReadyStage(ctx context.Context, o Options) (string, error) {
+	l := datadir.New(o.DataDir)
+	if _, err := os.Stat(l.JoinFile()); err != nil {
+		return "service running; waiting for the agent to join the server", err
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", l.NodeKubeconfig())
+	if err != nil {
+		return "joined; reading the node's kubeconfig", err
+	}
+	rc.Timeout = 5 * time.Second
+	c, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return "joined; reading the node's kubeconfig", err
+	}
+	n, err := c.CoreV1().Nodes().Get(ctx, o.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return "joined; waiting for node " + o.NodeName + " to register", err
+	}
+	for _, cond := range n.Status.Conditions {
+		if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+			return "", nil
+		}
+	}
+	return "joined; waiting for node " + o.NodeName + " to be Ready", nil
 }

@@ -1,5 +1,6 @@
-// Package install sets a machine up to run `k3sm server` at boot (systemd
-// on Linux, launchd on macOS) and takes down exactly what it set up. The
+// Package install sets a machine up to run `k3sm server`, or `k3sm agent`
+// (Options.Role), at boot (systemd on Linux, launchd on macOS) and takes
+// down exactly what it set up. The
 // service definitions and the commands that load them are rendered by a
 // Service, a pure function of Options, so both platforms are golden-tested
 // on any OS; Install and Uninstall run them through a Runner.
@@ -21,6 +22,12 @@ const (
 	ManifestPath = "/etc/k3sm/install.json"
 	// Binaries are the files copied into LibDir, k3sm first.
 	binK3sm = "k3sm"
+)
+
+// Roles: what the installed service runs (Options.Role, Manifest.Role).
+const (
+	RoleServer = "server"
+	RoleAgent  = "agent"
 )
 
 // Binaries are the programs install copies into LibDir.
@@ -54,7 +61,9 @@ type Service interface {
 	Stop(o Options) [][]string
 	// Teardown runs after the units are removed.
 	Teardown(o Options, m *Manifest) [][]string
-	// ActiveCommand succeeds while the server's unit runs.
+	// UnitName is the role's service: its systemd unit or launchd label.
+	UnitName(o Options) string
+	// ActiveCommand succeeds while the role's unit runs.
 	ActiveCommand(o Options) []string
 	// LogHint says where the server's log is, for errors.
 	LogHint(o Options) string

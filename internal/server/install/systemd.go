@@ -17,6 +17,8 @@ import (
 const (
 	SystemdUnit     = "k3sm.service"
 	SystemdNetdUnit = "k3sm-netd.service"
+	// SystemdAgentUnit runs `k3sm agent` (k3s names its agent's the same way).
+	SystemdAgentUnit = "k3sm-agent.service"
 	// SystemUser is the unprivileged user the server runs as on Linux.
 	SystemUser = "k3sm"
 	// NetdConfigPath is k3sm-netd's configuration, root's: the uid it
@@ -35,8 +37,8 @@ const (
 )
 
 // Systemd renders the Linux service of the privilege split: a root unit for
-// k3sm-netd, the only privileged process, and one for `k3sm server` as the
-// unprivileged user k3sm (with CAP_NET_BIND_SERVICE for the cluster DNS on
+// k3sm-netd, the only privileged process, and one for `k3sm server` (or
+// `k3sm agent`, k3sm-agent.service) as the unprivileged user k3sm (with CAP_NET_BIND_SERVICE for the cluster DNS on
 // port 53), which uses that netd (--netd-socket) and runs its pods in the
 // rootless sandbox with their own network.
 type Systemd struct {
@@ -59,12 +61,20 @@ func (Systemd) Available() error {
 	return nil
 }
 
-// UnitPath is where the server's unit is written.
-func (Systemd) UnitPath(o Options) string {
-	return filepath.Join(o.unitDir("/etc/systemd/system"), SystemdUnit)
+// UnitName is k3sm.service, or k3sm-agent.service for an agent.
+func (Systemd) UnitName(o Options) string {
+	if o.role() == RoleAgent {
+		return SystemdAgentUnit
+	}
+	return SystemdUnit
 }
 
-// EnvPath is the server's environment file (Options.Environment).
+// UnitPath is where the role's unit is written.
+func (s Systemd) UnitPath(o Options) string {
+	return filepath.Join(o.unitDir("/etc/systemd/system"), s.UnitName(o))
+}
+
+// EnvPath is the role's environment file (Options.Environment).
 func (s Systemd) EnvPath(o Options) string { return s.UnitPath(o) + ".env" }
 
 // netdPaths are the installed netd's configuration file, state directory
@@ -85,7 +95,7 @@ func (s Systemd) NetdConfig(o Options) netdconfig.Config {
 }
 
 func (s Systemd) Units(o Options) ([]File, error) {
-	argv := []string{filepath.Join(o.libDir(), binK3sm), "server", "--data-dir", o.DataDir}
+	argv := []string{filepath.Join(o.libDir(), binK3sm), o.role(), "--data-dir", o.DataDir}
 	if !slices.Contains(o.ServerArgs, "--pod-network=host") {
 		// The pods' network comes from the netd unit.
 		argv = append(argv, "--netd-socket", NetdSocket)
@@ -107,7 +117,11 @@ func (s Systemd) Units(o Options) ([]File, error) {
 		if err != nil {
 			return nil, err
 		}
-		envLine = "# Secrets (--datastore-endpoint), in a file only root reads.\nEnvironmentFile=" + qenv + "\n"
+		secrets := "--datastore-endpoint"
+		if o.role() == RoleAgent {
+			secrets = "the join token"
+		}
+		envLine = "# Secrets (" + secrets + "), in a file only root reads.\nEnvironmentFile=" + qenv + "\n"
 		var b strings.Builder
 		for _, kv := range o.Environment {
 			k, v, _ := strings.Cut(kv, "=")
@@ -121,11 +135,17 @@ func (s Systemd) Units(o Options) ([]File, error) {
 	if err != nil {
 		return nil, err
 	}
+	desc, doc, start, stop := "k3sm: Kubernetes in one binary (control plane and this machine's node)", "operations.md",
+		"# The first start creates the CAs and the datastore.", "# The server stops the apiserver, kine and the node in order."
+	if o.role() == RoleAgent {
+		desc, doc = "k3sm agent: this machine as a node of a k3sm server's cluster", "multinode.md"
+		start, stop = "# Each start joins again, retrying while the server is away.", "# The agent stops the node and the runtime daemon; pods keep running."
+	}
 	unit := fmt.Sprintf(`# Written by `+"`k3sm install`"+` (k3sm %s): re-run it to change this unit,
 # `+"`k3sm uninstall`"+` removes it.
 [Unit]
-Description=k3sm: Kubernetes in one binary (control plane and this machine's node)
-Documentation=https://github.com/k3sm-dev/k3sm/blob/main/docs/operations.md
+Description=%s
+Documentation=https://github.com/k3sm-dev/k3sm/blob/main/docs/%s
 Wants=network-online.target %s
 After=network-online.target %s
 
@@ -139,16 +159,16 @@ Environment=HOME=%s
 AmbientCapabilities=CAP_NET_BIND_SERVICE
 ExecStart=%s
 # Pods' shims run in this unit's cgroup and must outlive a stop or restart
-# of the server (a restarted server re-attaches to them): systemd signals
-# only the main process, which stops its own children.
+# of k3sm (a restarted k3sm re-attaches to them): systemd signals only the
+# main process, which stops its own children.
 KillMode=process
 # runtimed manages the cgroups below this unit's.
 Delegate=yes
 Restart=on-failure
 RestartSec=5s
-# The first start creates the CAs and the datastore.
+%s
 TimeoutStartSec=5min
-# The server stops the apiserver, kine and the node in order.
+%s
 TimeoutStopSec=90s
 LimitNOFILE=1048576
 LimitNPROC=infinity
@@ -157,7 +177,7 @@ TasksMax=infinity
 
 [Install]
 WantedBy=multi-user.target
-`, o.Version, SystemdNetdUnit, SystemdNetdUnit, SystemUser, SystemUser, home, envLine, strings.Join(q, " "))
+`, o.Version, desc, doc, SystemdNetdUnit, SystemdNetdUnit, SystemUser, SystemUser, home, envLine, strings.Join(q, " "), start, stop)
 	cfgPath, _, _ := netdPaths(o)
 	netdExe, err := systemdQuote(filepath.Join(o.libDir(), "k3sm-netd"))
 	if err != nil {
@@ -179,7 +199,7 @@ RestartSec=2s
 
 [Install]
 WantedBy=multi-user.target
-`, o.Version, SystemdUnit, netdExe, cfgPath)
+`, o.Version, s.UnitName(o), netdExe, cfgPath)
 	cfg, err := json.MarshalIndent(s.NetdConfig(o), "", "  ")
 	if err != nil {
 		return nil, err
@@ -200,7 +220,7 @@ func (s Systemd) Setup(o Options) [][]string {
 		cmds = append(cmds,
 			[]string{"groupadd", "--system", "--gid", id, SystemUser},
 			[]string{"useradd", "--system", "--uid", id, "--gid", id, "--no-create-home", "--home-dir", o.DataDir,
-				"--shell", "/usr/sbin/nologin", "--comment", "k3sm server", SystemUser})
+				"--shell", "/usr/sbin/nologin", "--comment", "k3sm " + o.role(), SystemUser})
 	}
 	if s.AddSubIDs {
 		cmds = append(cmds, []string{"usermod", "--add-subuids", subIDs, "--add-subgids", subIDs, SystemUser})
@@ -208,7 +228,7 @@ func (s Systemd) Setup(o Options) [][]string {
 	return append(cmds, []string{"install", "-d", "-m", "0700", "-o", SystemUser, "-g", SystemUser, o.DataDir})
 }
 
-func (Systemd) Start(_ Options, restart bool) [][]string {
+func (s Systemd) Start(o Options, restart bool) [][]string {
 	start := "start"
 	if restart {
 		// restart also starts a stopped unit; pods survive it (KillMode=process).
@@ -216,9 +236,9 @@ func (Systemd) Start(_ Options, restart bool) [][]string {
 	}
 	return [][]string{
 		{"systemctl", "daemon-reload"},
-		{"systemctl", "enable", SystemdNetdUnit, SystemdUnit},
+		{"systemctl", "enable", SystemdNetdUnit, s.UnitName(o)},
 		{"systemctl", start, SystemdNetdUnit},
-		{"systemctl", start, SystemdUnit},
+		{"systemctl", start, s.UnitName(o)},
 	}
 }
 
@@ -227,19 +247,20 @@ func (Systemd) Start(_ Options, restart bool) [][]string {
 // uninstalled k3sm must leave nothing running (SIGTERM first, as the
 // kubelet does; Uninstall waits and sends SIGKILL to what is left); then
 // netd (the pods' network goes with uninstall's removal).
-func (Systemd) Stop(Options) [][]string {
+func (s Systemd) Stop(o Options) [][]string {
+	unit := s.UnitName(o)
 	return [][]string{
-		{"systemctl", "disable", SystemdUnit, SystemdNetdUnit},
-		{"systemctl", "stop", SystemdUnit},
-		{"systemctl", "kill", "--kill-whom=all", "--signal=SIGTERM", SystemdUnit},
+		{"systemctl", "disable", unit, SystemdNetdUnit},
+		{"systemctl", "stop", unit},
+		{"systemctl", "kill", "--kill-whom=all", "--signal=SIGTERM", unit},
 		{"systemctl", "stop", SystemdNetdUnit},
 	}
 }
 
-func (Systemd) Teardown(_ Options, m *Manifest) [][]string {
+func (s Systemd) Teardown(o Options, m *Manifest) [][]string {
 	cmds := [][]string{
 		{"systemctl", "daemon-reload"},
-		{"-", "systemctl", "reset-failed", SystemdUnit, SystemdNetdUnit}, // fails when neither failed
+		{"-", "systemctl", "reset-failed", s.UnitName(o), SystemdNetdUnit}, // fails when neither failed
 	}
 	switch {
 	case m != nil && m.CreatedUser:
@@ -251,12 +272,12 @@ func (Systemd) Teardown(_ Options, m *Manifest) [][]string {
 	return cmds
 }
 
-func (Systemd) ActiveCommand(Options) []string {
-	return []string{"systemctl", "is-active", "--quiet", SystemdUnit}
+func (s Systemd) ActiveCommand(o Options) []string {
+	return []string{"systemctl", "is-active", "--quiet", s.UnitName(o)}
 }
 
-func (Systemd) LogHint(o Options) string {
-	return "journalctl -u k3sm (or " + filepath.Join(o.DataDir, "logs", "k3sm.log") + ")"
+func (s Systemd) LogHint(o Options) string {
+	return "journalctl -u " + strings.TrimSuffix(s.UnitName(o), ".service") + " (or " + filepath.Join(o.DataDir, "logs", "k3sm.log") + ")"
 }
 
 // systemdQuote quotes one ExecStart word: double quotes when needed,
