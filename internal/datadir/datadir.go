@@ -98,6 +98,15 @@ func (l Layout) NodeClientKey() string    { return filepath.Join(l.AgentTLSDir()
 func (l Layout) AgentServerCA() string    { return filepath.Join(l.AgentTLSDir(), "server-ca.crt") }
 func (l Layout) NodePasswordFile() string { return filepath.Join(l.AgentDir(), "node-password") }
 func (l Layout) JoinFile() string         { return filepath.Join(l.AgentDir(), "join.json") }
+
+// The joined node's local-path provisioner's client certificate and key
+// (the server's own node has its pair under the same names).
+func (l Layout) LocalPathClientCert() string {
+	return filepath.Join(l.AgentTLSDir(), "client-local-path.crt")
+}
+func (l Layout) LocalPathClientKey() string {
+	return filepath.Join(l.AgentTLSDir(), "client-local-path.key")
+}
 func (l Layout) LocalPathKubeconfig() string {
 	return filepath.Join(l.AgentDir(), "local-path.kubeconfig")
 }

@@ -19,7 +19,9 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 )
 
@@ -371,6 +373,8 @@ func TestAgentJoin(t *testing.T) {
 		t.Fatalf("kubectl exec: %v: %s", err, out)
 	}
 
+	testAgentLocalPath(t, s, c, agentDir)
+
 	// An agent restart joins again and re-attaches to the running pod.
 	a.stop()
 	a.start()
@@ -443,6 +447,72 @@ func TestAgentJoin(t *testing.T) {
 	waitFor(t, time.Minute, "evictable's pods gone", func() error {
 		if ps := podsOf("evictable"); len(ps) > 0 {
 			return fmt.Errorf("%d left", len(ps))
+		}
+		return nil
+	})
+}
+
+// testAgentLocalPath: a claim of the default StorageClass whose pod runs on
+// agent-1 gets its volume from agent-1's own local-path provisioner (its
+// credential from the join), in agent-1's data dir; deleting the claim
+// removes the volume and its directory there.
+func testAgentLocalPath(t *testing.T, s *server, c kubernetes.Interface, agentDir string) {
+	t.Helper()
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "agent-data"}, Spec: corev1.PersistentVolumeClaimSpec{
+		AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+		Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}}}
+	if _, err := c.CoreV1().PersistentVolumeClaims("default").Create(ctx(t), pvc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := nativePod("pvc-on-agent", "e2e.local/prog:v1", "append:/data/file:written on agent-1", "forever")
+	pod.Spec.NodeSelector["kubernetes.io/hostname"] = "agent-1"
+	pod.Spec.Containers[0].ImagePullPolicy = corev1.PullNever
+	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}
+	pod.Spec.Volumes = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
+		PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "agent-data"}}}}
+	s.createPod(t, pod)
+	waitPod(t, c, "pvc-on-agent", 2*time.Minute, running)
+	bound, err := c.CoreV1().PersistentVolumeClaims("default").Get(ctx(t), "agent-data", metav1.GetOptions{})
+	if err != nil || bound.Status.Phase != corev1.ClaimBound {
+		t.Fatalf("claim on agent-1: %v %v", bound.Status.Phase, err)
+	}
+	pv, err := c.CoreV1().PersistentVolumes().Get(ctx(t), bound.Spec.VolumeName, metav1.GetOptions{})
+	if err != nil || pv.Spec.HostPath == nil || pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
+		t.Fatalf("volume %+v: %v", pv, err)
+	}
+	if terms := pv.Spec.NodeAffinity.Required.NodeSelectorTerms; len(terms) != 1 || len(terms[0].MatchExpressions) != 1 ||
+		strings.Join(terms[0].MatchExpressions[0].Values, ",") != "agent-1" {
+		t.Errorf("volume's node affinity %+v, want agent-1 only", terms)
+	}
+	dir := pv.Spec.HostPath.Path
+	if !strings.HasPrefix(dir, filepath.Join(agentDir, "storage")+"/") {
+		t.Fatalf("volume directory %s is not under agent-1's data dir's storage/", dir)
+	}
+	waitFor(t, 30*time.Second, "the pod's file in agent-1's volume", func() error {
+		b, err := os.ReadFile(filepath.Join(dir, "file"))
+		if err != nil || string(b) != "written on agent-1\n" {
+			return fmt.Errorf("%v %q", err, b)
+		}
+		return nil
+	})
+	if err := c.CoreV1().Pods("default").Delete(ctx(t), "pvc-on-agent", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "pvc-on-agent gone", func() error {
+		if _, err := c.CoreV1().Pods("default").Get(ctx(t), "pvc-on-agent", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there: %v", err)
+		}
+		return nil
+	})
+	if err := c.CoreV1().PersistentVolumeClaims("default").Delete(ctx(t), "agent-data", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "the volume and its directory on agent-1 removed with the claim", func() error {
+		if _, err := c.CoreV1().PersistentVolumes().Get(ctx(t), pv.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("volume %s: %v", pv.Name, err)
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			return fmt.Errorf("directory %s: %v", dir, err)
 		}
 		return nil
 	})

@@ -115,12 +115,18 @@ type JoinRequest struct {
 	// and its kubelet API serving certificate. The keys stay on the node.
 	ClientCSR  string `json:"clientCSR"`
 	ServingCSR string `json:"servingCSR"`
+	// LocalPathCSR requests the client certificate of the node's
+	// local-path provisioner (CN LocalPathUser(name), no group): its own
+	// identity, bound to what provisioning volumes needs, never the node's.
+	LocalPathCSR string `json:"localPathCSR,omitempty"`
 }
 
 // JoinResponse is what the server answers.
 type JoinResponse struct {
 	ClientCert  string `json:"clientCert"`
 	ServingCert string `json:"servingCert"`
+	// LocalPathCert answers LocalPathCSR.
+	LocalPathCert string `json:"localPathCert,omitempty"`
 	// ServerCA verifies the apiserver (and this endpoint).
 	ServerCA string `json:"serverCA"`
 	// KubeletClientCA verifies the apiserver's calls to the node's kubelet API.
@@ -153,39 +159,48 @@ func (e *Error) Error() string {
 	return e.Message + ": " + e.Fix
 }
 
+// NodeCSRs are a join request's parsed certificate requests.
+type NodeCSRs struct {
+	Client, Serving *x509.CertificateRequest
+	// LocalPath is nil when the request has none.
+	LocalPath *x509.CertificateRequest
+}
+
 // DecodeJoinRequest reads and validates a JoinRequest of at most
 // MaxRequestBytes: known fields only, a valid node name, a password of
-// sane length, and two well-formed, self-signed CSRs for that node.
-func DecodeJoinRequest(r io.Reader) (JoinRequest, *x509.CertificateRequest, *x509.CertificateRequest, error) {
+// sane length, and well-formed, self-signed CSRs for that node (two, and
+// the local-path provisioner's when present).
+func DecodeJoinRequest(r io.Reader) (JoinRequest, NodeCSRs, error) {
 	var req JoinRequest
+	var none NodeCSRs
 	data, err := io.ReadAll(io.LimitReader(r, MaxRequestBytes+1))
 	if err != nil {
-		return req, nil, nil, err
+		return req, none, err
 	}
 	if len(data) > MaxRequestBytes {
-		return req, nil, nil, fmt.Errorf("request larger than %d bytes", MaxRequestBytes)
+		return req, none, fmt.Errorf("request larger than %d bytes", MaxRequestBytes)
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		return req, nil, nil, fmt.Errorf("request is not a join request: %v", err)
+		return req, none, fmt.Errorf("request is not a join request: %v", err)
 	}
 	if dec.More() {
-		return req, nil, nil, errors.New("request has data after the join request")
+		return req, none, errors.New("request has data after the join request")
 	}
 	if errs := validation.IsDNS1123Subdomain(req.NodeName); len(errs) > 0 {
-		return req, nil, nil, fmt.Errorf("nodeName %q: %s", req.NodeName, strings.Join(errs, "; "))
+		return req, none, fmt.Errorf("nodeName %q: %s", req.NodeName, strings.Join(errs, "; "))
 	}
 	if n := len(req.NodePassword); n < minPasswordLen || n > maxPasswordLen {
-		return req, nil, nil, fmt.Errorf("nodePassword: %d characters, want %d to %d", n, minPasswordLen, maxPasswordLen)
+		return req, none, fmt.Errorf("nodePassword: %d characters, want %d to %d", n, minPasswordLen, maxPasswordLen)
 	}
 	client, err := parseCSR("clientCSR", req.ClientCSR)
 	if err != nil {
-		return req, nil, nil, err
+		return req, none, err
 	}
 	serving, err := parseCSR("servingCSR", req.ServingCSR)
 	if err != nil {
-		return req, nil, nil, err
+		return req, none, err
 	}
 	user := NodeUser(req.NodeName)
 	for _, c := range []struct {
@@ -193,24 +208,42 @@ func DecodeJoinRequest(r io.Reader) (JoinRequest, *x509.CertificateRequest, *x50
 		csr   *x509.CertificateRequest
 	}{{"clientCSR", client}, {"servingCSR", serving}} {
 		if c.csr.Subject.CommonName != user || len(c.csr.Subject.Organization) != 1 || c.csr.Subject.Organization[0] != NodesGroup {
-			return req, nil, nil, fmt.Errorf("%s: subject must be CN=%s, O=%s", c.field, user, NodesGroup)
+			return req, none, fmt.Errorf("%s: subject must be CN=%s, O=%s", c.field, user, NodesGroup)
 		}
 	}
-	if len(client.DNSNames)+len(client.IPAddresses)+len(client.EmailAddresses)+len(client.URIs) > 0 {
-		return req, nil, nil, errors.New("clientCSR: a client certificate has no subject alternative names")
+	if hasSANs(client) {
+		return req, none, errors.New("clientCSR: a client certificate has no subject alternative names")
 	}
 	if len(serving.EmailAddresses)+len(serving.URIs) > 0 {
-		return req, nil, nil, errors.New("servingCSR: only DNS names and IP addresses may be requested")
+		return req, none, errors.New("servingCSR: only DNS names and IP addresses may be requested")
 	}
 	for _, d := range serving.DNSNames {
 		if d != req.NodeName && d != "localhost" {
-			return req, nil, nil, fmt.Errorf("servingCSR: DNS name %q is not the node's name %q", d, req.NodeName)
+			return req, none, fmt.Errorf("servingCSR: DNS name %q is not the node's name %q", d, req.NodeName)
 		}
 	}
 	if len(serving.IPAddresses) > 16 {
-		return req, nil, nil, errors.New("servingCSR: more than 16 IP addresses")
+		return req, none, errors.New("servingCSR: more than 16 IP addresses")
 	}
-	return req, client, serving, nil
+	csrs := NodeCSRs{Client: client, Serving: serving}
+	if req.LocalPathCSR != "" {
+		lp, err := parseCSR("localPathCSR", req.LocalPathCSR)
+		if err != nil {
+			return req, none, err
+		}
+		if want := LocalPathUser(req.NodeName); lp.Subject.CommonName != want || len(lp.Subject.Organization) > 0 {
+			return req, none, fmt.Errorf("localPathCSR: subject must be CN=%s and no organization", want)
+		}
+		if hasSANs(lp) {
+			return req, none, errors.New("localPathCSR: a client certificate has no subject alternative names")
+		}
+		csrs.LocalPath = lp
+	}
+	return req, csrs, nil
+}
+
+func hasSANs(csr *x509.CertificateRequest) bool {
+	return len(csr.DNSNames)+len(csr.IPAddresses)+len(csr.EmailAddresses)+len(csr.URIs) > 0
 }
 
 // The node identity the Node authorizer knows.
@@ -218,6 +251,11 @@ const NodesGroup = "system:nodes"
 
 // NodeUser is the user name of node name's certificates.
 func NodeUser(name string) string { return "system:node:" + name }
+
+// LocalPathUser is the user name of node name's local-path provisioner:
+// its own identity, bound to the provisioner's ClusterRole, never the
+// node's or an admin's.
+func LocalPathUser(name string) string { return "k3sm:local-path-provisioner:" + name }
 
 func parseCSR(field, s string) (*x509.CertificateRequest, error) {
 	if len(s) > maxCSRBytes {

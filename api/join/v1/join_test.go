@@ -57,8 +57,9 @@ func TestCAHash(t *testing.T) {
 
 func validRequest(t testing.TB) JoinRequest {
 	return JoinRequest{NodeName: "agent-1", NodePassword: strings.Repeat("p", 32),
-		ClientCSR:  csrPEM(t, "system:node:agent-1", []string{"system:nodes"}, nil, nil),
-		ServingCSR: csrPEM(t, "system:node:agent-1", []string{"system:nodes"}, []string{"agent-1", "localhost"}, []net.IP{net.ParseIP("10.0.0.2")})}
+		ClientCSR:    csrPEM(t, "system:node:agent-1", []string{"system:nodes"}, nil, nil),
+		ServingCSR:   csrPEM(t, "system:node:agent-1", []string{"system:nodes"}, []string{"agent-1", "localhost"}, []net.IP{net.ParseIP("10.0.0.2")}),
+		LocalPathCSR: csrPEM(t, "k3sm:local-path-provisioner:agent-1", nil, nil, nil)}
 }
 
 func encode(t testing.TB, r any) string {
@@ -71,8 +72,13 @@ func encode(t testing.TB, r any) string {
 
 func TestDecodeJoinRequest(t *testing.T) {
 	good := validRequest(t)
-	if _, c, s, err := DecodeJoinRequest(strings.NewReader(encode(t, good))); err != nil || c == nil || s == nil {
+	if _, c, err := DecodeJoinRequest(strings.NewReader(encode(t, good))); err != nil || c.Client == nil || c.Serving == nil || c.LocalPath == nil {
 		t.Fatalf("valid request refused: %v", err)
+	}
+	// Without a local-path CSR (it is optional).
+	good.LocalPathCSR = ""
+	if _, c, err := DecodeJoinRequest(strings.NewReader(encode(t, good))); err != nil || c.LocalPath != nil {
+		t.Fatalf("valid request without a local-path CSR: %v %v", c.LocalPath, err)
 	}
 	cases := []struct {
 		name, want string
@@ -100,6 +106,22 @@ func TestDecodeJoinRequest(t *testing.T) {
 			r.ClientCSR = csrPEM(t, "system:node:agent-1", []string{"system:nodes"}, []string{"agent-1"}, nil)
 			return encode(t, r)
 		}},
+		{"local-path for another node", "localPathCSR", func(r *JoinRequest) string {
+			r.LocalPathCSR = csrPEM(t, "k3sm:local-path-provisioner:agent-2", nil, nil, nil)
+			return encode(t, r)
+		}},
+		{"local-path as a node", "localPathCSR", func(r *JoinRequest) string {
+			r.LocalPathCSR = csrPEM(t, "system:node:agent-1", []string{"system:nodes"}, nil, nil)
+			return encode(t, r)
+		}},
+		{"local-path with a group", "localPathCSR", func(r *JoinRequest) string {
+			r.LocalPathCSR = csrPEM(t, "k3sm:local-path-provisioner:agent-1", []string{"system:masters"}, nil, nil)
+			return encode(t, r)
+		}},
+		{"local-path SANs", "localPathCSR", func(r *JoinRequest) string {
+			r.LocalPathCSR = csrPEM(t, "k3sm:local-path-provisioner:agent-1", nil, []string{"agent-1"}, nil)
+			return encode(t, r)
+		}},
 		{"serving for another name", "DNS name", func(r *JoinRequest) string {
 			r.ServingCSR = csrPEM(t, "system:node:agent-1", []string{"system:nodes"}, []string{"kubernetes.default"}, nil)
 			return encode(t, r)
@@ -107,7 +129,7 @@ func TestDecodeJoinRequest(t *testing.T) {
 	}
 	for _, c := range cases {
 		r := validRequest(t)
-		_, _, _, err := DecodeJoinRequest(strings.NewReader(c.mut(&r)))
+		_, _, err := DecodeJoinRequest(strings.NewReader(c.mut(&r)))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: got %v, want an error naming %q", c.name, err, c.want)
 		}
@@ -119,13 +141,16 @@ func FuzzDecodeJoinRequest(f *testing.F) {
 	f.Add(`{"nodeName":"a","nodePassword":"0123456789abcdef0","clientCSR":"","servingCSR":""}`)
 	f.Add(`{}`)
 	f.Fuzz(func(t *testing.T, s string) {
-		req, c, sv, err := DecodeJoinRequest(strings.NewReader(s))
+		req, c, err := DecodeJoinRequest(strings.NewReader(s))
 		if err != nil {
 			return
 		}
 		// Whatever is accepted is for the node it names, and only for it.
-		if c.Subject.CommonName != NodeUser(req.NodeName) || sv.Subject.CommonName != NodeUser(req.NodeName) {
-			t.Fatalf("accepted a CSR for another identity: %q, %q for node %q", c.Subject.CommonName, sv.Subject.CommonName, req.NodeName)
+		if c.Client.Subject.CommonName != NodeUser(req.NodeName) || c.Serving.Subject.CommonName != NodeUser(req.NodeName) {
+			t.Fatalf("accepted a CSR for another identity: %q, %q for node %q", c.Client.Subject.CommonName, c.Serving.Subject.CommonName, req.NodeName)
+		}
+		if c.LocalPath != nil && (c.LocalPath.Subject.CommonName != LocalPathUser(req.NodeName) || len(c.LocalPath.Subject.Organization) > 0) {
+			t.Fatalf("accepted a local-path CSR for another identity: %v for node %q", c.LocalPath.Subject, req.NodeName)
 		}
 	})
 }

@@ -207,6 +207,11 @@ func start(ctx context.Context, cfg Config, s *joinv1.ClusterSettings, sup *supe
 		ClusterDNS: s.ClusterDNS, ClusterDomain: s.ClusterDomain, APIServiceIP: s.APIServiceIP,
 		ServiceCIDR: s.ServiceCIDR, ClusterCIDR: s.ClusterCIDR,
 	}
+	// The node's local-path provisioner, with its own credential from
+	// the join: volumes of claims scheduled here are made here.
+	if _, err := os.Stat(l.LocalPathKubeconfig()); err == nil {
+		ncfg.LocalPathKubeconfig, ncfg.LocalPathDir = l.LocalPathKubeconfig(), l.StorageDir()
+	}
 	if netns {
 		netd := cfg.NetdSocket
 		if netd == "" {

@@ -105,7 +105,12 @@ func Join(ctx context.Context, o Options) (*joinv1.JoinResponse, error) {
 	if err != nil {
 		return nil, err
 	}
-	body, err := json.Marshal(joinv1.JoinRequest{NodeName: o.NodeName, NodePassword: password, ClientCSR: clientCSR, ServingCSR: servingCSR})
+	lpKey, lpCSR, err := newCSR(&x509.CertificateRequest{Subject: pkix.Name{CommonName: joinv1.LocalPathUser(o.NodeName)}})
+	if err != nil {
+		return nil, err
+	}
+	body, err := json.Marshal(joinv1.JoinRequest{NodeName: o.NodeName, NodePassword: password, ClientCSR: clientCSR, ServingCSR: servingCSR,
+		LocalPathCSR: lpCSR})
 	if err != nil {
 		return nil, err
 	}
@@ -127,6 +132,7 @@ func Join(ctx context.Context, o Options) (*joinv1.JoinResponse, error) {
 		{l.NodeClientKey(), clientKey}, {l.NodeClientCert(), []byte(resp.ClientCert)},
 		{l.KubeletServingKey(), servingKey}, {l.KubeletServingCert(), []byte(resp.ServingCert)},
 		{l.KubeletClientCA(), []byte(resp.KubeletClientCA)}, {l.AgentServerCA(), caPEM},
+		{l.LocalPathClientKey(), lpKey}, {l.LocalPathClientCert(), []byte(resp.LocalPathCert)},
 	}
 	if newPassword {
 		files = append(files, struct {
@@ -141,6 +147,10 @@ func Join(ctx context.Context, o Options) (*joinv1.JoinResponse, error) {
 	}
 	if err := kubeconfig.WriteClient(l.NodeKubeconfig(), resp.Cluster.Servers[0], caPEM,
 		pki.Leaf{CertPath: l.NodeClientCert(), KeyPath: l.NodeClientKey()}, "node"); err != nil {
+		return nil, err
+	}
+	if err := kubeconfig.WriteClient(l.LocalPathKubeconfig(), resp.Cluster.Servers[0], caPEM,
+		pki.Leaf{CertPath: l.LocalPathClientCert(), KeyPath: l.LocalPathClientKey()}, "local-path"); err != nil {
 		return nil, err
 	}
 	settings, err := json.MarshalIndent(resp.Cluster, "", "  ")
@@ -212,10 +222,15 @@ func verify(resp *joinv1.JoinResponse, node string, pool *x509.CertPool, caPEM [
 	if resp.ServerCA != string(caPEM) {
 		return errors.New("join response: the server's CA changed during the join; join again")
 	}
+	if resp.LocalPathCert == "" {
+		return errors.New("join response: no certificate for the node's local-path provisioner: the server's k3sm is older than this agent's; upgrade the server first")
+	}
 	for _, c := range []struct {
 		name, pem string
 		usage     x509.ExtKeyUsage
-	}{{"client", resp.ClientCert, x509.ExtKeyUsageClientAuth}, {"serving", resp.ServingCert, x509.ExtKeyUsageServerAuth}} {
+		cn        string
+	}{{"client", resp.ClientCert, x509.ExtKeyUsageClientAuth, joinv1.NodeUser(node)}, {"serving", resp.ServingCert, x509.ExtKeyUsageServerAuth, joinv1.NodeUser(node)},
+		{"local-path provisioner's", resp.LocalPathCert, x509.ExtKeyUsageClientAuth, joinv1.LocalPathUser(node)}} {
 		b, _ := pem.Decode([]byte(c.pem))
 		if b == nil {
 			return fmt.Errorf("join response: the %s certificate is not PEM", c.name)
@@ -224,7 +239,7 @@ func verify(resp *joinv1.JoinResponse, node string, pool *x509.CertPool, caPEM [
 		if err != nil {
 			return fmt.Errorf("join response: %s certificate: %w", c.name, err)
 		}
-		if cert.Subject.CommonName != joinv1.NodeUser(node) {
+		if cert.Subject.CommonName != c.cn {
 			return fmt.Errorf("join response: the %s certificate is for %q, not this node", c.name, cert.Subject.CommonName)
 		}
 		if c.usage == x509.ExtKeyUsageServerAuth {

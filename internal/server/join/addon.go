@@ -13,6 +13,7 @@ import (
 
 	joinv1 "github.com/k3sm-dev/k3sm/api/join/v1"
 	"github.com/k3sm-dev/k3sm/internal/agent/dns"
+	"github.com/k3sm-dev/k3sm/internal/agent/localpath"
 	"github.com/k3sm-dev/k3sm/internal/agent/mesh"
 	"github.com/k3sm-dev/k3sm/internal/agent/netpol"
 	"github.com/k3sm-dev/k3sm/internal/agent/proxy"
@@ -53,7 +54,7 @@ func Addon(log *slog.Logger) controlplane.Addon {
 					Problem: "cannot listen on " + addr + ": " + err.Error(), Fix: "stop what listens there, or pass another --supervisor-port (0: no join endpoint)"}
 			}
 			e := &Endpoint{Client: cs, ServerCA: p.Certs.ServerCA, ClientCA: p.Certs.ClientCA, Settings: Settings(p.Cfg), Log: log,
-				OnJoin: func(ctx context.Context, node string) error { return NodeRBAC(ctx, cs, joinv1.NodeUser(node)) }}
+				OnJoin: func(ctx context.Context, node string) error { return AgentRBAC(ctx, cs, node) }}
 			srv := &http.Server{Handler: e.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 				WriteTimeout: time.Minute, MaxHeaderBytes: 16 << 10,
 				TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
@@ -83,6 +84,18 @@ func Settings(cfg *controlplane.Config) joinv1.ClusterSettings {
 		s.APIServiceIP = ip.String()
 	}
 	return s
+}
+
+// AgentRBAC binds a joining node's identities: its own (NodeRBAC) and
+// its local-path provisioner's.
+func AgentRBAC(ctx context.Context, cs kubernetes.Interface, node string) error {
+	if err := NodeRBAC(ctx, cs, joinv1.NodeUser(node)); err != nil {
+		return err
+	}
+	if err := localpath.EnsureRBAC(ctx, cs, joinv1.LocalPathUser(node)); err != nil {
+		return fmt.Errorf("local-path provisioner RBAC: %w", err)
+	}
+	return nil
 }
 
 // NodeRBAC binds a node's user to what its agent parts read beyond the

@@ -2,7 +2,6 @@ package join
 
 import (
 	"context"
-	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -96,7 +95,7 @@ func (e *Endpoint) join(w http.ResponseWriter, r *http.Request) {
 		refuse(w, code, err)
 		return
 	}
-	req, clientCSR, servingCSR, err := joinv1.DecodeJoinRequest(http.MaxBytesReader(w, r.Body, joinv1.MaxRequestBytes+1))
+	req, csrs, err := joinv1.DecodeJoinRequest(http.MaxBytesReader(w, r.Body, joinv1.MaxRequestBytes+1))
 	if err != nil {
 		e.log().Warn("join refused", "remote", r.RemoteAddr, "err", err)
 		refuse(w, http.StatusBadRequest, &joinv1.Error{Message: err.Error(), Fix: "join with a `k3sm agent` of the server's version"})
@@ -119,7 +118,7 @@ func (e *Endpoint) join(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	resp, err := e.sign(req.NodeName, clientCSR, servingCSR)
+	resp, err := e.sign(req.NodeName, csrs)
 	if err != nil {
 		refuse(w, http.StatusInternalServerError, err)
 		return
@@ -171,22 +170,31 @@ func (e *Endpoint) checkNodePassword(ctx context.Context, node, password string)
 const NodeCertValidity = pki.LeafValidity
 
 // sign issues the node's client certificate (system:node:<name> in
-// system:nodes, for the Node authorizer) and its serving certificate (the
-// names DecodeJoinRequest allowed) for the keys the node keeps.
-func (e *Endpoint) sign(node string, client, serving *x509.CertificateRequest) (*joinv1.JoinResponse, error) {
+// system:nodes, for the Node authorizer), its serving certificate (the
+// names DecodeJoinRequest allowed) and, when asked, its local-path
+// provisioner's client certificate, for the keys the node keeps.
+func (e *Endpoint) sign(node string, csrs joinv1.NodeCSRs) (*joinv1.JoinResponse, error) {
 	user := joinv1.NodeUser(node)
-	cder, err := e.ClientCA.SignPublicKey(pki.LeafSpec{CommonName: user, Organization: []string{joinv1.NodesGroup}, Client: true}, client.PublicKey, NodeCertValidity)
+	cder, err := e.ClientCA.SignPublicKey(pki.LeafSpec{CommonName: user, Organization: []string{joinv1.NodesGroup}, Client: true}, csrs.Client.PublicKey, NodeCertValidity)
 	if err != nil {
 		return nil, fmt.Errorf("sign the client certificate: %w", err)
 	}
 	sder, err := e.ServerCA.SignPublicKey(pki.LeafSpec{CommonName: user, Organization: []string{joinv1.NodesGroup},
-		DNSNames: serving.DNSNames, IPs: serving.IPAddresses, Server: true}, serving.PublicKey, NodeCertValidity)
+		DNSNames: csrs.Serving.DNSNames, IPs: csrs.Serving.IPAddresses, Server: true}, csrs.Serving.PublicKey, NodeCertValidity)
 	if err != nil {
 		return nil, fmt.Errorf("sign the serving certificate: %w", err)
 	}
 	certPEM := func(der []byte) string {
 		return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
 	}
-	return &joinv1.JoinResponse{ClientCert: certPEM(cder), ServingCert: certPEM(sder),
-		ServerCA: string(e.ServerCA.CertPEM()), KubeletClientCA: string(e.ClientCA.CertPEM()), Cluster: e.Settings}, nil
+	resp := &joinv1.JoinResponse{ClientCert: certPEM(cder), ServingCert: certPEM(sder),
+		ServerCA: string(e.ServerCA.CertPEM()), KubeletClientCA: string(e.ClientCA.CertPEM()), Cluster: e.Settings}
+	if csrs.LocalPath != nil {
+		lder, err := e.ClientCA.SignPublicKey(pki.LeafSpec{CommonName: joinv1.LocalPathUser(node), Client: true}, csrs.LocalPath.PublicKey, NodeCertValidity)
+		if err != nil {
+			return nil, fmt.Errorf("sign the local-path provisioner's certificate: %w", err)
+		}
+		resp.LocalPathCert = certPEM(lder)
+	}
+	return resp, nil
 }

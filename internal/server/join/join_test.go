@@ -16,6 +16,7 @@ import (
 
 	joinv1 "github.com/k3sm-dev/k3sm/api/join/v1"
 	agentjoin "github.com/k3sm-dev/k3sm/internal/agent/join"
+	"github.com/k3sm-dev/k3sm/internal/agent/localpath"
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/pki"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -119,7 +120,32 @@ func TestJoin(t *testing.T) {
 	if _, err := tls.LoadX509KeyPair(l.KubeletServingCert(), l.KubeletServingKey()); err != nil {
 		t.Errorf("serving pair: %v", err)
 	}
-	for _, p := range []string{l.NodePasswordFile(), l.NodeClientKey(), l.KubeletServingKey()} {
+	// The local-path provisioner's kubeconfig: its own identity, no group.
+	lp, err := clientcmd.LoadFromFile(l.LocalPathKubeconfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ai := range lp.AuthInfos {
+		data := ai.ClientCertificateData
+		if len(data) == 0 {
+			data, _ = os.ReadFile(ai.ClientCertificate)
+		}
+		b, _ := pem.Decode(data)
+		if b == nil {
+			t.Fatalf("local-path kubeconfig: no client certificate (%+v)", ai)
+		}
+		cert, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cert.Subject.CommonName != "k3sm:local-path-provisioner:agent-1" || len(cert.Subject.Organization) != 0 {
+			t.Errorf("local-path certificate subject %v", cert.Subject)
+		}
+		if _, err := cert.Verify(x509.VerifyOptions{Roots: poolOf(f.e.ClientCA.CertPEM()), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+			t.Errorf("local-path certificate: %v", err)
+		}
+	}
+	for _, p := range []string{l.NodePasswordFile(), l.NodeClientKey(), l.KubeletServingKey(), l.LocalPathClientKey()} {
 		if fi, err := os.Stat(p); err != nil || fi.Mode().Perm() != 0o600 {
 			t.Errorf("%s: %v %v, want 0600", p, fi, err)
 		}
@@ -136,6 +162,22 @@ func TestJoin(t *testing.T) {
 	// The same node joins again (a restart) with its kept password.
 	if err := f.join(dir, "agent-1", tok); err != nil {
 		t.Fatalf("rejoin: %v", err)
+	}
+}
+
+// A joining node's identities are bound: the node's own to its agent
+// parts' roles, its local-path provisioner's to the provisioner's role.
+func TestAgentRBAC(t *testing.T) {
+	cs := fake.NewClientset()
+	if err := AgentRBAC(context.Background(), cs, "agent-1"); err != nil {
+		t.Fatal(err)
+	}
+	crb, err := cs.RbacV1().ClusterRoleBindings().Get(context.Background(), localpath.RoleName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(crb.Subjects) != 1 || crb.Subjects[0].Name != "k3sm:local-path-provisioner:agent-1" {
+		t.Fatalf("local-path binding subjects %+v", crb.Subjects)
 	}
 }
 
