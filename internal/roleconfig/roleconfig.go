@@ -201,6 +201,14 @@ type MetricsAPI struct {
 	AllowedNames        []string `json:"allowedNames,omitempty"`
 	// Resolution is how often usage is sampled (0: the default).
 	Resolution time.Duration `json:"resolution,omitempty"`
+	// ScrapeCertFile and ScrapeKeyFile are the client certificate the node
+	// lists the cluster's Nodes and pods with and scrapes the other nodes'
+	// kubelet /metrics/resource with, as metrics-server does;
+	// KubeletCAFile verifies those kubelets' serving certificates. Empty:
+	// only this node's metrics are served.
+	ScrapeCertFile string `json:"scrapeCertFile,omitempty"`
+	ScrapeKeyFile  string `json:"scrapeKeyFile,omitempty"`
+	KubeletCAFile  string `json:"kubeletCAFile,omitempty"`
 }
 
 // Write stores cfg at path (0600: it names credentials) and returns the

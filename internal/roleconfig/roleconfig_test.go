@@ -16,8 +16,9 @@ import (
 func TestWriteReadRoundTrip(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "node.json")
 	want := NodeConfig{Name: "n", IP: "10.0.0.1", KubeletPort: 10250, Kubeconfig: "/k", DataDir: "/d", Instant: true, Taint: true,
-		Metrics: MetricsAPI{Addr: "127.0.0.1:1", AllowedNames: []string{"system:auth-proxy"}, Resolution: 15 * time.Second},
-		Disk:    diskpolicy.Default()}
+		Metrics: MetricsAPI{Addr: "127.0.0.1:1", AllowedNames: []string{"system:auth-proxy"}, Resolution: 15 * time.Second,
+			ScrapeCertFile: "/s.crt", ScrapeKeyFile: "/s.key", KubeletCAFile: "/ca.crt"},
+		Disk: diskpolicy.Default()}
 	args, err := Write(path, want)
 	if err != nil || !reflect.DeepEqual(args, []string{"--config=" + path}) {
 		t.Fatalf("%v %v", args, err)

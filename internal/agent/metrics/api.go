@@ -27,9 +27,10 @@ const (
 	GroupVersion = Group + "/" + Version
 )
 
-// API serves metrics.k8s.io/v1beta1 from a Store: discovery, and list/get
-// of nodes and pods with label and field selectors. It does no
-// authentication or authorization itself (see Handler).
+// API serves metrics.k8s.io/v1beta1 from this node's Store and, with
+// Remote, the other nodes': discovery, and list/get of nodes and pods with
+// label and field selectors. It does no authentication or authorization
+// itself (see Handler).
 type API struct {
 	Store    *Store
 	NodeName string
@@ -39,10 +40,46 @@ type API struct {
 	// Pods resolves a sampled pod to its API object (labels, and whether it
 	// still exists); pods it does not know are not reported.
 	Pods corev1listers.PodLister
-	// MaxAge: readings older than this are not served (the runtime
-	// stopped answering); zero means no limit.
+	// Remote, when set, holds the other nodes' readings; their pods are
+	// resolved through its Pods.
+	Remote *Remote
+	// MaxAge: readings older than this are not served (the runtime, or
+	// another node, stopped answering); zero means no limit.
 	MaxAge time.Duration
 	Now    func() time.Time
+}
+
+// nodeReadings is one node's store as the API serves it.
+type nodeReadings struct {
+	name   string
+	store  *Store
+	labels func() map[string]string
+	pods   corev1listers.PodLister
+	// scraped is when another node last answered: its readings are as
+	// fresh as that, their timestamps being by its clock, not ours. Zero
+	// for this node, whose readings' timestamps tell.
+	scraped time.Time
+}
+
+// nodes are the stores served: this node's and the others' (name's only,
+// when set).
+func (a *API) nodes(ctx context.Context, name string) []nodeReadings {
+	var out []nodeReadings
+	if name == "" || name == a.NodeName {
+		out = append(out, nodeReadings{name: a.NodeName, store: a.Store, pods: a.Pods, labels: func() map[string]string {
+			if a.NodeLabels == nil {
+				return nil
+			}
+			return a.NodeLabels(ctx)
+		}})
+	}
+	if a.Remote != nil {
+		for _, r := range a.Remote.readings(name) {
+			out = append(out, nodeReadings{name: r.name, store: r.store, pods: a.Remote.Pods, scraped: r.scraped,
+				labels: func() map[string]string { return r.labels }})
+		}
+	}
+	return out
 }
 
 var requestInfo = &request.RequestInfoFactory{APIPrefixes: sets.NewString("apis"), GrouplessAPIPrefixes: sets.NewString("api")}
@@ -111,7 +148,7 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		writeJSON(w, http.StatusOK, &metricsv1beta1.NodeMetricsList{TypeMeta: metav1.TypeMeta{Kind: "NodeMetricsList", APIVersion: GroupVersion}, Items: items})
 	case "pods":
-		items := a.podMetrics(info.Namespace, info.Name, lsel, fsel)
+		items := a.podMetrics(r.Context(), info.Namespace, info.Name, lsel, fsel)
 		if info.Verb == "get" {
 			if len(items) == 0 {
 				writeStatus(w, apierrors.NewNotFound(gr, info.Name))
@@ -137,58 +174,67 @@ func (a *API) fresh(t time.Time) bool {
 	return a.MaxAge == 0 || a.now().Sub(t) <= a.MaxAge
 }
 
-func (a *API) nodeMetrics(ctx context.Context, name string, lsel labels.Selector, fsel fields.Selector) []metricsv1beta1.NodeMetrics {
-	if name != "" && name != a.NodeName {
-		return nil
+// freshAt: a reading taken at t on node n may be served.
+func (a *API) freshAt(n nodeReadings, t time.Time) bool {
+	if !n.scraped.IsZero() {
+		t = n.scraped
 	}
-	r, ok := a.Store.NodeRate()
-	if !ok || !a.fresh(r.Timestamp) {
-		return nil
-	}
-	var lbls map[string]string
-	if a.NodeLabels != nil {
-		lbls = a.NodeLabels(ctx)
-	}
-	if !lsel.Matches(labels.Set(lbls)) || !fsel.Matches(fields.Set{"metadata.name": a.NodeName}) {
-		return nil
-	}
-	return []metricsv1beta1.NodeMetrics{{
-		TypeMeta:   metav1.TypeMeta{Kind: "NodeMetrics", APIVersion: GroupVersion},
-		ObjectMeta: metav1.ObjectMeta{Name: a.NodeName, Labels: lbls, CreationTimestamp: metav1.NewTime(a.now())},
-		Timestamp:  metav1.NewTime(r.Timestamp),
-		Window:     metav1.Duration{Duration: r.Window},
-		Usage:      r.ResourceList(),
-	}}
+	return a.fresh(t)
 }
 
-func (a *API) podMetrics(ns, name string, lsel labels.Selector, fsel fields.Selector) []metricsv1beta1.PodMetrics {
+func (a *API) nodeMetrics(ctx context.Context, name string, lsel labels.Selector, fsel fields.Selector) []metricsv1beta1.NodeMetrics {
+	var items []metricsv1beta1.NodeMetrics
+	for _, n := range a.nodes(ctx, name) {
+		r, ok := n.store.NodeRate()
+		if !ok || !a.freshAt(n, r.Timestamp) {
+			continue
+		}
+		lbls := n.labels()
+		if !lsel.Matches(labels.Set(lbls)) || !fsel.Matches(fields.Set{"metadata.name": n.name}) {
+			continue
+		}
+		items = append(items, metricsv1beta1.NodeMetrics{
+			TypeMeta:   metav1.TypeMeta{Kind: "NodeMetrics", APIVersion: GroupVersion},
+			ObjectMeta: metav1.ObjectMeta{Name: n.name, Labels: lbls, CreationTimestamp: metav1.NewTime(a.now())},
+			Timestamp:  metav1.NewTime(r.Timestamp),
+			Window:     metav1.Duration{Duration: r.Window},
+			Usage:      r.ResourceList(),
+		})
+	}
+	sort.Slice(items, func(i, j int) bool { return items[i].Name < items[j].Name })
+	return items
+}
+
+func (a *API) podMetrics(ctx context.Context, ns, name string, lsel labels.Selector, fsel fields.Selector) []metricsv1beta1.PodMetrics {
 	now := metav1.NewTime(a.now())
 	var items []metricsv1beta1.PodMetrics
-	for _, pr := range a.Store.PodRates() {
-		if (ns != "" && pr.Namespace != ns) || (name != "" && pr.Name != name) || !a.fresh(pr.Timestamp) {
-			continue
-		}
-		var lbls map[string]string
-		if a.Pods != nil {
-			pod, err := a.Pods.Pods(pr.Namespace).Get(pr.Name)
-			if err != nil || pod.UID != pr.UID || podDone(pod) {
+	for _, n := range a.nodes(ctx, "") {
+		for _, pr := range n.store.PodRates() {
+			if (ns != "" && pr.Namespace != ns) || (name != "" && pr.Name != name) || !a.freshAt(n, pr.Timestamp) {
 				continue
 			}
-			lbls = pod.Labels
+			var lbls map[string]string
+			if n.pods != nil {
+				pod, err := n.pods.Pods(pr.Namespace).Get(pr.Name)
+				if err != nil || pod.UID != pr.UID || podDone(pod) {
+					continue
+				}
+				lbls = pod.Labels
+			}
+			if !lsel.Matches(labels.Set(lbls)) || !fsel.Matches(fields.Set{"metadata.name": pr.Name, "metadata.namespace": pr.Namespace}) {
+				continue
+			}
+			pm := metricsv1beta1.PodMetrics{
+				TypeMeta:   metav1.TypeMeta{Kind: "PodMetrics", APIVersion: GroupVersion},
+				ObjectMeta: metav1.ObjectMeta{Name: pr.Name, Namespace: pr.Namespace, Labels: lbls, CreationTimestamp: now},
+				Timestamp:  metav1.NewTime(pr.Timestamp),
+				Window:     metav1.Duration{Duration: pr.Window},
+			}
+			for _, c := range pr.Containers {
+				pm.Containers = append(pm.Containers, metricsv1beta1.ContainerMetrics{Name: c.Name, Usage: c.ResourceList()})
+			}
+			items = append(items, pm)
 		}
-		if !lsel.Matches(labels.Set(lbls)) || !fsel.Matches(fields.Set{"metadata.name": pr.Name, "metadata.namespace": pr.Namespace}) {
-			continue
-		}
-		pm := metricsv1beta1.PodMetrics{
-			TypeMeta:   metav1.TypeMeta{Kind: "PodMetrics", APIVersion: GroupVersion},
-			ObjectMeta: metav1.ObjectMeta{Name: pr.Name, Namespace: pr.Namespace, Labels: lbls, CreationTimestamp: now},
-			Timestamp:  metav1.NewTime(pr.Timestamp),
-			Window:     metav1.Duration{Duration: pr.Window},
-		}
-		for _, c := range pr.Containers {
-			pm.Containers = append(pm.Containers, metricsv1beta1.ContainerMetrics{Name: c.Name, Usage: c.ResourceList()})
-		}
-		items = append(items, pm)
 	}
 	sort.Slice(items, func(i, j int) bool {
 		if items[i].Namespace != items[j].Namespace {

@@ -23,8 +23,11 @@ import (
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corev1listers "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 )
 
 // DefaultResolution is how often the node is scraped: metrics-server's
@@ -37,7 +40,10 @@ type ServeConfig = roleconfig.MetricsAPI
 
 // Deps are what the node process hands over.
 type Deps struct {
-	Client   kubernetes.Interface // the node's own client: SubjectAccessReviews and its Node
+	Client kubernetes.Interface // the node's own client: SubjectAccessReviews and its Node
+	// Config is the node's API client configuration: the scraper's client
+	// is made from it (ScraperConfig).
+	Config   *rest.Config
 	NodeName string
 	Pods     corev1listers.PodLister
 	Source   Source
@@ -88,6 +94,12 @@ func Serve(ctx context.Context, cfg ServeConfig, d Deps) error {
 			return n.Labels, nil
 		}, 30*time.Second),
 	}
+	var startRemote func()
+	if cfg.ScrapeCertFile != "" {
+		if api.Remote, startRemote, err = newRemote(ctx, cfg, d, api.MaxAge); err != nil {
+			return err
+		}
+	}
 	h := Handler(FrontProxyAuthenticator(pool, cfg.AllowedNames), authz, api)
 	tc := &tls.Config{Certificates: []tls.Certificate{pair}, ClientCAs: pool, ClientAuth: tls.VerifyClientCertIfGiven, MinVersion: tls.VersionTLS12}
 	ln, err := tls.Listen("tcp", cfg.Addr, tc)
@@ -105,8 +117,50 @@ func Serve(ctx context.Context, cfg ServeConfig, d Deps) error {
 		_ = srv.Close()
 	}()
 	go Scrape(ctx, d.Source, store, cfg.Resolution, d.Log)
-	d.Log.Info("serving metrics.k8s.io", "addr", cfg.Addr, "resolution", cfg.Resolution.String())
+	if startRemote != nil {
+		startRemote()
+	}
+	d.Log.Info("serving metrics.k8s.io", "addr", cfg.Addr, "resolution", cfg.Resolution.String(), "otherNodes", api.Remote != nil)
 	return nil
+}
+
+// newRemote prepares the scraping of the other nodes (see Remote) with the
+// scraper's certificate; start lists the cluster's Nodes and pods and,
+// once it has them, scrapes every resolution until ctx ends.
+func newRemote(ctx context.Context, cfg ServeConfig, d Deps, maxAge time.Duration) (r *Remote, start func(), err error) {
+	if d.Config == nil {
+		return nil, nil, errors.New("metrics of other nodes: no API client configuration to list the nodes with")
+	}
+	hc, err := KubeletClient(cfg.ScrapeCertFile, cfg.ScrapeKeyFile, cfg.KubeletCAFile)
+	if err != nil {
+		return nil, nil, err
+	}
+	kc, err := kubernetes.NewForConfig(ScraperConfig(d.Config, cfg.ScrapeCertFile, cfg.ScrapeKeyFile))
+	if err != nil {
+		return nil, nil, fmt.Errorf("metrics scraper's API client: %w", err)
+	}
+	f := informers.NewSharedInformerFactoryWithOptions(kc, 0, informers.WithTransform(trimmed))
+	nodes, pods := f.Core().V1().Nodes(), f.Core().V1().Pods()
+	log := d.Log.With("component", "metrics-scraper")
+	r = &Remote{Self: d.NodeName, Nodes: nodes.Lister(), Pods: pods.Lister(), Client: hc,
+		Timeout: cfg.Resolution * 2 / 3, MaxAge: maxAge, Log: log}
+	synced := []cache.InformerSynced{nodes.Informer().HasSynced, pods.Informer().HasSynced}
+	return r, func() {
+		f.Start(ctx.Done())
+		go func() {
+			wctx, cancel := context.WithTimeout(ctx, time.Minute)
+			ok := cache.WaitForCacheSync(wctx.Done(), synced...)
+			cancel()
+			if !ok && ctx.Err() == nil {
+				log.Warn("other nodes' metrics wait for the Node and pod lists: the scraper's certificate may lack the RBAC to list them")
+				ok = cache.WaitForCacheSync(ctx.Done(), synced...)
+			}
+			if ok {
+				log.Info("scraping the other nodes' kubelets", "resolution", cfg.Resolution.String())
+				r.Run(ctx, cfg.Resolution)
+			}
+		}()
+	}, nil
 }
 
 // Scrape adds a scrape of src to store every resolution until ctx ends,

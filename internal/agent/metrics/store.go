@@ -3,8 +3,9 @@
 // turns two samples into CPU rates the way metrics-server does, and serves
 // NodeMetrics and PodMetrics (v1beta1) over HTTPS to the apiserver's
 // aggregation layer, authenticating the front-proxy client certificate and
-// delegating authorization. It also registers the APIService (ServerAddon)
-// and renders the kubelet's /metrics/resource families.
+// delegating authorization. Given a scraper's credential (the server's
+// node), it serves the other nodes' too, scraped from their kubelets
+// (remote.go). It also renders the kubelet's /metrics/resource families.
 package metrics
 
 import (

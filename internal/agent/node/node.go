@@ -245,7 +245,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer srv.Close()
 	// Without its metrics API the node still runs pods: log, do not fail.
-	if err := metrics.Serve(ctx, cfg.Metrics, metrics.Deps{Client: kc, NodeName: cfg.Name, Log: log,
+	if err := metrics.Serve(ctx, cfg.Metrics, metrics.Deps{Client: kc, Config: rc, NodeName: cfg.Name, Log: log,
 		Pods: podFactory.Core().V1().Pods().Lister(), Source: metrics.RuntimeSource{Runtime: rt.Runtime}}); err != nil {
 		log.Error("metrics.k8s.io not served", "err", err)
 	}

@@ -4,14 +4,16 @@ import (
 	"net"
 	"os"
 
+	joinv1 "github.com/k3sm-dev/k3sm/api/join/v1"
 	"github.com/k3sm-dev/k3sm/internal/kubeconfig"
 	"github.com/k3sm-dev/k3sm/internal/pki"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
 )
 
 // localPathUser is the local-path provisioner's user name on a node: its
-// own identity, bound to localpath.RoleName, never the node's or admin's.
-func localPathUser(node string) string { return "k3sm:local-path-provisioner:" + node }
+// own identity, bound to localpath.RoleName, never the node's or admin's
+// (a joined agent's gets the same name from its join).
+func localPathUser(node string) string { return joinv1.LocalPathUser(node) }
 
 // issueCredentials gives the node its client certificate (system:node:<name>
 // in system:nodes) and kubeconfig, its kubelet API serving certificate, the

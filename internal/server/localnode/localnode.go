@@ -42,7 +42,8 @@ import (
 // credentials (and the metrics API's serving certificate) and starts the
 // runtime daemon early (they need only the data dir); it starts the node
 // with the apiserver, held at its start gate; once authorization is
-// verified it installs the node's RBAC and opens the gate, while it installs the admission policy,
+// verified it installs the node's RBAC (and the metrics scraper's) and
+// opens the gate, while it installs the admission policy,
 // the MeshPeer CRD and its policy (internal/server/meshapi), the storage
 // class and the metrics reader role and Service; when the control plane is
 // healthy it waits for the Node to be Ready, labels it, and registers the
@@ -139,6 +140,16 @@ func Addon(log *slog.Logger) controlplane.Addon {
 				}
 				return nil
 			})
+			if metrics.port != 0 {
+				// The metrics API lists the Nodes and pods as the scraper
+				// as soon as the node starts.
+				rbac.Go(func() error {
+					if err := EnsureMetricsScraperRole(ctx, admin); err != nil {
+						return fmt.Errorf("metrics scraper role: %w", err)
+					}
+					return nil
+				})
+			}
 			installs.Go(func() error {
 				if err := EnsureOSPolicy(ctx, admin, osOfNodes(), p.Cfg.NodeTaint); err != nil {
 					return fmt.Errorf("admission policy: %w", err)

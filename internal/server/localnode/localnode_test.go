@@ -34,7 +34,8 @@ func TestNodeConfigNamesIssuedFiles(t *testing.T) {
 	nc := nodeConfig(p, m)
 	for name, path := range map[string]string{"kubeconfig": nc.Kubeconfig, "servingCert": nc.ServingCert, "servingKey": nc.ServingKey,
 		"clientCAFile": nc.ClientCAFile, "localPathKubeconfig": nc.LocalPathKubeconfig, "metrics.certFile": nc.Metrics.CertFile,
-		"metrics.keyFile": nc.Metrics.KeyFile, "metrics.requestHeaderCAFile": nc.Metrics.RequestHeaderCAFile} {
+		"metrics.keyFile": nc.Metrics.KeyFile, "metrics.requestHeaderCAFile": nc.Metrics.RequestHeaderCAFile,
+		"metrics.scrapeCertFile": nc.Metrics.ScrapeCertFile, "metrics.scrapeKeyFile": nc.Metrics.ScrapeKeyFile, "metrics.kubeletCAFile": nc.Metrics.KubeletCAFile} {
 		if _, err := os.Stat(path); err != nil {
 			t.Errorf("%s: %v", name, err)
 		}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/k3sm-dev/k3sm/internal/agent/agentrbac"
 	"github.com/k3sm-dev/k3sm/internal/agent/metrics"
 	"github.com/k3sm-dev/k3sm/internal/pki"
 	"github.com/k3sm-dev/k3sm/internal/roleconfig"
@@ -28,14 +29,21 @@ const (
 	APIServiceName     = metrics.Version + "." + metrics.Group
 	// MetricsReaderRole lets view, edit and admin read metrics, as metrics-server's does.
 	MetricsReaderRole = "system:aggregated-metrics-reader"
-	managedBy         = "app.kubernetes.io/managed-by"
+	// MetricsScraperUser is the identity the node's metrics API lists the
+	// cluster's Nodes and pods and scrapes the other nodes' kubelets with:
+	// a client certificate of its own, bound to MetricsScraperRole.
+	MetricsScraperUser = "k3sm:metrics-scraper"
+	MetricsScraperRole = "k3sm:metrics-scraper"
+	managedBy          = "app.kubernetes.io/managed-by"
 )
 
-// metricsAPI is the node's metrics endpoint: a serving certificate and a
-// loopback port chosen at start (port 0: off).
+// metricsAPI is the node's metrics endpoint: a serving certificate, a
+// loopback port chosen at start (port 0: off), and the scraper's client
+// certificate.
 type metricsAPI struct {
-	port int
-	cert pki.Leaf
+	port    int
+	cert    pki.Leaf
+	scraper pki.Leaf
 }
 
 func prepareMetricsAPI(p *controlplane.Plane) (metricsAPI, error) {
@@ -51,18 +59,24 @@ func prepareMetricsAPI(p *controlplane.Plane) (metricsAPI, error) {
 	if err != nil {
 		return m, fmt.Errorf("metrics serving certificate: %w", err)
 	}
+	m.scraper, err = p.Certs.ClientCA.Ensure(dir, "client-metrics-scraper", pki.LeafSpec{CommonName: MetricsScraperUser, Client: true})
+	if err != nil {
+		return m, fmt.Errorf("metrics scraper certificate: %w", err)
+	}
 	m.port, err = freeLoopbackPort()
 	return m, err
 }
 
 // serveConfig is the node's side of it: only the apiserver's front proxy
-// may call.
+// may call. The other nodes' kubelets are verified as the apiserver
+// verifies them (--kubelet-certificate-authority).
 func (m metricsAPI) serveConfig(p *controlplane.Plane) roleconfig.MetricsAPI {
 	if m.port == 0 {
 		return roleconfig.MetricsAPI{}
 	}
 	return roleconfig.MetricsAPI{Addr: metrics.ListenAddr(m.port), CertFile: m.cert.CertPath, KeyFile: m.cert.KeyPath,
-		RequestHeaderCAFile: p.Certs.RequestHeaderCA.CertPath, AllowedNames: []string{controlplane.AuthProxyUser}}
+		RequestHeaderCAFile: p.Certs.RequestHeaderCA.CertPath, AllowedNames: []string{controlplane.AuthProxyUser},
+		ScrapeCertFile: m.scraper.CertPath, ScrapeKeyFile: m.scraper.KeyPath, KubeletCAFile: p.Certs.ServerCA.CertPath}
 }
 
 // ServiceDNSNames are the names the aggregator verifies the serving
@@ -110,6 +124,13 @@ func EnsureMetricsReaderRole(ctx context.Context, c kubernetes.Interface) error 
 	want.ResourceVersion = have.ResourceVersion
 	_, err = cr.Update(ctx, want, metav1.UpdateOptions{})
 	return err
+}
+
+// EnsureMetricsScraperRole creates or updates the ClusterRole
+// MetricsScraperRole (what metrics-server's RBAC grants it) and binds it to
+// MetricsScraperUser in the ClusterRoleBinding of the same name.
+func EnsureMetricsScraperRole(ctx context.Context, c kubernetes.Interface) error {
+	return agentrbac.Ensure(ctx, c, MetricsScraperRole, metrics.ScraperRules(), MetricsScraperUser)
 }
 
 // EnsureMetricsService points kube-system/k3sm-metrics at the node's loopback
