@@ -374,6 +374,19 @@ func TestAgentJoin(t *testing.T) {
 	}
 
 	testAgentLocalPath(t, s, c, agentDir)
+	// metrics.k8s.io covers the agent's node and pods: the server's node
+	// scrapes agent-1's kubelet (two scrapes 15 s apart make a rate).
+	waitFor(t, 90*time.Second, "kubectl top for agent-1 and its pod", func() error {
+		out, err := s.kubectl("top", "pod", "on-agent", "--no-headers")
+		if err != nil || !strings.HasPrefix(out, "on-agent ") {
+			return fmt.Errorf("top pod: %v %s", err, out)
+		}
+		out, err = s.kubectl("top", "node", "--no-headers")
+		if err != nil || !strings.Contains(out, "agent-1 ") || !strings.Contains(out, "e2e-node ") {
+			return fmt.Errorf("top node: %v %s", err, out)
+		}
+		return nil
+	})
 
 	// An agent restart joins again and re-attaches to the running pod.
 	a.stop()

@@ -81,6 +81,10 @@ func TestInstallAgentSystemd(t *testing.T) {
 	if out := agt.must("sh", "-c", "ps -o user= -p \"$(pgrep -d, -f '[k]3sm-runtimed|[k]3sm node|[k]3sm agent')\" | sort -u"); strings.TrimSpace(out) != "k3sm" {
 		t.Fatalf("the agent's processes run as %q, want only k3sm", out)
 	}
+	// The mesh's private key: netd's (root's), outside the agent's reach.
+	if out := agt.must("stat", "-c", "%U %a", "/var/lib/k3sm-netd/mesh-keys/node.key", "/var/lib/k3sm-netd/mesh-keys"); out != "root 600\nroot 700\n" {
+		t.Fatalf("mesh key and its directory: %q", out)
+	}
 	if _, err := agt.exec("test", "-e", "/var/lib/k3sm/server"); err == nil {
 		t.Fatal("the agent made a server's directory")
 	}
