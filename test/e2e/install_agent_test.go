@@ -48,7 +48,8 @@ func TestInstallAgentSystemd(t *testing.T) {
 	before, netBefore := agt.listing(), agt.network()
 
 	srv.install("--bind-address=0.0.0.0", "--advertise-address="+srvIP)
-	lines := strings.Split(strings.TrimSpace(srv.must("k3sm", "token", "create", "--description", "install-e2e")), "\n")
+	// stdout only: the token is its last line; what it says of it goes to stderr.
+	lines := strings.Split(strings.TrimSpace(srv.must("sh", "-c", "k3sm token create --description install-e2e 2>/dev/null")), "\n")
 	tok := lines[len(lines)-1]
 	if !strings.HasPrefix(tok, "K10") {
 		t.Fatalf("token create printed %q", tok)
