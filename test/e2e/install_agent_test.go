@@ -146,13 +146,7 @@ func TestInstallAgentSystemd(t *testing.T) {
 		}
 		return nil
 	})
-	srv.waitPodRunning("sleeper")
-	if now := agt.workloadPid(); now != pid {
-		t.Fatalf("the pod's process changed across systemctl restart k3sm-agent: %s, then %s", pid, now)
-	}
-	if out, _ := srv.kubectl("get", "pod", "sleeper", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"); out != "0" {
-		t.Fatalf("restartCount %q after systemctl restart k3sm-agent", out)
-	}
+	agt.samePod(srv, "sleeper", pid, "systemctl restart k3sm-agent")
 
 	// Again, unchanged: nothing rewritten, the agent not restarted.
 	mainPid := agt.must("systemctl", "show", "-p", "MainPID", "--value", "k3sm-agent")

@@ -169,6 +169,19 @@ func (n *systemdNode) waitPodRunning(name string) {
 	})
 }
 
+// samePod: pod (its process pid on n, its API object read through api)
+// is Running with the same process and no restart after what happened.
+func (n *systemdNode) samePod(api *systemdNode, pod, pid, after string) {
+	n.t.Helper()
+	api.waitPodRunning(pod)
+	if now := n.workloadPid(); now != pid {
+		n.t.Fatalf("the pod's process changed across %s: %s, then %s", after, pid, now)
+	}
+	if out, _ := api.kubectl("get", "pod", pod, "-o", "jsonpath={.status.containerStatuses[0].restartCount}"); out != "0" {
+		n.t.Fatalf("restartCount %q after %s", out, after)
+	}
+}
+
 func (n *systemdNode) install(args ...string) string {
 	n.t.Helper()
 	return n.installWaiting("cluster is up", args...)
@@ -258,13 +271,7 @@ func TestInstallSystemd(t *testing.T) {
 		}
 		return nil
 	})
-	n.waitPodRunning("sleeper")
-	if now := n.workloadPid(); now != pid {
-		t.Fatalf("the pod's process changed across systemctl restart k3sm: %s, then %s", pid, now)
-	}
-	if out, _ := n.kubectl("get", "pod", "sleeper", "-o", "jsonpath={.status.containerStatuses[0].restartCount}"); out != "0" {
-		t.Fatalf("restartCount %q after systemctl restart k3sm", out)
-	}
+	n.samePod(n, "sleeper", pid, "systemctl restart k3sm")
 
 	// A reboot: the container stops (systemd shuts down, every process
 	// ends, /run and /tmp are emptied) and starts again.

@@ -66,12 +66,7 @@ func readyStage(ctx context.Context, svc Service, o Options) (string, error) {
 	if _, err := os.Stat(kc); err != nil {
 		return "service running; waiting for the server to create the cluster", err
 	}
-	rc, err := clientcmd.BuildConfigFromFlags("", kc)
-	if err != nil {
-		return "reading the admin kubeconfig", err
-	}
-	rc.Timeout = 5 * time.Second
-	c, err := kubernetes.NewForConfig(rc)
+	c, err := quickClient(kc)
 	if err != nil {
 		return "reading the admin kubeconfig", err
 	}
@@ -108,12 +103,7 @@ func agentReadyStage(ctx context.Context, o Options) (string, error) {
 	if _, err := os.Stat(l.JoinFile()); err != nil {
 		return "service running; waiting for the agent to join the server", err
 	}
-	rc, err := clientcmd.BuildConfigFromFlags("", l.NodeKubeconfig())
-	if err != nil {
-		return "joined; reading the node's kubeconfig", err
-	}
-	rc.Timeout = 5 * time.Second
-	c, err := kubernetes.NewForConfig(rc)
+	c, err := quickClient(l.NodeKubeconfig())
 	if err != nil {
 		return "joined; reading the node's kubeconfig", err
 	}
@@ -127,4 +117,15 @@ func agentReadyStage(ctx context.Context, o Options) (string, error) {
 		}
 	}
 	return "joined; waiting for node " + o.NodeName + " to be Ready", nil
+}
+
+// quickClient is a client of kubeconfig whose calls give up after 5 s:
+// each stage is polled again a second later.
+func quickClient(kubeconfig string) (kubernetes.Interface, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	rc.Timeout = 5 * time.Second
+	return kubernetes.NewForConfig(rc)
 }
