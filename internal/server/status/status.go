@@ -33,6 +33,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -389,12 +390,21 @@ func (p prober) runtime(socket string) func(context.Context) (string, error) {
 }
 
 func (p prober) client() (kubernetes.Interface, error) {
+	rc, err := p.restConfig()
+	if err != nil {
+		return nil, err
+	}
+	return kubernetes.NewForConfig(rc)
+}
+
+// restConfig is the admin kubeconfig's, each call bounded by the probe's timeout.
+func (p prober) restConfig() (*rest.Config, error) {
 	rc, err := clientcmd.BuildConfigFromFlags("", p.l.AdminKubeconfig())
 	if err != nil {
 		return nil, fmt.Errorf("admin kubeconfig: %w", err)
 	}
 	rc.Timeout = p.timeout
-	return kubernetes.NewForConfig(rc)
+	return rc, nil
 }
 
 func (p prober) apiserver(ctx context.Context) (string, error) {
@@ -514,9 +524,8 @@ func (p prober) meshComponent(ctx context.Context, netd bool, children map[strin
 	c.Pid = children[roleconfig.Node].Pid
 	pctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
-	rc, err := clientcmd.BuildConfigFromFlags("", p.l.AdminKubeconfig())
+	rc, err := p.restConfig()
 	if err == nil {
-		rc.Timeout = p.timeout
 		var dyn dynamic.Interface
 		if dyn, err = dynamic.NewForConfig(rc); err == nil {
 			var list *unstructured.UnstructuredList
