@@ -374,19 +374,6 @@ func TestAgentJoin(t *testing.T) {
 	}
 
 	testAgentLocalPath(t, s, c, agentDir)
-	// metrics.k8s.io covers the agent's node and pods: the server's node
-	// scrapes agent-1's kubelet (two scrapes 15 s apart make a rate).
-	waitFor(t, 90*time.Second, "kubectl top for agent-1 and its pod", func() error {
-		out, err := s.kubectl("top", "pod", "on-agent", "--no-headers")
-		if err != nil || !strings.HasPrefix(out, "on-agent ") {
-			return fmt.Errorf("top pod: %v %s", err, out)
-		}
-		out, err = s.kubectl("top", "node", "--no-headers")
-		if err != nil || !strings.Contains(out, "agent-1 ") || !strings.Contains(out, "e2e-node ") {
-			return fmt.Errorf("top node: %v %s", err, out)
-		}
-		return nil
-	})
 
 	// An agent restart joins again and re-attaches to the running pod.
 	a.stop()
@@ -399,6 +386,21 @@ func TestAgentJoin(t *testing.T) {
 	if out, err := s.kubectl("exec", "on-agent", "--", "prog", "echo:after restart"); err != nil || !strings.Contains(out, "after restart") {
 		t.Fatalf("kubectl exec after the agent's restart: %v: %s", err, out)
 	}
+	// metrics.k8s.io covers the agent's node and pods: the server's node
+	// scrapes agent-1's kubelet (two scrapes 15 s apart make a rate;
+	// checked here, before the server's restart, by when they have been made).
+	waitFor(t, 90*time.Second, "kubectl top for agent-1 and its pod", func() error {
+		out, err := s.kubectl("top", "pod", "on-agent", "--no-headers")
+		if err != nil || !strings.HasPrefix(out, "on-agent ") {
+			return fmt.Errorf("top pod: %v %s", err, out)
+		}
+		out, err = s.kubectl("top", "node", "--no-headers")
+		if err != nil || !strings.Contains(out, "agent-1 ") || !strings.Contains(out, "e2e-node ") {
+			return fmt.Errorf("top node: %v %s", err, out)
+		}
+		return nil
+	})
+
 	// A server restart: the agent and its pods go on; nothing restarts.
 	s.stop()
 	s.start()

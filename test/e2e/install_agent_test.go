@@ -19,6 +19,7 @@ import (
 // `systemctl restart k3sm-agent`; a second identical install changes
 // nothing; uninstall leaves the machine as it was.
 func TestInstallAgentSystemd(t *testing.T) {
+	t.Parallel() // see TestInstallSystemd
 	b := make([]byte, 4)
 	rand.Read(b)
 	network := "k3sm-e2e-" + hex.EncodeToString(b)

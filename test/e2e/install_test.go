@@ -205,6 +205,9 @@ func (n *systemdNode) installWaiting(want string, args ...string) string {
 // process), a reboot brings the cluster and the pod back, and uninstall
 // removes exactly what install made (the data dir only with --purge).
 func TestInstallSystemd(t *testing.T) {
+	// In parallel with the other install test: each is its own Docker
+	// machines, and much of their time is waiting for systemd.
+	t.Parallel()
 	n := newSystemdNode(t)
 	n.copyBinaries()
 	n.must("useradd", "--create-home", "alice")
