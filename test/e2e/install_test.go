@@ -169,6 +169,21 @@ func (n *systemdNode) waitPodRunning(name string) {
 	})
 }
 
+// asBefore: after what (an uninstall) no process matching procs (pgrep
+// -f) runs, and the files and network are as listed before the install.
+func (n *systemdNode) asBefore(what, procs, before, netBefore string) {
+	n.t.Helper()
+	if out, _ := n.exec("pgrep", "-f", procs); strings.TrimSpace(out) != "" {
+		n.t.Fatalf("processes left after %s: %s", what, out)
+	}
+	if after := n.listing(); after != before {
+		n.t.Fatalf("%s left the machine different from before install:\n--- before ---\n%s\n--- after ---\n%s", what, before, after)
+	}
+	if after := n.network(); after != netBefore {
+		n.t.Fatalf("%s left the pod network:\n--- before install ---\n%s\n--- after ---\n%s", what, netBefore, after)
+	}
+}
+
 // samePod: pod (its process pid on n, its API object read through api)
 // is Running with the same process and no restart after what happened.
 func (n *systemdNode) samePod(api *systemdNode, pod, pid, after string) {
@@ -318,15 +333,7 @@ func TestInstallSystemd(t *testing.T) {
 	// the data dir stays.
 	out = n.must("k3sm", "uninstall")
 	t.Logf("k3sm uninstall:\n%s", out)
-	if out, _ := n.exec("pgrep", "-f", "k3sm|sleep 3600"); strings.TrimSpace(out) != "" {
-		t.Fatalf("processes left after uninstall: %s", out)
-	}
-	if after := n.listing(); after != before {
-		t.Fatalf("uninstall left the machine different from before install:\n--- before ---\n%s\n--- after ---\n%s", before, after)
-	}
-	if after := n.network(); after != netBefore {
-		t.Fatalf("uninstall left the pod network:\n--- before install ---\n%s\n--- after uninstall ---\n%s", netBefore, after)
-	}
+	n.asBefore("k3sm uninstall", "k3sm|sleep 3600", before, netBefore)
 	if podNetwork && !strings.Contains(out, "removed the pod network") {
 		t.Fatalf("uninstall did not say it removed the pod network:\n%s", out)
 	}
@@ -342,10 +349,5 @@ func TestInstallSystemd(t *testing.T) {
 	if out, err := n.exec("ls", "-A", "/var/lib/k3sm"); err == nil {
 		t.Fatalf("uninstall --purge left the data dir: %s", out)
 	}
-	if after := n.listing(); after != before {
-		t.Fatalf("uninstall --purge left the machine different from before install:\n--- before ---\n%s\n--- after ---\n%s", before, after)
-	}
-	if after := n.network(); after != netBefore {
-		t.Fatalf("uninstall --purge left the pod network:\n--- before install ---\n%s\n--- after uninstall ---\n%s", netBefore, after)
-	}
+	n.asBefore("k3sm uninstall --purge", "k3sm|sleep 3600", before, netBefore)
 }
