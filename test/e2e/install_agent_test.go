@@ -126,9 +126,15 @@ func TestInstallAgentSystemd(t *testing.T) {
 		}
 		return nil
 	})
-	if out, _ := srv.kubectl("get", "meshpeers", "-o", "jsonpath={range .items[*]}{.metadata.name}={.status.reachable} {end}"); strings.TrimSpace(out) != "k3sm-agent-1=true k3sm-server=true" {
-		t.Fatalf("MeshPeers: %q", out)
-	}
+	// Each node writes its MeshPeer's status when it next reads its
+	// device (within 10 s of a handshake while a peer is unsettled).
+	waitFor(t, time.Minute, "both MeshPeers reachable", func() error {
+		out, err := srv.kubectl("get", "meshpeers", "-o", "jsonpath={range .items[*]}{.metadata.name}={.status.reachable} {end}")
+		if err != nil || strings.TrimSpace(out) != "k3sm-agent-1=true k3sm-server=true" {
+			return fmt.Errorf("MeshPeers: %v %q", err, out)
+		}
+		return nil
+	})
 	pid := agt.workloadPid()
 	if out := agt.must("cat", "/proc/"+pid+"/cgroup"); !strings.Contains(out, "k3sm-agent.service") {
 		t.Fatalf("the pod's process is not in the agent unit's cgroup:\n%s", out)
