@@ -63,7 +63,7 @@ flags and waits for this node to be Ready.`,
 					return errors.New("--kubeconfig: an agent has no admin kubeconfig to merge (use the server's); leave the flag out")
 				}
 				mergeKC = false
-				a, err := agentInstall(cmd.Flags())
+				a, err := agentInstall(cmd.Flags(), srv)
 				if err != nil {
 					return err
 				}
@@ -204,16 +204,12 @@ func renderFlag(f *pflag.Flag) []string {
 	return []string{"--" + f.Name + "=" + f.Value.String()}
 }
 
-// installOwn are install's own flags: neither the server's nor the agent's.
-var installOwn = map[string]bool{"agent": true, "bin-link": true, "merge-kubeconfig": true, "kubeconfig": true,
-	"timeout": true, "dry-run": true, "data-volume": true}
-
 // refuseAgentFlags: a server install given an agent's flag (--server,
 // --token...) lacks --agent.
 func refuseAgentFlags(given, server, agentFS *pflag.FlagSet) error {
 	var errs []error
 	given.Visit(func(f *pflag.Flag) {
-		if !installOwn[f.Name] && server.Lookup(f.Name) == nil && agentFS.Lookup(f.Name) != nil {
+		if server.Lookup(f.Name) == nil && agentFS.Lookup(f.Name) != nil {
 			errs = append(errs, fmt.Errorf("--%s: a `k3sm agent` flag; add --agent to install an agent, or leave it out to install a server", f.Name))
 		}
 	})
@@ -228,16 +224,17 @@ type installedAgent struct {
 }
 
 // agentInstall checks the flags given to `install --agent` as `k3sm agent`
-// parses them (naming a server flag it does not take) and renders them.
+// parses them (naming a server flag it does not take) and renders them;
+// install's own flags (neither the server's nor the agent's) are left out.
 // The token (flag or $K3SM_TOKEN) goes to the environment, never the unit.
-func agentInstall(given *pflag.FlagSet) (installedAgent, error) {
+func agentInstall(given, server *pflag.FlagSet) (installedAgent, error) {
 	a := installedAgent{Config: agentDefaults()}
 	af := pflag.NewFlagSet("agent", pflag.ContinueOnError)
 	agentFlags(af, &a.Config)
 	var errs []error
 	given.Visit(func(f *pflag.Flag) {
 		switch {
-		case installOwn[f.Name]:
+		case af.Lookup(f.Name) == nil && server.Lookup(f.Name) == nil: // install's own
 		case af.Lookup(f.Name) == nil:
 			errs = append(errs, fmt.Errorf("--%s: a `k3sm server` flag; `k3sm install --agent` takes `k3sm agent`'s flags (see k3sm agent --help)", f.Name))
 		case f.Name == "netd-socket":
