@@ -72,6 +72,16 @@ func TestLaunchdAgentGolden(t *testing.T) {
 	o := agentGoldenOptions()
 	l := Launchd{UID: 450}
 	golden.Check(t, "launchd-agent.plists", renderUnits(t, l, o))
+	// The agent's plist holds the join token: only root reads it.
+	units, err := l.Units(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range units {
+		if agent := u.Path == plistPath(o, LabelAgent); agent != (u.Mode == 0o600) {
+			t.Errorf("%s: mode %o", u.Path, u.Mode)
+		}
+	}
 	golden.Check(t, "launchd-agent-commands.txt", renderLifecycle(l, o))
 }
 
@@ -145,11 +155,7 @@ current-context: other
 // what install made and keeps what was there before.
 func TestInstallUninstallFiles(t *testing.T) {
 	root := t.TempDir()
-	src := filepath.Join(root, "src")
-	os.MkdirAll(src, 0o755)
-	for _, b := range Binaries {
-		os.WriteFile(filepath.Join(src, b), []byte("#!/bin/sh\necho "+b+"\n"), 0o755)
-	}
+	src := sourceBinaries(t, root)
 	data := filepath.Join(root, "data")
 	os.MkdirAll(data, 0o700)
 	os.WriteFile(filepath.Join(data, "admin.kubeconfig"), []byte(adminKubeconfig), 0o600)
@@ -278,13 +284,25 @@ func TestInstallUninstallFiles(t *testing.T) {
 	}
 }
 
+// sourceBinaries makes <root>/src holding a small script for each of
+// Binaries: what install copies.
+func sourceBinaries(t *testing.T, root string) string {
+	t.Helper()
+	src := filepath.Join(root, "src")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range Binaries {
+		if err := os.WriteFile(filepath.Join(src, b), []byte("#!/bin/sh\necho "+b+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return src
+}
+
 func TestInstallRefusesForeignBinLink(t *testing.T) {
 	root := t.TempDir()
-	src := filepath.Join(root, "src")
-	os.MkdirAll(src, 0o755)
-	for _, b := range Binaries {
-		os.WriteFile(filepath.Join(src, b), []byte(b), 0o755)
-	}
+	src := sourceBinaries(t, root)
 	os.MkdirAll(filepath.Join(root, "bin"), 0o755)
 	os.WriteFile(filepath.Join(root, "bin/k3sm"), []byte("someone else's"), 0o755)
 	var out strings.Builder
@@ -355,11 +373,7 @@ func TestSecretsOutOfTheUnit(t *testing.T) {
 // manifest says) that stops the agent's unit.
 func TestInstallUninstallAgent(t *testing.T) {
 	root := t.TempDir()
-	src := filepath.Join(root, "src")
-	os.MkdirAll(src, 0o755)
-	for _, b := range Binaries {
-		os.WriteFile(filepath.Join(src, b), []byte(b), 0o755)
-	}
+	src := sourceBinaries(t, root)
 	data := filepath.Join(root, "data")
 	rec := &recorder{}
 	o := Options{Role: RoleAgent, NodeName: "worker-1", DataDir: data, Source: src, Version: "test", NoBinLink: true,
