@@ -184,6 +184,21 @@ func (n *systemdNode) asBefore(what, procs, before, netBefore string) {
 	}
 }
 
+// onlyNetdIsRoot: the k3sm-netd unit runs as root; unit's main process,
+// and every process matching procs (pgrep -f), as the user k3sm.
+func (n *systemdNode) onlyNetdIsRoot(unit, procs string) {
+	n.t.Helper()
+	for unit, user := range map[string]string{"k3sm-netd": "root", unit: "k3sm"} {
+		pid := strings.TrimSpace(n.must("systemctl", "show", "-p", "MainPID", "--value", unit))
+		if out := n.must("stat", "-c", "%U", "/proc/"+pid); strings.TrimSpace(out) != user {
+			n.t.Fatalf("%s runs as %s, want %s", unit, out, user)
+		}
+	}
+	if out := n.must("sh", "-c", "ps -o user= -p \"$(pgrep -d, -f '"+procs+"')\" | sort -u"); strings.TrimSpace(out) != "k3sm" {
+		n.t.Fatalf("the processes of %s run as %q, want only k3sm", unit, out)
+	}
+}
+
 // samePod: pod (its process pid on n, its API object read through api)
 // is Running with the same process and no restart after what happened.
 func (n *systemdNode) samePod(api *systemdNode, pod, pid, after string) {
@@ -241,15 +256,7 @@ func TestInstallSystemd(t *testing.T) {
 	}
 	// k3sm-netd is the only privileged process: the server and all it
 	// starts run as the unprivileged user k3sm.
-	for unit, user := range map[string]string{"k3sm-netd": "root", "k3sm": "k3sm"} {
-		pid := strings.TrimSpace(n.must("systemctl", "show", "-p", "MainPID", "--value", unit))
-		if out := n.must("stat", "-c", "%U", "/proc/"+pid); strings.TrimSpace(out) != user {
-			t.Fatalf("%s runs as %s, want %s", unit, out, user)
-		}
-	}
-	if out := n.must("sh", "-c", "ps -o user= -p \"$(pgrep -d, -f '[k]3sm-runtimed|[k]3sm node|[k]ube-apiserver')\" | sort -u"); strings.TrimSpace(out) != "k3sm" {
-		t.Fatalf("the server's processes run as %q, want only k3sm", out)
-	}
+	n.onlyNetdIsRoot("k3sm", "[k]3sm-runtimed|[k]3sm node|[k]ube-apiserver")
 	if out := n.must("stat", "-c", "%a", "/var/lib/k3sm/server/cred/encryption-config.yaml"); strings.TrimSpace(out) != "600" {
 		t.Fatalf("encryption config mode %s", out)
 	}
