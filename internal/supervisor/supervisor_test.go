@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -13,13 +12,13 @@ import (
 	"runtime/metrics"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/backoff"
 	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
+	"github.com/k3sm-dev/k3sm/internal/testutil/syncbuf"
 )
 
 // The test binary doubles as the child: with K3SM_TEST_CHILD set it listens
@@ -274,29 +273,12 @@ type eagerChild struct{ settlingChild }
 
 func (eagerChild) Ready(context.Context) error { return nil }
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // Telling a child it settled never kills it, however early it comes: 20
 // kill -9 in a row of a child that is ready at once (so it is told at once,
 // before its runtime could install a signal handler) give 20 restarts,
 // each of a process our SIGKILL ended, and the last one settles.
 func TestSettleNeverKillsARestartedChild(t *testing.T) {
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	s := newTestSupervisor(t)
 	s.Log = slog.New(slog.NewTextHandler(&logs, nil))
 	s.Backoff, s.BackoffReset = backoff.Backoff{Initial: 10 * time.Millisecond, Max: 10 * time.Millisecond}, time.Minute

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/pki"
+	"github.com/k3sm-dev/k3sm/internal/testutil/syncbuf"
 	"github.com/prometheus/common/expfmt"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -248,24 +249,6 @@ func (c *fakeClock) set(t time.Time) {
 	c.now = t
 }
 
-// syncBuffer is a log buffer the scrapes' goroutines may write at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestRemoteNodesThroughAPI: the server's node n1 scrapes n2's kubelet
 // (not itself, not the NotReady n3) over mutual TLS; after two scrapes the
 // API lists n2 and its pod beside n1's own, leaves out a pod the API has
@@ -290,7 +273,7 @@ func TestRemoteNodesThroughAPI(t *testing.T) {
 		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "web", UID: "uid-web", Labels: map[string]string{"app": "web"}}, Spec: corev1.PodSpec{NodeName: "n2"}},
 		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "elsewhere", UID: "uid-e"}, Spec: corev1.PodSpec{NodeName: "n9"}}))
 	clock := &fakeClock{now: at(1)}
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	remote := &Remote{Self: "n1", Nodes: nodes, Pods: allPods, Client: p.scraper(t), Timeout: 5 * time.Second, MaxAge: 30 * time.Second,
 		Log: slog.New(slog.NewTextHandler(&logs, nil)), Now: clock.Now}
 

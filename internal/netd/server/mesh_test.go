@@ -13,36 +13,18 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/netd/dataplane"
 	"github.com/k3sm-dev/k3sm/internal/netd/wire"
+	"github.com/k3sm-dev/k3sm/internal/testutil/syncbuf"
 )
 
-// logBuf collects a server's log lines, every level.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // startLogged starts e's server logging into the returned buffer.
-func (e *env) startLogged(t *testing.T) (*Server, *logBuf) {
+func (e *env) startLogged(t *testing.T) (*Server, *syncbuf.Buffer) {
 	t.Helper()
-	logs := &logBuf{}
+	logs := &syncbuf.Buffer{}
 	cfg := e.config(os.Getuid())
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	srv, err := Start(cfg)
