@@ -78,6 +78,10 @@ func (d *DB) Log() string {
 }
 
 func start(name string, cmd *exec.Cmd, dir string, port int) (*DB, error) {
+	return startAt(name, cmd, dir, "127.0.0.1", port)
+}
+
+func startAt(name string, cmd *exec.Cmd, dir, host string, port int) (*DB, error) {
 	d := &DB{Name: name, LogPath: filepath.Join(dir, name+".log"), cmd: cmd, done: make(chan error, 1)}
 	logf, err := os.Create(d.LogPath)
 	if err != nil {
@@ -97,7 +101,7 @@ func start(name string, cmd *exec.Cmd, dir string, port int) (*DB, error) {
 			return nil, fmt.Errorf("%s exited before it listened (%v):\n%s", name, err, d.Log())
 		default:
 		}
-		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(host, strconv.Itoa(port)), time.Second)
 		if err == nil {
 			c.Close()
 			return d, nil
@@ -123,6 +127,10 @@ type Options struct {
 	Dir string
 	// Port is its 127.0.0.1 port; PeerPort is etcd's peer port.
 	Port, PeerPort int
+	// Host, for PostgreSQL only, is the address it listens on instead of
+	// 127.0.0.1: one on a bridge the test made, for servers in network
+	// namespaces of their own (clients on that bridge's subnet may log in).
+	Host string
 	// Durable keeps fsync on (a benchmark of the engines as users run them).
 	Durable bool
 }
@@ -168,18 +176,31 @@ func Postgres(o Options) (*DB, error) {
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("initdb: %v\n%s", err, out)
 	}
+	host := "127.0.0.1"
+	if o.Host != "" {
+		host = o.Host
+		hba, err := os.OpenFile(filepath.Join(data, "pg_hba.conf"), os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			return nil, err
+		}
+		_, err = hba.WriteString("host all all samenet scram-sha-256\n")
+		hba.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
 	args := []string{"-D", data, "-k", o.Dir, "-p", strconv.Itoa(o.Port),
-		"-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200"}
+		"-c", "listen_addresses=" + host, "-c", "max_connections=200"}
 	if !o.Durable {
 		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off")
 	}
 	cmd := exec.Command(filepath.Join(bin, "postgres"), args...)
 	cmd.SysProcAttr, cmd.Dir = attr, o.Dir
-	d, err := start("postgres", cmd, o.Dir, o.Port)
+	d, err := startAt("postgres", cmd, o.Dir, host, o.Port)
 	if err != nil {
 		return nil, err
 	}
-	d.Endpoint = fmt.Sprintf("postgres://k3sm:%s@127.0.0.1:%d/k3sm?sslmode=disable", Password, o.Port)
+	d.Endpoint = fmt.Sprintf("postgres://k3sm:%s@%s/k3sm?sslmode=disable", Password, net.JoinHostPort(host, strconv.Itoa(o.Port)))
 	return d, nil
 }
 
