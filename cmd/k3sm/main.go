@@ -25,7 +25,10 @@ func main() {
 			os.Exit(run(os.Args[2:]))
 		}
 	}
-	os.Exit(k3smcmd.Execute(k3smcmd.Upstream{Kubectl: upstream.Kubectl, Flags: upstream.Flags}, func(*controlplane.Config) []controlplane.Addon {
+	os.Exit(k3smcmd.Execute(k3smcmd.Upstream{Kubectl: upstream.Kubectl, Flags: upstream.Flags}, func(cfg *controlplane.Config) []controlplane.Addon {
+		if cfg.DisableAgent {
+			return []controlplane.Addon{join.Addon(nil)}
+		}
 		return []controlplane.Addon{localnode.Addon(nil), join.Addon(nil)}
 	}))
 }

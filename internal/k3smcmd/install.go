@@ -78,7 +78,7 @@ flags and waits for this node to be Ready.`,
 				if err := cfg.Validate(); err != nil {
 					return err
 				}
-				o.DataDir, o.Environment = cfg.DataDir, secretEnv(cfg)
+				o.DataDir, o.Environment, o.DisableAgent = cfg.DataDir, secretEnv(cfg), cfg.DisableAgent
 			}
 			svc, err := install.NativeFor(o.DataDir)
 			if err != nil {
@@ -179,9 +179,10 @@ func newUninstall() *cobra.Command {
 func persistedFlags(given, server *pflag.FlagSet) []string {
 	var args []string
 	given.Visit(func(f *pflag.Flag) {
-		// The endpoint may hold a password: it goes to the service's
-		// environment file (secretEnv), not its world-readable unit.
-		if f.Name == "data-dir" || f.Name == datastore.FlagEndpoint || server.Lookup(f.Name) == nil {
+		// The endpoint may hold a password, and the token is one: they go
+		// to the service's environment file (secretEnv), not its
+		// world-readable unit.
+		if f.Name == "data-dir" || f.Name == datastore.FlagEndpoint || f.Name == "token" || server.Lookup(f.Name) == nil {
 			return
 		}
 		args = append(args, renderFlag(f)...)
@@ -277,12 +278,17 @@ func agentInstall(given, server *pflag.FlagSet) (installedAgent, error) {
 }
 
 // secretEnv is the server's environment that install keeps out of the
-// unit: the datastore endpoint (given by flag or by $K3SM_DATASTORE_ENDPOINT).
+// unit: the datastore endpoint (given by flag or by
+// $K3SM_DATASTORE_ENDPOINT) and a joining server's token.
 func secretEnv(cfg controlplane.Config) []string {
-	if cfg.Datastore.Endpoint == "" {
-		return nil
+	var env []string
+	if cfg.Datastore.Endpoint != "" {
+		env = append(env, DatastoreEndpointEnv+"="+cfg.Datastore.Endpoint)
 	}
-	return []string{DatastoreEndpointEnv + "=" + cfg.Datastore.Endpoint}
+	if cfg.Token != "" {
+		env = append(env, AgentTokenEnv+"="+cfg.Token)
+	}
+	return env
 }
 
 // invokingUser is the user behind sudo, or the current one.

@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
 )
 
 // The server flags given to install are persisted in the unit, each as
@@ -79,6 +81,30 @@ func TestInstallKeepsTheDatastorePasswordOutOfTheUnit(t *testing.T) {
 		!strings.Contains(got, "EnvironmentFile=/etc/systemd/system/k3sm.service.env\n") ||
 		!strings.Contains(got, "# /etc/systemd/system/k3sm.service.env (mode 0600,") {
 		t.Errorf("dry run:\n%s", got)
+	}
+}
+
+// A joining server's token goes to the root-only environment file, as the
+// datastore endpoint does, never into the unit.
+func TestInstallKeepsAServersTokenOutOfTheUnit(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the systemd unit is rendered on Linux")
+	}
+	root := New(Upstream{}, nil)
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetArgs([]string{"install", "--dry-run", "--data-dir", "/srv/k3sm", "--datastore-endpoint=postgres://k3sm@db.internal:5432/k3sm",
+		"--token", testToken, "--disable-agent"})
+	if err := root.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	if strings.Contains(got, "0123456789abcdef") || strings.Contains(got, "--token=") || !strings.Contains(got, "# Secrets ($K3SM_DATASTORE_ENDPOINT, $K3SM_TOKEN)") ||
+		!strings.Contains(got, "EnvironmentFile=/etc/systemd/system/k3sm.service.env\n") || !strings.Contains(got, "--disable-agent") {
+		t.Errorf("dry run:\n%s", got)
+	}
+	if env := secretEnv(controlplane.Config{Token: testToken}); len(env) != 1 || env[0] != AgentTokenEnv+"="+testToken {
+		t.Errorf("secretEnv = %v", env)
 	}
 }
 

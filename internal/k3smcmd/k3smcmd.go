@@ -122,6 +122,9 @@ func datastoreFromEnv(cfg *controlplane.Config) {
 	if cfg.Datastore.Endpoint == "" {
 		cfg.Datastore.Endpoint = os.Getenv(DatastoreEndpointEnv)
 	}
+	if cfg.Token == "" {
+		cfg.Token = os.Getenv(AgentTokenEnv)
+	}
 }
 
 // serverFlags are the flags of `k3sm server`; `k3sm install` takes them too
@@ -156,6 +159,8 @@ func serverFlags(f *pflag.FlagSet, cfg *controlplane.Config, dc *deployConfig) {
 	f.StringVar(&cfg.Datastore.CAFile, datastore.FlagCAFile, "", "CA certificate that signs the datastore's server certificate")
 	f.StringVar(&cfg.Datastore.CertFile, datastore.FlagCertFile, "", "client certificate for the datastore")
 	f.StringVar(&cfg.Datastore.KeyFile, datastore.FlagKeyFile, "", "key of --datastore-certfile")
+	f.StringVar(&cfg.Token, "token", "", "($"+AgentTokenEnv+") join the cluster that lives in --datastore-endpoint as one more server: a token from `k3sm token create` on one of its servers (only the first start of a data dir reads it)")
+	f.BoolVar(&cfg.DisableAgent, "disable-agent", false, "run the control plane without a node of this machine: no pods, runtime, pod network or metrics.k8s.io here")
 	f.StringVar(&cfg.RegistriesConfig, "registries-config", "", "registries.yaml with mirrors, plain-HTTP endpoints and auth (default <data-dir>/registries.yaml)")
 	if cfg.ExtraArgs == nil {
 		cfg.ExtraArgs = map[string][]string{}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/server/datastore"
 	"github.com/k3sm-dev/k3sm/internal/server/join"
 	"github.com/k3sm-dev/k3sm/internal/server/snapshot"
 	"github.com/spf13/cobra"
@@ -26,8 +27,12 @@ func newToken() *cobra.Command {
 	}
 	cmd.PersistentFlags().StringVar(&dataDir, "data-dir", controlplane.DefaultDataDir(), "the server's data directory ($K3SM_DATA_DIR)")
 	admin := func() (kubernetes.Interface, error) {
-		if err := snapshot.CheckCluster(dataDir); err != nil {
+		// Tokens live in the cluster, whichever datastore holds it.
+		if _, ok, err := datastore.Recorded(datadir.New(dataDir)); err != nil {
 			return nil, err
+		} else if !ok {
+			return nil, fmt.Errorf("%w at %s: start `k3sm server --data-dir %s` first, or pass the data dir of an existing cluster with --data-dir or $K3SM_DATA_DIR",
+				snapshot.ErrNoCluster, dataDir, dataDir)
 		}
 		if running, _ := serverRunning(dataDir); !running {
 			return nil, fmt.Errorf("no k3sm server is running on %s: tokens are kept in the cluster; start `k3sm server --data-dir %s` first", dataDir, dataDir)

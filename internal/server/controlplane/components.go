@@ -189,14 +189,16 @@ const schedulerQPS = 200
 // schedulerConfig is a KubeSchedulerConfiguration (JSON, which the
 // scheduler reads as YAML): the client settings have no flags but
 // deprecated ones, which a configuration file overrides anyway.
-func schedulerConfig(kubeconfig string) []byte {
+// leaderElect is on when several servers may share the cluster (an
+// external datastore): then one scheduler acts at a time.
+func schedulerConfig(kubeconfig string, leaderElect bool) []byte {
 	cfg := map[string]any{
 		"apiVersion": "kubescheduler.config.k8s.io/v1",
 		"kind":       "KubeSchedulerConfiguration",
 		"clientConnection": map[string]any{
 			"kubeconfig": kubeconfig, "qps": schedulerQPS, "burst": 2 * schedulerQPS,
 		},
-		"leaderElection":            map[string]any{"leaderElect": false},
+		"leaderElection":            map[string]any{"leaderElect": leaderElect},
 		"enableProfiling":           false,
 		"enableContentionProfiling": false,
 	}
@@ -208,7 +210,7 @@ func schedulerConfig(kubeconfig string) []byte {
 // command line.
 func (p *Plane) SchedulerArgs() ([]string, error) {
 	path := p.Layout.RoleConfig(roleconfig.Scheduler)
-	if err := atomicfile.WriteFile(path, schedulerConfig(p.Layout.Cred("scheduler")), 0o600); err != nil {
+	if err := atomicfile.WriteFile(path, schedulerConfig(p.Layout.Cred("scheduler"), p.Cfg.LeaderElect()), 0o600); err != nil {
 		return nil, fmt.Errorf("kube-scheduler configuration: %w", err)
 	}
 	kc := p.Layout.Cred("scheduler")
@@ -222,6 +224,12 @@ func (p *Plane) SchedulerArgs() ([]string, error) {
 		"--tls-private-key-file=" + p.SchedulerServing.KeyPath,
 	}, p.Cfg.ExtraArgs[roleconfig.Scheduler]), nil
 }
+
+// LeaderElect says whether the scheduler and controller-manager elect a
+// leader: on an external datastore, where several servers may run them
+// (one acts at a time); a SQLite cluster has one server, which then
+// starts acting without waiting for a lease.
+func (c *Config) LeaderElect() bool { return c.Datastore.External() }
 
 type controllerManager struct{ p *Plane }
 
@@ -246,7 +254,7 @@ func (c controllerManager) Args() []string {
 		fmt.Sprintf("--secure-port=%d", cfg.ControllerManagerPort),
 		"--tls-cert-file=" + c.p.ControllerManagerServing.CertPath,
 		"--tls-private-key-file=" + c.p.ControllerManagerServing.KeyPath,
-		"--leader-elect=false",
+		fmt.Sprintf("--leader-elect=%t", cfg.LeaderElect()),
 		"--profiling=false",
 		"--controllers=" + strings.Join(controllers, ","),
 		// Its default of 20 requests/s throttles start-up on a fresh

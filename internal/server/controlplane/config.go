@@ -18,10 +18,12 @@ import (
 	"strings"
 	"time"
 
+	joinv1 "github.com/k3sm-dev/k3sm/api/join/v1"
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/diskpolicy"
 	"github.com/k3sm-dev/k3sm/internal/runtime/cgroups"
 	"github.com/k3sm-dev/k3sm/internal/server/datastore"
+	"github.com/k3sm-dev/k3sm/internal/server/serverboot"
 	"github.com/spf13/pflag"
 )
 
@@ -85,6 +87,14 @@ type Config struct {
 	// Datastore is --datastore-endpoint and its TLS files: empty for the
 	// embedded SQLite file, else an external PostgreSQL, MySQL or etcd.
 	Datastore datastore.Config
+	// Token (--token, $K3SM_TOKEN) joins this server to the cluster that
+	// already lives in Datastore: its first start reads the cluster's
+	// keys from the bootstrap record sealed for this token (package
+	// serverboot). Empty: the server makes (or has) its own cluster.
+	Token string
+	// DisableAgent runs the control plane without a node of this machine
+	// (k3s's --disable-agent): no pods, runtime, pod network or metrics here.
+	DisableAgent bool
 	// Disk: container log rotation, image GC, DiskPressure.
 	Disk diskpolicy.Config
 	// Ops: snapshots, secrets encryption, the audit log (docs/operations.md).
@@ -288,6 +298,14 @@ func (c *Config) Validate() error {
 	}
 	for _, e := range c.Datastore.Validate() {
 		add(e.Flag, e.Value, e.Problem, e.Fix)
+	}
+	if c.Token != "" {
+		if !c.Datastore.External() {
+			add(serverboot.FlagToken, "(given)", "a server joins a cluster through the cluster's database, and none is given",
+				"give the cluster's --datastore-endpoint too (embedded etcd, --cluster-init, is not supported yet), or drop --token for a cluster of its own")
+		} else if _, err := joinv1.ParseToken(c.Token); err != nil {
+			add(serverboot.FlagToken, "(given)", strings.TrimPrefix(err.Error(), "--token: "), "")
+		}
 	}
 	if c.Datastore.External() && c.Ops.SnapshotSchedule > 0 {
 		add("snapshot-schedule", c.Ops.SnapshotSchedule.String(), "k3sm snapshots copy the embedded SQLite datastore, and this cluster lives in --datastore-endpoint",

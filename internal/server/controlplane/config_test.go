@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -163,6 +164,61 @@ func TestSchedulerConfigLoads(t *testing.T) {
 	}
 	if cfg.LeaderElection.LeaderElect || cfg.EnableProfiling {
 		t.Fatalf("leader election %v, profiling %v: want both off", cfg.LeaderElection.LeaderElect, cfg.EnableProfiling)
+	}
+
+	// On an external datastore several servers may run the scheduler and
+	// the controller-manager: one of each acts, by leader election.
+	p.Cfg.Datastore.Endpoint = "postgres://k3sm@127.0.0.1:5432/k3sm"
+	if _, err := p.SchedulerArgs(); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, err = scheduleroptions.LoadConfigFromFile(klog.Background(), path); err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.LeaderElection.LeaderElect {
+		t.Errorf("scheduler on an external datastore: leader election off")
+	}
+	if !slices.Contains(controllerManager{p}.Args(), "--leader-elect=true") {
+		t.Errorf("controller-manager on an external datastore: %v, want --leader-elect=true", controllerManager{p}.Args())
+	}
+}
+
+// --token joins a cluster through its external datastore: without one, or
+// malformed, it is refused naming the flag and never echoed.
+func TestValidateToken(t *testing.T) {
+	const secret = "0123456789abcdef"
+	tok := "K10" + strings.Repeat("ab", 32) + "::abcdef." + secret
+	for _, tc := range []struct {
+		name, endpoint, token string
+		want                  []string
+	}{
+		{"no datastore", "", tok, []string{"--token", "--datastore-endpoint"}},
+		{"malformed", "postgres://k@127.0.0.1:5432/k", "abcdef." + secret, []string{"--token", "K10"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Defaults()
+			c.DataDir, c.Token, c.Datastore.Endpoint = t.TempDir(), tc.token, tc.endpoint
+			err := c.Validate()
+			if err == nil {
+				t.Fatal("want an error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), secret) {
+				t.Errorf("the error shows the token's secret: %v", err)
+			}
+		})
+	}
+	c := Defaults()
+	c.DataDir, c.Token, c.Datastore.Endpoint = t.TempDir(), tok, "postgres://k@127.0.0.1:5432/k"
+	if err := c.Validate(); err != nil {
+		t.Errorf("a token with a datastore: %v", err)
+	}
+	if s := c.SharedSettings(); s["service-cidr"] != c.ServiceCIDR || s["cluster-cidr"] != c.ClusterCIDR || s["secrets-encryption"] != "false" {
+		t.Errorf("shared settings %v", s)
 	}
 }
 

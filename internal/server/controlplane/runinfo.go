@@ -34,6 +34,8 @@ type RunInfo struct {
 	MeshPort int `json:"meshPort,omitempty"`
 	// Datastore is the datastore's endpoint without its password.
 	Datastore string `json:"datastore,omitempty"`
+	// DisableAgent: the server runs no node of its own (--disable-agent).
+	DisableAgent bool `json:"disableAgent,omitempty"`
 }
 
 func (c *Config) runInfo(started time.Time) RunInfo {
@@ -41,7 +43,7 @@ func (c *Config) runInfo(started time.Time) RunInfo {
 		SchedulerPort: c.SchedulerPort, ControllerManagerPort: c.ControllerManagerPort, KubeletPort: c.KubeletPort,
 		NodeName: c.NodeName, ServiceCIDR: c.ServiceCIDR, ClusterDNS: c.ClusterDNS, ClusterDomain: c.ClusterDomain,
 		ServiceProxy: ServiceProxyMode(c.ServiceProxy, goruntime.GOOS, c.NetdAvailable(os.Geteuid()), c.PodNetwork), NetdSocket: c.NetdSocket,
-		MeshPort: c.MeshPort, Datastore: c.Datastore.Redacted()}
+		MeshPort: c.MeshPort, Datastore: c.Datastore.Redacted(), DisableAgent: c.DisableAgent}
 }
 
 func writeRunInfo(l datadir.Layout, ri RunInfo) error {

@@ -9,8 +9,10 @@ import (
 
 	"k8s.io/client-go/rest"
 
+	joinv1 "github.com/k3sm-dev/k3sm/api/join/v1"
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/server/datastore"
+	"github.com/k3sm-dev/k3sm/internal/server/serverboot"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -145,6 +147,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 	dctx, dcancel := context.WithTimeout(ctx, componentReadyTimeout)
 	defer dcancel()
 	go publishDefaults(dctx, client, controllerManager{p}.Args(), log)
+	if cfg.Datastore.External() {
+		if err := startBootstrapSync(ctx, p, client, log); err != nil {
+			return err
+		}
+	}
 	for _, addon := range addons {
 		if addon.Verified != nil {
 			if err := addon.Verified(ctx, p, sup); err != nil {
@@ -235,11 +242,66 @@ func datastoreUsable(ctx context.Context, cfg *Config, log *slog.Logger) error {
 		return &FieldError{Flag: datastore.FlagEndpoint, Value: ds.Redacted(), Problem: "cannot tell whether the database already holds a cluster: " + err.Error(),
 			Fix: "check that the user may read the database; nothing was started"}
 	}
+	if cfg.Token != "" {
+		if !holds {
+			return &FieldError{Flag: serverboot.FlagToken, Value: "(given)", Problem: "the database " + ds.Redacted() + " holds no cluster to join",
+				Fix: "start the cluster's first server on it without --token, or give the --datastore-endpoint of the token's cluster; nothing was started"}
+		}
+		return joinCluster(ctx, cfg, log)
+	}
 	if holds {
 		return &FieldError{Flag: datastore.FlagEndpoint, Value: ds.Redacted(),
 			Problem: "the database already holds a cluster, made by the server of another --data-dir",
-			Fix:     "start with that server's --data-dir, or name an empty database (several servers on one database are not supported yet); nothing was started"}
+			Fix:     "to add this server to it, give --token with a token from `k3sm token create` on one of its servers; or start with that server's --data-dir, or name an empty database; nothing was started"}
 	}
+	return nil
+}
+
+// bootstrapWait is how long a joining server waits for its token's
+// record: the cluster's servers write it within a second of `k3sm token
+// create`.
+var bootstrapWait = 10 * time.Second
+
+// joinCluster fills this server's new data directory from the bootstrap
+// record of its token in the cluster's database.
+func joinCluster(ctx context.Context, cfg *Config, log *slog.Logger) error {
+	tok, err := joinv1.ParseToken(cfg.Token)
+	if err != nil {
+		return err
+	}
+	store, err := cfg.Datastore.Bootstrap()
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	log.Info("joining the cluster in the datastore", "token", tok.ID)
+	return serverboot.Join(ctx, store, tok, datadir.New(cfg.DataDir), cfg.SharedSettings(), time.Now(), bootstrapWait, func(err error) {
+		log.Info("waiting for the cluster's servers to write the token's bootstrap record", "err", err)
+	})
+}
+
+// SharedSettings are the flags every server of a cluster must give alike.
+func (c *Config) SharedSettings() map[string]string {
+	m := serverboot.Settings(c.ClusterCIDR, c.ServiceCIDR, c.ClusterDNS, c.ClusterDomain)
+	m[serverboot.FlagSecretsEncryption] = fmt.Sprint(c.Ops.SecretsEncryption)
+	return m
+}
+
+// startBootstrapSync keeps the sealed bootstrap record of every join token
+// in the external datastore, so that another server can join with any
+// token `k3sm token create` made on any server.
+func startBootstrapSync(ctx context.Context, p *Plane, client kubernetes.Interface, log *slog.Logger) error {
+	store, err := p.Cfg.Datastore.Bootstrap()
+	if err != nil {
+		return err
+	}
+	c := p.Cfg
+	sy := &serverboot.Syncer{Client: client, Store: store, Layout: p.Layout, Log: log,
+		Settings: serverboot.Settings(c.ClusterCIDR, c.ServiceCIDR, c.ClusterDNS, c.ClusterDomain)}
+	go func() {
+		defer store.Close()
+		sy.Run(ctx)
+	}()
 	return nil
 }
 

@@ -30,6 +30,9 @@ type Options struct {
 	Role string
 	// NodeName is the agent's node (what its readiness waits for).
 	NodeName string
+	// DisableAgent: the server runs no node (--disable-agent), so its
+	// readiness waits for no Node.
+	DisableAgent bool
 	// DataDir is the server's (or agent's) data dir (absolute).
 	DataDir string
 	// ServerArgs are the role's flags persisted in the unit, after

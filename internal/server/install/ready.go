@@ -77,7 +77,7 @@ func readyStage(ctx context.Context, svc Service, o Options) (string, error) {
 	if err != nil {
 		return "waiting for the apiserver", err
 	}
-	ready := false
+	ready := o.DisableAgent // a server without a node waits for none
 	for _, n := range nodes.Items {
 		for _, cond := range n.Status.Conditions {
 			ready = ready || cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue

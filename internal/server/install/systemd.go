@@ -117,9 +117,15 @@ func (s Systemd) Units(o Options) ([]File, error) {
 		if err != nil {
 			return nil, err
 		}
-		secrets := "--datastore-endpoint"
-		if o.role() == RoleAgent {
-			secrets = "the join token"
+		secrets := "the join token"
+		if o.role() != RoleAgent {
+			// The server's: the datastore endpoint, a joining server's token.
+			var keys []string
+			for _, kv := range o.Environment {
+				k, _, _ := strings.Cut(kv, "=")
+				keys = append(keys, "$"+k)
+			}
+			secrets = strings.Join(keys, ", ")
 		}
 		envLine = "# Secrets (" + secrets + "), in a file only root reads.\nEnvironmentFile=" + qenv + "\n"
 		var b strings.Builder

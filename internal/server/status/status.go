@@ -163,6 +163,9 @@ func startHint(units []string, dataDir string) string {
 	return "k3sm server --data-dir " + dataDir
 }
 
+// noAgent is the detail of the node's parts on a server without a node.
+const noAgent = "this server runs no node of its own (--disable-agent)"
+
 func (r *Report) checkRunning(ctx context.Context, l datadir.Layout, pid int, timeout time.Duration) {
 	r.State = Running
 	server := Component{Name: "server", Health: OK, Pid: pid, Detail: "holds " + l.LockFile()}
@@ -215,6 +218,8 @@ func (r *Report) checkRunning(ctx context.Context, l datadir.Layout, pid int, ti
 		}
 		ch, ok := children[child]
 		switch {
+		case ri.DisableAgent && (pr.name == roleconfig.Runtime || pr.name == roleconfig.Netd || pr.name == roleconfig.Node):
+			c.Health, c.Detail = Off, noAgent
 		case pr.name == roleconfig.Kine && recorded && rec.Kind() == datastore.Etcd:
 			c.Health, c.Detail = Off, "the apiserver speaks to etcd at "+rec.Endpoint()+" directly"
 		case pr.name == roleconfig.Netd && ri.NetdSocket != "":
@@ -268,7 +273,9 @@ func (r *Report) checkRunning(ctx context.Context, l datadir.Layout, pid int, ti
 		probe func(context.Context) (string, error)
 	}{{"service-proxy", p.proxy}, {"dns", p.dns}} {
 		c := Component{Name: svc.name}
-		if !netd {
+		if ri.DisableAgent {
+			c.Health, c.Detail = Off, noAgent
+		} else if !netd {
 			c.Health, c.Detail = Off, "served only with a pod network (k3sm-netd)"
 		} else if n, ok := children[roleconfig.Node]; !ok || n.Pid == 0 {
 			c.Health, c.Detail = Down, "runs in the node process, which is down"
@@ -513,6 +520,10 @@ func (p prober) dns(ctx context.Context) (string, error) {
 // MeshPeer's status). A peer without one is Impaired, named.
 func (p prober) meshComponent(ctx context.Context, netd bool, children map[string]supervisor.ChildState) Component {
 	c := Component{Name: "mesh"}
+	if p.ri.DisableAgent {
+		c.Health, c.Detail = Off, noAgent
+		return c
+	}
 	if !netd || p.ri.MeshPort == 0 {
 		c.Health, c.Detail = Off, "no WireGuard mesh (--mesh-port 0, or no pod network): pods here reach no other node's pods"
 		return c

@@ -108,3 +108,26 @@ func TestDeadChildIsDown(t *testing.T) {
 		}
 	}
 }
+
+// A server without a node (--disable-agent) shows the node's parts off,
+// saying why, and is not degraded by them.
+func TestDisableAgentNodePartsOff(t *testing.T) {
+	dir := t.TempDir()
+	release, err := controlplane.LockDataDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	l := datadir.New(dir)
+	atomicfile.WriteFile(l.ServerInfoFile(), []byte(`{"pid":1,"apiURL":"https://127.0.0.1:1","nodeName":"n","meshPort":51820,"disableAgent":true}`), 0o600)
+	atomicfile.WriteFile(l.ComponentsFile(), []byte(`{"pid":1,"children":[]}`), 0o600)
+	r := check(t, dir, []string{})
+	for _, c := range r.Components {
+		switch c.Name {
+		case "runtime", "netd", "node", "service-proxy", "dns", "mesh":
+			if c.Health != Off || !strings.Contains(c.Detail, "--disable-agent") {
+				t.Errorf("%s: %+v, want off naming --disable-agent", c.Name, c)
+			}
+		}
+	}
+}
