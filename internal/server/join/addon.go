@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -19,6 +20,8 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/agent/proxy"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -55,6 +58,8 @@ func Addon(log *slog.Logger) controlplane.Addon {
 			}
 			e := &Endpoint{Client: cs, ServerCA: p.Certs.ServerCA, ClientCA: p.Certs.ClientCA, Settings: Settings(p.Cfg), Log: log,
 				OnJoin: func(ctx context.Context, node string) error { return AgentRBAC(ctx, cs, node) }}
+			self := e.Settings.Servers[0]
+			e.Servers = func(ctx context.Context) ([]string, error) { return APIServers(ctx, cs, self) }
 			srv := &http.Server{Handler: e.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
 				WriteTimeout: time.Minute, MaxHeaderBytes: 16 << 10,
 				TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
@@ -84,6 +89,42 @@ func Settings(cfg *controlplane.Config) joinv1.ClusterSettings {
 		s.APIServiceIP = ip.String()
 	}
 	return s
+}
+
+// APIServers lists the cluster's apiservers as URLs, self first: the
+// ready addresses of the kubernetes Service's EndpointSlices, which every
+// apiserver keeps its advertise address in while it runs (none with a
+// loopback advertise address: then self alone).
+func APIServers(ctx context.Context, cs kubernetes.Interface, self string) ([]string, error) {
+	sls, err := cs.DiscoveryV1().EndpointSlices(metav1.NamespaceDefault).List(ctx,
+		metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=kubernetes"})
+	if err != nil {
+		return nil, err
+	}
+	list := []string{self}
+	for _, sl := range sls.Items {
+		port := 0
+		for _, p := range sl.Ports {
+			if p.Name != nil && *p.Name == "https" && p.Port != nil {
+				port = int(*p.Port)
+			}
+		}
+		if port == 0 {
+			continue
+		}
+		for _, ep := range sl.Endpoints {
+			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+				continue
+			}
+			for _, a := range ep.Addresses {
+				u := "https://" + net.JoinHostPort(a, strconv.Itoa(port))
+				if !slices.Contains(list, u) {
+					list = append(list, u)
+				}
+			}
+		}
+	}
+	return list, nil
 }
 
 // AgentRBAC binds a joining node's identities: its own (NodeRBAC) and

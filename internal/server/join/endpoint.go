@@ -41,6 +41,9 @@ type Endpoint struct {
 	// OnJoin, when set, gives an accepted node what it needs in the
 	// cluster before its certificates are issued (its agent parts' RBAC).
 	OnJoin func(ctx context.Context, node string) error
+	// Servers, when set, lists the cluster's apiservers at the time of a
+	// join (this one first); Settings.Servers stands when it fails.
+	Servers func(ctx context.Context) ([]string, error)
 }
 
 // Handler serves PathCACerts and PathJoin.
@@ -122,6 +125,13 @@ func (e *Endpoint) join(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		refuse(w, http.StatusInternalServerError, err)
 		return
+	}
+	if e.Servers != nil {
+		if list, err := e.Servers(ctx); err == nil && len(list) > 0 {
+			resp.Cluster.Servers = list
+		} else if err != nil {
+			e.log().Warn("join: the cluster's other servers are not listed to the node", "err", err)
+		}
 	}
 	e.log().Info("node joined", "node", req.NodeName, "remote", r.RemoteAddr)
 	w.Header().Set("Content-Type", "application/json")
