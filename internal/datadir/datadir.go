@@ -99,6 +99,10 @@ func (l Layout) AgentServerCA() string    { return filepath.Join(l.AgentTLSDir()
 func (l Layout) NodePasswordFile() string { return filepath.Join(l.AgentDir(), "node-password") }
 func (l Layout) JoinFile() string         { return filepath.Join(l.AgentDir(), "join.json") }
 
+// APIServersFile is the agent's load balancer's last known list of the
+// cluster's apiservers (package apilb).
+func (l Layout) APIServersFile() string { return filepath.Join(l.AgentDir(), "apiservers.json") }
+
 // The joined node's local-path provisioner's client certificate and key
 // (the server's own node has its pair under the same names).
 func (l Layout) LocalPathClientCert() string {

@@ -32,7 +32,7 @@ const (
 // agentDefaults is `k3sm agent`'s configuration before its flags.
 func agentDefaults() agent.Config {
 	host, _ := os.Hostname()
-	return agent.Config{DataDir: controlplane.DefaultDataDir(), NodeName: strings.ToLower(host), KubeletPort: 10250, MeshPort: controlplane.DefaultMeshPort, MaxPods: 110,
+	return agent.Config{DataDir: controlplane.DefaultDataDir(), NodeName: strings.ToLower(host), KubeletPort: 10250, MeshPort: controlplane.DefaultMeshPort, MaxPods: 110, LBPort: agent.DefaultLBPort,
 		PodMaxPids: cgroups.DefaultPodPidsLimit, PodNetwork: "auto", NodeTaint: controlplane.DefaultNodeTaint(goruntime.GOOS), Disk: diskpolicy.Default()}
 }
 
@@ -95,6 +95,7 @@ func agentFlags(f *pflag.FlagSet, cfg *agent.Config) {
 	f.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "this machine's node name")
 	f.StringVar(&cfg.NodeIP, "node-ip", "", "this node's address (default: the one this machine reaches the server from)")
 	f.IntVar(&cfg.KubeletPort, "kubelet-port", cfg.KubeletPort, "port of this node's kubelet API")
+	f.IntVar(&cfg.LBPort, "lb-server-port", cfg.LBPort, "loopback port of the load balancer through which this node reaches the cluster's apiservers (it follows them, so losing one server disconnects nothing)")
 	f.StringVar(&cfg.NetdSocket, "netd-socket", "", "use this k3sm-netd, run apart as root (k3sm install's unit), instead of starting one: the agent then runs unprivileged")
 	f.IntVar(&cfg.MeshPort, "mesh-port", cfg.MeshPort, "UDP port of this node's WireGuard mesh device, which carries pod traffic between nodes; 0: no mesh")
 	f.IntVar(&cfg.MaxPods, "max-pods", cfg.MaxPods, "pods this node runs at most (the kubelet's --max-pods)")

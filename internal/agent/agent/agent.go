@@ -17,9 +17,11 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"strconv"
 	"time"
 
 	joinv1 "github.com/k3sm-dev/k3sm/api/join/v1"
+	"github.com/k3sm-dev/k3sm/internal/agent/apilb"
 	"github.com/k3sm-dev/k3sm/internal/agent/join"
 	"github.com/k3sm-dev/k3sm/internal/agent/nodeproc"
 	"github.com/k3sm-dev/k3sm/internal/backoff"
@@ -58,10 +60,17 @@ type Config struct {
 	// unit), which serves this agent's uid: the agent itself then needs no
 	// privilege. "": the agent starts k3sm-netd itself (as root).
 	NetdSocket string
+	// LBPort is the loopback port of the agent's load balancer over the
+	// cluster's apiservers, which the node's clients dial (k3s's
+	// --lb-server-port).
+	LBPort int
 	// Executable is k3sm itself: the node role, with k3sm-runtimed and
 	// k3sm-netd beside it.
 	Executable string
 }
+
+// DefaultLBPort is k3s's agent load balancer port.
+const DefaultLBPort = 6444
 
 // Validate checks the flags, naming the one at fault and the fix.
 func (c *Config) Validate() error {
@@ -85,6 +94,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MeshPort < 0 || c.MeshPort > 65535 {
 		errs = append(errs, fmt.Errorf("--mesh-port %d: not a UDP port; use 1 to 65535 (default 51820), or 0 for no mesh", c.MeshPort))
+	}
+	if c.LBPort < 1 || c.LBPort > 65535 || c.LBPort == c.KubeletPort {
+		errs = append(errs, fmt.Errorf("--lb-server-port %d: not a free TCP port of this node; use 1 to 65535 (default %d), not the kubelet's", c.LBPort, DefaultLBPort))
 	}
 	if c.MaxPods < 1 {
 		errs = append(errs, fmt.Errorf("--max-pods %d: must be at least 1", c.MaxPods))
@@ -126,10 +138,29 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		cfg.NodeIP = ip.String()
 	}
-	settings, err := joinWithRetry(ctx, cfg, tok, log)
+	// The node's clients reach the apiservers through the balancer, so
+	// that losing one server disconnects none of them; it listens before
+	// the join, which names it in the node's kubeconfigs.
+	lbAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(cfg.LBPort))
+	ln, err := net.Listen("tcp", lbAddr)
+	if err != nil {
+		return fmt.Errorf("--lb-server-port %d: cannot listen on %s: %w; stop what listens there or pass another port", cfg.LBPort, lbAddr, err)
+	}
+	ln.Close() // checked early; apilb listens once the servers are known
+	settings, err := joinWithRetry(ctx, cfg, tok, "https://"+lbAddr, log)
 	if err != nil {
 		return err
 	}
+	lb, err := apilb.New(apilb.Options{Listen: lbAddr, Servers: hostPorts(settings.Servers), StateFile: l.APIServersFile(),
+		Log: log.With("component", "apiserver-lb")})
+	if err != nil {
+		return err
+	}
+	go func() {
+		if err := lb.Run(ctx); err != nil {
+			log.Error("apiserver load balancer stopped", "err", err)
+		}
+	}()
 	sup, err := supervisor.New(l.LogDir(), log)
 	if err != nil {
 		return err
@@ -138,7 +169,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := start(ctx, cfg, settings, sup, log); err != nil {
 		return err
 	}
-	log.Info("k3sm agent is up", "node", cfg.NodeName, "server", settings.Servers[0])
+	if rc, err := clientcmd.BuildConfigFromFlags("", l.NodeKubeconfig()); err == nil {
+		if cs, err := kubernetes.NewForConfig(rc); err == nil {
+			go apilb.Follow(ctx, cs, lb)
+		}
+	}
+	log.Info("k3sm agent is up", "node", cfg.NodeName, "servers", lb.Servers())
 	<-ctx.Done()
 	return nil
 }
@@ -147,12 +183,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 // back-off, and a node that joined before starts with what it has (a
 // server restart must not stop an agent that restarts meanwhile). A
 // refusal is final: it says what to do.
-func joinWithRetry(ctx context.Context, cfg Config, tok joinv1.Token, log *slog.Logger) (*joinv1.ClusterSettings, error) {
+func joinWithRetry(ctx context.Context, cfg Config, tok joinv1.Token, api string, log *slog.Logger) (*joinv1.ClusterSettings, error) {
 	delay := backoff.Backoff{Initial: time.Second, Max: 30 * time.Second}
 	l := datadir.New(cfg.DataDir)
 	for {
 		resp, err := join.Join(ctx, join.Options{Server: cfg.Server, Token: tok, NodeName: cfg.NodeName,
-			NodeIPs: []net.IP{net.ParseIP(cfg.NodeIP)}, DataDir: cfg.DataDir})
+			NodeIPs: []net.IP{net.ParseIP(cfg.NodeIP)}, DataDir: cfg.DataDir, APIServer: api})
 		if err == nil {
 			log.Info("joined", "server", cfg.Server, "node", cfg.NodeName)
 			return &resp.Cluster, nil
@@ -279,6 +315,17 @@ func start(ctx context.Context, cfg Config, s *joinv1.ClusterSettings, sup *supe
 		return fmt.Errorf("node %s did not become Ready: %w (see %s)", cfg.NodeName, err, l.LogDir())
 	}
 	return nil
+}
+
+// hostPorts are the servers' URLs as the balancer's host:port.
+func hostPorts(urls []string) []string {
+	var hp []string
+	for _, s := range urls {
+		if u, err := url.Parse(s); err == nil && u.Host != "" {
+			hp = append(hp, u.Host)
+		}
+	}
+	return hp
 }
 
 // sourceAddr is the local address this machine reaches the server from: a

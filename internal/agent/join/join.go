@@ -45,6 +45,10 @@ type Options struct {
 	// NodeIPs go into the kubelet API's serving certificate.
 	NodeIPs []net.IP
 	DataDir string
+	// APIServer, when set, is the apiserver URL the node's kubeconfigs
+	// name (the agent's load balancer over the servers) instead of the
+	// first server the join lists.
+	APIServer string
 	// Timeout bounds each request (30 s when zero).
 	Timeout time.Duration
 }
@@ -145,11 +149,15 @@ func Join(ctx context.Context, o Options) (*joinv1.JoinResponse, error) {
 			return nil, err
 		}
 	}
-	if err := kubeconfig.WriteClient(l.NodeKubeconfig(), resp.Cluster.Servers[0], caPEM,
+	api := resp.Cluster.Servers[0]
+	if o.APIServer != "" {
+		api = o.APIServer
+	}
+	if err := kubeconfig.WriteClient(l.NodeKubeconfig(), api, caPEM,
 		pki.Leaf{CertPath: l.NodeClientCert(), KeyPath: l.NodeClientKey()}, "node"); err != nil {
 		return nil, err
 	}
-	if err := kubeconfig.WriteClient(l.LocalPathKubeconfig(), resp.Cluster.Servers[0], caPEM,
+	if err := kubeconfig.WriteClient(l.LocalPathKubeconfig(), api, caPEM,
 		pki.Leaf{CertPath: l.LocalPathClientCert(), KeyPath: l.LocalPathClientKey()}, "local-path"); err != nil {
 		return nil, err
 	}
