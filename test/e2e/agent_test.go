@@ -37,21 +37,28 @@ type nodeNet struct {
 // the server and each other.
 func newNodeNets(t *testing.T, n int) []*nodeNet {
 	t.Helper()
+	return newNodeNetsOn(t, 77, n)
+}
+
+// newNodeNetsOn makes n node namespaces on a bridge of their own, on
+// 192.168.<subnet>.0/24: tests running side by side each take a subnet.
+func newNodeNetsOn(t *testing.T, subnet, n int) []*nodeNet {
+	t.Helper()
 	run := func(args ...string) {
 		t.Helper()
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 			t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
-	const br, hostIP = "k3sme2ebr", "192.168.77.1"
+	br, hostIP := fmt.Sprintf("k3sme2ebr%d", subnet), fmt.Sprintf("192.168.%d.1", subnet)
 	run("link", "add", br, "type", "bridge")
 	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", br).Run() })
 	run("addr", "add", hostIP+"/24", "dev", br)
 	run("link", "set", br, "up")
 	var nets []*nodeNet
 	for i := range n {
-		nn := &nodeNet{name: fmt.Sprintf("k3sm-e2e-%d-%d", os.Getpid(), i), hostIP: hostIP, nsIP: fmt.Sprintf("192.168.77.%d", i+2)}
-		host := fmt.Sprintf("k3sme2e%d", i)
+		nn := &nodeNet{name: fmt.Sprintf("k3sm-e2e-%d-%d-%d", os.Getpid(), subnet, i), hostIP: hostIP, nsIP: fmt.Sprintf("192.168.%d.%d", subnet, i+2)}
+		host := fmt.Sprintf("k3sme2e%d-%d", subnet, i)
 		run("netns", "add", nn.name)
 		t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", nn.name).Run() })
 		run("link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", nn.name)

@@ -90,6 +90,10 @@ type server struct {
 	// wrap runs the server through a command that execs it (unshare ...
 	// --), as `ip netns exec` or a unit's sandboxing would.
 	wrap []string
+	// apiHost, when set, is the address the test reaches the apiserver
+	// on instead of the kubeconfig's 127.0.0.1 (a server in a network
+	// namespace of its own, whose loopback is not the test's).
+	apiHost string
 	// defaultAddrs leaves --bind-address and --advertise-address out, so
 	// the server picks the node's address by its own rule (the test runs
 	// in a network namespace of its own: only lo, and what k3sm adds).
@@ -279,6 +283,9 @@ func (s *server) restConfig() *rest.Config {
 		s.t.Fatal(err)
 	}
 	rc.QPS, rc.Burst = 100, 200
+	if s.apiHost != "" {
+		rc.Host = "https://" + net.JoinHostPort(s.apiHost, strconv.Itoa(s.ports[0]))
+	}
 	return rc
 }
 
