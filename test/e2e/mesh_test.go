@@ -250,6 +250,9 @@ func testMesh(t *testing.T, m *meshCluster) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// It names the agent's balancer, on the agent's loopback: the
+		// test reaches the server directly.
+		rc.Host = m.s.restConfig().Host
 		asNode, err := dynamic.NewForConfig(rc)
 		if err != nil {
 			t.Fatal(err)

@@ -139,14 +139,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		cfg.NodeIP = ip.String()
 	}
 	// The node's clients reach the apiservers through the balancer, so
-	// that losing one server disconnects none of them; it listens before
-	// the join, which names it in the node's kubeconfigs.
+	// that losing one server disconnects none of them: the join names it
+	// in the node's kubeconfigs, and it listens once the join has listed
+	// the servers.
 	lbAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(cfg.LBPort))
-	ln, err := net.Listen("tcp", lbAddr)
-	if err != nil {
-		return fmt.Errorf("--lb-server-port %d: cannot listen on %s: %w; stop what listens there or pass another port", cfg.LBPort, lbAddr, err)
-	}
-	ln.Close() // checked early; apilb listens once the servers are known
 	settings, err := joinWithRetry(ctx, cfg, tok, "https://"+lbAddr, log)
 	if err != nil {
 		return err
@@ -154,7 +150,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	lb, err := apilb.New(apilb.Options{Listen: lbAddr, Servers: hostPorts(settings.Servers), StateFile: l.APIServersFile(),
 		Log: log.With("component", "apiserver-lb")})
 	if err != nil {
-		return err
+		return fmt.Errorf("--lb-server-port %d: %w", cfg.LBPort, err)
 	}
 	go func() {
 		if err := lb.Run(ctx); err != nil {
