@@ -157,7 +157,9 @@ func TestInstallAgentRefusesWhatTheAgentWouldNot(t *testing.T) {
 		{[]string{"--agent", "--server", "https://192.0.2.10:9345", "--token", testToken, "--netd-socket", "/x.sock"}, "--netd-socket"},
 		{[]string{"--agent", "--server", "https://192.0.2.10:9345", "--token", testToken, "--kubeconfig", "/x"}, "--kubeconfig"},
 		{[]string{"--agent", "--server", "https://192.0.2.10:9345", "--token", testToken, "--node-name", "Bad_Name"}, "--node-name"},
-		{[]string{"--server", "https://192.0.2.10:9345", "--token", testToken}, "add --agent"},
+		// --server and --token are a server's flags too (joining a cluster
+		// with embedded etcd); an agent's own flag without --agent is not.
+		{[]string{"--lb-server-port", "7000"}, "add --agent"},
 	} {
 		root := New(Upstream{}, nil)
 		root.SetOut(&bytes.Buffer{})

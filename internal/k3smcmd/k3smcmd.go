@@ -160,6 +160,10 @@ func serverFlags(f *pflag.FlagSet, cfg *controlplane.Config, dc *deployConfig) {
 	f.StringVar(&cfg.Datastore.CertFile, datastore.FlagCertFile, "", "client certificate for the datastore")
 	f.StringVar(&cfg.Datastore.KeyFile, datastore.FlagKeyFile, "", "key of --datastore-certfile")
 	f.StringVar(&cfg.Token, "token", "", "($"+AgentTokenEnv+") join the cluster that lives in --datastore-endpoint as one more server: a token from `k3sm token create` on one of its servers (only the first start of a data dir reads it)")
+	f.BoolVar(&cfg.ClusterInit, "cluster-init", false, "make a new cluster kept in an embedded etcd member of this server (instead of SQLite), which more servers join with --server and --token")
+	f.StringVar(&cfg.Server, "server", "", "join the cluster with embedded etcd of the server at https://HOST:9345 (its join endpoint) as one more server and etcd member; needs --token")
+	f.IntVar(&cfg.EtcdClientPort, "etcd-client-port", cfg.EtcdClientPort, "client port of the embedded etcd member (--cluster-init)")
+	f.IntVar(&cfg.EtcdPeerPort, "etcd-peer-port", cfg.EtcdPeerPort, "peer port of the embedded etcd member (--cluster-init); the servers reach each other's on it")
 	f.BoolVar(&cfg.DisableAgent, "disable-agent", false, "run the control plane without a node of this machine: no pods, runtime, pod network or metrics.k8s.io here")
 	f.StringVar(&cfg.RegistriesConfig, "registries-config", "", "registries.yaml with mirrors, plain-HTTP endpoints and auth (default <data-dir>/registries.yaml)")
 	if cfg.ExtraArgs == nil {

@@ -35,6 +35,9 @@ const (
 	Controllers = "kube-controllers"
 	Runtime     = "runtimed"
 	Node        = "node"
+	// Etcd is the embedded etcd member of a server started with
+	// --cluster-init, or joined to such a cluster (EtcdConfig).
+	Etcd = "etcd"
 	// Netd is k3sm-netd, the root network helper: a binary of its own
 	// (`k3sm-netd --config=<file>`), not a role of the k3sm binary.
 	Netd = netdconfig.Role
@@ -56,6 +59,32 @@ type KineConfig struct {
 	CAFile   string `json:"caFile,omitempty"`
 	CertFile string `json:"certFile,omitempty"`
 	KeyFile  string `json:"keyFile,omitempty"`
+}
+
+// EtcdConfig is the embedded etcd member: one per server of a cluster
+// made with --cluster-init, mutual TLS from the cluster's etcd CA on both
+// its client and its peer port.
+type EtcdConfig struct {
+	// Name is the member's name (the server's node name).
+	Name    string `json:"name"`
+	DataDir string `json:"dataDir"`
+	// ListenClient and ListenPeer are https URLs; AdvertiseClient and
+	// AdvertisePeer what the other members and servers dial.
+	ListenClient    []string `json:"listenClient"`
+	AdvertiseClient []string `json:"advertiseClient"`
+	ListenPeer      []string `json:"listenPeer"`
+	AdvertisePeer   []string `json:"advertisePeer"`
+	// InitialCluster is name=peerURL,...; ClusterState "new" (the first
+	// server) or "existing" (a member added to a running cluster). Both
+	// matter only on the member's first start.
+	InitialCluster string `json:"initialCluster"`
+	ClusterState   string `json:"clusterState"`
+	// CertFile and KeyFile serve both ports and authenticate the member
+	// to its peers; TrustedCAFile (the etcd CA) is what every client and
+	// peer certificate must be signed by.
+	CertFile      string `json:"certFile"`
+	KeyFile       string `json:"keyFile"`
+	TrustedCAFile string `json:"trustedCAFile"`
 }
 
 // KineFlag, as the first argument of the APIServer role, names a

@@ -30,6 +30,7 @@ import (
 func Roles() map[string]func(args []string) int {
 	return map[string]func([]string) int{
 		roleconfig.Kine:              runKine,
+		roleconfig.Etcd:              runEtcd,
 		roleconfig.APIServer:         runAPIServer,
 		roleconfig.Scheduler:         runCobra(func() *cobra.Command { return schedulerapp.NewSchedulerCommand() }),
 		roleconfig.ControllerManager: runCobra(cmapp.NewControllerManagerCommand),

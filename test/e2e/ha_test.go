@@ -64,11 +64,7 @@ func TestHAServers(t *testing.T) {
 	// reconciler publishes one port for all of them.
 	ports := []int{freePort(t), freePort(t), freePort(t), freePort(t), freePort(t), freePort(t)}
 	newHA := func(i int, extra ...string) *server {
-		s := newServer(t, append([]string{"--datastore-endpoint=" + db.Endpoint, "--bind-address=0.0.0.0",
-			"--advertise-address=" + nets[i].nsIP, "--node-name", fmt.Sprintf("server-%d", i)}, extra...)...)
-		s.ports, s.defaultAddrs, s.apiHost = ports, true, nets[i].nsIP
-		s.wrap = []string{"ip", "netns", "exec", nets[i].name}
-		return s
+		return newHAServer(t, nets[i], ports, append([]string{"--datastore-endpoint=" + db.Endpoint, "--node-name", fmt.Sprintf("server-%d", i)}, extra...)...)
 	}
 	// The first server has a node of its own; a lost node is NotReady
 	// after 20 s, not upstream's 40 s.
@@ -223,70 +219,9 @@ func TestHAServers(t *testing.T) {
 		return running(p)
 	})
 
-	// Writes through a balancer over the three servers, as a client of
-	// the cluster would make them, while the first server is killed.
-	lb, err := apilb.New(apilb.Options{Listen: "127.0.0.1:0", Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Servers: []string{net.JoinHostPort(nets[0].nsIP, strconv.Itoa(ports[0])), net.JoinHostPort(nets[1].nsIP, strconv.Itoa(ports[0])),
-			net.JoinHostPort(nets[2].nsIP, strconv.Itoa(ports[0]))}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lctx, lcancel := context.WithCancel(context.Background())
-	defer lcancel()
-	go func() { _ = lb.Run(lctx) }()
-	rc := s1.restConfig()
-	rc.Host = lb.URL()
-	rc.Timeout = 5 * time.Second
-	lbc, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const total, workers = 1000, 8
-	var (
-		acked    sync.Map
-		nacked   atomic.Int64
-		killedAt atomic.Pointer[time.Time]
-		firstOK  atomic.Pointer[time.Time]
-		next     atomic.Int64
-	)
-	wctx, wcancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer wcancel()
-	var ww sync.WaitGroup
-	for range workers {
-		ww.Add(1)
-		go func() {
-			defer ww.Done()
-			for {
-				i := next.Add(1) - 1
-				if i >= total || wctx.Err() != nil {
-					return
-				}
-				n := fmt.Sprintf("ha-%04d", i)
-				for wctx.Err() == nil {
-					_, err := lbc.CoreV1().ConfigMaps("default").Create(wctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: n},
-						Data: map[string]string{"i": strconv.FormatInt(i, 10)}}, metav1.CreateOptions{})
-					if err == nil || apierrors.IsAlreadyExists(err) {
-						now := time.Now()
-						if k := killedAt.Load(); k != nil && now.After(*k) {
-							firstOK.CompareAndSwap(nil, &now)
-						}
-						acked.Store(n, true)
-						nacked.Add(1)
-						break
-					}
-					time.Sleep(20 * time.Millisecond)
-				}
-			}
-		}()
-	}
-	waitFor(t, time.Minute, "300 writes acknowledged", func() error {
-		if n := nacked.Load(); n < 300 {
-			return fmt.Errorf("%d", n)
-		}
-		return nil
-	})
 	// The first server holds the leases (it started first): kill -9 it and
-	// every process it started, as a lost machine.
+	// every process it started, as a lost machine, while 1,000 writes go
+	// through a balancer over the three servers.
 	holder := func(lease string) string {
 		l, err := c2.CoordinationV1().Leases("kube-system").Get(ctx(t), lease, metav1.GetOptions{})
 		if err != nil || l.Spec.HolderIdentity == nil {
@@ -298,35 +233,7 @@ func TestHAServers(t *testing.T) {
 	if cmHolder == "" {
 		t.Errorf("no kube-controller-manager lease: leader election is off")
 	}
-	kill := time.Now()
-	killedAt.Store(&kill)
-	killTree(t, s0.cmd.Process.Pid)
-	ww.Wait()
-	if n := nacked.Load(); n != total {
-		t.Fatalf("%d of %d writes acknowledged within 3m of the kill", n, total)
-	}
-	if f := firstOK.Load(); f != nil {
-		t.Logf("failover: first acknowledged write %s after the kill", f.Sub(kill).Round(time.Millisecond))
-	}
-	list, err := c2.CoreV1().ConfigMaps("default").List(ctx(t), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	have := map[string]bool{}
-	for _, cm := range list.Items {
-		have[cm.Name] = true
-	}
-	var lost []string
-	acked.Range(func(k, _ any) bool {
-		if !have[k.(string)] {
-			lost = append(lost, k.(string))
-		}
-		return true
-	})
-	sort.Strings(lost)
-	if len(lost) > 0 {
-		t.Errorf("%d acknowledged writes lost, e.g. %v", len(lost), lost[:min(5, len(lost))])
-	}
+	writesAcrossKill(t, []*server{s0, s1, s2}, s1, func() { killTree(t, s0.cmd.Process.Pid) })
 
 	// The controllers' leases move to a server that runs.
 	waitFor(t, time.Minute, "the kube-controller-manager lease held by another server", func() error {
@@ -377,12 +284,125 @@ func TestHAServers(t *testing.T) {
 	}
 }
 
+// writesAcrossKill writes 1,000 ConfigMaps with 8 writers through a
+// balancer over servers' APIs (each create retried until it succeeds),
+// calls kill once 300 are acknowledged, and checks that every
+// acknowledged write is read back through via. It logs the failover: the
+// first write sent after the kill and acknowledged.
+func writesAcrossKill(t *testing.T, servers []*server, via *server, kill func()) {
+	t.Helper()
+	var addrs []string
+	for _, s := range servers {
+		addrs = append(addrs, net.JoinHostPort(s.apiHost, strconv.Itoa(s.ports[0])))
+	}
+	lb, err := apilb.New(apilb.Options{Listen: "127.0.0.1:0", Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Servers: addrs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lctx, lcancel := context.WithCancel(context.Background())
+	defer lcancel()
+	go func() { _ = lb.Run(lctx) }()
+	rc := via.restConfig()
+	rc.Host = lb.URL()
+	rc.Timeout = 5 * time.Second
+	lbc, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const total, workers = 1000, 8
+	var (
+		acked    sync.Map
+		nacked   atomic.Int64
+		killedAt atomic.Pointer[time.Time]
+		firstOK  atomic.Pointer[time.Time]
+		next     atomic.Int64
+	)
+	wctx, wcancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer wcancel()
+	var ww sync.WaitGroup
+	for range workers {
+		ww.Add(1)
+		go func() {
+			defer ww.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= total || wctx.Err() != nil {
+					return
+				}
+				n := fmt.Sprintf("ha-%04d", i)
+				for wctx.Err() == nil {
+					sent := time.Now()
+					_, err := lbc.CoreV1().ConfigMaps("default").Create(wctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: n},
+						Data: map[string]string{"i": strconv.FormatInt(i, 10)}}, metav1.CreateOptions{})
+					if err == nil || apierrors.IsAlreadyExists(err) {
+						// Failover ends with the first write both sent and
+						// acknowledged after the kill (not one in flight).
+						now := time.Now()
+						if k := killedAt.Load(); k != nil && sent.After(*k) {
+							firstOK.CompareAndSwap(nil, &now)
+						}
+						acked.Store(n, true)
+						nacked.Add(1)
+						break
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	waitFor(t, time.Minute, "300 writes acknowledged", func() error {
+		if n := nacked.Load(); n < 300 {
+			return fmt.Errorf("%d", n)
+		}
+		return nil
+	})
+	killAt := time.Now()
+	killedAt.Store(&killAt)
+	kill()
+	ww.Wait()
+	if n := nacked.Load(); n != total {
+		t.Fatalf("%d of %d writes acknowledged within 3m of the kill", n, total)
+	}
+	if f := firstOK.Load(); f != nil {
+		t.Logf("failover: first acknowledged write %s after the kill", f.Sub(killAt).Round(time.Millisecond))
+	}
+	list, err := via.client().CoreV1().ConfigMaps("default").List(ctx(t), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, cm := range list.Items {
+		have[cm.Name] = true
+	}
+	var lost []string
+	acked.Range(func(k, _ any) bool {
+		if !have[k.(string)] {
+			lost = append(lost, k.(string))
+		}
+		return true
+	})
+	sort.Strings(lost)
+	if len(lost) > 0 {
+		t.Errorf("%d acknowledged writes lost, e.g. %v", len(lost), lost[:min(5, len(lost))])
+	}
+}
+
 func restarts(p *corev1.Pod) int32 {
 	var n int32
 	for _, cs := range p.Status.ContainerStatuses {
 		n += cs.RestartCount
 	}
 	return n
+}
+
+// newHAServer prepares a server in node namespace nn, listening on all its
+// addresses and advertising nn's; ports are shared by the servers of a
+// cluster (the apiservers publish one port for all).
+func newHAServer(t *testing.T, nn *nodeNet, ports []int, extra ...string) *server {
+	s := newServer(t, append([]string{"--bind-address=0.0.0.0", "--advertise-address=" + nn.nsIP}, extra...)...)
+	s.ports, s.defaultAddrs, s.apiHost = ports, true, nn.nsIP
+	s.wrap = []string{"ip", "netns", "exec", nn.name}
+	return s
 }
 
 // lastLine is a command's last line of output (token create prints the

@@ -29,6 +29,11 @@ const (
 	PathCACerts = "/v1-k3sm/cacerts"
 	// PathJoin takes a JoinRequest with the token as a bearer credential.
 	PathJoin = "/v1-k3sm/join"
+	// PathServerBootstrap gives a server joining a cluster with embedded
+	// etcd (--server, --token) the cluster's bootstrap record, sealed for
+	// the token it presents as a bearer credential, and where the etcd
+	// members are (ServerBootstrapResponse).
+	PathServerBootstrap = "/v1-k3sm/server-bootstrap"
 )
 
 // Limits of what either side reads.
@@ -144,6 +149,16 @@ type ClusterSettings struct {
 	APIServiceIP  string `json:"apiServiceIP"`
 	ClusterDNS    string `json:"clusterDNS"`
 	ClusterDomain string `json:"clusterDomain"`
+}
+
+// ServerBootstrapResponse answers PathServerBootstrap.
+type ServerBootstrapResponse struct {
+	// Record is the bootstrap record sealed for the bearer token (package
+	// serverboot): only that token's secret opens it.
+	Record []byte `json:"record"`
+	// EtcdClientURLs are the etcd members' client URLs, through which the
+	// joining server adds itself as a member.
+	EtcdClientURLs []string `json:"etcdClientURLs"`
 }
 
 // Error is the body of every refusal: what is wrong and what to do.

@@ -92,6 +92,13 @@ type Config struct {
 	// keys from the bootstrap record sealed for this token (package
 	// serverboot). Empty: the server makes (or has) its own cluster.
 	Token string
+	// ClusterInit (--cluster-init) keeps a new cluster in an embedded etcd
+	// member of this server instead of SQLite; Server (--server) with
+	// Token adds this server as a member of such a cluster (etcd.go).
+	ClusterInit bool
+	Server      string
+	// EtcdClientPort and EtcdPeerPort are the embedded member's ports.
+	EtcdClientPort, EtcdPeerPort int
 	// DisableAgent runs the control plane without a node of this machine
 	// (k3s's --disable-agent): no pods, runtime, pod network or metrics here.
 	DisableAgent bool
@@ -149,6 +156,8 @@ func Defaults() Config {
 		ClusterDomain:         "cluster.local",
 		NodeName:              strings.ToLower(host),
 		KubeletPort:           10250,
+		EtcdClientPort:        DefaultEtcdClientPort,
+		EtcdPeerPort:          DefaultEtcdPeerPort,
 		MaxPods:               110,
 		PodMaxPids:            cgroups.DefaultPodPidsLimit,
 		PodNetwork:            "auto",
@@ -296,13 +305,14 @@ func (c *Config) Validate() error {
 	if c.NodeName == "" || len(c.NodeName) > 253 || strings.Trim(strings.ToLower(c.NodeName), "abcdefghijklmnopqrstuvwxyz0123456789.-") != "" {
 		add("node-name", c.NodeName, "not a valid Kubernetes node name", "use lower-case letters, digits, '-' and '.'")
 	}
+	c.resolveEmbedded(add)
 	for _, e := range c.Datastore.Validate() {
 		add(e.Flag, e.Value, e.Problem, e.Fix)
 	}
 	if c.Token != "" {
 		if !c.Datastore.External() {
-			add(serverboot.FlagToken, "(given)", "a server joins a cluster through the cluster's database, and none is given",
-				"give the cluster's --datastore-endpoint too (embedded etcd, --cluster-init, is not supported yet), or drop --token for a cluster of its own")
+			add(serverboot.FlagToken, "(given)", "a server joins a cluster through the cluster's database or through a server of a cluster with embedded etcd, and neither is given",
+				"give the cluster's --datastore-endpoint, or --server https://HOST:9345 of a server made with --cluster-init; or drop --token for a cluster of its own")
 		} else if _, err := joinv1.ParseToken(c.Token); err != nil {
 			add(serverboot.FlagToken, "(given)", strings.TrimPrefix(err.Error(), "--token: "), "")
 		}

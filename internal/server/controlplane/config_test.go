@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/k3sm-dev/k3sm/internal/datadir"
+	"github.com/k3sm-dev/k3sm/internal/server/datastore"
 	"k8s.io/klog/v2"
 	scheduleroptions "k8s.io/kubernetes/cmd/kube-scheduler/app/options"
 )
@@ -321,5 +323,72 @@ func TestPreflightMeshPortTaken(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "--mesh-port") || !strings.Contains(err.Error(), strconv.Itoa(c.MeshPort)) {
 		t.Fatalf("error %q does not name --mesh-port and the port", err)
+	}
+}
+
+// Embedded etcd: --cluster-init, or --server with --token, and the flags
+// that cannot go with them.
+func TestEmbeddedEtcdFlags(t *testing.T) {
+	tok := "K10" + strings.Repeat("ab", 32) + "::abcdef.0123456789abcdef"
+	for _, tc := range []struct {
+		name   string
+		mutate func(*Config)
+		want   []string
+	}{
+		{"init with datastore", func(c *Config) { c.ClusterInit, c.Datastore.Endpoint = true, "postgres://k@h:5432/k" }, []string{"--cluster-init", "--datastore-endpoint"}},
+		{"init with token", func(c *Config) { c.ClusterInit, c.Token = true, tok }, []string{"--cluster-init", "--token"}},
+		{"server without token", func(c *Config) { c.Server = "https://192.0.2.1:9345" }, []string{"--server", "--token"}},
+		{"server with datastore", func(c *Config) {
+			c.Server, c.Token, c.Datastore.Endpoint = "https://192.0.2.1:9345", tok, "postgres://k@h:5432/k"
+		}, []string{"--server", "drop --server"}},
+		{"server not https", func(c *Config) { c.Server, c.Token = "http://192.0.2.1:9345", tok }, []string{"--server", "https://HOST:PORT"}},
+		{"etcd port", func(c *Config) { c.ClusterInit, c.EtcdPeerPort = true, 0 }, []string{"--etcd-peer-port"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Defaults()
+			c.DataDir = t.TempDir()
+			tc.mutate(&c)
+			err := c.Validate()
+			if err == nil {
+				t.Fatal("want an error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*Config)
+	}{
+		{"cluster-init", func(c *Config) { c.ClusterInit = true }},
+		{"server and token", func(c *Config) { c.Server, c.Token = "https://192.0.2.1:9345/", tok }},
+	} {
+		c := Defaults()
+		c.DataDir = t.TempDir()
+		tc.mutate(&c)
+		if err := c.Validate(); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if ds := c.Datastore; !ds.Embedded || ds.Endpoint != "https://127.0.0.1:2379" || !c.LeaderElect() || !strings.HasSuffix(ds.CAFile, "etcd-ca.crt") {
+			t.Errorf("%s: datastore %+v, want the embedded member with leader election", tc.name, ds)
+		}
+	}
+	// A data dir whose cluster lives in its member keeps it without the flag.
+	c := Defaults()
+	c.DataDir = t.TempDir()
+	c.ClusterInit = true
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := datastore.Write(datadir.New(c.DataDir), c.Datastore); err != nil {
+		t.Fatal(err)
+	}
+	again := Defaults()
+	again.DataDir = c.DataDir
+	if err := again.Validate(); err != nil || !again.Datastore.Embedded {
+		t.Errorf("restart without --cluster-init: %v, datastore %+v", err, again.Datastore)
 	}
 }

@@ -17,6 +17,10 @@ type Certs struct {
 	Admin, Scheduler, ControllerManager pki.Leaf
 	KubeletClient, AuthProxy            pki.Leaf
 	ServiceAccountKey                   string
+	// With embedded etcd (etcd.go): its CA, the member's certificate and
+	// the apiserver's client certificate.
+	EtcdCA                 *pki.CA
+	EtcdMember, EtcdClient pki.Leaf
 }
 
 // Well-known identities of the server's own clients.
@@ -68,6 +72,11 @@ func EnsurePKI(cfg *Config) (*Certs, error) {
 	}
 	for _, cl := range clients {
 		if *cl.leaf, err = cl.ca.Ensure(dir, cl.file, pki.LeafSpec{CommonName: cl.cn, Organization: cl.org, Client: true}); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Datastore.Embedded {
+		if err := etcdLeafs(cfg, dir, &c); err != nil {
 			return nil, err
 		}
 	}

@@ -63,7 +63,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 		return err
 	}
 	defer release()
-	if err := checkDatastore(ctx, &cfg, log); err != nil {
+	joinURLs, err := checkDatastore(ctx, &cfg, log)
+	if err != nil {
 		return err
 	}
 	p, err := NewPlane(&cfg)
@@ -84,6 +85,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 	defer os.Remove(p.Layout.ServerInfoFile())
 	defer os.Remove(p.Layout.ComponentsFile())
 	defer sup.StopAll()
+	if cfg.Datastore.Embedded {
+		if err := startEtcd(ctx, p, sup, joinURLs, log); err != nil {
+			return err
+		}
+	}
 
 	for _, addon := range addons {
 		if addon.Early != nil {
@@ -147,7 +153,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 	dctx, dcancel := context.WithTimeout(ctx, componentReadyTimeout)
 	defer dcancel()
 	go publishDefaults(dctx, client, controllerManager{p}.Args(), log)
-	if cfg.Datastore.External() {
+	if cfg.Datastore.External() && !cfg.Datastore.Embedded {
 		if err := startBootstrapSync(ctx, p, client, log); err != nil {
 			return err
 		}
@@ -205,14 +211,29 @@ var datastoreWait = 10 * time.Second
 // anything is started; then records it as the data directory's (before
 // the apiserver writes anything: a first start stopped half-way must find
 // its own cluster, not "another data dir's", when it starts again).
-func checkDatastore(ctx context.Context, cfg *Config, log *slog.Logger) error {
-	if err := datastoreUsable(ctx, cfg, log); err != nil {
-		return err
+// With embedded etcd, a server joining through --server first fills its
+// data dir from the bootstrap record that server hands out, and returns
+// the etcd members' client URLs it adds itself through.
+func checkDatastore(ctx context.Context, cfg *Config, log *slog.Logger) ([]string, error) {
+	var joinURLs []string
+	if cfg.Datastore.Embedded {
+		if err := datastore.Match(datadir.New(cfg.DataDir), cfg.Datastore); err != nil {
+			return nil, err
+		}
+		if cfg.Server != "" && !isMember(datadir.New(cfg.DataDir)) {
+			urls, err := joinEtcdBootstrap(ctx, cfg, log)
+			if err != nil {
+				return nil, err
+			}
+			joinURLs = urls
+		}
+	} else if err := datastoreUsable(ctx, cfg, log); err != nil {
+		return nil, err
 	}
 	if err := datastore.Write(datadir.New(cfg.DataDir), cfg.Datastore); err != nil {
-		return fmt.Errorf("recording the datastore: %w", err)
+		return nil, fmt.Errorf("recording the datastore: %w", err)
 	}
-	return nil
+	return joinURLs, nil
 }
 
 func datastoreUsable(ctx context.Context, cfg *Config, log *slog.Logger) error {

@@ -176,6 +176,14 @@ func (c Config) checkEtcd(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// TLSConfig is the client TLS of the datastore flags (nil without any).
+func (c Config) TLSConfig() (*tls.Config, error) {
+	if c.CAFile == "" && c.CertFile == "" {
+		return nil, nil
+	}
+	return c.tlsConfig()
+}
+
 // tlsConfig is the client TLS of the datastore flags, loaded as kine and
 // the apiserver load them (etcd's transport.TLSInfo).
 func (c Config) tlsConfig() (*tls.Config, error) {

@@ -45,6 +45,9 @@ type Config struct {
 	CAFile   string `json:"caFile,omitempty"`
 	CertFile string `json:"certFile,omitempty"`
 	KeyFile  string `json:"keyFile,omitempty"`
+	// Embedded marks the server's own etcd member (--cluster-init): etcd
+	// on loopback with the cluster's etcd CA, not a flag the user gave.
+	Embedded bool `json:"embedded,omitempty"`
 }
 
 // FieldError names the flag at fault and what to do about it (the
@@ -118,8 +121,8 @@ func (c Config) Validate() []*FieldError {
 		}
 	}
 	for _, f := range []struct{ flag, path string }{{FlagCAFile, c.CAFile}, {FlagCertFile, c.CertFile}, {FlagKeyFile, c.KeyFile}} {
-		if f.path == "" {
-			continue
+		if f.path == "" || c.Embedded {
+			continue // the embedded member's files are made at start
 		}
 		if !c.External() {
 			add(f.flag, f.path, "given without an external --datastore-endpoint", "drop it, or name the database with --datastore-endpoint")
@@ -153,6 +156,9 @@ func (c Config) EtcdEndpoints() []string {
 // Redacted is the endpoint without its password, for logs, errors and
 // `k3sm status`.
 func (c Config) Redacted() string {
+	if c.Embedded {
+		return "etcd (embedded, " + c.Endpoint + ")"
+	}
 	switch c.Kind() {
 	case "", SQLite:
 		if c.Endpoint == "" {
@@ -202,6 +208,9 @@ func redactUserinfo(s string) string {
 // or options: the same database reached with another password or TLS
 // file has the same identity.
 func (c Config) Identity() string {
+	if c.Embedded {
+		return "etcd (embedded)"
+	}
 	switch c.Kind() {
 	case SQLite:
 		return string(SQLite)

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	joinv1 "github.com/k3sm-dev/k3sm/api/join/v1"
@@ -19,6 +20,7 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/agent/netpol"
 	"github.com/k3sm-dev/k3sm/internal/agent/proxy"
 	"github.com/k3sm-dev/k3sm/internal/server/controlplane"
+	"github.com/k3sm-dev/k3sm/internal/server/serverboot"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -58,6 +60,11 @@ func Addon(log *slog.Logger) controlplane.Addon {
 			}
 			e := &Endpoint{Client: cs, ServerCA: p.Certs.ServerCA, ClientCA: p.Certs.ClientCA, Settings: Settings(p.Cfg), Log: log,
 				OnJoin: func(ctx context.Context, node string) error { return AgentRBAC(ctx, cs, node) }}
+			if p.Cfg.Datastore.Embedded {
+				e.ServerBootstrap = func(ctx context.Context, tok joinv1.Token) (*joinv1.ServerBootstrapResponse, error) {
+					return ServerBootstrap(ctx, p, tok)
+				}
+			}
 			self := e.Settings.Servers[0]
 			e.Servers = func(ctx context.Context) ([]string, error) { return APIServers(ctx, cs, self) }
 			srv := &http.Server{Handler: e.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
@@ -125,6 +132,42 @@ func APIServers(ctx context.Context, cs kubernetes.Interface, self string) ([]st
 		}
 	}
 	return list, nil
+}
+
+// ServerBootstrap seals the cluster's bootstrap record for tok and lists
+// the etcd members' client URLs, for a server joining a cluster with
+// embedded etcd.
+func ServerBootstrap(ctx context.Context, p *controlplane.Plane, tok joinv1.Token) (*joinv1.ServerBootstrapResponse, error) {
+	c := p.Cfg
+	b, err := serverboot.Collect(p.Layout, serverboot.Settings(c.ClusterCIDR, c.ServiceCIDR, c.ClusterDNS, c.ClusterDomain))
+	if err != nil {
+		return nil, err
+	}
+	rec, err := serverboot.Seal(b, tok)
+	if err != nil {
+		return nil, err
+	}
+	cli, err := p.EtcdClient(nil)
+	if err != nil {
+		return nil, err
+	}
+	defer cli.Close()
+	list, err := cli.MemberList(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("etcd members: %w", err)
+	}
+	resp := &joinv1.ServerBootstrapResponse{Record: rec}
+	for _, m := range list.Members {
+		for _, u := range m.ClientURLs {
+			if !strings.Contains(u, "://127.0.0.1:") {
+				resp.EtcdClientURLs = append(resp.EtcdClientURLs, u)
+			}
+		}
+	}
+	if len(resp.EtcdClientURLs) == 0 {
+		return nil, errors.New("no etcd member advertises an address other servers reach: start this server with a non-loopback --advertise-address")
+	}
+	return resp, nil
 }
 
 // AgentRBAC binds a joining node's identities: its own (NodeRBAC) and

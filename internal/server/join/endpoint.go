@@ -41,6 +41,9 @@ type Endpoint struct {
 	// OnJoin, when set, gives an accepted node what it needs in the
 	// cluster before its certificates are issued (its agent parts' RBAC).
 	OnJoin func(ctx context.Context, node string) error
+	// ServerBootstrap, when set (a cluster with embedded etcd), answers
+	// PathServerBootstrap for a valid token: what a joining server needs.
+	ServerBootstrap func(ctx context.Context, tok joinv1.Token) (*joinv1.ServerBootstrapResponse, error)
 	// Servers, when set, lists the cluster's apiservers at the time of a
 	// join (this one first); Settings.Servers stands when it fails.
 	Servers func(ctx context.Context) ([]string, error)
@@ -54,6 +57,7 @@ func (e *Endpoint) Handler() http.Handler {
 		_, _ = w.Write(e.ServerCA.CertPEM())
 	})
 	mux.HandleFunc("POST "+joinv1.PathJoin, e.join)
+	mux.HandleFunc("POST "+joinv1.PathServerBootstrap, e.serverBootstrap)
 	return mux
 }
 
@@ -134,6 +138,42 @@ func (e *Endpoint) join(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	e.log().Info("node joined", "node", req.NodeName, "remote", r.RemoteAddr)
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(resp)
+}
+
+// serverBootstrap hands a joining server the cluster's bootstrap record,
+// sealed for the token it presents, once the token checks out.
+func (e *Endpoint) serverBootstrap(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	if e.ServerBootstrap == nil {
+		refuse(w, http.StatusNotFound, &joinv1.Error{Message: "this cluster has no embedded etcd to join",
+			Fix: "servers on an external datastore join with --token and the cluster's --datastore-endpoint, without --server"})
+		return
+	}
+	bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		refuse(w, http.StatusUnauthorized, errBadToken)
+		return
+	}
+	if err := checkToken(ctx, e.Client, bearer, e.now()); err != nil {
+		code := http.StatusUnauthorized
+		if err != errBadToken {
+			code = http.StatusServiceUnavailable
+		}
+		e.log().Warn("server bootstrap refused", "remote", r.RemoteAddr, "err", err)
+		refuse(w, code, err)
+		return
+	}
+	tok, _ := joinv1.ParseBearer(bearer)
+	resp, err := e.ServerBootstrap(ctx, tok)
+	if err != nil {
+		e.log().Error("server bootstrap", "err", err)
+		refuse(w, http.StatusServiceUnavailable, &joinv1.Error{Message: "the server could not hand out the cluster's bootstrap: " + err.Error(), Fix: "see the server's log"})
+		return
+	}
+	e.log().Info("a server fetched the bootstrap record", "remote", r.RemoteAddr, "token", tok.ID)
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(resp)
 }

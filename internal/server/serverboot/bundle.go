@@ -17,14 +17,14 @@ import (
 // SharedFiles are the files every server of a cluster holds alike, by
 // path under the data directory: the three CAs (certificate and key), the
 // service-account signing key and, when the cluster encrypts Secrets, its
-// encryption configuration. Every other certificate is issued by each
+// encryption configuration, and with embedded etcd its etcd CA. Every other certificate is issued by each
 // server from these.
 func SharedFiles(l datadir.Layout) []string {
 	var abs []string
 	for _, ca := range []string{"server-ca", "client-ca", "request-header-ca"} {
 		abs = append(abs, l.TLS(ca+".crt"), l.TLS(ca+".key"))
 	}
-	abs = append(abs, l.ServiceAccountKey(), l.EncryptionConfig())
+	abs = append(abs, l.ServiceAccountKey(), l.EncryptionConfig(), l.TLS(EtcdCA+".crt"), l.TLS(EtcdCA+".key"))
 	rel := make([]string, len(abs))
 	for i, p := range abs {
 		r, err := filepath.Rel(l.Root, p)
@@ -36,9 +36,16 @@ func SharedFiles(l datadir.Layout) []string {
 	return rel
 }
 
-// optional are the shared files a cluster may lack.
+// EtcdCA is the file name (without .crt/.key) of the CA of a cluster's
+// embedded etcd: its members' serving and peer certificates and the
+// apiservers' client certificates.
+const EtcdCA = "etcd-ca"
+
+// optional are the shared files a cluster may lack: the encryption
+// configuration, and the etcd CA of a cluster without embedded etcd.
 func optional(l datadir.Layout, rel string) bool {
-	return filepath.Join(l.Root, rel) == l.EncryptionConfig()
+	p := filepath.Join(l.Root, rel)
+	return p == l.EncryptionConfig() || p == l.TLS(EtcdCA+".crt") || p == l.TLS(EtcdCA+".key")
 }
 
 // Collect reads l's shared files into a bundle with the cluster's

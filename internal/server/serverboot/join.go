@@ -49,6 +49,12 @@ func Join(ctx context.Context, store datastore.BootstrapStore, tok joinv1.Token,
 		return &datastore.FieldError{Flag: FlagToken, Value: redacted(tok), Problem: err.Error(),
 			Fix: "copy the whole token `k3sm token create` printed on a server of this cluster; nothing was started"}
 	}
+	return install(b, tok, l, mine, now)
+}
+
+// install checks an opened bundle against the token and the joining
+// server's settings, then writes it into l.
+func install(b Bundle, tok joinv1.Token, l datadir.Layout, mine map[string]string, now time.Time) error {
 	ca := b.Files[filepath.ToSlash(mustRel(l, l.TLS("server-ca.crt")))]
 	if !tok.MatchesCA(ca) {
 		return &datastore.FieldError{Flag: FlagToken, Value: redacted(tok),

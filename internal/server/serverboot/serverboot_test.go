@@ -222,10 +222,13 @@ func TestSealOpen(t *testing.T) {
 func TestCollectInstall(t *testing.T) {
 	src := cluster(t)
 	shared := SharedFiles(src)
-	if len(shared) != 8 || !slices.Contains(shared, "server/tls/server-ca.key") || !slices.Contains(shared, "server/tls/service-account.key") ||
+	if len(shared) != 10 || !slices.Contains(shared, "server/tls/etcd-ca.key") || !slices.Contains(shared, "server/tls/server-ca.key") || !slices.Contains(shared, "server/tls/service-account.key") ||
 		!slices.Contains(shared, "server/cred/encryption-config.yaml") {
 		t.Fatalf("SharedFiles = %v", shared)
 	}
+	// The source has no embedded etcd, so no etcd CA: optional, as the
+	// encryption configuration is.
+	shared = slices.DeleteFunc(shared, func(s string) bool { return strings.Contains(s, EtcdCA) })
 
 	check := func(t *testing.T, b Bundle, want []string) {
 		t.Helper()

@@ -204,6 +204,18 @@ func (r *Report) checkRunning(ctx context.Context, l datadir.Layout, pid int, ti
 		{roleconfig.Netd, p.unix(netdSocket(l, ri), "")},
 		{roleconfig.Node, p.node},
 	}
+	if recorded && rec.Config.Embedded {
+		// The embedded etcd member, a child of its own, ready when it answers.
+		probes = append(probes[:1:1], append([]struct {
+			name  string
+			probe func(context.Context) (string, error)
+		}{{roleconfig.Etcd, func(ctx context.Context) (string, error) {
+			if err := rec.Answer(ctx, l); err != nil {
+				return "", err
+			}
+			return "member answers at " + rec.Config.Endpoint, nil
+		}}}, probes[1:]...)...)
+	}
 	for _, pr := range probes {
 		c := Component{Name: pr.name}
 		// The child (and its log) the component runs in: the scheduler and
