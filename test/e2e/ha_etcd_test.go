@@ -195,4 +195,39 @@ func TestHAEmbeddedEtcd(t *testing.T) {
 	if _, err := servers[leader].client().CoreV1().ConfigMaps("default").Get(ctx(t), "ha-0999", metav1.GetOptions{}); err != nil {
 		t.Errorf("the restarted server does not see the writes made while it was down: %v", err)
 	}
+
+	// A snapshot (etcd's own, through the running member) restored onto a
+	// new first server once every server is gone, as after losing them all.
+	viaNS := nets[slices.Index(servers, via)].name
+	out, err = nsK3sm(t, viaNS, 2*time.Minute, "snapshot", "save", "--data-dir", via.dataDir, "--name", "ha")
+	if err != nil {
+		t.Fatalf("snapshot save: %v\n%s", err, out)
+	}
+	snaps, _ := filepath.Glob(filepath.Join(via.dataDir, "server", "snapshots", "ha-*"))
+	if len(snaps) != 1 {
+		t.Fatalf("snapshot save made %v:\n%s", snaps, out)
+	}
+	for _, s := range servers {
+		s.stop()
+	}
+	fresh := newHAServer(t, nets[0], ports, "--disable-agent", "--node-name", "restored")
+	out, err = k3sm(t, time.Minute, "snapshot", "restore", filepath.Base(snaps[0]), "--dir", filepath.Dir(snaps[0]), "--data-dir", fresh.dataDir)
+	if err != nil {
+		t.Fatalf("snapshot restore: %v\n%s", err, out)
+	}
+	fresh.start()
+	if _, err := fresh.client().CoreV1().ConfigMaps("default").Get(ctx(t), "ha-0999", metav1.GetOptions{}); err != nil {
+		t.Errorf("the restored server lacks the snapshot's objects: %v", err)
+	}
+	if !strings.Contains(fresh.output(), "restored the etcd snapshot") {
+		t.Errorf("the restored server did not load the snapshot:\n%s", fresh.output())
+	}
+	if l, err := etcdClientOf(t, fresh, endpoint(0)).MemberList(ctx(t)); err != nil || len(l.Members) != 1 {
+		t.Errorf("the restored cluster's members: %v %v, want one", l, err)
+	}
+	// The snapshot is refused over a data dir that holds a cluster.
+	out, err = k3sm(t, time.Minute, "snapshot", "restore", filepath.Base(snaps[0]), "--dir", filepath.Dir(snaps[0]), "--data-dir", via.dataDir)
+	if err == nil || !strings.Contains(out, "new --data-dir") {
+		t.Errorf("restore over a cluster: %v\n%s", err, out)
+	}
 }

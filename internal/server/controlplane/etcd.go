@@ -99,13 +99,10 @@ func (c *Config) resolveEmbedded(add func(flag, value, problem, fix string)) {
 	}
 }
 
-// etcdMemberDir is the member's data directory.
-func etcdMemberDir(l datadir.Layout) string { return filepath.Join(l.DBDir(), "etcd") }
-
 // isMember reports whether this data dir's etcd member has started once
 // (etcd keeps its data under member/).
 func isMember(l datadir.Layout) bool {
-	_, err := os.Stat(filepath.Join(etcdMemberDir(l), "member"))
+	_, err := os.Stat(filepath.Join(l.EtcdDir(), "member"))
 	return err == nil
 }
 
@@ -250,7 +247,7 @@ func (e etcdComponent) Ready(ctx context.Context) error { return e.p.Cfg.Datasto
 // cluster when it joins) and waits until it answers.
 func startEtcd(ctx context.Context, p *Plane, sup *supervisor.Supervisor, joinURLs []string, log *slog.Logger) error {
 	c := p.Cfg
-	ec := roleconfig.EtcdConfig{Name: c.NodeName, DataDir: etcdMemberDir(p.Layout),
+	ec := roleconfig.EtcdConfig{Name: c.NodeName, DataDir: p.Layout.EtcdDir(),
 		ListenClient: c.etcdClientURLs(), AdvertiseClient: c.etcdClientURLs()[len(c.etcdClientURLs())-1:],
 		ListenPeer: []string{c.etcdPeerURL()}, AdvertisePeer: []string{c.etcdPeerURL()},
 		InitialCluster: c.NodeName + "=" + c.etcdPeerURL(), ClusterState: "new",
@@ -260,13 +257,16 @@ func startEtcd(ctx context.Context, p *Plane, sup *supervisor.Supervisor, joinUR
 		ec.ListenPeer = []string{"https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(c.EtcdPeerPort))}
 		ec.AdvertisePeer, ec.InitialCluster = ec.ListenPeer, c.NodeName+"="+ec.ListenPeer[0]
 	}
+	_, statErr := os.Stat(p.Layout.EtcdRestoreFile())
+	// A restore stopped half-way is loaded again (puts of the same keys).
+	restore := statErr == nil
 	if !isMember(p.Layout) && len(joinURLs) > 0 {
 		initial, err := addEtcdMember(ctx, p, joinURLs, log)
 		if err != nil {
 			return err
 		}
 		ec.InitialCluster, ec.ClusterState = initial, "existing"
-	} else if !isMember(p.Layout) && !c.ClusterInit {
+	} else if !isMember(p.Layout) && !c.ClusterInit && !restore {
 		return &FieldError{Flag: serverboot.FlagServer, Value: c.Server, Problem: "this data dir's etcd member never started",
 			Fix: "start it with --server and --token of a running server of the cluster, or --cluster-init for a new cluster in a new --data-dir"}
 	}
@@ -284,6 +284,19 @@ func startEtcd(ctx context.Context, p *Plane, sup *supervisor.Supervisor, joinUR
 		return fmt.Errorf("etcd member %s: %w (see %s)", c.NodeName, err, sup.LogDir+"/etcd.log")
 	}
 	log.Info("etcd member ready", "name", c.NodeName, "peer", ec.AdvertisePeer[0])
+	if restore {
+		// A snapshot restored onto this new first server (k3sm snapshot
+		// restore): its keys go into the new member before the apiserver
+		// starts, once.
+		n, err := c.Datastore.EtcdLoad(ctx, p.Layout.EtcdRestoreFile())
+		if err != nil {
+			return err
+		}
+		if err := os.Remove(p.Layout.EtcdRestoreFile()); err != nil {
+			return err
+		}
+		log.Info("restored the etcd snapshot into the new member", "keys", n)
+	}
 	return nil
 }
 

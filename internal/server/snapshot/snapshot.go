@@ -68,7 +68,10 @@ type Metadata struct {
 	DataDir             string   `json:"dataDir"`
 	DBBytes             int64    `json:"dbBytes"`
 	SecretsEncryption   bool     `json:"secretsEncryption"`
-	Files               []string `json:"files"`
+	// Etcd: the cluster's embedded etcd, saved as an etcd snapshot
+	// (server/db/etcd-restore.db), not a SQLite file.
+	Etcd  bool     `json:"etcd,omitempty"`
+	Files []string `json:"files"`
 }
 
 // bundled are the paths (relative to the data dir) a snapshot carries
@@ -101,6 +104,8 @@ func CheckCluster(dataDir string) error {
 	l := datadir.New(dataDir)
 	if rec, ok, err := datastore.Recorded(l); err != nil {
 		return err
+	} else if ok && rec.Config.Embedded {
+		return nil // the embedded etcd member: saved through etcd's API
 	} else if ok && rec.Kind() != datastore.SQLite {
 		return fmt.Errorf("%w: the cluster of %s lives in %s (--datastore-endpoint), not in a SQLite file k3sm copies or reads: back it up with %s",
 			ErrExternalDatastore, dataDir, rec.Endpoint(), rec.Kind().BackupTool())
@@ -203,24 +208,42 @@ func Save(ctx context.Context, o SaveOptions) (Metadata, []string, error) {
 	if err := os.MkdirAll(snap.DBDir(), 0o700); err != nil {
 		return m, nil, err
 	}
-	db, err := kinedb.Open(l.DBFile())
-	if err != nil {
-		return m, nil, err
+	if rec, _, _ := datastore.Recorded(l); rec.Config.Embedded {
+		// etcd's own snapshot of the running member, as `etcdctl snapshot
+		// save` takes it: restored into a new first server (Restore).
+		f, err := os.OpenFile(snap.EtcdRestoreFile(), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if err != nil {
+			return m, nil, err
+		}
+		m.DBBytes, err = rec.Config.EtcdSnapshot(ctx, f)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return m, nil, fmt.Errorf("%w (the server must be running: the snapshot is taken from its etcd member)", err)
+		}
+		m.Etcd = true
+		m.Files = append(m.Files, rel(l, l.EtcdRestoreFile()))
+	} else {
+		db, err := kinedb.Open(l.DBFile())
+		if err != nil {
+			return m, nil, err
+		}
+		err = db.CopyTo(ctx, snap.DBFile())
+		db.Close()
+		if err != nil {
+			return m, nil, err
+		}
+		if err := os.Chmod(snap.DBFile(), 0o600); err != nil {
+			return m, nil, err
+		}
+		st, err := os.Stat(snap.DBFile())
+		if err != nil {
+			return m, nil, err
+		}
+		m.DBBytes = st.Size()
+		m.Files = append(m.Files, rel(l, l.DBFile()))
 	}
-	err = db.CopyTo(ctx, snap.DBFile())
-	db.Close()
-	if err != nil {
-		return m, nil, err
-	}
-	if err := os.Chmod(snap.DBFile(), 0o600); err != nil {
-		return m, nil, err
-	}
-	st, err := os.Stat(snap.DBFile())
-	if err != nil {
-		return m, nil, err
-	}
-	m.DBBytes = st.Size()
-	m.Files = append(m.Files, rel(l, l.DBFile()))
 	for _, src := range bundled(l) {
 		files, err := copyTree(src, filepath.Join(tmp, rel(l, src)))
 		if err != nil {
@@ -394,6 +417,9 @@ func Restore(ctx context.Context, o RestoreOptions) (RestoreResult, error) {
 			ErrExternalDatastore, o.DataDir, rec.Endpoint(), o.Name)
 	}
 	src := datadir.New(filepath.Join(o.Dir, o.Name))
+	if m.Etcd {
+		return res, restoreEtcd(o, m, src)
+	}
 	if _, err := os.Stat(src.DBFile()); err != nil {
 		return res, fmt.Errorf("snapshot %s is incomplete: %w", o.Name, err)
 	}
@@ -460,6 +486,53 @@ func Restore(ctx context.Context, o RestoreOptions) (RestoreResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// restoreEtcd restores an embedded etcd cluster's snapshot onto a new
+// first server, as k3s's --cluster-reset does: into a data dir that holds
+// no cluster, with the snapshot's credentials and the etcd snapshot placed
+// for the next `k3sm server` start, which loads it into a new single
+// member. The other servers then join it again in new data dirs.
+func restoreEtcd(o RestoreOptions, m Metadata, src datadir.Layout) error {
+	l := datadir.New(o.DataDir)
+	if _, err := os.Stat(src.EtcdRestoreFile()); err != nil {
+		return fmt.Errorf("snapshot %s is incomplete: %w", o.Name, err)
+	}
+	if _, ok, err := datastore.Recorded(l); err != nil {
+		return err
+	} else if ok {
+		return fmt.Errorf("snapshot %s is of a cluster with embedded etcd: restore it onto a new first server, a --data-dir that holds no cluster (%s holds one); the other servers then join it again with --server and --token in new data dirs", o.Name, o.DataDir)
+	}
+	if err := os.MkdirAll(l.DBDir(), 0o700); err != nil {
+		return err
+	}
+	release, err := controlplane.LockDataDir(o.DataDir)
+	if err != nil {
+		return fmt.Errorf("%v (%s): stop it first", err, o.DataDir)
+	}
+	defer release()
+	if _, err := datastore.EtcdSnapshotKeys(src.EtcdRestoreFile()); err != nil {
+		return fmt.Errorf("snapshot %s: %w", o.Name, err)
+	}
+	if err := copyFile(src.EtcdRestoreFile(), l.EtcdRestoreFile()); err != nil {
+		return err
+	}
+	for _, dst := range bundled(l) {
+		from := filepath.Join(src.Root, rel(l, dst))
+		if _, err := os.Stat(from); errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if _, err := copyTree(from, dst); err != nil {
+			return err
+		}
+	}
+	// The data dir's cluster lives in its own etcd member from now on.
+	cfg := controlplane.Defaults()
+	cfg.DataDir, cfg.ClusterInit = o.DataDir, true
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	return datastore.Write(l, cfg.Datastore)
 }
 
 // copyTree copies src (a file or a directory) to dst with 0600 files and
