@@ -57,9 +57,9 @@ func (l Layout) ServerInfoFile() string { return filepath.Join(l.RunDir(), "serv
 func (l Layout) ComponentsFile() string { return filepath.Join(l.RunDir(), "components.json") }
 
 // Server side: the control plane.
-func (l Layout) ServerDir() string      { return filepath.Join(l.Root, "server") }
-func (l Layout) DBDir() string          { return filepath.Join(l.ServerDir(), "db") }
-func (l Layout) DBFile() string         { return filepath.Join(l.DBDir(), "state.db") }
+func (l Layout) ServerDir() string { return filepath.Join(l.Root, "server") }
+func (l Layout) DBDir() string     { return filepath.Join(l.ServerDir(), "db") }
+func (l Layout) DBFile() string    { return filepath.Join(l.DBDir(), "state.db") }
 
 // EtcdDir is the embedded etcd member's data (--cluster-init).
 func (l Layout) EtcdDir() string { return filepath.Join(l.DBDir(), "etcd") }
@@ -67,9 +67,9 @@ func (l Layout) EtcdDir() string { return filepath.Join(l.DBDir(), "etcd") }
 // EtcdRestoreFile is an etcd snapshot `k3sm snapshot restore` placed for
 // the next start, which loads it into a new single member.
 func (l Layout) EtcdRestoreFile() string { return filepath.Join(l.DBDir(), "etcd-restore.db") }
-func (l Layout) TLSDir() string         { return filepath.Join(l.ServerDir(), "tls") }
-func (l Layout) TLS(name string) string { return filepath.Join(l.TLSDir(), name) }
-func (l Layout) CredDir() string        { return filepath.Join(l.ServerDir(), "cred") }
+func (l Layout) TLSDir() string          { return filepath.Join(l.ServerDir(), "tls") }
+func (l Layout) TLS(name string) string  { return filepath.Join(l.TLSDir(), name) }
+func (l Layout) CredDir() string         { return filepath.Join(l.ServerDir(), "cred") }
 
 // Cred is the kubeconfig of one of the server's own clients.
 func (l Layout) Cred(name string) string   { return filepath.Join(l.CredDir(), name+".kubeconfig") }

@@ -61,13 +61,13 @@ type Metadata struct {
 	Prefix  string    `json:"prefix"`
 	Created time.Time `json:"created"`
 	// ServerCAFingerprint identifies the cluster: sha256 of its server CA certificate.
-	ServerCAFingerprint string   `json:"serverCAFingerprint"`
-	K3smVersion         string   `json:"k3smVersion"`
-	K3smCommit          string   `json:"k3smCommit"`
-	Kubernetes          string   `json:"kubernetesVersion"`
-	DataDir             string   `json:"dataDir"`
-	DBBytes             int64    `json:"dbBytes"`
-	SecretsEncryption   bool     `json:"secretsEncryption"`
+	ServerCAFingerprint string `json:"serverCAFingerprint"`
+	K3smVersion         string `json:"k3smVersion"`
+	K3smCommit          string `json:"k3smCommit"`
+	Kubernetes          string `json:"kubernetesVersion"`
+	DataDir             string `json:"dataDir"`
+	DBBytes             int64  `json:"dbBytes"`
+	SecretsEncryption   bool   `json:"secretsEncryption"`
 	// Etcd: the cluster's embedded etcd, saved as an etcd snapshot
 	// (server/db/etcd-restore.db), not a SQLite file.
 	Etcd  bool     `json:"etcd,omitempty"`
