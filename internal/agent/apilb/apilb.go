@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/atomicfile"
@@ -422,13 +423,63 @@ func (lb *LB) handle(ctx context.Context, client net.Conn) {
 				return
 			}
 		}
+		if timedOut(err) {
+			lb.drop(p.server, err)
+		}
 		p.close()
 	}()
 	// The server ended (an apiserver never half-closes: its EOF ends the
 	// connection) or died: close both, so the client reconnects.
-	io.Copy(p.client, p.backend)
+	_, err = io.Copy(p.client, p.backend)
+	if timedOut(err) {
+		// The server stopped answering without closing (a machine gone, a
+		// partition): its other connections are as dead, and new ones
+		// must go elsewhere at once, not wait for a dial timeout.
+		lb.drop(p.server, err)
+	}
 	p.close()
 	<-done
+}
+
+// timedOut reports a connection the kernel gave up on: unacknowledged data
+// past the user timeout, or keepalive probes unanswered.
+func timedOut(err error) bool {
+	var ne net.Error
+	return err != nil && (errors.Is(err, syscall.ETIMEDOUT) || (errors.As(err, &ne) && ne.Timeout()))
+}
+
+// drop marks s failed and closes every connection proxied to it.
+func (lb *LB) drop(s string, err error) {
+	lb.markFailed(s, err)
+	lb.mu.Lock()
+	var dead []*proxied
+	for p := range lb.conns {
+		if p.server == s {
+			dead = append(dead, p)
+		}
+	}
+	lb.mu.Unlock()
+	for _, p := range dead {
+		p.close()
+	}
+	if len(dead) > 0 {
+		lb.log.Warn("closed the connections to an apiserver that stopped answering; their clients reconnect through another", "server", s, "connections", len(dead))
+	}
+}
+
+// Dead-peer detection on the connections to the servers: a server that
+// vanishes without closing them (no FIN, no RST) is found within about
+// deadAfter, whether a connection carries requests (unacknowledged data,
+// TCP_USER_TIMEOUT where the OS has it) or waits on a watch (keepalive).
+const deadAfter = 3 * time.Second
+
+func watchDeath(c net.Conn) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return
+	}
+	_ = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: deadAfter, Interval: time.Second, Count: 3})
+	setUserTimeout(tc, deadAfter)
 }
 
 // connect dials a server for client, the current one first, trying each
@@ -456,6 +507,7 @@ func (lb *LB) connect(ctx context.Context, client net.Conn) (*proxied, error) {
 			errs = append(errs, err)
 			continue
 		}
+		watchDeath(backend)
 		p := &proxied{client: client, backend: backend, server: s}
 		ok, err := lb.register(p)
 		if err != nil {
