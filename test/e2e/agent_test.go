@@ -138,6 +138,27 @@ func (a *agentProc) stop() {
 	a.cmd = nil
 }
 
+// loadProgImage loads e2e.local/prog:v1 (progImage) into the image store
+// of each data dir (an agent's loopback is not the test's, where the test
+// registry listens) and returns the image's tarball.
+func loadProgImage(t *testing.T, dataDirs ...string) string {
+	t.Helper()
+	imgTar := filepath.Join(t.TempDir(), "prog.tar")
+	ref, err := name.ParseReference("e2e.local/prog:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tarball.WriteToFile(imgTar, ref, progImage(t)); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range dataDirs {
+		if out, err := exec.Command(k3smBin, "image", "load", "--data-dir", dir, "-i", imgTar).CombinedOutput(); err != nil {
+			t.Fatalf("k3sm image load: %v\n%s", err, out)
+		}
+	}
+	return imgTar
+}
+
 // joinedFiles are what a join leaves in an agent's data dir: none of them
 // may exist after a refused one.
 func joinedFiles(dir string) []string {
@@ -218,19 +239,7 @@ func TestAgentJoin(t *testing.T) {
 	// The agent's image is loaded into its store beforehand: its loopback
 	// is not the test's, where the test registry listens.
 	agentDir := newDataDir(t, "k3sm-e2e-agent-")
-	imgTar := filepath.Join(t.TempDir(), "prog.tar")
-	ref, err := name.ParseReference("e2e.local/prog:v1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tarball.WriteToFile(imgTar, ref, progImage(t)); err != nil {
-		t.Fatal(err)
-	}
-	for _, dir := range []string{agentDir, s.dataDir} {
-		if out, err := exec.Command(k3smBin, "image", "load", "--data-dir", dir, "-i", imgTar).CombinedOutput(); err != nil {
-			t.Fatalf("k3sm image load: %v\n%s", err, out)
-		}
-	}
+	imgTar := loadProgImage(t, agentDir, s.dataDir)
 
 	a := &agentProc{t: t, dataDir: agentDir, ns: nn.name, args: agentArgs(tok, "agent-1")}
 	a.start()

@@ -24,29 +24,7 @@ const dbPassword = dbtest.Password
 // (and its log shown on failure) when the test ends.
 func database(t *testing.T, start func(o dbtest.Options) (*dbtest.DB, error), peer bool) *dbtest.DB {
 	t.Helper()
-	// Not t.TempDir: PostgreSQL runs as its own account, which must reach
-	// the directory through its parents.
-	dir, err := os.MkdirTemp("", "k3sm-db-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := dbtest.Options{Dir: dir, Port: freePort(t)}
-	if peer {
-		o.PeerPort = freePort(t)
-	}
-	d, err := start(o)
-	if err != nil {
-		os.RemoveAll(dir)
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		d.Stop()
-		if t.Failed() {
-			t.Logf("%s's log:\n%s", d.Name, d.Log())
-		}
-		os.RemoveAll(dir)
-	})
-	return d
+	return dbtest.ForTest(t, start, peer)
 }
 
 func startPostgres(t *testing.T) *dbtest.DB { return database(t, dbtest.Postgres, false) }

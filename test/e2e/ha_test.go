@@ -20,8 +20,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -169,17 +167,7 @@ func TestHAServers(t *testing.T) {
 
 	// An agent, joined through the first server, with a pod.
 	agentDir := newDataDir(t, "k3sm-e2e-agent-")
-	imgTar := filepath.Join(t.TempDir(), "prog.tar")
-	ref, err := name.ParseReference("e2e.local/prog:v1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tarball.WriteToFile(imgTar, ref, progImage(t)); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(k3smBin, "image", "load", "--data-dir", agentDir, "-i", imgTar).CombinedOutput(); err != nil {
-		t.Fatalf("k3sm image load: %v\n%s", err, out)
-	}
+	loadProgImage(t, agentDir)
 	a := &agentProc{t: t, dataDir: agentDir, ns: nets[3].name, args: []string{"--server", fmt.Sprintf("https://%s:%d", nets[0].nsIP, ports[4]),
 		"--token", tok, "--node-name", "agent-1", "--kubelet-port", strconv.Itoa(freePort(t)), testEvictionHard}}
 	a.start()

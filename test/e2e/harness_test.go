@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -15,10 +14,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/testutil/ports"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -100,37 +100,15 @@ type server struct {
 	defaultAddrs bool
 }
 
-// freePort returns a loopback port no one listens on, below the kernel's
-// ephemeral range and the NodePort range (30000-32767). A port the kernel
-// picked (":0") is an ephemeral one: between the test closing it and the
-// server binding it, an outgoing connection can take it as its source port
-// and hold it for as long as it lasts (a scheduler failed to start for
-// that). Ports handed out once are not handed out again.
+// freePort returns a loopback port no one listens on (package ports).
 func freePort(t *testing.T) int {
 	t.Helper()
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	for range 2000 {
-		p := 20000 + rand.IntN(10000)
-		if portsGiven[p] {
-			continue
-		}
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-		if err != nil {
-			continue
-		}
-		l.Close()
-		portsGiven[p] = true
-		return p
+	p, err := ports.Free()
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatal("no free loopback port in 20000-29999")
-	return 0
+	return p
 }
-
-var (
-	portsMu    sync.Mutex
-	portsGiven = map[int]bool{}
-)
 
 // newServer prepares a server on a fresh data dir with loopback-only ports.
 func newServer(t *testing.T, extra ...string) *server {

@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
-	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -269,63 +267,8 @@ func createMySQL(t *testing.T, db *dbtest.DB) {
 	}
 }
 
-// startDB starts one engine on 127.0.0.1, stopped (and its log shown on
-// failure) when the test ends.
+// startDB starts one engine on 127.0.0.1 for the test.
 func startDB(t *testing.T, start func(o dbtest.Options) (*dbtest.DB, error), peer bool) *dbtest.DB {
 	t.Helper()
-	// Not t.TempDir: PostgreSQL runs as its own account when the test runs
-	// as root, and must reach the directory through its parents.
-	dir, err := os.MkdirTemp("", "k3sm-db-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	o := dbtest.Options{Dir: dir, Port: freePort(t)}
-	if peer {
-		o.PeerPort = freePort(t)
-	}
-	d, err := start(o)
-	if err != nil {
-		os.RemoveAll(dir)
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		d.Stop()
-		if t.Failed() {
-			t.Logf("%s's log:\n%s", d.Name, d.Log())
-		}
-		os.RemoveAll(dir)
-	})
-	return d
+	return dbtest.ForTest(t, start, peer)
 }
-
-// freePort returns a loopback port no one listens on, below the kernel's
-// ephemeral range (test/e2e's rule: a port the kernel picked may be taken
-// as an outgoing connection's source before the database binds it).
-func freePort(t *testing.T) int {
-	t.Helper()
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	for range 2000 {
-		p := 20000 + rand.IntN(10000)
-		if portsGiven[p] {
-			continue
-		}
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-		if err != nil {
-			continue
-		}
-		l.Close()
-		portsGiven[p] = true
-		return p
-	}
-	t.Fatal("no free loopback port in 20000-29999")
-	return 0
-}
-
-var (
-	portsMu    sync.Mutex
-	portsGiven = map[int]bool{}
-)

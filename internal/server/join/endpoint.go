@@ -88,18 +88,7 @@ func refuse(w http.ResponseWriter, code int, err error) {
 func (e *Endpoint) join(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
-	bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok {
-		refuse(w, http.StatusUnauthorized, errBadToken)
-		return
-	}
-	if err := checkToken(ctx, e.Client, bearer, e.now()); err != nil {
-		code := http.StatusUnauthorized
-		if err != errBadToken {
-			code = http.StatusServiceUnavailable
-		}
-		e.log().Warn("join refused", "remote", r.RemoteAddr, "err", err)
-		refuse(w, code, err)
+	if _, ok := e.authorize(ctx, w, r, "join"); !ok {
 		return
 	}
 	req, csrs, err := joinv1.DecodeJoinRequest(http.MaxBytesReader(w, r.Body, joinv1.MaxRequestBytes+1))
@@ -142,6 +131,27 @@ func (e *Endpoint) join(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(resp)
 }
 
+// authorize checks the request's bearer token (a valid, unexpired join
+// token) and refuses the request when it is not.
+func (e *Endpoint) authorize(ctx context.Context, w http.ResponseWriter, r *http.Request, what string) (joinv1.Token, bool) {
+	bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		refuse(w, http.StatusUnauthorized, errBadToken)
+		return joinv1.Token{}, false
+	}
+	if err := checkToken(ctx, e.Client, bearer, e.now()); err != nil {
+		code := http.StatusUnauthorized
+		if err != errBadToken {
+			code = http.StatusServiceUnavailable
+		}
+		e.log().Warn(what+" refused", "remote", r.RemoteAddr, "err", err)
+		refuse(w, code, err)
+		return joinv1.Token{}, false
+	}
+	tok, _ := joinv1.ParseBearer(bearer)
+	return tok, true
+}
+
 // serverBootstrap hands a joining server the cluster's bootstrap record,
 // sealed for the token it presents, once the token checks out.
 func (e *Endpoint) serverBootstrap(w http.ResponseWriter, r *http.Request) {
@@ -152,21 +162,10 @@ func (e *Endpoint) serverBootstrap(w http.ResponseWriter, r *http.Request) {
 			Fix: "servers on an external datastore join with --token and the cluster's --datastore-endpoint, without --server"})
 		return
 	}
-	bearer, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	tok, ok := e.authorize(ctx, w, r, "server bootstrap")
 	if !ok {
-		refuse(w, http.StatusUnauthorized, errBadToken)
 		return
 	}
-	if err := checkToken(ctx, e.Client, bearer, e.now()); err != nil {
-		code := http.StatusUnauthorized
-		if err != errBadToken {
-			code = http.StatusServiceUnavailable
-		}
-		e.log().Warn("server bootstrap refused", "remote", r.RemoteAddr, "err", err)
-		refuse(w, code, err)
-		return
-	}
-	tok, _ := joinv1.ParseBearer(bearer)
 	resp, err := e.ServerBootstrap(ctx, tok)
 	if err != nil {
 		e.log().Error("server bootstrap", "err", err)

@@ -16,7 +16,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"syscall"
+	"testing"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/testutil/ports"
 
 	"github.com/k3sm-dev/k3sm/internal/pki"
 )
@@ -289,4 +292,40 @@ func Etcd(bin string, o Options) (*DB, error) {
 	d.Endpoint = client
 	d.Flags = []string{"--datastore-cafile=" + ca.CertPath, "--datastore-certfile=" + cli.CertPath, "--datastore-keyfile=" + cli.KeyPath}
 	return d, nil
+}
+
+// ForTest starts a database with start on free loopback ports (a peer port
+// too when peer), in a directory PostgreSQL's account can reach (not
+// t.TempDir: as root it runs as postgres, which must pass through the
+// parents); it is stopped, its log shown if t failed, and its directory
+// removed when t ends.
+func ForTest(t testing.TB, start func(o Options) (*DB, error), peer bool) *DB {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "k3sm-db-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	o := Options{Dir: dir}
+	if o.Port, err = ports.Free(); err == nil && peer {
+		o.PeerPort, err = ports.Free()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := start(o)
+	if err != nil {
+		os.RemoveAll(dir)
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		d.Stop()
+		if t.Failed() {
+			t.Logf("%s's log:\n%s", d.Name, d.Log())
+		}
+		os.RemoveAll(dir)
+	})
+	return d
 }
