@@ -15,6 +15,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/k3sm-dev/k3sm/internal/pki"
@@ -195,6 +196,35 @@ func TestHAEmbeddedEtcd(t *testing.T) {
 	if _, err := servers[leader].client().CoreV1().ConfigMaps("default").Get(ctx(t), "ha-0999", metav1.GetOptions{}); err != nil {
 		t.Errorf("the restarted server does not see the writes made while it was down: %v", err)
 	}
+
+	// A server gone for good leaves the quorum when its Node is deleted
+	// (this one runs no node: its Node object is made here, as a server
+	// with a node has one).
+	gone := servers[(leader+2)%3]
+	gone.stop()
+	goneName := fmt.Sprintf("server-%d", (leader+2)%3)
+	vc := via.client()
+	if _, err := vc.CoreV1().Nodes().Create(ctx(t), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: goneName}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := vc.CoreV1().Nodes().Delete(ctx(t), goneName, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the deleted node's etcd member removed", func() error {
+		l, err := etcdClientOf(t, via, endpoint(slices.Index(servers, via))).MemberList(ctx(t))
+		if err != nil {
+			return err
+		}
+		for _, m := range l.Members {
+			if m.Name == goneName {
+				return fmt.Errorf("member %s still listed", goneName)
+			}
+		}
+		if len(l.Members) != 2 {
+			return fmt.Errorf("%d members", len(l.Members))
+		}
+		return nil
+	})
 
 	// A snapshot (etcd's own, through the running member) restored onto a
 	// new first server once every server is gone, as after losing them all.

@@ -25,6 +25,10 @@ import (
 	"github.com/k3sm-dev/k3sm/internal/server/datastore"
 	"github.com/k3sm-dev/k3sm/internal/server/serverboot"
 	"github.com/k3sm-dev/k3sm/internal/supervisor"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 )
 
 // Embedded etcd: a server started with --cluster-init keeps the cluster
@@ -318,6 +322,54 @@ func etcdLeafs(c *Config, dir string, certs *Certs) error {
 	}
 	if certs.EtcdClient, err = ca.Ensure(dir, etcdClientCert, pki.LeafSpec{CommonName: "kube-apiserver-etcd-client", Client: true}); err != nil {
 		return err
+	}
+	return nil
+}
+
+// removeDeletedMembers removes the etcd member of a server whose Node is
+// deleted, as k3s does: `kubectl delete node NAME` is how a server that is
+// gone for good leaves the quorum. Every server with a member runs it; the
+// first to act removes it, the others find it gone.
+func removeDeletedMembers(ctx context.Context, p *Plane, client kubernetes.Interface, log *slog.Logger) {
+	f := informers.NewSharedInformerFactory(client, 0)
+	_, _ = f.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			n, ok := obj.(*corev1.Node)
+			if !ok || n.Name == p.Cfg.NodeName {
+				return
+			}
+			if err := removeMember(ctx, p, n.Name, log); err != nil {
+				log.Warn("the etcd member of a deleted node was not removed; remove it with etcd's MemberRemove", "node", n.Name, "err", err)
+			}
+		},
+	})
+	f.Start(ctx.Done())
+}
+
+// removeMember removes the etcd member named name, if there is one.
+func removeMember(ctx context.Context, p *Plane, name string, log *slog.Logger) error {
+	cli, err := p.EtcdClient(nil)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	list, err := cli.MemberList(cctx)
+	if err != nil {
+		return err
+	}
+	for _, m := range list.Members {
+		if m.Name != name {
+			continue
+		}
+		if _, err := cli.MemberRemove(cctx, m.ID); err != nil && !errors.Is(err, rpctypes.ErrMemberNotFound) {
+			return err
+		}
+		log.Info("removed the etcd member of a deleted node", "node", name, "member", fmt.Sprintf("%x", m.ID))
 	}
 	return nil
 }

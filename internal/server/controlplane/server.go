@@ -158,6 +158,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, addons ...Addon) err
 			return err
 		}
 	}
+	if cfg.Datastore.Embedded {
+		removeDeletedMembers(ctx, p, client, log)
+	}
 	for _, addon := range addons {
 		if addon.Verified != nil {
 			if err := addon.Verified(ctx, p, sup); err != nil {
