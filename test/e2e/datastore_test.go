@@ -46,6 +46,11 @@ func startEtcd(t *testing.T) *dbtest.DB {
 // cluster, the password shows nowhere, and a database that stops answering
 // shows in status and doctor.
 func TestExternalDatastore(t *testing.T) {
+	// Only the control plane is under test: its servers run no node
+	// (--disable-agent), so nothing of theirs is shared with the other
+	// tests' servers but loopback ports from one registry, and it runs
+	// beside the other parallel tests.
+	t.Parallel()
 	for _, engine := range []struct {
 		name  string
 		start func(*testing.T) *dbtest.DB
@@ -57,7 +62,7 @@ func TestExternalDatastore(t *testing.T) {
 	} {
 		t.Run(engine.name, func(t *testing.T) {
 			db := engine.start(t)
-			s := newServer(t, append([]string{"--datastore-endpoint=" + db.Endpoint}, db.Flags...)...)
+			s := newServer(t, append([]string{"--datastore-endpoint=" + db.Endpoint, "--disable-agent"}, db.Flags...)...)
 			s.start()
 			coreCRUDAndWatch(t, s)
 			crdAndCustomObject(t, s)

@@ -15,6 +15,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -248,16 +249,41 @@ func MariaDB(o Options) (*DB, error) {
 }
 
 // BuildEtcd builds etcd's own server main at go.mod's version (the klimax
-// node image's, internal/klimax/nodeimage/cmd/etcd) into dir; moduleRoot
-// is this module's directory.
+// node image's, internal/klimax/nodeimage/cmd/etcd) and returns its path:
+// in the user's cache dir, by version, or in dir when that cannot be
+// used; moduleRoot is this module's directory.
 func BuildEtcd(moduleRoot, dir string) (string, error) {
+	// Cached by etcd's version outside the clone, as the node image is:
+	// each machine builds it once.
+	ver, err := exec.Command("go", "list", "-C", moduleRoot, "-m", "-f", "{{.Version}}", "go.etcd.io/etcd/server/v3").Output()
+	if err == nil {
+		if cache, err := os.UserCacheDir(); err == nil {
+			bin := filepath.Join(cache, "k3sm-test", "etcd-"+strings.TrimSpace(string(ver)), "etcd")
+			if _, err := os.Stat(bin); err == nil {
+				return bin, nil
+			}
+			if err := buildEtcd(moduleRoot, bin); err == nil {
+				return bin, nil
+			}
+		}
+	}
 	bin := filepath.Join(dir, "etcd")
-	build := exec.Command("go", "build", "-o", bin, "./internal/klimax/nodeimage/cmd/etcd")
+	return bin, buildEtcd(moduleRoot, bin)
+}
+
+func buildEtcd(moduleRoot, bin string) error {
+	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
+		return err
+	}
+	// Built beside its final name and renamed: a build stopped half-way
+	// never leaves a binary that looks cached.
+	tmp := bin + ".tmp"
+	build := exec.Command("go", "build", "-o", tmp, "./internal/klimax/nodeimage/cmd/etcd")
 	build.Dir = moduleRoot
 	if out, err := build.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building etcd: %v\n%s", err, out)
+		return fmt.Errorf("building etcd: %v\n%s", err, out)
 	}
-	return bin, nil
+	return os.Rename(tmp, bin)
 }
 
 // Etcd runs the etcd at bin as one member with client-certificate TLS; the
