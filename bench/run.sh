@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the k3sm benchmarks and records their figures in bench/RESULTS.md.
 #
-#   bench/run.sh [controlplane|runtime|pods|proxy|podnet|mesh|dns|dns-coredns|datastore|join|all]...    (default: all)
+#   bench/run.sh [controlplane|runtime|pods|proxy|podnet|mesh|dns|dns-coredns|datastore|join|failover|all]...    (default: all)
 #
 # `all` is every benchmark but dns-coredns, which builds CoreDNS from its own
 # module (bench/coredns: downloads it on first use) and needs root.
@@ -21,6 +21,7 @@
 #   K3SM_BENCH_DNS_ARGS   extra flags for bench/dns, in both dns targets (see: go run ./bench/dns -help)
 #   K3SM_BENCH_DATASTORE_ARGS extra flags for bench/datastore (see: go run ./bench/datastore -help)
 #   K3SM_BENCH_JOIN_ARGS  extra flags for bench/join (see: go run ./bench/join -help)
+#   K3SM_BENCH_FAILOVER_ARGS extra flags for bench/failover (see: go run ./bench/failover -help)
 # The runtime benchmark (bench/runtime) reads its own K3SM_BENCH_* variables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -145,7 +146,7 @@ dns_coredns() {
 }
 
 datastore() {
-	# Owned by bench/datastore: one API load on the embedded SQLite, PostgreSQL, MariaDB and etcd
+	# Owned by bench/datastore: one API load on the embedded SQLite, PostgreSQL, MariaDB, etcd and the embedded etcd member
 	# (issue 32), side by side, each a fresh server on a database started here (Debian's postgresql
 	# and mariadb-server must be installed). Writes its section of bench/RESULTS.md.
 	if [[ ! -x $K3SM_BIN ]]; then
@@ -177,17 +178,38 @@ join() {
 		${K3SM_BENCH_JOIN_ARGS:-} | tee _output/bench/join.md
 }
 
+failover() {
+	# Owned by bench/failover: kill -9 of the server holding the controllers' leases -> the first write
+	# through an agent's load balancer (internal/agent/apilb), p50 over 5 kills in each of two modes
+	# (the process tree killed; the machine's link down first, then killed), and no acknowledged write
+	# lost (issue 32). Needs root (it exits 2 otherwise) and Debian's postgresql: three servers with
+	# --disable-agent on one PostgreSQL, each in a network namespace bench/failover makes (ip netns add),
+	# plugged by a veth pair into a bridge here; it deletes them at exit. Writes its section of
+	# bench/RESULTS.md.
+	if [[ ! -x $K3SM_BIN ]]; then
+		echo "bench: $K3SM_BIN is missing; build it with 'make bin/k3sm' or set K3SM_BIN" >&2
+		return 1
+	fi
+	$GO build -o _output/bench/failover ./bench/failover
+	local invocation="bench/run.sh failover"
+	if [[ -n ${K3SM_BENCH_FAILOVER_ARGS:-} ]]; then invocation="K3SM_BENCH_FAILOVER_ARGS='$K3SM_BENCH_FAILOVER_ARGS' $invocation"; fi
+	if [[ $K3SM_BIN != "$PWD/bin/k3sm" ]]; then invocation="K3SM_BIN=$K3SM_BIN $invocation"; fi
+	# shellcheck disable=SC2086 # K3SM_BENCH_FAILOVER_ARGS is a list of flags
+	in_netns _output/bench/failover -bin "$K3SM_BIN" -results "$RESULTS" -invocation "$invocation" \
+		${K3SM_BENCH_FAILOVER_ARGS:-} | tee _output/bench/failover.md
+}
+
 targets=("$@")
-if [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]]; then targets=(controlplane runtime pods proxy podnet mesh dns datastore join); fi
+if [[ ${#targets[@]} -eq 0 || ${targets[0]} == all ]]; then targets=(controlplane runtime pods proxy podnet mesh dns datastore join failover); fi
 failed=()
 for t in "${targets[@]}"; do
 	case $t in
-	controlplane | runtime | pods | proxy | podnet | mesh | dns | dns-coredns | datastore | join)
+	controlplane | runtime | pods | proxy | podnet | mesh | dns | dns-coredns | datastore | join | failover)
 		echo "=== bench: $t" >&2
 		"${t//-/_}" || failed+=("$t")
 		;;
 	*)
-		echo "bench: unknown benchmark '$t'; choose controlplane, runtime, pods, proxy, podnet, mesh, dns, dns-coredns, datastore, join or all" >&2
+		echo "bench: unknown benchmark '$t'; choose controlplane, runtime, pods, proxy, podnet, mesh, dns, dns-coredns, datastore, join, failover or all" >&2
 		exit 2
 		;;
 	esac
