@@ -5,10 +5,15 @@
 // successful write through an agent's load balancer (internal/agent/apilb),
 // p50 over -rounds kills (goal ≤ 5 s), in two modes:
 //
-//   - kill: SIGKILL of the server and every process it started, at once;
-//     the machine stays, so the kernel closes its sockets (RST/FIN).
+//   - kill: SIGKILL of every process of the machine (the server's tree and
+//     anything else in its network namespace), at once; the machine stays,
+//     so its kernel closes their sockets (RST/FIN).
 //   - partition: the machine vanishes: its link goes down first (no RST,
 //     no FIN ever reaches anyone), then its processes are SIGKILLed.
+//
+// The failover is the first create acknowledged among the requests started
+// after the kill, by another server (the writer reads which one answered
+// from the connection's serving certificate).
 //
 // Three `k3sm server --disable-agent` share one PostgreSQL: the first makes
 // the cluster, the others join with a token. Each runs in a network

@@ -155,7 +155,7 @@ func render(o options, m machine, rs []round, v verdict) string {
 	w("gap** = the longest time between two consecutive acknowledged creates (by response time; any worker) where the\n")
 	w("later came after the kill. *Gone* = when no process was left in the machine's namespace (polled every 5 ms;\n")
 	w("a killed process frees its memory before its sockets are closed). *Balancer saw it down* = when the balancer\n")
-	w("first logged the killed server unreachable (a dial to it failed). The writes go on %s after the failover,\n", after)
+	w("first logged the killed server unreachable (a dial or a connection to it failed). The writes go on %s after the failover,\n", after)
 	w("then stop. *Lease moved* = the `%s` Lease's acquireTime on its new holder minus the kill. The killed\n", cmLease)
 	w("server is then started again from its data dir, and the next kill waits until it is up and the `kubernetes`\n")
 	w("Service's EndpointSlice lists the three servers again. The modes take turns, %d kills each. Times in ms\n", len(rs)/2)

@@ -72,7 +72,7 @@ type round struct {
 	Errs   map[string]int
 	// MovedTo: the server the balancer sent new connections to after;
 	// Noticed: when it first logged the killed server unreachable (a
-	// failed dial), -1 if it did not.
+	// dial or a connection to it failed), -1 if it did not.
 	MovedTo int
 	Noticed time.Duration
 	// Lease: the kube-controller-manager lease's acquireTime on another
@@ -315,7 +315,7 @@ func (u *unreachable) at() time.Time {
 }
 
 // lbLog passes the balancer's log on and watches it for its message
-// "apiserver unreachable" about one server: a dial to it failed.
+// "apiserver unreachable" about one server: a dial or a connection to it failed.
 type lbLog struct {
 	slog.Handler
 	u *unreachable
