@@ -132,7 +132,7 @@ func joinEtcdBootstrap(ctx context.Context, cfg *Config, log *slog.Logger) ([]st
 		return nil, &FieldError{Flag: serverboot.FlagServer, Value: cfg.Server, Problem: "its cluster has no embedded etcd",
 			Fix: "give its --datastore-endpoint and --token, without --server; nothing was started"}
 	}
-	if err := serverboot.Accept(resp.Record, tok, l, cfg.SharedSettings(), time.Now()); err != nil {
+	if err := serverboot.Accept(b, tok, l, cfg.SharedSettings(), time.Now()); err != nil {
 		return nil, err
 	}
 	return resp.EtcdClientURLs, nil

@@ -81,13 +81,8 @@ func get(ctx context.Context, c *http.Client, method, url, bearer string) ([]byt
 	return body, nil
 }
 
-// Accept opens a record fetched from a server and fills the new data
-// directory l with it, with the checks Join makes.
-func Accept(record []byte, tok joinv1.Token, l datadir.Layout, mine map[string]string, now time.Time) error {
-	b, err := Open(record, tok)
-	if err != nil {
-		return &datastore.FieldError{Flag: FlagToken, Value: redacted(tok), Problem: err.Error(),
-			Fix: "copy the whole token `k3sm token create` printed on a server of this cluster; nothing was started"}
-	}
+// Accept fills the new data directory l with a bundle opened from a
+// record a server handed out, with the checks Join makes.
+func Accept(b Bundle, tok joinv1.Token, l datadir.Layout, mine map[string]string, now time.Time) error {
 	return install(b, tok, l, mine, now)
 }
