@@ -317,7 +317,7 @@ func (c *Config) Validate() error {
 			add(serverboot.FlagToken, "(given)", strings.TrimPrefix(err.Error(), "--token: "), "")
 		}
 	}
-	if c.Datastore.External() && c.Ops.SnapshotSchedule > 0 {
+	if c.Datastore.External() && !c.Datastore.Embedded && c.Ops.SnapshotSchedule > 0 {
 		add("snapshot-schedule", c.Ops.SnapshotSchedule.String(), "k3sm snapshots copy the embedded SQLite datastore, and this cluster lives in --datastore-endpoint",
 			"leave it at 0 and back the database up with "+c.Datastore.Kind().BackupTool())
 	}

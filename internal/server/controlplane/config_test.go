@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/server/datastore"
@@ -375,6 +376,12 @@ func TestEmbeddedEtcdFlags(t *testing.T) {
 		if ds := c.Datastore; !ds.Embedded || ds.Endpoint != "https://127.0.0.1:2379" || !c.LeaderElect() || !strings.HasSuffix(ds.CAFile, "etcd-ca.crt") {
 			t.Errorf("%s: datastore %+v, want the embedded member with leader election", tc.name, ds)
 		}
+	}
+	// Scheduled snapshots work on the embedded member (etcd's own snapshot).
+	sched := Defaults()
+	sched.DataDir, sched.ClusterInit, sched.Ops.SnapshotSchedule = t.TempDir(), true, time.Hour
+	if err := sched.Validate(); err != nil {
+		t.Errorf("--snapshot-schedule with --cluster-init: %v", err)
 	}
 	// A data dir whose cluster lives in its member keeps it without the flag.
 	c := Defaults()
