@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -239,6 +240,27 @@ func TestSandbox(t *testing.T) {
 				return fmt.Errorf("not refused yet: %+v", p.Status.ContainerStatuses)
 			})
 		}
+		// A refused container holds no start slot: more of them than the
+		// runtime starts at once leave the node starting other pods.
+		for i := range 2*goruntime.NumCPU() + 1 {
+			p := nativePod(fmt.Sprintf("priv-%d", i), imgs.prog, "forever")
+			p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
+			if _, err := c.CoreV1().Pods("default").Create(cx, p, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			waitPod(t, c, p.Name, time.Minute, func(p *corev1.Pod) error {
+				if len(p.Status.ContainerStatuses) == 1 && p.Status.ContainerStatuses[0].State.Waiting != nil &&
+					p.Status.ContainerStatuses[0].State.Waiting.Reason == "CreateContainerConfigError" {
+					return nil
+				}
+				return fmt.Errorf("not refused yet: %+v", p.Status.ContainerStatuses)
+			})
+		}
+		after := nativePod("after-refused", imgs.prog, "forever")
+		if _, err := c.CoreV1().Pods("default").Create(cx, after, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitPod(t, c, after.Name, time.Minute, running)
 	})
 
 	t.Run("image root", func(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -103,14 +104,6 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 		p.event(warning, "Failed", a.name, "Error: "+msg)
 		return outExited
 	}
-	failed := func(err error) outcome {
-		var r *refusedError
-		if errors.As(err, &r) {
-			return p.refuse(ctx, c, r.msg)
-		}
-		return fail(err.Error())
-	}
-
 	// Starting is disk- and fork-bound: a few at a time finish in arrival
 	// order, where a burst started all at once would finish all at the end.
 	select {
@@ -122,6 +115,17 @@ func (p *managedPod) runOnce(ctx context.Context, c *container) outcome {
 	}
 	release := sync.OnceFunc(func() { <-p.m.startSlots })
 	defer release()
+	failed := func(err error) outcome {
+		var r *refusedError
+		if errors.As(err, &r) {
+			// A refused container waits until its pod changes: it must
+			// not hold a start slot meanwhile, or a few of them would
+			// keep every other pod of the node from starting.
+			release()
+			return p.refuse(ctx, c, r.msg)
+		}
+		return fail(err.Error())
+	}
 
 	if err := p.prepareRoot(a); err != nil {
 		return failed(err)
@@ -260,6 +264,16 @@ func (p *managedPod) resolveAttempt(a *attempt) error {
 // prepareMounts sets up the attempt's volumes and mounts, its
 // resolv.conf and its cgroups.
 func (p *managedPod) prepareMounts(a *attempt) error {
+	if a.boxed && len(a.cspec.GetVolumeMounts()) > 0 {
+		// The pod owns its volumes before a subPath is made in one: the
+		// directories made for it are then the pod's too.
+		if err := p.setupVolumes(); err != nil {
+			return err
+		}
+		if err := p.ownVolumes(a.spec); err != nil {
+			return err
+		}
+	}
 	ms, err := p.containerMounts(a.cspec, a.root, a.res.Env)
 	if err != nil {
 		return err
@@ -268,8 +282,10 @@ func (p *managedPod) prepareMounts(a *attempt) error {
 	if err != nil {
 		return err
 	}
-	if m != nil {
-		ms = append(ms, *m) // last: over whatever a volume put at /etc
+	if m != nil && !slices.ContainsFunc(ms, func(v mounts.Mount) bool { return v.Target == m.Target }) {
+		// Last: over whatever a volume put at /etc. A volume mounted at
+		// /etc/resolv.conf itself is the container's choice and stays.
+		ms = append(ms, *m)
 	}
 	a.res.Env = append(a.res.Env, env...)
 	a.ms = ms
