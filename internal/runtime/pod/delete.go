@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"time"
+
+	"github.com/k3sm-dev/k3sm/internal/runtime/volume"
 )
 
 // Delete stops the pod's containers (SIGTERM, grace, SIGKILL) and removes
@@ -72,6 +74,16 @@ func (m *Manager) finishDelete(p *managedPod) {
 	p.saveMu.Lock()
 	p.stateGone = true
 	p.saveMu.Unlock()
+	p.mu.Lock()
+	vols := p.spec.GetVolumes()
+	p.mu.Unlock()
+	for _, v := range vols {
+		if v.GetEmptyDir().GetMemory() {
+			if err := volume.UnmountTmpfs(p.volumeDir(v.GetName())); err != nil {
+				m.log.Error("remove pod directory", "err", err)
+			}
+		}
+	}
 	if err := os.RemoveAll(p.dir); err != nil {
 		m.log.Error("remove pod directory", "dir", p.dir, "err", err)
 	}

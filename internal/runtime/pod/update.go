@@ -50,8 +50,14 @@ func (m *Manager) Update(spec *runtimev1.PodSpec) (*runtimev1.PodStatus, error) 
 			nc.Env = c.spec.GetEnv()
 		}
 		c.spec = nc
+		// A refused container (CreateContainerConfigError) never started:
+		// as the kubelet's sync on a pod update, it tries again with what
+		// changed (a subPathExpr's annotation, its env).
+		refused := c.proc == nil && c.state.Waiting != nil && c.state.Waiting.Reason == "CreateContainerConfigError"
 		if changed && !(c.init && c.succeeded()) {
 			c.changed = true
+		}
+		if (changed && !(c.init && c.succeeded())) || refused {
 			select {
 			case c.wake <- struct{}{}:
 			default:

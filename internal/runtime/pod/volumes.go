@@ -52,7 +52,20 @@ func (p *managedPod) setupVolume(v *runtimev1.Volume) error {
 		if err := os.MkdirAll(dir, 0o777); err != nil {
 			return err
 		}
-		return os.Chmod(dir, 0o777)
+		if err := os.Chmod(dir, 0o777); err != nil {
+			return err
+		}
+		if ed := v.GetEmptyDir(); ed.GetMemory() {
+			// medium: Memory is a tmpfs, as the kubelet mounts it.
+			err := volume.MountTmpfs(dir, ed.GetSizeLimitBytes())
+			if errors.Is(err, volume.ErrNoTmpfs) {
+				// Said, not hidden: the files are on disk, not in memory.
+				p.event(warning, "EmptyDirOnDisk", "", fmt.Sprintf("emptyDir %q of medium Memory is a directory on disk: %v", v.GetName(), err))
+				return nil
+			}
+			return err
+		}
+		return nil
 	case v.GetFiles() != nil:
 		_, err := volume.WriteAtomic(dir, volumeFiles(v.GetFiles()))
 		return err
@@ -120,7 +133,10 @@ func (p *managedPod) containerMounts(cspec *runtimev1.ContainerSpec, root string
 			// The kubelet creates a missing subPath in writable volumes.
 			s, err := volume.SubPath(src, sub, v.GetFiles() == nil)
 			if err != nil {
-				return nil, fmt.Errorf("volumeMount %q: %w", vm.GetName(), err)
+				// The kubelet's CreateContainerConfigError: the container
+				// waits and starts once the pod changes (a subPathExpr
+				// whose annotation is fixed), it does not fail.
+				return nil, &refusedError{fmt.Sprintf("volumeMount %q: %v", vm.GetName(), err)}
 			}
 			src = s
 		}

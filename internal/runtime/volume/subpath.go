@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // SubPath resolves a volumeMount's subPath inside the volume directory
@@ -75,6 +76,12 @@ func SubPath(volumeDir, sub string, create bool) (string, error) {
 			if err := os.Chmod(next, 0o755); err != nil {
 				return "", fmt.Errorf("subPath %q: %w", sub, err)
 			}
+			// Owned as the directory it is made in: in a volume given to
+			// the pod's user namespace, the pod's root can write in it, as
+			// the container's root can in the kubelet's.
+			if err := chownLike(next, cur); err != nil {
+				return "", fmt.Errorf("subPath %q: %w", sub, err)
+			}
 			cur = next
 			continue
 		}
@@ -109,4 +116,19 @@ func inside(root, p string) bool {
 		return false
 	}
 	return rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) && !filepath.IsAbs(rel)
+}
+
+// chownLike gives path the owner and group of ref, when they differ.
+func chownLike(path, ref string) error {
+	var a, b syscall.Stat_t
+	if err := syscall.Lstat(path, &a); err != nil {
+		return err
+	}
+	if err := syscall.Stat(ref, &b); err != nil {
+		return err
+	}
+	if a.Uid == b.Uid && a.Gid == b.Gid {
+		return nil
+	}
+	return os.Lchown(path, int(b.Uid), int(b.Gid))
 }

@@ -129,3 +129,28 @@ func TestSubPathAtomicVolume(t *testing.T) {
 		}
 	}
 }
+
+// A directory SubPath makes is owned as the one it is made in: in a volume
+// given to a pod's user namespace, the pod's root can write in it.
+func TestSubPathMakesDirsOwnedAsTheVolume(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("chown to another user needs root")
+	}
+	vol := t.TempDir()
+	if err := os.Chown(vol, 1234, 5678); err != nil {
+		t.Fatal(err)
+	}
+	got, err := SubPath(vol, "a/b", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{filepath.Join(vol, "a"), got} {
+		var st syscall.Stat_t
+		if err := syscall.Stat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Uid != 1234 || st.Gid != 5678 {
+			t.Errorf("%s owned by %d:%d, want the volume's 1234:5678", p, st.Uid, st.Gid)
+		}
+	}
+}
