@@ -87,12 +87,27 @@ func (p *managedPod) etcFiles(hostname, podIP string, ms []mounts.Mount) ([]moun
 		return false
 	}
 	if !has("/etc/hosts") {
+		p.mu.Lock()
+		aliases := hostAliases(p.spec.GetHostAliases())
+		p.mu.Unlock()
 		src := "/etc/hosts"
-		if podIP != "" {
-			src = filepath.Join(p.dir, "etc-hosts")
-			body := "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" +
+		var body string
+		switch {
+		case podIP != "":
+			body = "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n" +
 				"fe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n" +
-				podIP + "\t" + hostname + "\n"
+				podIP + "\t" + hostname + "\n" + aliases
+		case aliases != "":
+			// A pod in the node's network: the node's file, then its
+			// aliases, as the kubelet writes it.
+			node, err := os.ReadFile("/etc/hosts")
+			if err != nil {
+				return nil, err
+			}
+			body = "# Kubernetes-managed hosts file (host network).\n" + string(node) + aliases
+		}
+		if body != "" {
+			src = filepath.Join(p.dir, "etc-hosts")
 			if err := os.WriteFile(src, []byte(body), 0o644); err != nil {
 				return nil, err
 			}
@@ -110,6 +125,20 @@ func (p *managedPod) etcFiles(hostname, podIP string, ms []mounts.Mount) ([]moun
 		out = append(out, mounts.Mount{Source: "/etc/resolv.conf", Target: "/etc/resolv.conf", ReadOnly: true})
 	}
 	return out, nil
+}
+
+// hostAliases are the /etc/hosts lines of spec.hostAliases, under the
+// kubelet's heading; "" for none.
+func hostAliases(list []*runtimev1.HostAlias) string {
+	if len(list) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("\n# Entries added by HostAliases.\n")
+	for _, a := range list {
+		b.WriteString(a.GetIp() + "\t" + strings.Join(a.GetHostnames(), "\t") + "\n")
+	}
+	return b.String()
 }
 
 // ownVolumes gives the pod's emptyDir and files volumes to the pod's root
