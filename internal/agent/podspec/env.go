@@ -112,7 +112,7 @@ func (t *Translator) valueFrom(ctx context.Context, pod *corev1.Pod, c *corev1.C
 		v, err := t.fieldRef(pod, from.FieldRef.FieldPath)
 		return v, false, err
 	case from.ResourceFieldRef != nil:
-		v, err := resourceFieldRef(pod, c, from.ResourceFieldRef)
+		v, err := t.resourceFieldRef(pod, c, from.ResourceFieldRef)
 		return v, false, err
 	case from.ConfigMapKeyRef != nil:
 		ref := from.ConfigMapKeyRef
@@ -196,7 +196,10 @@ func subscript(path, prefix string) (string, bool) {
 	return k, true
 }
 
-func resourceFieldRef(pod *corev1.Pod, c *corev1.Container, ref *corev1.ResourceFieldSelector) (string, error) {
+// resourceFieldRef is the value of a downward-API resource of container c
+// (or of the container ref names). An unset limit reads the node's
+// allocatable, as the kubelet's does.
+func (t *Translator) resourceFieldRef(pod *corev1.Pod, c *corev1.Container, ref *corev1.ResourceFieldSelector) (string, error) {
 	target := c
 	if ref.ContainerName != "" && ref.ContainerName != c.Name {
 		target = nil
@@ -209,18 +212,24 @@ func resourceFieldRef(pod *corev1.Pod, c *corev1.Container, ref *corev1.Resource
 			return "", fmt.Errorf("resourceFieldRef: no container %q", ref.ContainerName)
 		}
 	}
+	limit := func(name corev1.ResourceName) resource.Quantity {
+		if q, ok := target.Resources.Limits[name]; ok {
+			return q
+		}
+		return t.allocatable[name]
+	}
 	var q resource.Quantity
 	switch ref.Resource {
 	case "limits.cpu":
-		q = target.Resources.Limits[corev1.ResourceCPU]
+		q = limit(corev1.ResourceCPU)
 	case "requests.cpu":
 		q = target.Resources.Requests[corev1.ResourceCPU]
 	case "limits.memory":
-		q = target.Resources.Limits[corev1.ResourceMemory]
+		q = limit(corev1.ResourceMemory)
 	case "requests.memory":
 		q = target.Resources.Requests[corev1.ResourceMemory]
 	case "limits.ephemeral-storage":
-		q = target.Resources.Limits[corev1.ResourceEphemeralStorage]
+		q = limit(corev1.ResourceEphemeralStorage)
 	case "requests.ephemeral-storage":
 		q = target.Resources.Requests[corev1.ResourceEphemeralStorage]
 	default:

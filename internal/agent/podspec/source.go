@@ -6,6 +6,9 @@ import (
 	"sync"
 	"time"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
 	"github.com/k3sm-dev/k3sm/internal/backoff"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -24,6 +27,11 @@ type Source interface {
 	Claim(ctx context.Context, ns, name string) (*corev1.PersistentVolumeClaim, error)
 	Volume(ctx context.Context, name string) (*corev1.PersistentVolume, error)
 	Token(ctx context.Context, ns, serviceAccount string, req *authenticationv1.TokenRequest) (*authenticationv1.TokenRequest, error)
+	// ClusterTrustBundles lists the bundles of signer (cluster-scoped:
+	// the Node authorizer lets every node read them) whose labels match
+	// selector.
+	ClusterTrustBundles(ctx context.Context, signer string, selector labels.Selector) ([]certificatesv1.ClusterTrustBundle, error)
+	ClusterTrustBundle(ctx context.Context, name string) (*certificatesv1.ClusterTrustBundle, error)
 }
 
 // apiSource reads from the API server with the node's own client, one GET
@@ -49,6 +57,28 @@ func (s apiSource) Volume(ctx context.Context, name string) (*corev1.PersistentV
 		return s.c.CoreV1().PersistentVolumes().Get(ctx, name, metav1.GetOptions{})
 	})
 }
+func (s apiSource) ClusterTrustBundles(ctx context.Context, signer string, selector labels.Selector) ([]certificatesv1.ClusterTrustBundle, error) {
+	list, err := getAsNode(ctx, func() (*certificatesv1.ClusterTrustBundleList, error) {
+		return s.c.CertificatesV1().ClusterTrustBundles().List(ctx, metav1.ListOptions{LabelSelector: selector.String()})
+	})
+	if err != nil {
+		return nil, err
+	}
+	var out []certificatesv1.ClusterTrustBundle
+	for _, b := range list.Items {
+		if b.Spec.SignerName == signer {
+			out = append(out, b)
+		}
+	}
+	return out, nil
+}
+
+func (s apiSource) ClusterTrustBundle(ctx context.Context, name string) (*certificatesv1.ClusterTrustBundle, error) {
+	return getAsNode(ctx, func() (*certificatesv1.ClusterTrustBundle, error) {
+		return s.c.CertificatesV1().ClusterTrustBundles().Get(ctx, name, metav1.GetOptions{})
+	})
+}
+
 func (s apiSource) Token(ctx context.Context, ns, sa string, req *authenticationv1.TokenRequest) (*authenticationv1.TokenRequest, error) {
 	return getAsNode(ctx, func() (*authenticationv1.TokenRequest, error) {
 		return s.c.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, req, metav1.CreateOptions{})
@@ -139,6 +169,18 @@ func (s *transientSource) Claim(ctx context.Context, ns, name string) (*corev1.P
 
 func (s *transientSource) Volume(ctx context.Context, name string) (*corev1.PersistentVolume, error) {
 	v, err := s.Source.Volume(ctx, name)
+	s.note(err)
+	return v, err
+}
+
+func (s *transientSource) ClusterTrustBundles(ctx context.Context, signer string, selector labels.Selector) ([]certificatesv1.ClusterTrustBundle, error) {
+	v, err := s.Source.ClusterTrustBundles(ctx, signer, selector)
+	s.note(err)
+	return v, err
+}
+
+func (s *transientSource) ClusterTrustBundle(ctx context.Context, name string) (*certificatesv1.ClusterTrustBundle, error) {
+	v, err := s.Source.ClusterTrustBundle(ctx, name)
 	s.note(err)
 	return v, err
 }

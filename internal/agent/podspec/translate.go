@@ -21,6 +21,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
@@ -52,6 +53,10 @@ type Config struct {
 	// EphemeralFailed reports an ephemeral container left out of a spec
 	// because it does not translate (the pod runs already); nil: not told.
 	EphemeralFailed func(pod *corev1.Pod, container string, err error)
+	// Allocatable is the node's allocatable resources: a downward-API
+	// limits.cpu, limits.memory or limits.ephemeral-storage of a container
+	// without that limit reads it, as with the kubelet.
+	Allocatable corev1.ResourceList
 }
 
 // Translator turns Kubernetes Pods into the runtime contract's PodSpec. It
@@ -67,12 +72,14 @@ type Translator struct {
 	now           func() time.Time // tests
 	// ephemeralFailed reports an ephemeral container left out of the spec.
 	ephemeralFailed func(pod *corev1.Pod, container string, err error)
+	allocatable     corev1.ResourceList
 }
 
 // New returns a Translator.
 func New(cfg Config) *Translator {
 	return &Translator{src: cfg.Source, nodeIP: cfg.NodeIP, podNetwork: cfg.PodNetwork, dns: cfg.DNS, serviceEnv: cfg.ServiceEnv,
-		protectedDirs: slices.Clone(cfg.ProtectedDirs), tokens: &tokenCache{}, ephemeralFailed: cfg.EphemeralFailed}
+		protectedDirs: slices.Clone(cfg.ProtectedDirs), tokens: &tokenCache{}, ephemeralFailed: cfg.EphemeralFailed,
+		allocatable: cfg.Allocatable.DeepCopy()}
 }
 
 // PodSpec translates pod, containers, volumes and ephemeral containers, for
@@ -130,6 +137,10 @@ func (t *Translator) translate(ctx context.Context, pod *corev1.Pod) (*runtimev1
 	}
 	if pod.Spec.Hostname != "" {
 		spec.Hostname = pod.Spec.Hostname
+	}
+	spec.Hostname = truncateHostname(spec.Hostname)
+	for _, a := range pod.Spec.HostAliases {
+		spec.HostAliases = append(spec.HostAliases, &runtimev1.HostAlias{Ip: a.IP, Hostnames: slices.Clone(a.Hostnames)})
 	}
 	if pod.Spec.Priority != nil { // set by the Priority admission plugin
 		spec.Priority = *pod.Spec.Priority
@@ -298,4 +309,15 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// truncateHostname keeps a hostname made from a long pod name within the
+// 63 bytes the kernel and DNS take, without a trailing '-' or '.', as the
+// kubelet does.
+func truncateHostname(h string) string {
+	const max = 63
+	if len(h) <= max {
+		return h
+	}
+	return strings.TrimRight(h[:max], "-.")
 }

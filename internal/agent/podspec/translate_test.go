@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/proto"
@@ -528,6 +531,26 @@ type fakeSource struct {
 	pvs     map[string]*corev1.PersistentVolume
 	// tokens counts token requests; each returns "token-<n>".
 	tokens *int
+	ctbs   []certificatesv1.ClusterTrustBundle
+}
+
+func (f fakeSource) ClusterTrustBundles(_ context.Context, signer string, sel labels.Selector) ([]certificatesv1.ClusterTrustBundle, error) {
+	var out []certificatesv1.ClusterTrustBundle
+	for _, b := range f.ctbs {
+		if b.Spec.SignerName == signer && sel.Matches(labels.Set(b.Labels)) {
+			out = append(out, b)
+		}
+	}
+	return out, nil
+}
+
+func (f fakeSource) ClusterTrustBundle(_ context.Context, name string) (*certificatesv1.ClusterTrustBundle, error) {
+	for _, b := range f.ctbs {
+		if b.Name == name {
+			return &b, nil
+		}
+	}
+	return nil, apierrors.NewNotFound(schema.GroupResource{Group: "certificates.k8s.io", Resource: "clustertrustbundles"}, name)
 }
 
 func (f fakeSource) Claim(_ context.Context, _, name string) (*corev1.PersistentVolumeClaim, error) {
@@ -573,7 +596,8 @@ func TestEnvResolution(t *testing.T) {
 		cms:     map[string]*corev1.ConfigMap{"cm": {Data: map[string]string{"a": "1", "b": "2"}}},
 		secrets: map[string]*corev1.Secret{"s": {Data: map[string][]byte{"k": []byte("secret")}}},
 	}
-	tr := &Translator{src: src, nodeIP: "192.0.2.1"}
+	tr := &Translator{src: src, nodeIP: "192.0.2.1", allocatable: corev1.ResourceList{
+		corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("4Gi")}}
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "u", Labels: map[string]string{"app": "x"}},
 		Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{
 			Name:      "c",
@@ -589,6 +613,9 @@ func TestEnvResolution(t *testing.T) {
 				{Name: "LBL", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels['app']"}}},
 				{Name: "IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
 				{Name: "CPU", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.cpu"}}},
+				// No memory limit: the node's allocatable, as the kubelet.
+				resourceEnv("MEM", "", "limits.memory", "1Mi"),
+				resourceEnv("MEMREQ", "", "requests.memory", ""),
 			},
 		}}}}
 	spec, err := tr.PodSpec(context.Background(), pod)
@@ -601,7 +628,7 @@ func TestEnvResolution(t *testing.T) {
 		got[e.Name] = e.Value
 		order = append(order, e.Name)
 	}
-	want := map[string]string{"CM_a": "overridden", "CM_b": "2", "S": "secret", "LBL": "x", "IP": "192.0.2.1", "CPU": "1"}
+	want := map[string]string{"CM_a": "overridden", "CM_b": "2", "S": "secret", "LBL": "x", "IP": "192.0.2.1", "CPU": "1", "MEM": "4096", "MEMREQ": "0"}
 	for k, v := range want {
 		if got[k] != v {
 			t.Fatalf("%s = %q, want %q (all: %v)", k, got[k], v, got)
@@ -780,5 +807,33 @@ func TestEphemeralContainersTranslate(t *testing.T) {
 	}
 	if len(failed) != 1 || failed[0] != `broken: configmap "missing" not found` {
 		t.Errorf("failures reported: %q", failed)
+	}
+}
+
+// A pod name longer than a hostname may be is cut to 63 bytes without a
+// trailing '-', as the kubelet does; the kernel refuses longer ones.
+func TestLongPodNameHostname(t *testing.T) {
+	long := "pod-update-activedeadlineseconds-376444b8-2843-466c-a4ca-bb6a98d3754d"
+	for name, want := range map[string]string{
+		"short":                        "short",
+		long:                           "pod-update-activedeadlineseconds-376444b8-2843-466c-a4ca-bb6a98",
+		strings.Repeat("a", 62) + "-b": strings.Repeat("a", 62),
+	} {
+		if got := truncateHostname(name); got != want || len(got) > 63 {
+			t.Errorf("truncateHostname(%q) = %q, want %q", name, got, want)
+		}
+	}
+}
+
+func TestHostAliasesTranslate(t *testing.T) {
+	pod := apiPod(func(p *corev1.Pod) {
+		p.Spec.HostAliases = []corev1.HostAlias{{IP: "123.45.67.89", Hostnames: []string{"foo", "bar"}}}
+	})
+	spec, err := (&Translator{src: tableSource()}).PodSpec(context.Background(), pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(spec.HostAliases) != 1 || spec.HostAliases[0].Ip != "123.45.67.89" || strings.Join(spec.HostAliases[0].Hostnames, ",") != "foo,bar" {
+		t.Errorf("host aliases: %v", spec.HostAliases)
 	}
 }

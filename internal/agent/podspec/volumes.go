@@ -237,7 +237,7 @@ func (t *Translator) downwardFiles(pod *corev1.Pod, items []corev1.DownwardAPIVo
 			if c == nil {
 				return nil, fmt.Errorf("downwardAPI %s: resourceFieldRef names no container of the pod (%q)", it.Path, it.ResourceFieldRef.ContainerName)
 			}
-			v, err := resourceFieldRef(pod, c, it.ResourceFieldRef)
+			v, err := t.resourceFieldRef(pod, c, it.ResourceFieldRef)
 			if err != nil {
 				return nil, fmt.Errorf("downwardAPI %s: %w", it.Path, err)
 			}
@@ -278,8 +278,12 @@ func (t *Translator) projectedFiles(ctx context.Context, pod *corev1.Pod, volume
 			var tok string
 			tok, err = t.token(ctx, pod, volume, s.ServiceAccountToken)
 			fs = []*runtimev1.VolumeFile{{Path: s.ServiceAccountToken.Path, Content: []byte(tok), Mode: fileMode(nil, def)}}
+		case s.ClusterTrustBundle != nil:
+			var pem []byte
+			pem, err = t.trustBundle(ctx, s.ClusterTrustBundle)
+			fs = []*runtimev1.VolumeFile{{Path: s.ClusterTrustBundle.Path, Content: pem, Mode: fileMode(nil, def)}}
 		default:
-			err = fmt.Errorf("projected source not supported by k3sm's native pods (supported: configMap, secret, downwardAPI, serviceAccountToken)")
+			err = fmt.Errorf("projected source not supported by k3sm's native pods (supported: configMap, secret, downwardAPI, serviceAccountToken, clusterTrustBundle)")
 		}
 		if err != nil {
 			return nil, err
