@@ -19,7 +19,7 @@ import (
 // serveServices runs the node's Service proxy and cluster DNS (both in this
 // process: another process of the big binary would cost ~30 MiB) until ctx
 // ends. They dial from the node's network, where every pod is reachable.
-func serveServices(ctx context.Context, cfg Config, apiURL string, kc kubernetes.Interface, recorder record.EventRecorder, podNamespace func(netip.Addr) (string, bool), log *slog.Logger) error {
+func serveServices(ctx context.Context, cfg Config, apiURL string, kc kubernetes.Interface, recorder record.EventRecorder, provider *Provider, log *slog.Logger) error {
 	nodeIP, err := netip.ParseAddr(cfg.IP)
 	if err != nil {
 		return fmt.Errorf("service proxy: node IP %q: %w", cfg.IP, err)
@@ -46,6 +46,7 @@ func serveServices(ctx context.Context, cfg Config, apiURL string, kc kubernetes
 	if err != nil {
 		return fmt.Errorf("service proxy: %w", err)
 	}
+	provider.setHostPortSink(px.SetHostPorts)
 	// The node itself (unlike its pods) reaches a loopback stub resolver.
 	upstreams, err := dns.ResolvConfUpstreams("/etc/resolv.conf")
 	if err != nil {
@@ -65,7 +66,7 @@ func serveServices(ctx context.Context, cfg Config, apiURL string, kc kubernetes
 		ranges = append(ranges, p)
 	}
 	ds, err := dns.New(dns.Config{Client: kc, Domain: cfg.ClusterDomain, Listen: []string{net.JoinHostPort(cfg.ClusterDNS, "53")},
-		Upstreams: upstreams, ForwardFile: cfg.DNSConfig, ReverseRanges: ranges, PodNamespace: podNamespace, Log: log.With("component", "dns")})
+		Upstreams: upstreams, ForwardFile: cfg.DNSConfig, ReverseRanges: ranges, PodNamespace: provider.podNamespace, Log: log.With("component", "dns")})
 	if err != nil {
 		return fmt.Errorf("cluster DNS on %s: %w", cfg.ClusterDNS, err)
 	}

@@ -77,7 +77,7 @@ func (p *Proxy) Mode() string {
 // LoadBalancer frontend goes there only once the relay holds its port
 // (see sync).
 func (p *Proxy) inKernel(s frontendSpec) bool {
-	if p.cfg.Kernel == nil || s.affinity != 0 || s.allow != nil || !s.key.addr.Addr().Is4() {
+	if p.cfg.Kernel == nil || s.kind == kindHostPort || s.affinity != 0 || s.allow != nil || !s.key.addr.Addr().Is4() {
 		return false
 	}
 	onNode := s.kind == kindNodePort || s.kind == kindLoadBalancer

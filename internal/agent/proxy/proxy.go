@@ -31,6 +31,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -125,6 +126,10 @@ type Proxy struct {
 
 	services map[string]map[listenerKey]*frontend // by ns/name; the worker's alone
 
+	hpMu      sync.Mutex
+	hostPorts map[string][]HostPort                        // by pod ns/name
+	hpQueue   workqueue.TypedRateLimitingInterface[string] // Run's queue, once it runs
+
 	wg    sync.WaitGroup // accept loops, relays, UDP sessions
 	conns connSet
 
@@ -170,11 +175,12 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	cfg.NodeIPs = unmapAll(cfg.NodeIPs)
 	p := &Proxy{
-		cfg:      cfg,
-		log:      cfg.Log.With("component", "proxy"),
-		recorder: cfg.Recorder,
-		services: map[string]map[listenerKey]*frontend{},
-		kernel:   newKernelState(),
+		cfg:       cfg,
+		log:       cfg.Log.With("component", "proxy"),
+		recorder:  cfg.Recorder,
+		services:  map[string]map[listenerKey]*frontend{},
+		hostPorts: map[string][]HostPort{},
+		kernel:    newKernelState(),
 	}
 	for _, ip := range cfg.NodeIPs {
 		if len(cfg.NodePortAddresses) == 0 || slices.ContainsFunc(cfg.NodePortAddresses, func(pr netip.Prefix) bool { return pr.Contains(ip) }) {
@@ -210,6 +216,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 	}
 	p.queue = workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
 	defer p.queue.ShutDown()
+	p.startHostPorts()
 
 	// No resync: every change arrives as an event, and failed sockets are
 	// retried through the queue. The caches keep no managed fields, which
@@ -325,6 +332,9 @@ func (p *Proxy) processNext(ctx context.Context) bool {
 // endpoints. Sockets whose address stays are kept, with their connections
 // and affinity; only their endpoints change.
 func (p *Proxy) sync(ctx context.Context, key string) error {
+	if pod, ok := strings.CutPrefix(key, hostPortKey); ok {
+		return p.syncHostPorts(key, pod)
+	}
 	ns, name, err := cache.SplitMetaNamespaceKey(key)
 	if err != nil {
 		return nil
@@ -395,41 +405,11 @@ func (p *Proxy) sync(ctx context.Context, key string) error {
 		}
 		want[s.key] = s
 	}
-	fronts := p.services[key]
-	if fronts == nil {
-		fronts = map[listenerKey]*frontend{}
-		p.services[key] = fronts
-	}
-	for k, f := range fronts {
-		if _, ok := want[k]; !ok {
-			f.shut()
-			delete(fronts, k)
-		}
-	}
-	retry := false
-	for k, s := range want {
-		f := fronts[k]
-		if f == nil {
-			f = &frontend{p: p, key: k, svc: key, pool: newPool()}
-			fronts[k] = f
-		}
-		if err := f.update(s); err != nil {
-			retry = true
-			if f.failed == nil || f.failed.Error() != err.Error() {
-				p.log.Warn("service proxy: cannot listen; retrying", "service", key, "port", s.portName, "address", k.String(), "err", err)
-				reason := "ListenFailed"
-				if errors.Is(err, syscall.EADDRINUSE) {
-					reason = "PortInUse"
-				}
-				p.recorder.Eventf(svc, corev1.EventTypeWarning, reason,
-					"cannot listen on %s for %s port %s: %v; retrying every %s", k, s.kind, portLabel(s), err, p.cfg.RetryInterval)
-			}
-			f.failed = err
-		} else if f.failed != nil {
-			p.log.Info("service proxy: listening now", "service", key, "address", k.String())
-			f.failed = nil
-		}
-	}
+	fronts, retry := p.applyFrontends(key, want, func(k listenerKey, s frontendSpec, err error) {
+		p.log.Warn("service proxy: cannot listen; retrying", "service", key, "port", s.portName, "address", k.String(), "err", err)
+		p.recorder.Eventf(svc, corev1.EventTypeWarning, listenFailReason(err),
+			"cannot listen on %s for %s port %s: %v; retrying every %s", k, s.kind, portLabel(s), err, p.cfg.RetryInterval)
+	})
 	for _, s := range onNode {
 		if f := fronts[s.key]; f != nil && f.failed == nil && (f.tcp != nil || f.udp != nil) {
 			inKernel = append(inKernel, kernelService(s))
@@ -443,6 +423,49 @@ func (p *Proxy) sync(ctx context.Context, key string) error {
 		return p.syncIngress(ctx, svc, ingressIPs(p.cfg.NodeIPs, fronts))
 	}
 	return nil
+}
+
+// applyFrontends makes key's sockets those of want: sockets whose address
+// stays are kept, with their connections and affinity; only their endpoints
+// change. failed hears of a socket that cannot listen, once per error;
+// retry: one could not.
+func (p *Proxy) applyFrontends(key string, want map[listenerKey]frontendSpec, failed func(listenerKey, frontendSpec, error)) (fronts map[listenerKey]*frontend, retry bool) {
+	fronts = p.services[key]
+	if fronts == nil {
+		fronts = map[listenerKey]*frontend{}
+		p.services[key] = fronts
+	}
+	for k, f := range fronts {
+		if _, ok := want[k]; !ok {
+			f.shut()
+			delete(fronts, k)
+		}
+	}
+	for k, s := range want {
+		f := fronts[k]
+		if f == nil {
+			f = &frontend{p: p, key: k, svc: key, pool: newPool()}
+			fronts[k] = f
+		}
+		if err := f.update(s); err != nil {
+			retry = true
+			if f.failed == nil || f.failed.Error() != err.Error() {
+				failed(k, s, err)
+			}
+			f.failed = err
+		} else if f.failed != nil {
+			p.log.Info("service proxy: listening now", "service", key, "address", k.String())
+			f.failed = nil
+		}
+	}
+	return fronts, retry
+}
+
+func listenFailReason(err error) string {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return "PortInUse"
+	}
+	return "ListenFailed"
 }
 
 // localAddrs lists the node's own addresses.

@@ -20,6 +20,7 @@ const (
 	kindNodePort
 	kindLoadBalancer
 	kindExternalIP // an address of spec.externalIPs
+	kindHostPort   // a pod's hostPort (SetHostPorts), relayed to the pod
 )
 
 func (k kind) String() string {
@@ -30,6 +31,8 @@ func (k kind) String() string {
 		return "LoadBalancer"
 	case kindExternalIP:
 		return "ExternalIP"
+	case kindHostPort:
+		return "HostPort"
 	}
 	return "ClusterIP"
 }
