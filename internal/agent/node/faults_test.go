@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
 	"github.com/k3sm-dev/k3sm/internal/agent/podspec"
 	"github.com/k3sm-dev/k3sm/internal/datadir"
 	"github.com/k3sm-dev/k3sm/internal/testutil/poll"
@@ -175,6 +178,14 @@ func (fakeSource) Claim(_ context.Context, _, name string) (*corev1.PersistentVo
 
 func (fakeSource) Volume(_ context.Context, name string) (*corev1.PersistentVolume, error) {
 	return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "persistentvolumes"}, name)
+}
+
+func (fakeSource) ClusterTrustBundles(context.Context, string, labels.Selector) ([]certificatesv1.ClusterTrustBundle, error) {
+	return nil, nil
+}
+
+func (fakeSource) ClusterTrustBundle(_ context.Context, name string) (*certificatesv1.ClusterTrustBundle, error) {
+	return nil, apierrors.NewNotFound(schema.GroupResource{Group: "certificates.k8s.io", Resource: "clustertrustbundles"}, name)
 }
 
 func (fakeSource) Token(_ context.Context, _, sa string, _ *authenticationv1.TokenRequest) (*authenticationv1.TokenRequest, error) {

@@ -25,6 +25,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/component-base/metrics/legacyregistry"
+
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/agent/localpath"
 	"github.com/k3sm-dev/k3sm/internal/agent/mesh"
@@ -145,6 +147,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.DataDir != "" {
 		translatorConfig.ProtectedDirs = []string{cfg.DataDir}
 	}
+	translatorConfig.Allocatable = nodeObject(cfg, info).Status.Allocatable
 	provider = newProvider(rt, podspec.New(translatorConfig), cfg.IP, recorder, log, cfg.Instant)
 	provider.nodeName = cfg.Name
 	provider.instantWrites = cfg.Instant && cfg.InstantWrites
@@ -292,7 +295,7 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 			// The Service range is the node's now (netd routed it):
 			// the proxy and DNS can bind their ClusterIPs.
-			if err := serveServices(ctx, cfg, rc.Host, kc, recorder, provider.podNamespace, log); err != nil {
+			if err := serveServices(ctx, cfg, rc.Host, kc, recorder, provider, log); err != nil {
 				errc <- err
 			}
 		}()
@@ -461,6 +464,10 @@ func serveKubeletAPI(cfg Config, kc kubernetes.Interface, provider *Provider, po
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /containerLogs/{namespace}/{pod}/{container}", provider.containerLogs)
+	// The node process's own metrics (Go runtime, process, client-go), as
+	// a kubelet serves its component metrics here: e2e's failure dumps and
+	// Prometheus scrape configs read it through the apiserver's node proxy.
+	mux.Handle("GET /metrics", legacyregistry.Handler())
 	mux.Handle("/", handler)
 	srv := &http.Server{Handler: nodeutil.WithAuth(auth, mux), ReadHeaderTimeout: 30 * time.Second}
 	go func() {

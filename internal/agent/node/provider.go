@@ -15,6 +15,7 @@ import (
 
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"github.com/k3sm-dev/k3sm/internal/agent/podspec"
+	"github.com/k3sm-dev/k3sm/internal/agent/proxy"
 	"github.com/k3sm-dev/k3sm/internal/backoff"
 	"github.com/k3sm-dev/k3sm/internal/runtime/client"
 	"github.com/k3sm-dev/k3sm/internal/runtime/pressure"
@@ -34,6 +35,8 @@ import (
 // Virtual Kubelet PodLifecycleHandler and PodNotifier, plus the kubelet API
 // callbacks (logs, exec, attach, port-forward, stats).
 type Provider struct {
+	// hostPorts is the Service proxy's SetHostPorts, once it runs; with mu.
+	hostPorts  func(pod string, ports []proxy.HostPort)
 	rt         *client.Client
 	translator *podspec.Translator
 	nodeName   string
@@ -116,6 +119,9 @@ type podState struct {
 	// stale is the pod's status in the API when it differed from the
 	// node's in the last reconcile round (nil: it did not).
 	stale *staleStatus
+	// admitted: the node took the pod (admit); rejected: it did not, and
+	// never starts it.
+	admitted, rejected bool
 }
 
 // state returns uid's state, making it if there is none; with p.mu held.
@@ -172,11 +178,24 @@ func (p *Provider) create(ctx context.Context, pod *corev1.Pod) error {
 	p.mu.Lock()
 	st := p.pods[pod.UID]
 	deleting := st != nil && (st.deleting || st.gone)
+	rejected := st != nil && st.rejected
 	p.mu.Unlock()
-	if deleting {
-		return nil // DeletePod came first: never start it again
+	if deleting || rejected {
+		return nil // DeletePod came first, or the node refused it: never start it
 	}
 	pod, known := p.adopt(pod)
+	if !known && pod.Status.Phase != corev1.PodFailed && pod.Status.Phase != corev1.PodSucceeded {
+		p.mu.Lock()
+		reason, msg := "", ""
+		if st := p.pods[pod.UID]; st == nil || !st.admitted {
+			reason, msg = p.admit(pod.UID, pod)
+		}
+		p.mu.Unlock()
+		if reason != "" {
+			p.reject(pod, reason, msg)
+			return nil
+		}
+	}
 	if p.instant {
 		if p.instantWrites {
 			return p.instantWithWrites(ctx, pod)
@@ -308,6 +327,9 @@ func (p *Provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 	// Labels and annotations show in downwardAPI volumes at once: the spec
 	// just resolved carries them.
 	p.sendVolumes(ctx, pod, spec.Volumes)
+	if pod.Generation != pod.Status.ObservedGeneration {
+		p.dirty <- pod.UID // the new generation is observed
+	}
 	return nil
 }
 
@@ -410,7 +432,11 @@ func (p *Provider) notifier(ctx context.Context, notify func(*corev1.Pod)) {
 		if !ok || pod.Spec.Containers == nil {
 			continue // forgotten, or a stub the API has not shown us yet
 		}
+		// A spec update (a new generation) with no change in the runtime
+		// is observed too.
+		observe(pod.Generation, &pod.Status)
 		notify(pod)
+		p.publishHostPorts(pod, final)
 		if final && pod.DeletionTimestamp != nil && p.remove != nil {
 			go p.remove(pod.Namespace, pod.Name, pod.UID)
 		}

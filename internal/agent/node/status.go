@@ -1,6 +1,9 @@
 package node
 
 import (
+	"fmt"
+	"strings"
+
 	runtimev1 "github.com/k3sm-dev/k3sm/api/runtime/v1"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	corev1 "k8s.io/api/core/v1"
@@ -37,8 +40,17 @@ func podStatus(pod *corev1.Pod, rs *runtimev1.PodStatus, nodeIP string, podNetwo
 	} else {
 		st.StartTime = prev.StartTime
 	}
+	sidecars := map[string]bool{}
+	for _, c := range pod.Spec.InitContainers {
+		sidecars[c.Name] = c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
+	}
 	for _, cs := range rs.InitContainerStatuses {
-		st.InitContainerStatuses = append(st.InitContainerStatuses, containerStatus(cs))
+		ics := containerStatus(cs)
+		if t := ics.State.Terminated; !sidecars[cs.Name] && t != nil {
+			// The kubelet marks an init container that completed Ready.
+			ics.Ready = t.ExitCode == 0
+		}
+		st.InitContainerStatuses = append(st.InitContainerStatuses, ics)
 	}
 	for _, cs := range rs.ContainerStatuses {
 		st.ContainerStatuses = append(st.ContainerStatuses, containerStatus(cs))
@@ -51,11 +63,21 @@ func podStatus(pod *corev1.Pod, rs *runtimev1.PodStatus, nodeIP string, podNetwo
 	}
 	terminal := st.Phase == corev1.PodSucceeded || st.Phase == corev1.PodFailed
 	ready := rs.ContainersReady && !terminal
+	initialized := condition(prev, corev1.PodInitialized, rs.Initialized, "ContainersNotInitialized")
+	containersReady := condition(prev, corev1.ContainersReady, ready, "ContainersNotReady")
+	if !rs.Initialized {
+		initialized.Message = incompleteInit(pod, st.InitContainerStatuses)
+	}
+	if !ready && !terminal {
+		containersReady.Message = unreadyContainers(pod, st.InitContainerStatuses, st.ContainerStatuses)
+	}
+	podReady := containersReady
+	podReady.Type = corev1.PodReady
 	st.Conditions = []corev1.PodCondition{
 		condition(prev, corev1.PodReadyToStartContainers, rs.Phase != runtimev1.PodPhase_POD_PHASE_PENDING || rs.StartTime != nil, ""),
-		condition(prev, corev1.PodInitialized, rs.Initialized, "ContainersNotInitialized"),
-		condition(prev, corev1.ContainersReady, ready, "ContainersNotReady"),
-		condition(prev, corev1.PodReady, ready, "ContainersNotReady"),
+		initialized,
+		containersReady,
+		keepTransition(prev, podReady),
 		condition(prev, corev1.PodScheduled, true, ""),
 	}
 	if rs.Reason == "Evicted" {
@@ -64,15 +86,102 @@ func podStatus(pod *corev1.Pod, rs *runtimev1.PodStatus, nodeIP string, podNetwo
 		c.Reason, c.Message = corev1.PodReasonTerminationByKubelet, rs.Message
 		st.Conditions = append(st.Conditions, c)
 	}
+	observe(pod.Generation, &st)
 	if terminal {
-		// The kubelet reports PodCompleted for finished pods.
+		// The kubelet reports PodCompleted and PodFailed for finished pods.
+		reason := "PodFailed"
+		if rs.Phase == runtimev1.PodPhase_POD_PHASE_SUCCEEDED {
+			reason = "PodCompleted"
+		}
 		for i := range st.Conditions {
-			if t := st.Conditions[i].Type; (t == corev1.ContainersReady || t == corev1.PodReady) && rs.Phase == runtimev1.PodPhase_POD_PHASE_SUCCEEDED {
-				st.Conditions[i].Reason = "PodCompleted"
+			if t := st.Conditions[i].Type; t == corev1.ContainersReady || t == corev1.PodReady {
+				st.Conditions[i].Reason = reason
 			}
 		}
 	}
 	return st
+}
+
+// observe marks st as the status of generation, as the kubelet does
+// (status.observedGeneration and that of the conditions it owns).
+func observe(generation int64, st *corev1.PodStatus) {
+	st.ObservedGeneration = generation
+	for i := range st.Conditions {
+		if st.Conditions[i].Type != corev1.PodScheduled {
+			st.Conditions[i].ObservedGeneration = generation
+		}
+	}
+}
+
+// keepTransition keeps c's transition time from prev when its status did
+// not change.
+func keepTransition(prev corev1.PodStatus, c corev1.PodCondition) corev1.PodCondition {
+	c.LastTransitionTime = metav1.Now()
+	for _, p := range prev.Conditions {
+		if p.Type == c.Type && p.Status == c.Status {
+			c.LastTransitionTime = p.LastTransitionTime
+		}
+	}
+	return c
+}
+
+// unreadyContainers is the kubelet's message of a false ContainersReady:
+// the containers (and sidecars) without a status, then those not ready.
+func unreadyContainers(pod *corev1.Pod, initStatuses, statuses []corev1.ContainerStatus) string {
+	var unknown, unready []string
+	check := func(name string, sts []corev1.ContainerStatus) {
+		for _, cs := range sts {
+			if cs.Name == name {
+				if !cs.Ready {
+					unready = append(unready, name)
+				}
+				return
+			}
+		}
+		unknown = append(unknown, name)
+	}
+	for _, c := range pod.Spec.InitContainers {
+		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+			check(c.Name, initStatuses)
+		}
+	}
+	for _, c := range pod.Spec.Containers {
+		check(c.Name, statuses)
+	}
+	var msgs []string
+	if len(unknown) > 0 {
+		msgs = append(msgs, fmt.Sprintf("containers with unknown status: %v", unknown))
+	}
+	if len(unready) > 0 {
+		msgs = append(msgs, fmt.Sprintf("containers with unready status: %v", unready))
+	}
+	return strings.Join(msgs, ", ")
+}
+
+// incompleteInit is the kubelet's message of a false Initialized: the init
+// containers that have not completed (sidecars: not started).
+func incompleteInit(pod *corev1.Pod, statuses []corev1.ContainerStatus) string {
+	var names []string
+	for _, c := range pod.Spec.InitContainers {
+		done := false
+		for _, cs := range statuses {
+			if cs.Name != c.Name {
+				continue
+			}
+			if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+				done = cs.Started != nil && *cs.Started
+			} else {
+				done = cs.State.Terminated != nil && cs.State.Terminated.ExitCode == 0
+			}
+		}
+		if !done {
+			names = append(names, c.Name)
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("containers with incomplete status: %v", names)
 }
 
 func condition(prev corev1.PodStatus, t corev1.PodConditionType, ok bool, falseReason string) corev1.PodCondition {
