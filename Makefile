@@ -23,7 +23,7 @@ LDFLAGS := -s -w \
 
 BINARIES := bin/k3sm bin/k3sm-runtimed bin/k3sm-shim bin/k3sm-netd bin/k3sm-helm bin/klimax
 
-.PHONY: all build run test test-unit test-e2e test-integration fuzz-netd fuzz-join darwin vet bench clean node-image test-vm FORCE
+.PHONY: all build run test test-unit test-e2e test-integration fuzz-netd fuzz-join darwin vet bench clean node-image test-vm conformance test-conformance FORCE
 all: build
 build: $(BINARIES)
 
@@ -43,6 +43,18 @@ bin/k3sm-helm: FORCE
 	$(GO) build -ldflags '-s -w' -o $@ ./cmd/k3sm-helm
 bin/klimax: FORCE
 	$(GO) build -ldflags '-s -w -X github.com/k3sm-dev/k3sm/internal/version.Version=$(VERSION)' -o $@ ./cmd/klimax
+
+# The upstream [Conformance] specs against a two-node k3sm, as root
+# (docs/conformance.md): tools and images are built once per machine.
+conformance:
+	hack/conformance/run.sh
+
+# CI's subset of the same run (hack/conformance/ci-focus.txt: specs of every
+# SIG that pass, and those a fix made pass), so a regression shows on every
+# change; about 10 minutes once the tools and images are cached.
+test-conformance:
+	CONFORMANCE_FOCUS="$$(grep -v '^#' hack/conformance/ci-focus.txt | paste -sd'|')" \
+	CONFORMANCE_OUT=_output/conformance-ci hack/conformance/run.sh
 
 # A single-node cluster in the foreground; Ctrl-C stops it.
 run: bin/k3sm bin/k3sm-runtimed bin/k3sm-shim bin/k3sm-netd bin/k3sm-helm
