@@ -729,8 +729,15 @@ type ContainerSpec struct {
 	// The container's securityContext merged with the pod's, as the kubelet
 	// merges them (a container field wins over the pod's).
 	SecurityContext *SecurityContext `protobuf:"bytes,31,opt,name=security_context,json=securityContext,proto3" json:"security_context,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// terminationMessagePath: the runtime makes an empty file, mounts it
+	// there, and reports what the container wrote in it (at most 4096 bytes)
+	// as its termination message. "": none.
+	TerminationMessagePath string `protobuf:"bytes,32,opt,name=termination_message_path,json=terminationMessagePath,proto3" json:"termination_message_path,omitempty"`
+	// terminationMessagePolicy FallbackToLogsOnError: a container that
+	// failed and wrote no message gets the end of its log instead.
+	TerminationMessageFallbackToLogs bool `protobuf:"varint,33,opt,name=termination_message_fallback_to_logs,json=terminationMessageFallbackToLogs,proto3" json:"termination_message_fallback_to_logs,omitempty"`
+	unknownFields                    protoimpl.UnknownFields
+	sizeCache                        protoimpl.SizeCache
 }
 
 func (x *ContainerSpec) Reset() {
@@ -901,6 +908,20 @@ func (x *ContainerSpec) GetSecurityContext() *SecurityContext {
 		return x.SecurityContext
 	}
 	return nil
+}
+
+func (x *ContainerSpec) GetTerminationMessagePath() string {
+	if x != nil {
+		return x.TerminationMessagePath
+	}
+	return ""
+}
+
+func (x *ContainerSpec) GetTerminationMessageFallbackToLogs() bool {
+	if x != nil {
+		return x.TerminationMessageFallbackToLogs
+	}
+	return false
 }
 
 // SecurityContext is what a container's process may be and do.
@@ -6864,7 +6885,7 @@ const file_runtime_proto_rawDesc = "" +
 	"\thostnames\x18\x02 \x03(\tR\thostnames\"\x8a\x01\n" +
 	"\x16EphemeralContainerSpec\x12<\n" +
 	"\tcontainer\x18\x01 \x01(\v2\x1e.k3sm.runtime.v1.ContainerSpecR\tcontainer\x122\n" +
-	"\x15target_container_name\x18\x02 \x01(\tR\x13targetContainerName\"\xb3\a\n" +
+	"\x15target_container_name\x18\x02 \x01(\tR\x13targetContainerName\"\xbd\b\n" +
 	"\rContainerSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12G\n" +
@@ -6888,7 +6909,9 @@ const file_runtime_proto_rawDesc = "" +
 	"\rstartup_probe\x18\x17 \x01(\v2\x16.k3sm.runtime.v1.ProbeR\fstartupProbe\x128\n" +
 	"\tlifecycle\x18\x18 \x01(\v2\x1a.k3sm.runtime.v1.LifecycleR\tlifecycle\x12'\n" +
 	"\x0fdefinition_hash\x18\x1e \x01(\tR\x0edefinitionHash\x12K\n" +
-	"\x10security_context\x18\x1f \x01(\v2 .k3sm.runtime.v1.SecurityContextR\x0fsecurityContext\"\xe0\x04\n" +
+	"\x10security_context\x18\x1f \x01(\v2 .k3sm.runtime.v1.SecurityContextR\x0fsecurityContext\x128\n" +
+	"\x18termination_message_path\x18  \x01(\tR\x16terminationMessagePath\x12N\n" +
+	"$termination_message_fallback_to_logs\x18! \x01(\bR terminationMessageFallbackToLogs\"\xe0\x04\n" +
 	"\x0fSecurityContext\x12#\n" +
 	"\vrun_as_user\x18\x01 \x01(\x03H\x00R\trunAsUser\x88\x01\x01\x12%\n" +
 	"\frun_as_group\x18\x02 \x01(\x03H\x01R\n" +

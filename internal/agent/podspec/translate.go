@@ -258,6 +258,9 @@ func (t *Translator) container(ctx context.Context, pod *corev1.Pod, c *corev1.C
 		},
 		DefinitionHash:  definitionHash(c),
 		SecurityContext: securityContext(pod, c),
+		// The API defaults the path to /dev/termination-log.
+		TerminationMessagePath:           c.TerminationMessagePath,
+		TerminationMessageFallbackToLogs: c.TerminationMessagePolicy == corev1.TerminationMessageFallbackToLogsOnError,
 	}
 	if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
 		cs.RestartPolicy = runtimev1.ContainerRestartPolicy_CONTAINER_RESTART_POLICY_ALWAYS

@@ -155,3 +155,50 @@ func isFull(b []byte) bool {
 	}
 	return b[j+1] == 'F'
 }
+
+// Tail is the content of the last lines records of the log at path (its
+// rotated files included), newline-terminated, cut to its last maxBytes:
+// what the kubelet reports as a failed container's termination message
+// under FallbackToLogsOnError. A missing log is "".
+func Tail(path string, lines int64, maxBytes int) (string, error) {
+	files, err := OpenFiles(path)
+	if os.IsNotExist(err) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	cur, off, err := TailStart(files, lines)
+	if err != nil {
+		return "", err
+	}
+	if _, err := files[cur].Seek(off, io.SeekStart); err != nil {
+		return "", err
+	}
+	var out []byte
+	r := NewReader(files[cur])
+	for {
+		rec, err := r.Next()
+		if err == io.EOF && cur < len(files)-1 {
+			cur++
+			r.Reset(files[cur])
+			continue
+		}
+		if err != nil {
+			break
+		}
+		out = append(append(out, rec.Content...), '\n')
+		if len(out) > 2*maxBytes {
+			out = out[len(out)-maxBytes:]
+		}
+	}
+	if len(out) > maxBytes {
+		out = out[len(out)-maxBytes:]
+	}
+	return string(out), nil
+}

@@ -287,6 +287,13 @@ func (p *managedPod) prepareMounts(a *attempt) error {
 		// /etc/resolv.conf itself is the container's choice and stays.
 		ms = append(ms, *m)
 	}
+	tm, err := p.terminationMount(a, ms)
+	if err != nil {
+		return err
+	}
+	if tm != nil {
+		ms = append(ms, *tm)
+	}
 	a.res.Env = append(a.res.Env, env...)
 	a.ms = ms
 	if a.boxed {

@@ -106,9 +106,16 @@ func (p *managedPod) waitProc(ctx context.Context, c *container, fresh bool) out
 }
 
 func (p *managedPod) recordExit(c *container, r waitResult) {
+	var msg string
+	if r.err == nil && !r.es.Unknown {
+		msg = p.terminationMessage(c, r.es.ExitCode)
+	}
 	p.update(func() {
 		es := r.es
 		t := &terminated{ExitCode: es.ExitCode, Signal: es.Signal, StartedAt: es.StartedAt, FinishedAt: es.FinishedAt, ContainerID: c.containerID, Message: es.Message}
+		if t.Message == "" {
+			t.Message = msg
+		}
 		switch {
 		case r.err != nil:
 			t.ExitCode, t.Reason, t.Message, t.FinishedAt = 255, "ExitStatusUnknown", r.err.Error(), time.Now()
