@@ -64,6 +64,16 @@ func (p *managedPod) statusLocked() *runtimev1.PodStatus {
 			st.ContainersReady = false
 		}
 	}
+	if len(p.init) > 0 {
+		// As the kubelet: in a pod with init containers, a container not
+		// tried yet waits as PodInitializing.
+		for i, c := range p.init {
+			podInitializing(c, st.InitContainerStatuses[i])
+		}
+		for i, c := range p.main {
+			podInitializing(c, st.ContainerStatuses[i])
+		}
+	}
 	for _, c := range p.ephemeral {
 		st.EphemeralContainerStatuses = append(st.EphemeralContainerStatuses, c.apiStatus())
 	}
@@ -76,6 +86,13 @@ func (p *managedPod) statusLocked() *runtimev1.PodStatus {
 		}
 	}
 	return st
+}
+
+// podInitializing marks cs PodInitializing while c was never tried.
+func podInitializing(c *container, cs *runtimev1.ContainerStatus) {
+	if w := cs.GetState().GetWaiting(); w != nil && !c.hasRun && w.GetReason() == "ContainerCreating" {
+		w.Reason = "PodInitializing"
+	}
 }
 
 func termProto(t *terminated) *runtimev1.ContainerState {
