@@ -394,9 +394,13 @@ type PodSpec struct {
 	Priority int32 `protobuf:"varint,27,opt,name=priority,proto3" json:"priority,omitempty"`
 	// spec.hostAliases: more /etc/hosts entries, after the pod's own, as the
 	// kubelet writes them.
-	HostAliases   []*HostAlias `protobuf:"bytes,28,rep,name=host_aliases,json=hostAliases,proto3" json:"host_aliases,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	HostAliases []*HostAlias `protobuf:"bytes,28,rep,name=host_aliases,json=hostAliases,proto3" json:"host_aliases,omitempty"`
+	// spec.activeDeadlineSeconds: once the pod has run this long its
+	// containers are stopped and it fails with reason DeadlineExceeded, as
+	// the kubelet does. Unset: no deadline.
+	ActiveDeadlineSeconds *int64 `protobuf:"varint,29,opt,name=active_deadline_seconds,json=activeDeadlineSeconds,proto3,oneof" json:"active_deadline_seconds,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *PodSpec) Reset() {
@@ -574,6 +578,13 @@ func (x *PodSpec) GetHostAliases() []*HostAlias {
 		return x.HostAliases
 	}
 	return nil
+}
+
+func (x *PodSpec) GetActiveDeadlineSeconds() int64 {
+	if x != nil && x.ActiveDeadlineSeconds != nil {
+		return *x.ActiveDeadlineSeconds
+	}
+	return 0
 }
 
 // HostAlias is one /etc/hosts line: ip, then its hostnames.
@@ -6844,7 +6855,7 @@ var File_runtime_proto protoreflect.FileDescriptor
 
 const file_runtime_proto_rawDesc = "" +
 	"\n" +
-	"\rruntime.proto\x12\x0fk3sm.runtime.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9a\t\n" +
+	"\rruntime.proto\x12\x0fk3sm.runtime.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf3\t\n" +
 	"\aPodSpec\x12\x10\n" +
 	"\x03uid\x18\x01 \x01(\tR\x03uid\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12\x12\n" +
@@ -6871,7 +6882,8 @@ const file_runtime_proto_rawDesc = "" +
 	"\n" +
 	"host_users\x18\x1a \x01(\bH\x01R\thostUsers\x88\x01\x01\x12\x1a\n" +
 	"\bpriority\x18\x1b \x01(\x05R\bpriority\x12=\n" +
-	"\fhost_aliases\x18\x1c \x03(\v2\x1a.k3sm.runtime.v1.HostAliasR\vhostAliases\x1a9\n" +
+	"\fhost_aliases\x18\x1c \x03(\v2\x1a.k3sm.runtime.v1.HostAliasR\vhostAliases\x12;\n" +
+	"\x17active_deadline_seconds\x18\x1d \x01(\x03H\x02R\x15activeDeadlineSeconds\x88\x01\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a>\n" +
@@ -6879,7 +6891,8 @@ const file_runtime_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B#\n" +
 	"!_termination_grace_period_secondsB\r\n" +
-	"\v_host_users\"9\n" +
+	"\v_host_usersB\x1a\n" +
+	"\x18_active_deadline_seconds\"9\n" +
 	"\tHostAlias\x12\x0e\n" +
 	"\x02ip\x18\x01 \x01(\tR\x02ip\x12\x1c\n" +
 	"\thostnames\x18\x02 \x03(\tR\thostnames\"\x8a\x01\n" +

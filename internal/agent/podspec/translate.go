@@ -28,6 +28,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	kubecontainer "k8s.io/kubernetes/pkg/kubelet/container"
+	"k8s.io/utils/ptr"
 )
 
 // Config is what a Translator needs besides the pod.
@@ -141,6 +142,9 @@ func (t *Translator) translate(ctx context.Context, pod *corev1.Pod) (*runtimev1
 	spec.Hostname = truncateHostname(spec.Hostname)
 	for _, a := range pod.Spec.HostAliases {
 		spec.HostAliases = append(spec.HostAliases, &runtimev1.HostAlias{Ip: a.IP, Hostnames: slices.Clone(a.Hostnames)})
+	}
+	if d := pod.Spec.ActiveDeadlineSeconds; d != nil {
+		spec.ActiveDeadlineSeconds = ptr.To(*d)
 	}
 	if pod.Spec.Priority != nil { // set by the Priority admission plugin
 		spec.Priority = *pod.Spec.Priority

@@ -187,6 +187,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		}
 	}
 	go m.enforceEmptyDirLimits(ctx)
+	go m.enforceDeadlines(ctx)
 	go m.releaseOrphans(ctx, time.Minute)
 	go m.enforceResources(ctx)
 	return nil

@@ -33,6 +33,7 @@ type persistedPod struct {
 	Terminating  bool                 `json:"terminating,omitempty"`
 	GraceSeconds int64                `json:"graceSeconds,omitempty"`
 	Evicted      string               `json:"evicted,omitempty"`
+	FailReason   string               `json:"failReason,omitempty"`
 	Network      *PodNetwork          `json:"network,omitempty"`
 	IDSlot       int32                `json:"idSlot,omitempty"`
 	Containers   []persistedContainer `json:"containers"`
@@ -85,7 +86,7 @@ func (p *managedPod) snapshotLocked() ([]byte, uint64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	pp := persistedPod{Spec: spec, StartTime: p.startTime, Terminating: p.terminating, GraceSeconds: int64(p.grace / time.Second), Evicted: p.evicted, IDSlot: p.idSlot.Load()}
+	pp := persistedPod{Spec: spec, StartTime: p.startTime, Terminating: p.terminating, GraceSeconds: int64(p.grace / time.Second), Evicted: p.evicted, FailReason: p.failReason, IDSlot: p.idSlot.Load()}
 	if p.net.IP != "" {
 		pn := p.net
 		pp.Network = &pn

@@ -40,6 +40,7 @@ func (m *Manager) load(uid string) (*managedPod, int, error) {
 	p.grace = time.Duration(pp.GraceSeconds) * time.Second
 	p.graceEnd = time.Now().Add(p.grace)
 	p.evicted = pp.Evicted
+	p.failReason = pp.FailReason
 	p.idSlot.Store(pp.IDSlot)
 	if pp.Network != nil {
 		p.net = *pp.Network

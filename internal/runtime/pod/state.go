@@ -145,9 +145,12 @@ type managedPod struct {
 
 	// evicted is the eviction message (the kubelet's "Evicted" reason): the
 	// containers are stopped, the pod stays Failed until it is deleted.
-	evicted  string
-	stopOnce sync.Once
-	deleteCh chan struct{} // closed when deletion (or eviction) starts
+	evicted string
+	// failReason is the reason of the pod's Failed status that evicted
+	// stands for: "" is Evicted; DeadlineExceeded for activeDeadlineSeconds.
+	failReason string
+	stopOnce   sync.Once
+	deleteCh   chan struct{} // closed when deletion (or eviction) starts
 	// ephStop is the ephemeral containers' stop channel: closed when
 	// deletion starts or the worker finished (the pod is terminal).
 	ephStop     chan struct{}

@@ -81,6 +81,9 @@ func (p *managedPod) statusLocked() *runtimev1.PodStatus {
 	if p.evicted != "" {
 		// Failed once every container stopped, as the kubelet reports it.
 		st.Reason, st.Message = "Evicted", p.evicted
+		if p.failReason != "" {
+			st.Reason = p.failReason
+		}
 		if !slices.ContainsFunc(p.all(), func(c *container) bool { return c.state.Running != nil }) {
 			st.Phase = runtimev1.PodPhase_POD_PHASE_FAILED
 		}

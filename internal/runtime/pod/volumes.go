@@ -322,23 +322,7 @@ func (p *managedPod) emptyDirOverLimit() string {
 
 // evict stops every container at once and leaves the pod Failed with reason
 // Evicted until it is deleted.
-func (m *Manager) evict(p *managedPod, msg string) {
-	p.mu.Lock()
-	if p.terminating || p.evicted != "" {
-		p.mu.Unlock()
-		return
-	}
-	p.evicted = msg
-	p.grace = 0
-	p.mu.Unlock()
-	m.log.Info("evicting pod", "pod", p.key(), "reason", msg)
-	p.event(runtimev1.EventType_EVENT_TYPE_WARNING, "Evicted", "", msg)
-	p.stopAll()
-	p.changedNotify()
-	if err := p.save(); err != nil {
-		m.log.Error("save evicted pod", "pod", p.key(), "err", err)
-	}
-}
+func (m *Manager) evict(p *managedPod, msg string) { m.fail(p, "", msg, true) }
 
 // writeResolvConf writes the pod's resolv.conf when the provider rendered
 // one ("" otherwise). Written once per content: containers share it.
