@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command images builds, without pulling anything, the container images the
 // upstream Kubernetes conformance specs ([Conformance] in e2e.test) run,
 // as docker-archive tarballs named under one registry host:
