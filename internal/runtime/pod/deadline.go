@@ -20,7 +20,17 @@ const (
 // with the pod's grace period, and it stays Failed with reason
 // DeadlineExceeded until it is deleted.
 func (m *Manager) enforceDeadlines(ctx context.Context) {
-	t := time.NewTicker(deadlineCheck)
+	m.everyPod(ctx, deadlineCheck, func(p *managedPod) {
+		if p.pastDeadline(time.Now()) {
+			m.fail(p, reasonDeadlineExceeded, messageDeadlineExceeded, false)
+		}
+	})
+}
+
+// everyPod calls check on each pod every interval until ctx ends; the pods
+// are listed under m.mu, check runs without it.
+func (m *Manager) everyPod(ctx context.Context, interval time.Duration, check func(*managedPod)) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
@@ -34,11 +44,8 @@ func (m *Manager) enforceDeadlines(ctx context.Context) {
 			pods = append(pods, p)
 		}
 		m.mu.Unlock()
-		now := time.Now()
 		for _, p := range pods {
-			if p.pastDeadline(now) {
-				m.fail(p, reasonDeadlineExceeded, messageDeadlineExceeded, false)
-			}
+			check(p)
 		}
 	}
 }

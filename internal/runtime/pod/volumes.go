@@ -263,26 +263,11 @@ func (m *Manager) enforceEmptyDirLimits(ctx context.Context) {
 	if every <= 0 {
 		every = 10 * time.Second
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	m.everyPod(ctx, every, func(p *managedPod) {
+		if msg := p.emptyDirOverLimit(); msg != "" {
+			m.evict(p, msg)
 		}
-		m.mu.Lock()
-		pods := make([]*managedPod, 0, len(m.pods))
-		for _, p := range m.pods {
-			pods = append(pods, p)
-		}
-		m.mu.Unlock()
-		for _, p := range pods {
-			if msg := p.emptyDirOverLimit(); msg != "" {
-				m.evict(p, msg)
-			}
-		}
-	}
+	})
 }
 
 // emptyDirOverLimit returns the kubelet's eviction message for the first
