@@ -49,9 +49,9 @@ bin/klimax: FORCE
 conformance:
 	hack/conformance/run.sh
 
-# CI's subset of the same run (hack/conformance/ci-focus.txt: specs of every
-# SIG that pass, and those a fix made pass), so a regression shows on every
-# change; about 10 minutes once the tools and images are cached.
+# A subset of the same run (hack/conformance/ci-focus.txt: specs of every
+# SIG that passed, and those a fix made pass). Meant for CI; not yet one of
+# TEST_STAGES (docs/conformance.md, "What is left").
 test-conformance:
 	CONFORMANCE_FOCUS="$$(grep -v '^#' hack/conformance/ci-focus.txt | paste -sd'|')" \
 	CONFORMANCE_OUT=_output/conformance-ci hack/conformance/run.sh
